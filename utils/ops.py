@@ -1,0 +1,349 @@
+"""Box, segment and mask operations, IoU variants and non-maximum suppression.
+
+Boxes are `xyxy` (corners) or `xywh` (centre, size); a trailing `n` means normalised to image width/height.
+Every function accepts torch tensors; the box conversions also accept numpy arrays.
+"""
+
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision
+
+
+def _clone(x):
+    return x.clone() if isinstance(x, torch.Tensor) else np.copy(x)
+
+
+def xywh2xyxy(x):
+    y = _clone(x)
+    y[..., 0] = x[..., 0] - x[..., 2] / 2
+    y[..., 1] = x[..., 1] - x[..., 3] / 2
+    y[..., 2] = x[..., 0] + x[..., 2] / 2
+    y[..., 3] = x[..., 1] + x[..., 3] / 2
+    return y
+
+
+def xyxy2xywh(x):
+    y = _clone(x)
+    y[..., 0] = (x[..., 0] + x[..., 2]) / 2
+    y[..., 1] = (x[..., 1] + x[..., 3]) / 2
+    y[..., 2] = x[..., 2] - x[..., 0]
+    y[..., 3] = x[..., 3] - x[..., 1]
+    return y
+
+
+def xywhn2xyxy(x, w=640, h=640, padw=0, padh=0):
+    """Normalised xywh -> pixel xyxy, shifted by a letterbox/mosaic offset."""
+    y = _clone(x)
+    y[..., 0] = w * (x[..., 0] - x[..., 2] / 2) + padw
+    y[..., 1] = h * (x[..., 1] - x[..., 3] / 2) + padh
+    y[..., 2] = w * (x[..., 0] + x[..., 2] / 2) + padw
+    y[..., 3] = h * (x[..., 1] + x[..., 3] / 2) + padh
+    return y
+
+
+def xyxy2xywhn(x, w=640, h=640, clip=False, eps=0.0):
+    """Pixel xyxy -> normalised xywh, optionally clipped to the image first."""
+    if clip:
+        x = _clone(x)
+        clip_boxes(x, (h - eps, w - eps))
+    y = _clone(x)
+    y[..., 0] = ((x[..., 0] + x[..., 2]) / 2) / w
+    y[..., 1] = ((x[..., 1] + x[..., 3]) / 2) / h
+    y[..., 2] = (x[..., 2] - x[..., 0]) / w
+    y[..., 3] = (x[..., 3] - x[..., 1]) / h
+    return y
+
+
+def xyn2xy(x, w=640, h=640, padw=0, padh=0):
+    """Normalised polygon points (n, 2) -> pixels."""
+    y = _clone(x)
+    y[..., 0] = w * x[..., 0] + padw
+    y[..., 1] = h * x[..., 1] + padh
+    return y
+
+
+def segment2box(segment, width=640, height=640):
+    """One polygon (n, 2) in pixels -> xyxy box of its points inside the image (zeros if none are)."""
+    x, y = segment.T
+    inside = (x >= 0) & (y >= 0) & (x <= width) & (y <= height)
+    x, y = x[inside], y[inside]
+    if not len(x):
+        return np.zeros(4, dtype=segment.dtype)
+    return np.array([x.min(), y.min(), x.max(), y.max()], dtype=segment.dtype)
+
+
+def segments2boxes(segments):
+    """Polygons (list of (n, 2)) -> xywh boxes (m, 4)."""
+    boxes = [[s[:, 0].min(), s[:, 1].min(), s[:, 0].max(), s[:, 1].max()] for s in segments]
+    return xyxy2xywh(np.array(boxes, dtype=np.float32).reshape(-1, 4))
+
+
+def resample_segments(segments, n=1000):
+    """Resample each closed polygon to n points by linear interpolation along its outline."""
+    out = []
+    for s in segments:
+        s = np.concatenate((s, s[:1]), axis=0)
+        x = np.linspace(0, len(s) - 1, n)
+        xp = np.arange(len(s))
+        out.append(np.stack([np.interp(x, xp, s[:, i]) for i in range(2)], 1).astype(np.float32))
+    return out
+
+
+def clip_boxes(boxes, shape):
+    """Clip xyxy boxes in place to an image of shape (h, w)."""
+    if isinstance(boxes, torch.Tensor):
+        boxes[..., 0].clamp_(0, shape[1])
+        boxes[..., 1].clamp_(0, shape[0])
+        boxes[..., 2].clamp_(0, shape[1])
+        boxes[..., 3].clamp_(0, shape[0])
+    else:
+        boxes[..., [0, 2]] = boxes[..., [0, 2]].clip(0, shape[1])
+        boxes[..., [1, 3]] = boxes[..., [1, 3]].clip(0, shape[0])
+    return boxes
+
+
+def clip_coords(coords, shape):
+    """Clip (n, 2) points in place to an image of shape (h, w)."""
+    if isinstance(coords, torch.Tensor):
+        coords[..., 0].clamp_(0, shape[1])
+        coords[..., 1].clamp_(0, shape[0])
+    else:
+        coords[..., 0] = coords[..., 0].clip(0, shape[1])
+        coords[..., 1] = coords[..., 1].clip(0, shape[0])
+    return coords
+
+
+def _ratio_pad(img1_shape, img0_shape, ratio_pad):
+    if ratio_pad is None:
+        gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
+        pad = ((img1_shape[1] - img0_shape[1] * gain) / 2, (img1_shape[0] - img0_shape[0] * gain) / 2)
+        return gain, pad
+    return ratio_pad[0][0], ratio_pad[1]
+
+
+def scale_boxes(img1_shape, boxes, img0_shape, ratio_pad=None):
+    """Map xyxy boxes from a letterboxed image (img1_shape) back to the original (img0_shape), in place."""
+    gain, pad = _ratio_pad(img1_shape, img0_shape, ratio_pad)
+    boxes[..., [0, 2]] -= pad[0]
+    boxes[..., [1, 3]] -= pad[1]
+    boxes[..., :4] /= gain
+    return clip_boxes(boxes, img0_shape)
+
+
+def scale_coords(img1_shape, coords, img0_shape, ratio_pad=None, normalize=False):
+    """Map (n, 2) points from a letterboxed image back to the original, in place."""
+    gain, pad = _ratio_pad(img1_shape, img0_shape, ratio_pad)
+    coords[..., 0] -= pad[0]
+    coords[..., 1] -= pad[1]
+    coords[..., :2] /= gain
+    clip_coords(coords, img0_shape)
+    if normalize:
+        coords[..., 0] /= img0_shape[1]
+        coords[..., 1] /= img0_shape[0]
+    return coords
+
+
+def box_area(box):
+    return (box[:, 2] - box[:, 0]) * (box[:, 3] - box[:, 1])
+
+
+def box_iou(box1, box2, eps=1e-7):
+    """Pairwise IoU of xyxy boxes: (N, 4) x (M, 4) -> (N, M)."""
+    (a1, a2), (b1, b2) = box1.unsqueeze(1).chunk(2, 2), box2.unsqueeze(0).chunk(2, 2)
+    inter = (torch.min(a2, b2) - torch.max(a1, b1)).clamp(0).prod(2)
+    return inter / ((a2 - a1).prod(2) + (b2 - b1).prod(2) - inter + eps)
+
+
+def bbox_iou(box1, box2, xywh=True, GIoU=False, DIoU=False, CIoU=False, eps=1e-7):
+    """Element-wise (broadcast) IoU / GIoU / DIoU / CIoU of boxes (..., 4)."""
+    if xywh:
+        (x1, y1, w1, h1), (x2, y2, w2, h2) = box1.chunk(4, -1), box2.chunk(4, -1)
+        b1_x1, b1_x2, b1_y1, b1_y2 = x1 - w1 / 2, x1 + w1 / 2, y1 - h1 / 2, y1 + h1 / 2
+        b2_x1, b2_x2, b2_y1, b2_y2 = x2 - w2 / 2, x2 + w2 / 2, y2 - h2 / 2, y2 + h2 / 2
+    else:
+        b1_x1, b1_y1, b1_x2, b1_y2 = box1.chunk(4, -1)
+        b2_x1, b2_y1, b2_x2, b2_y2 = box2.chunk(4, -1)
+        w1, h1 = b1_x2 - b1_x1, (b1_y2 - b1_y1).clamp(eps)
+        w2, h2 = b2_x2 - b2_x1, (b2_y2 - b2_y1).clamp(eps)
+    inter = (b1_x2.minimum(b2_x2) - b1_x1.maximum(b2_x1)).clamp(0) * (
+        b1_y2.minimum(b2_y2) - b1_y1.maximum(b2_y1)
+    ).clamp(0)
+    union = w1 * h1 + w2 * h2 - inter + eps
+    iou = inter / union
+    if not (GIoU or DIoU or CIoU):
+        return iou
+    cw = b1_x2.maximum(b2_x2) - b1_x1.minimum(b2_x1)  # enclosing box
+    ch = b1_y2.maximum(b2_y2) - b1_y1.minimum(b2_y1)
+    if CIoU or DIoU:
+        c2 = cw.pow(2) + ch.pow(2) + eps  # squared diagonal of the enclosing box
+        rho2 = ((b2_x1 + b2_x2 - b1_x1 - b1_x2).pow(2) + (b2_y1 + b2_y2 - b1_y1 - b1_y2).pow(2)) / 4
+        if CIoU:
+            v = (4 / math.pi**2) * (torch.atan(w2 / h2) - torch.atan(w1 / h1)).pow(2)
+            with torch.no_grad():
+                alpha = v / (v - iou + (1 + eps))
+            return iou - (rho2 / c2 + v * alpha)
+        return iou - rho2 / c2
+    c_area = cw * ch + eps
+    return iou - (c_area - union) / c_area
+
+
+def make_anchors(feats, strides, offset=0.5):
+    """Anchor-free grid: cell centres (A, 2) in grid units and their strides (A, 1), levels concatenated."""
+    points, stride_list = [], []
+    dtype, device = feats[0].dtype, feats[0].device
+    for f, s in zip(feats, strides):
+        h, w = f.shape[2:]
+        sx = torch.arange(w, device=device, dtype=dtype) + offset
+        sy = torch.arange(h, device=device, dtype=dtype) + offset
+        sy, sx = torch.meshgrid(sy, sx, indexing="ij")
+        points.append(torch.stack((sx, sy), -1).view(-1, 2))
+        stride_list.append(torch.full((h * w, 1), float(s), dtype=dtype, device=device))
+    return torch.cat(points), torch.cat(stride_list)
+
+
+def dist2bbox(distance, anchor_points, xywh=True, dim=-1):
+    """(left, top, right, bottom) distances from anchor points -> boxes."""
+    lt, rb = distance.chunk(2, dim)
+    x1y1, x2y2 = anchor_points - lt, anchor_points + rb
+    if xywh:
+        return torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), dim)
+    return torch.cat((x1y1, x2y2), dim)
+
+
+def bbox2dist(anchor_points, bbox, reg_max):
+    """xyxy boxes -> (left, top, right, bottom) distances, clamped just below reg_max for DFL."""
+    x1y1, x2y2 = bbox.chunk(2, -1)
+    return torch.cat((anchor_points - x1y1, x2y2 - anchor_points), -1).clamp_(0, reg_max - 0.01)
+
+
+def _to_anchor_rows(prediction, nc, nm):
+    """Bring either head layout to (B, A, 4 + 1 + nc + nm) rows with a confidence column 4.
+
+    Anchor-based heads give (B, A, 5 + nc + nm) with objectness; anchor-free heads give (B, 4 + nc + nm, A)
+    without it. The row confidence of an anchor-free output is taken as 1 so that conf = class score.
+    """
+    anchor_based = prediction.shape[-1] == 5 + nc + nm
+    anchor_free = prediction.shape[1] == 4 + nc + nm
+    if anchor_based == anchor_free:
+        raise ValueError(
+            f"cannot tell the head layout of a prediction of shape {tuple(prediction.shape)} for nc={nc}, nm={nm}"
+        )
+    if anchor_based:
+        return prediction
+    p = prediction.transpose(1, 2)
+    ones = torch.ones_like(p[..., :1])
+    return torch.cat((p[..., :4], ones, p[..., 4:]), -1)
+
+
+def non_max_suppression(
+    prediction,
+    conf_thres=0.25,
+    iou_thres=0.45,
+    classes=None,
+    agnostic=False,
+    multi_label=False,
+    max_det=300,
+    nc=None,
+    nm=0,
+    max_nms=30000,
+    max_wh=7680,
+    time_limit=None,
+):
+    """NMS for every head: returns per image a tensor (n, 6 + nm) = xyxy, conf, cls, mask coefficients.
+
+    `prediction` is a head's decoded eval output, either layout (see `_to_anchor_rows`); `nc` defaults to what
+    the anchor-based layout implies. Boxes are offset by class (max_wh) so one batched NMS call is class-aware.
+    """
+    if isinstance(prediction, (list, tuple)):
+        prediction = prediction[0]
+    if nc is None:
+        nc = prediction.shape[-1] - 5 - nm
+    prediction = _to_anchor_rows(prediction, nc, nm)
+    bs = prediction.shape[0]
+    multi_label &= nc > 1
+    mi = 5 + nc  # first mask column
+    t0 = time.time()
+    output = [torch.zeros((0, 6 + nm), device=prediction.device)] * bs
+    for xi, x in enumerate(prediction):
+        x = x[x[:, 4] > conf_thres]
+        if not x.shape[0]:
+            continue
+        scores = x[:, 5:mi] * x[:, 4:5]
+        box = xywh2xyxy(x[:, :4])
+        mask = x[:, mi:]
+        if multi_label:
+            i, j = (scores > conf_thres).nonzero(as_tuple=False).T
+            x = torch.cat((box[i], scores[i, j, None], j[:, None].float(), mask[i]), 1)
+        else:
+            conf, j = scores.max(1, keepdim=True)
+            x = torch.cat((box, conf, j.float(), mask), 1)[conf.view(-1) > conf_thres]
+        if classes is not None:
+            x = x[(x[:, 5:6] == torch.tensor(classes, device=x.device)).any(1)]
+        if not x.shape[0]:
+            continue
+        x = x[x[:, 4].argsort(descending=True)[:max_nms]]
+        offsets = x[:, 5:6] * (0 if agnostic else max_wh)
+        keep = torchvision.ops.nms(x[:, :4] + offsets, x[:, 4], iou_thres)[:max_det]
+        output[xi] = x[keep]
+        if time_limit is not None and time.time() - t0 > time_limit:
+            break  # a safety valve for untrained models that emit thousands of boxes
+    return output
+
+
+def crop_mask(masks, boxes):
+    """Zero mask pixels outside each box: masks (n, h, w), boxes (n, 4) xyxy in mask pixels."""
+    _, h, w = masks.shape
+    x1, y1, x2, y2 = torch.chunk(boxes[:, :, None], 4, 1)
+    r = torch.arange(w, device=masks.device, dtype=x1.dtype)[None, None, :]
+    c = torch.arange(h, device=masks.device, dtype=x1.dtype)[None, :, None]
+    return masks * ((r >= x1) * (r < x2) * (c >= y1) * (c < y2))
+
+
+def process_mask(protos, masks_in, bboxes, shape, upsample=False):
+    """Instance masks from prototypes (nm, mh, mw) and coefficients (n, nm), cropped to xyxy boxes given in
+    input-image pixels `shape` (h, w); returned at proto resolution, or at `shape` with upsample=True."""
+    c, mh, mw = protos.shape
+    ih, iw = shape
+    masks = (masks_in @ protos.float().view(c, -1)).view(-1, mh, mw)
+    scaled = bboxes.clone()
+    scaled[:, [0, 2]] *= mw / iw
+    scaled[:, [1, 3]] *= mh / ih
+    masks = crop_mask(masks, scaled)
+    if upsample:
+        masks = F.interpolate(masks[None], shape, mode="bilinear", align_corners=False)[0]
+    return masks.gt_(0.5) if upsample else masks.sigmoid().gt_(0.5)
+
+
+def scale_masks(masks, shape, ratio_pad=None):
+    """Masks (n, h, w) of a letterboxed image -> masks at the original image shape (h0, w0), padding removed."""
+    mh, mw = masks.shape[1:]
+    if ratio_pad is None:
+        gain = min(mh / shape[0], mw / shape[1])
+        pad_w, pad_h = (mw - shape[1] * gain) / 2, (mh - shape[0] * gain) / 2
+    else:
+        pad_w, pad_h = ratio_pad[1]
+    top, left = int(round(pad_h - 0.1)), int(round(pad_w - 0.1))
+    bottom, right = int(round(mh - pad_h + 0.1)), int(round(mw - pad_w + 0.1))
+    masks = masks[:, top:bottom, left:right]
+    if not masks.shape[0]:
+        return torch.zeros((0, *shape), dtype=masks.dtype, device=masks.device)
+    return F.interpolate(masks[None].float(), shape, mode="bilinear", align_corners=False)[0]
+
+
+def masks2segments(masks):
+    """Binary masks (n, h, w) -> the largest outer contour of each as an (m, 2) float32 pixel polygon."""
+    import cv2
+
+    segments = []
+    for m in masks.int().cpu().numpy().astype("uint8"):
+        contours = cv2.findContours(m, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)[0]
+        if contours:
+            c = max(contours, key=len).reshape(-1, 2)
+        else:
+            c = np.zeros((0, 2))
+        segments.append(c.astype(np.float32))
+    return segments
