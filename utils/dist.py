@@ -1,0 +1,232 @@
+"""Everything distributed lives here: rank queries, process-group set-up, DDP wrapping, SyncBatchNorm, barriers.
+
+Scripts are launched once per process by `torch.distributed.run` (torchrun), which sets RANK, LOCAL_RANK and
+WORLD_SIZE. This is the only module that reads them, and it reads them lazily (at call time, never at import), so
+a module imported before the launcher's environment is complete still sees the right values.
+"""
+
+import contextlib
+import datetime
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+LOGGER = logging.getLogger("yolo")
+
+# Rank 0 may scan labels, cache images or validate while the others wait in a barrier; a short timeout kills
+# long jobs for nothing (the official repos went 60 s -> none -> 3 h), so allow three hours.
+DDP_TIMEOUT = datetime.timedelta(hours=3)
+
+
+def _env_int(name, default):
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def get_rank():
+    """Global rank; -1 when not launched by torchrun (single process)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return _env_int("RANK", -1)
+
+
+def get_local_rank():
+    """Rank within this machine (selects the GPU); -1 when single process."""
+    return _env_int("LOCAL_RANK", -1)
+
+
+def get_world_size():
+    """Number of processes across all machines; 1 when single process."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return _env_int("WORLD_SIZE", 1)
+
+
+def is_distributed():
+    return get_world_size() > 1
+
+
+def is_main_process():
+    return get_rank() in (-1, 0)
+
+
+def barrier():
+    """Wait for every rank; a no-op outside a process group."""
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() == "nccl":
+            dist.barrier(device_ids=[max(get_local_rank(), 0)])
+        else:
+            dist.barrier()
+
+
+def select_device(device="", batch_size=None):
+    """Pick the torch.device for this process from a user string: '', 'cpu', '0', '0,1,2,3', 'cuda:1'.
+
+    Under torchrun every process takes the GPU numbered by its LOCAL_RANK among the visible ones, so
+    `--device 0,1,2,3` only restricts which GPUs are visible (CUDA_VISIBLE_DEVICES is set before CUDA starts).
+    """
+    spec = str(device).strip().lower().replace("cuda:", "").replace(" ", "")
+    if spec == "cpu" or (spec == "" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if spec:
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", spec)
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device} requested but CUDA is not available; use --device cpu")
+        n_visible = torch.cuda.device_count()
+        if n_visible < len(spec.split(",")):
+            raise ValueError(f"--device {device} requested but only {n_visible} CUDA devices are visible")
+    local_rank = get_local_rank()
+    index = max(local_rank, 0)
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} are visible")
+    if batch_size is not None and get_world_size() == 1 and torch.cuda.device_count() > 1 and not spec:
+        LOGGER.warning("several GPUs are visible but this is one process: launch with torchrun to use them all")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def setup_ddp(device):
+    """Join the process group once, from a script's main(): NCCL for CUDA, gloo for CPU. No-op when single process."""
+    if get_world_size() == 1 or (dist.is_available() and dist.is_initialized()):
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
+    LOGGER.info(f"DDP: rank {get_rank()}/{get_world_size()} (local {get_local_rank()}) backend={backend}")
+
+
+def cleanup_ddp():
+    """Leave the process group after a clean run (keeps later collectives from hanging on a dead group)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def torch_distributed_zero_first(local_rank):
+    """Let local rank 0 go first (download, scan labels, write caches); the others wait, then reuse its work.
+
+    Keyed on the local rank because caches and downloads live on each machine's own disk.
+    """
+    initialized = dist.is_available() and dist.is_initialized()
+    if initialized and local_rank not in (-1, 0):
+        barrier()
+    yield
+    if initialized and local_rank == 0:
+        barrier()
+
+
+def convert_sync_bn(model, device):
+    """Swap BatchNorm for a cross-rank version so batch statistics cover the global batch.
+
+    CUDA uses torch.nn.SyncBatchNorm. torch's SyncBatchNorm refuses to run on CPU, so under gloo we use
+    `CPUSyncBatchNorm`, which all-reduces the per-channel sums itself.
+    """
+    if get_world_size() == 1:
+        return model
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return CPUSyncBatchNorm.convert(model)
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """all_reduce(SUM) whose backward is also an all_reduce: each rank's statistic feeds every rank's output."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class CPUSyncBatchNorm(nn.BatchNorm2d):
+    """BatchNorm2d with statistics over the whole distributed batch, for the gloo backend.
+
+    Same parameters and buffers as BatchNorm2d (state-dict compatible). Ranks must call it the same number of
+    times (true for DDP training, where every rank runs the same graph).
+    """
+
+    def forward(self, x):
+        if not (self.training and dist.is_available() and dist.is_initialized()):
+            return super().forward(x)
+        c = x.shape[1]
+        n = torch.tensor([x.numel() / c], dtype=x.dtype, device=x.device)
+        stats = torch.cat([x.sum((0, 2, 3)), (x * x).sum((0, 2, 3)), n])
+        stats = _AllReduceSum.apply(stats)
+        total = stats[-1]
+        mean = stats[:c] / total
+        var = stats[c : 2 * c] / total - mean * mean
+        with torch.no_grad():
+            self.num_batches_tracked += 1
+            m = self.momentum
+            self.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
+            unbiased = var.detach() * total / (total - 1).clamp(min=1)
+            self.running_var.mul_(1 - m).add_(unbiased, alpha=m)
+        y = (x - mean[None, :, None, None]) * torch.rsqrt(var[None, :, None, None] + self.eps)
+        return y * self.weight[None, :, None, None] + self.bias[None, :, None, None]
+
+    @classmethod
+    def convert(cls, module):
+        if isinstance(module, nn.BatchNorm2d) and not isinstance(module, cls):
+            new = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+            new.load_state_dict(module.state_dict())
+            new.train(module.training)
+            return new
+        for name, child in module.named_children():
+            setattr(module, name, cls.convert(child))
+        return module
+
+
+def smart_DDP(model, device):
+    """Wrap for DDP. find_unused_parameters stays False: every criterion adds zero-weight terms so each head
+    parameter gets a gradient even on a rank whose batch has no targets (the v8 hang reported upstream)."""
+    if device.type == "cuda":
+        return DDP(model, device_ids=[device.index], output_device=device.index)
+    return DDP(model)
+
+
+def prepare_model(model, device, sync_bn=False):
+    """The one place that fixes the wrap order: to(device) -> SyncBatchNorm -> DDP.
+
+    Returns (train_model, model): the first is what the loop calls (DDP-wrapped when distributed), the second the
+    plain module kept for EMA, saving and validation.
+    """
+    model = model.to(device)
+    if sync_bn:
+        if get_world_size() > 1:
+            model = convert_sync_bn(model, device).to(device)
+        else:
+            LOGGER.warning("--sync-bn has no effect in a single process")
+    if get_world_size() > 1:
+        return smart_DDP(model, device), model
+    return model, model
+
+
+def de_parallel(model):
+    return model.module if isinstance(model, (nn.DataParallel, DDP)) else model
+
+
+def broadcast_object(obj, src=0):
+    """Send a picklable object from rank `src` to all ranks (used for the stop flag); identity when single."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_mean(tensor):
+    """Mean of a tensor over ranks, for display of losses (not used for gradients)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return tensor
+    t = tensor.detach().clone()
+    dist.all_reduce(t)
+    return t / get_world_size()

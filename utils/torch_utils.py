@@ -1,0 +1,129 @@
+"""Training utilities: seeding, EMA, optimizer parameter groups, LR schedules, early stopping, timing."""
+
+import math
+import random
+import time
+from copy import deepcopy
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from utils.loggers import LOGGER
+
+
+def init_seeds(seed=0, deterministic=False):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+
+
+def time_sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.time()
+
+
+def num_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+class ModelEMA:
+    """Exponential moving average of the weights (and BN buffers), decay ramped as decay * (1 - exp(-updates / tau)).
+
+    The ramp keeps the early average from being dominated by the random initialisation.
+    """
+
+    def __init__(self, model, decay=0.9999, tau=2000, updates=0):
+        self.ema = deepcopy(model).eval()
+        self.updates = updates
+        self.decay_fn = lambda x: decay * (1 - math.exp(-x / tau))
+        for p in self.ema.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model):
+        self.updates += 1
+        d = self.decay_fn(self.updates)
+        msd = model.state_dict()
+        for k, v in self.ema.state_dict().items():
+            if v.dtype.is_floating_point:
+                v.mul_(d).add_(msd[k].detach(), alpha=1 - d)
+
+
+class EarlyStopping:
+    """Stop when fitness has not improved for `patience` epochs (patience <= 0 disables it)."""
+
+    def __init__(self, patience=30, best_fitness=0.0, best_epoch=0):
+        self.best_fitness = best_fitness
+        self.best_epoch = best_epoch
+        self.patience = patience if patience > 0 else float("inf")
+
+    def __call__(self, epoch, fitness):
+        if fitness >= self.best_fitness:
+            self.best_epoch, self.best_fitness = epoch, fitness
+        stop = (epoch - self.best_epoch) >= self.patience
+        if stop:
+            LOGGER.info(
+                f"Early stop: no improvement in the last {self.patience} epochs; best at epoch {self.best_epoch}"
+            )
+        return stop
+
+
+def param_groups(model):
+    """Three groups as YOLOv5: weights with decay, BatchNorm weights without, biases without (and warmed up apart)."""
+    decay, no_decay, biases = [], [], []
+    norm_types = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance(v, type))
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if name == "bias":
+                biases.append(p)
+            elif isinstance(module, norm_types):
+                no_decay.append(p)
+            else:
+                decay.append(p)
+    return decay, no_decay, biases
+
+
+def build_optimizer(model, name, lr, momentum, weight_decay):
+    """SGD / Adam / AdamW over the YOLOv5 parameter groups; weight decay only on conv/linear weights."""
+    decay, no_decay, biases = param_groups(model)
+    if name == "SGD":
+        opt = torch.optim.SGD(no_decay, lr=lr, momentum=momentum, nesterov=True)
+    elif name == "Adam":
+        opt = torch.optim.Adam(no_decay, lr=lr, betas=(momentum, 0.999))
+    elif name == "AdamW":
+        opt = torch.optim.AdamW(no_decay, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+    else:
+        raise ValueError(f"unknown optimizer {name!r}: choose SGD, Adam, AdamW or auto")
+    opt.add_param_group({"params": decay, "weight_decay": weight_decay})
+    opt.add_param_group({"params": biases, "weight_decay": 0.0})
+    LOGGER.info(
+        f"optimizer: {name}(lr={lr:.5g}, momentum={momentum}) with groups {len(no_decay)} norm weights (no decay), "
+        f"{len(decay)} weights (decay={weight_decay:.3g}), {len(biases)} biases (no decay)"
+    )
+    return opt
+
+
+def resolve_optimizer(name, hyp, nc, iterations):
+    """`auto` follows the Ultralytics rule: long runs (> 10k iterations) use SGD with the hyp's lr0; short runs use
+    AdamW at a small nc-dependent lr, because from scratch on a small dataset SGD at 0.01 barely moves in a few
+    epochs. Returns (name, lr0, momentum) without touching `hyp`."""
+    if name != "auto":
+        return name, hyp["lr0"], hyp["momentum"]
+    if iterations > 10000:
+        return "SGD", hyp["lr0"], hyp["momentum"]
+    return "AdamW", round(0.002 * 5 / (4 + nc), 6), 0.9
+
+
+def lr_lambda(epochs, lrf, cos):
+    """LR multiplier per epoch: linear 1 -> lrf, or cosine (one-cycle) 1 -> lrf."""
+    if cos:
+        return lambda x: ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
+    return lambda x: (1 - x / epochs) * (1.0 - lrf) + lrf
