@@ -1,0 +1,97 @@
+import cv2
+import numpy as np
+import pytest
+
+from utils.data import synthetic
+from utils.data.synthetic import CLASS_NAMES, generate_dataset, render_sample
+
+DIFF = 40  # JPEG error and background noise stay well below this; shape colours contrast by >= 130
+
+
+def _read_labels(path):
+    return [np.array(line.split(), dtype=np.float64) for line in path.read_text().splitlines()]
+
+
+def _changed(img, bg):
+    return np.abs(img.astype(int) - bg.astype(int)).max(2) > DIFF
+
+
+def _raster(points_px, shape):
+    m = np.zeros(shape, np.uint8)
+    cv2.fillPoly(m, [np.round(points_px).astype(np.int32)], 1)
+    return m.astype(bool)
+
+
+@pytest.fixture(scope="module")
+def seg_root(tmp_path_factory):
+    return generate_dataset(tmp_path_factory.mktemp("gen") / "seg", "segment", 12, 3, seed=7, min_side=96, max_side=160)
+
+
+def test_layout_and_determinism(tmp_path, seg_root):
+    assert len(list((seg_root / "images" / "train").glob("*.jpg"))) == 12
+    assert len(list((seg_root / "labels" / "val").glob("*.txt"))) == 3
+    again = generate_dataset(tmp_path / "again", "segment", 12, 3, seed=7, min_side=96, max_side=160)
+    for f in (seg_root / "labels" / "train").iterdir():
+        assert (again / "labels" / "train" / f.name).read_text() == f.read_text()
+    a = cv2.imread(str(seg_root / "images" / "train" / "00003.jpg"))
+    b = cv2.imread(str(again / "images" / "train" / "00003.jpg"))
+    assert np.array_equal(a, b)
+    other = generate_dataset(tmp_path / "other", "segment", 2, 1, seed=8, min_side=96, max_side=160)
+    assert (other / "labels/train/00000.txt").read_text() != (seg_root / "labels/train/00000.txt").read_text()
+
+
+def test_polygons_match_drawn_shapes(seg_root):
+    for i in range(12):
+        img = cv2.imread(str(seg_root / "images" / "train" / f"{i:05d}.jpg"))
+        h, w = img.shape[:2]
+        _, bg, shapes = render_sample(7, "train", i, 96, 160)
+        changed = _changed(img, bg)
+        labels = _read_labels(seg_root / "labels" / "train" / f"{i:05d}.txt")
+        assert 1 <= len(labels) <= 8 and len(labels) == len(shapes)
+        masks = [_raster(lb[1:].reshape(-1, 2) * [w, h], (h, w)) for lb in labels]
+        for k, (lb, mask) in enumerate(zip(labels, masks)):
+            assert lb[0] in range(len(CLASS_NAMES)) and len(lb) % 2 == 1
+            assert changed[mask].mean() > 0.8
+            visible = mask & ~np.logical_or.reduce([np.zeros_like(mask)] + masks[k + 1 :])
+            visible = cv2.erode(visible.astype(np.uint8), np.ones((5, 5), np.uint8)).astype(bool)
+            if visible.sum() > 20:  # the visible part has the colour the shape was drawn in
+                assert np.abs(np.median(img[visible], 0) - shapes[k].color).max() < 25
+        drawn = np.logical_or.reduce(masks)
+        grown = cv2.dilate(drawn.astype(np.uint8), np.ones((5, 5), np.uint8)).astype(bool)
+        assert changed[~grown].mean() < 0.01  # nothing was drawn outside the labelled shapes
+
+
+def test_detect_boxes_cover_drawn_pixels(tmp_path):
+    root = generate_dataset(tmp_path / "det", "detect", 8, 2, seed=3, min_side=96, max_side=128)
+    for i in range(8):
+        img = cv2.imread(str(root / "images" / "train" / f"{i:05d}.jpg"))
+        h, w = img.shape[:2]
+        _, bg, _ = render_sample(3, "train", i, 96, 128)
+        changed = _changed(img, bg)
+        inside = np.zeros((h, w), bool)
+        for c, cx, cy, bw, bh in _read_labels(root / "labels" / "train" / f"{i:05d}.txt"):
+            assert 0 < bw <= 1 and 0 < bh <= 1 and 0 <= cx - bw / 2 and cx + bw / 2 <= 1
+            x1, y1, x2, y2 = (int(round(v)) for v in ((cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h))
+            assert changed[y1 : y2 + 1, x1 : x2 + 1].mean() > 0.3
+            inside[max(y1 - 2, 0) : y2 + 3, max(x1 - 2, 0) : x2 + 3] = True
+        assert changed[~inside].mean() < 0.01
+
+
+def test_classify_layout(tmp_path):
+    root = generate_dataset(tmp_path / "cls", "classify", 3, 2, seed=0)
+    for split, n in (("train", 3), ("val", 2)):
+        assert sorted(p.name for p in (root / split).iterdir()) == sorted(CLASS_NAMES)
+        for name in CLASS_NAMES:
+            files = sorted((root / split / name).glob("*.jpg"))
+            assert len(files) == n
+            h, w = cv2.imread(str(files[0])).shape[:2]
+            assert h == w and 96 <= h <= 128
+
+
+def test_refuses_to_overwrite_and_cli(tmp_path):
+    out = tmp_path / "cli"
+    synthetic.main(["--task", "detect", "--out", str(out), "--n-train", "2", "--n-val", "1", "--max-side", "64", "--min-side", "48"])
+    assert len(list((out / "labels" / "train").glob("*.txt"))) == 2
+    with pytest.raises(FileExistsError):
+        generate_dataset(out, "detect", 1, 1)
+    assert not list(tmp_path.glob(".*tmp*"))
