@@ -1,0 +1,26 @@
+"""Run a detector on images, folders, globs or videos; save annotated results (and labels) to runs/detect/expN.
+
+Usage:
+    $ python detect.py --weights runs/train/exp/weights/best.pt --source data/images
+    $ python detect.py --weights best.pt --source 'path/*.jpg' --save-txt --conf-thres 0.4
+    $ python detect.py --weights best.pt --source video.mp4
+"""
+
+from utils.cli import add_nms_args, predict_parser
+from utils.loggers import set_logging
+from utils.tasks.detect import DetectionPredictor
+
+
+def parse_opt(argv=None):
+    p = predict_parser("Run a YOLO detector", "runs/train/exp/weights/best.pt", 320, "runs/detect")
+    add_nms_args(p)
+    return p.parse_args(argv)
+
+
+def main(opt):
+    set_logging()
+    return DetectionPredictor(opt)()
+
+
+if __name__ == "__main__":
+    main(parse_opt())

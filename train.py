@@ -1,0 +1,33 @@
+"""Train a YOLOv5 / YOLOv7 / YOLOv8 detector.
+
+Usage:
+    Single process (CPU or one GPU), no arguments: yolov5n on the built-in synthetic shapes dataset
+        $ python train.py
+        $ python train.py --data data/shapes.yaml --cfg yolov8n.yaml --img 320 --epochs 10 --batch-size 16
+    One machine, several GPUs (one process per GPU; --batch-size is the total over all of them)
+        $ python -m torch.distributed.run --nproc_per_node 4 train.py --data coco.yaml --cfg yolov5s.yaml \
+              --weights yolov5s.pt --batch-size 64 --device 0,1,2,3 --sync-bn
+    Several machines (run on each, with its --node_rank)
+        $ python -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 8 \
+              --master_addr 10.0.0.1 --master_port 29500 train.py --data coco.yaml --cfg yolov8s.yaml
+    Resume an interrupted run (same launch command as before, single process or torchrun)
+        $ python train.py --resume                # the latest runs/**/last.pt
+        $ python train.py --resume runs/train/exp/weights/last.pt
+"""
+
+from utils.cli import train_parser
+from utils.tasks.detect import DetectionTrainer
+from utils.trainer import run
+
+
+def parse_opt(argv=None):
+    p = train_parser("Train a YOLO detector", "yolov5n.yaml", "data/shapes.yaml", 320, "runs/train")
+    return p.parse_args(argv)
+
+
+def main(opt):
+    return run(DetectionTrainer, opt)
+
+
+if __name__ == "__main__":
+    main(parse_opt())

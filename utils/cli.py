@@ -1,0 +1,68 @@
+"""Command-line options shared by the task scripts (train, val, predict), so the three tasks cannot drift apart."""
+
+import argparse
+
+
+def str2bool_or_path(v):
+    """--resume alone means 'the latest run'; --resume PATH names a last.pt."""
+    return True if v in (None, "", "True", "true") else v
+
+
+def train_parser(description, cfg_default, data_default, imgsz_default, project):
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--cfg", type=str, default=cfg_default, help="model YAML (name under models/ or a path)")
+    p.add_argument("--weights", type=str, default="", help="initial weights: our .pt or an official one; '' = scratch")
+    p.add_argument("--data", type=str, default=data_default, help="dataset YAML or folder")
+    p.add_argument("--hyp", type=str, default=None, help="hyperparameter YAML; default: the one the model YAML names")
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=16, help="total batch over all ranks")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default, help="train/val image size")
+    p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
+    p.add_argument("--resume", nargs="?", const=True, default=False, type=str2bool_or_path,
+                   help="resume the latest run, or the given last.pt")
+    p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
+    p.add_argument("--noval", action="store_true", help="only validate the final epoch")
+    p.add_argument("--cache", type=str, nargs="?", const="ram", default=None, choices=["ram", "disk"],
+                   help="cache images in RAM (this rank's share only under DDP) or on disk")
+    p.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    p.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW", "auto"], default="auto",
+                   help="auto: AdamW at a small lr for short runs, SGD at the hyp lr0 beyond 10k iterations")
+    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (DDP only)")
+    p.add_argument("--workers", type=int, default=2, help="max dataloader workers per rank")
+    p.add_argument("--project", default=None, help=f"save to project/name (default {project})")
+    p.add_argument("--name", default="exp", help="save to project/name")
+    p.add_argument("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")
+    p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
+    p.add_argument("--patience", type=int, default=100, help="early stopping patience in epochs (0 = off)")
+    p.add_argument("--save-period", type=int, default=-1, help="also save a checkpoint every N epochs")
+    p.add_argument("--seed", type=int, default=0, help="global seed (each rank uses seed + 1 + RANK)")
+    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
+    p.add_argument("--amp", choices=["auto", "off", "fp16", "bf16"], default="auto",
+                   help="mixed precision: auto = fp16 on CUDA, off on CPU; bf16 also runs on CPU")
+    return p
+
+
+def predict_parser(description, weights_default, imgsz_default, project):
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--weights", type=str, default=weights_default, help="model weights")
+    p.add_argument("--source", type=str, default="data/images", help="image, folder, glob or video")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default)
+    p.add_argument("--device", default="", help="cuda device, i.e. 0 or cpu")
+    p.add_argument("--view-img", action="store_true", help="show results in a window")
+    p.add_argument("--save-txt", action="store_true", help="save results to labels/*.txt")
+    p.add_argument("--save-conf", action="store_true", help="add confidences to --save-txt lines")
+    p.add_argument("--nosave", action="store_true", help="do not save images/videos")
+    p.add_argument("--project", default=None, help=f"save to project/name (default {project})")
+    p.add_argument("--name", default="exp")
+    p.add_argument("--exist-ok", action="store_true")
+    p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
+    return p
+
+
+def add_nms_args(p, conf=0.25, iou=0.45, max_det=1000):
+    p.add_argument("--conf-thres", type=float, default=conf, help="confidence threshold")
+    p.add_argument("--iou-thres", type=float, default=iou, help="NMS IoU threshold")
+    p.add_argument("--max-det", type=int, default=max_det, help="maximum detections per image")
+    p.add_argument("--classes", nargs="+", type=int, help="keep only these class ids")
+    p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
+    return p

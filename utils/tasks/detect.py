@@ -1,0 +1,261 @@
+"""Detection task: the trainer, validator and predictor hooks for YOLOv5/v7/v8 detectors."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from utils import ops
+from utils.dist import get_rank, get_world_size
+from utils.loggers import LOGGER
+from utils.predictor import BasePredictor
+from utils.trainer import BaseTrainer
+from utils.validator import BaseValidator
+
+
+def load_pretrained(model, weights, exclude=("anchors", "anchor_grid")):
+    """Copy every tensor of `weights` whose key and shape match `model` (v5 fine-tuning rule); return the count.
+
+    Anchors are left to the model YAML, and heads with another class count simply do not match.
+    """
+    from models.experimental import attempt_load
+
+    src = attempt_load(weights, device="cpu", fuse=False).float().state_dict()
+    dst = model.state_dict()
+    keep = {k: v for k, v in src.items() if k in dst and v.shape == dst[k].shape and not any(e in k for e in exclude)}
+    model.load_state_dict(keep, strict=False)
+    LOGGER.info(f"Transferred {len(keep)}/{len(dst)} items from {weights}")
+    return len(keep)
+
+
+class DetectionTrainer(BaseTrainer):
+    default_project = "runs/train"
+    task = "detect"
+
+    def get_data(self):
+        from utils.data.dataset_yaml import check_det_dataset
+
+        return check_det_dataset(self.opt.data)
+
+    def build_model(self, nc, names):
+        from models.yolo import DetectionModel
+
+        model = DetectionModel(self.opt.cfg, nc=nc)
+        model.names = dict(names)
+        if self.opt.weights:
+            load_pretrained(model, self.opt.weights)
+        return model
+
+    def dataset_kwargs(self, mode):
+        return {}
+
+    def build_dataset(self, path, mode):
+        from utils.data.detect_dataset import YOLODataset
+
+        train = mode == "train"
+        return YOLODataset(
+            path,
+            imgsz=self.opt.imgsz,
+            batch_size=self.batch_size if train else self.batch_size * 2,
+            augment=train,
+            hyp=self.hyp,
+            rect=self.opt.rect if train else True,
+            cache=self.opt.cache,
+            stride=int(max(self.model.stride)) if hasattr(self, "model") else 32,
+            pad=0.0 if train else 0.5,
+            prefix=f"{mode}: ",
+            nc=self.nc,
+            rank=get_rank() if train else -1,
+            world_size=get_world_size() if train else 1,
+            seed=self.opt.seed,
+            **self.dataset_kwargs(mode),
+        )
+
+    def build_validator(self):
+        return DetectionValidator(self.val_loader, self.save_dir, self.opt, self.names)
+
+    def preprocess_batch(self, batch):
+        batch = super().preprocess_batch(batch)
+        batch["targets"] = batch["targets"].to(self.device)
+        return batch
+
+    def plot_training_batch(self, batch, ni):
+        if ni < 3:
+            from utils.plots import plot_images
+
+            plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"train_batch{ni}.jpg",
+                        self.names, masks=batch.get("masks"))
+
+
+class DetectionValidator(BaseValidator):
+    """mAP50 and mAP50-95 with per-threshold matching, in original-image coordinates as the official validators."""
+
+    postprocess_name = "NMS"
+
+    def __init__(self, dataloader, save_dir, args, names):
+        super().__init__(dataloader, save_dir, args, names)
+        self.iouv = torch.linspace(0.5, 0.95, 10)
+
+    def init_metrics(self, model):
+        from utils.metrics import ConfusionMatrix, DetMetrics
+
+        self.metrics = DetMetrics(names=self.names)
+        self.confusion = ConfusionMatrix(nc=self.nc, conf=getattr(self.args, "conf_thres", 0.001))
+        self.stats = {"tp": [], "conf": [], "pred_cls": [], "target_cls": []}
+        self.jdict = []
+        self.nm = getattr(model.model[-1], "nm", 0) if hasattr(model, "model") else 0
+
+    def description(self):
+        return ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
+
+    def postprocess(self, preds):
+        return ops.non_max_suppression(
+            preds,
+            conf_thres=getattr(self.args, "conf_thres", 0.001),
+            iou_thres=getattr(self.args, "iou_thres", 0.6),
+            multi_label=True,
+            max_det=getattr(self.args, "max_det", 300),
+            nc=self.nc,
+            nm=self.nm,
+            time_limit=2.0 + 0.05 * len(preds[0] if isinstance(preds, (list, tuple)) else preds),
+        )
+
+    def _labels_native(self, batch, si):
+        """Labels of image si as (cls (n,), xyxy boxes (n, 4)) in original-image pixels."""
+        t = batch["targets"][batch["targets"][:, 0] == si]
+        h, w = batch["img"].shape[2:]
+        boxes = ops.xywh2xyxy(t[:, 2:6]) * torch.tensor((w, h, w, h), device=t.device)
+        shape, ratio_pad = batch["shapes"][si]
+        ops.scale_boxes((h, w), boxes, shape, ratio_pad=ratio_pad)
+        return t[:, 1], boxes
+
+    def _native_preds(self, pred, batch, si):
+        predn = pred.clone()
+        shape, ratio_pad = batch["shapes"][si]
+        ops.scale_boxes(batch["img"].shape[2:], predn[:, :4], shape, ratio_pad=ratio_pad)
+        return predn
+
+    def update_metrics(self, preds, batch):
+        from utils.metrics import process_batch
+
+        for si, pred in enumerate(preds):
+            self.seen += 1
+            cls, tboxes = self._labels_native(batch, si)
+            n_pred = len(pred)
+            self.stats["target_cls"].append(cls.cpu())
+            if n_pred == 0:
+                if len(cls):
+                    self.confusion.process_batch(None, torch.cat([cls[:, None], tboxes], 1).cpu())
+                continue
+            predn = self._native_preds(pred, batch, si)
+            labelsn = torch.cat([cls[:, None], tboxes], 1)
+            correct = process_batch(predn[:, :6], labelsn, self.iouv.to(pred.device))
+            self.update_extra(pred, predn, batch, si, correct)
+            self.stats["tp"].append(correct.cpu())
+            self.stats["conf"].append(predn[:, 4].cpu())
+            self.stats["pred_cls"].append(predn[:, 5].cpu())
+            self.confusion.process_batch(predn[:, :6].cpu(), labelsn.cpu())
+            path = Path(batch["paths"][si])
+            if getattr(self.args, "save_txt", False):
+                self.save_txt(predn, batch["shapes"][si][0], self.save_dir / "labels" / f"{path.stem}.txt")
+            if getattr(self.args, "save_json", False):
+                self.save_json(predn, path)
+
+    def update_extra(self, pred, predn, batch, si, correct):
+        """Hook for subclasses (segmentation adds mask matching)."""
+
+    def save_txt(self, predn, shape, file):
+        file.parent.mkdir(parents=True, exist_ok=True)
+        h, w = shape
+        xywhn = ops.xyxy2xywh(predn[:, :4]) / torch.tensor((w, h, w, h), device=predn.device)
+        with open(file, "a") as f:
+            for (cx, cy, bw, bh), conf, c in zip(xywhn.tolist(), predn[:, 4].tolist(), predn[:, 5].tolist()):
+                f.write(f"{int(c)} {cx:.6g} {cy:.6g} {bw:.6g} {bh:.6g} {conf:.6g}\n")
+
+    def save_json(self, predn, path):
+        from utils.coco import box_to_coco_json, image_id_from_path
+
+        self.jdict += box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map())
+
+    def class_map(self):
+        return list(range(1000))
+
+    def _concat_stats(self):
+        out = {}
+        for k, v in self.stats.items():
+            out[k] = torch.cat(v).numpy() if v else np.zeros((0, 10) if k == "tp" else 0)
+        return out
+
+    def get_stats(self):
+        stats = self._concat_stats()
+        self.nt_per_class = np.bincount(stats["target_cls"].astype(int), minlength=self.nc)
+        if len(stats["tp"]):
+            self.metrics.process(**stats)
+        return dict(self.metrics.results_dict)
+
+    def print_results(self, final=False):
+        pf = "%22s" + "%11i" * 2 + "%11.3g" * 4
+        LOGGER.info(pf % ("all", self.seen, self.nt_per_class.sum(), *self.metrics.mean_results()))
+        if self.nt_per_class.sum() == 0:
+            LOGGER.warning("no labels found in the validation set: metrics cannot be computed")
+        if final and self.nc > 1 and len(self.stats["tp"]):
+            for i, c in enumerate(self.metrics.ap_class_index):
+                LOGGER.info(pf % (self.names[c], self.seen, self.nt_per_class[c], *self.metrics.class_result(i)))
+        if final:
+            self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
+            self.confusion.plot(save_dir=self.save_dir, names=list(self.names.values()))
+
+    def finalize(self, stats):
+        if not (getattr(self.args, "save_json", False) and self.jdict):
+            return stats
+        pred_json = self.save_dir / "predictions.json"
+        pred_json.write_text(json.dumps(self.jdict))
+        LOGGER.info(f"Saved {len(self.jdict)} predictions to {pred_json}")
+        return self.coco_eval(stats, pred_json)
+
+    def coco_eval(self, stats, pred_json, iou_type="bbox", key="B"):
+        """pycocotools mAP on the same predictions, against the dataset's labels written as COCO JSON."""
+        from utils.coco import eval_coco_json, labels_to_coco_json
+
+        anno_json = self.save_dir / "annotations.json"
+        anno_json.write_text(json.dumps(labels_to_coco_json(self.dataloader.dataset, self.names)))
+        try:
+            m, m50 = eval_coco_json(anno_json, pred_json, iou_type=iou_type)
+        except ImportError as e:
+            LOGGER.warning(f"pycocotools unavailable, skipping COCO evaluation: {e}")
+            return stats
+        LOGGER.info(f"pycocotools {iou_type}: mAP50-95 {m:.4f}, mAP50 {m50:.4f}")
+        stats[f"coco/mAP50-95({key})"], stats[f"coco/mAP50({key})"] = m, m50
+        return stats
+
+
+class DetectionPredictor(BasePredictor):
+    default_project = "runs/detect"
+
+    def postprocess(self, preds, im, im0):
+        det = ops.non_max_suppression(
+            preds, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
+            max_det=self.args.max_det, nc=len(self.names),
+        )[0]
+        ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
+        return det
+
+    def write_result(self, det, im, im0, path, txt_path):
+        from utils.plots import Annotator, colors
+
+        annotator = Annotator(im0)
+        counts = {}
+        for *xyxy, conf, c in reversed(det.tolist()):
+            c = int(c)
+            counts[c] = counts.get(c, 0) + 1
+            annotator.box_label(xyxy, f"{self.names[c]} {conf:.2f}", color=colors(c, True))
+            if txt_path is not None:
+                h, w = im0.shape[:2]
+                cx, cy, bw, bh = ((xyxy[0] + xyxy[2]) / 2 / w, (xyxy[1] + xyxy[3]) / 2 / h,
+                                  (xyxy[2] - xyxy[0]) / w, (xyxy[3] - xyxy[1]) / h)
+                line = f"{c} {cx:.6g} {cy:.6g} {bw:.6g} {bh:.6g}" + (f" {conf:.6g}" if self.args.save_conf else "")
+                with open(txt_path, "a") as f:
+                    f.write(line + "\n")
+        im0[:] = annotator.result()
+        return ", ".join(f"{n} {self.names[c]}" for c, n in counts.items()) or "(no detections)"

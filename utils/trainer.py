@@ -1,0 +1,419 @@
+"""BaseTrainer: the one training loop shared by detection, segmentation and classification.
+
+Task subclasses (utils/tasks/*.py) override a few hooks: `get_data`, `build_model`, `build_dataset`,
+`build_validator`, `preprocess_batch`, and optionally `plot_training_batch`. The loop itself knows nothing about
+tasks or YOLO versions: the model brings its criterion (`model.init_criterion`).
+"""
+
+import math
+import random
+import time
+from collections import defaultdict
+from copy import deepcopy
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from utils import dist as du
+from utils.files import ROOT, atomic_save, find_file, increment_path, yaml_load, yaml_save
+from utils.loggers import LOGGER, CSVLogger, TensorBoardLogger
+from utils.torch_utils import EarlyStopping, ModelEMA, build_optimizer, init_seeds, lr_lambda, resolve_optimizer
+
+__version__ = "0.1.0"
+NBS = 64  # nominal batch size: gradients are accumulated to about this many images per optimizer step
+
+
+def amp_settings(device, amp):
+    """(enabled, dtype) for autocast. 'auto' = fp16 on CUDA, off elsewhere; 'bf16' works on CPU and CUDA."""
+    if amp == "auto":
+        amp = "fp16" if device.type == "cuda" else "off"
+    if amp == "off":
+        return False, torch.float32
+    if amp == "fp16" and device.type != "cuda":
+        raise ValueError("--amp fp16 needs CUDA; use --amp bf16 on CPU")
+    return True, torch.float16 if amp == "fp16" else torch.bfloat16
+
+
+class BaseTrainer:
+    """Train a model; every rank runs this, rank 0 alone validates, logs and saves."""
+
+    default_project = "runs/train"
+
+    def __init__(self, opt, device):
+        self.opt = SimpleNamespace(**vars(opt)) if not isinstance(opt, SimpleNamespace) else opt
+        self.device = device
+        self.rank, self.local_rank, self.world_size = du.get_rank(), du.get_local_rank(), du.get_world_size()
+        self.main = self.rank in (-1, 0)
+        self.callbacks = defaultdict(list)
+        self.epochs = self.opt.epochs
+        if self.opt.batch_size % self.world_size:
+            raise ValueError(f"--batch-size {self.opt.batch_size} must be a multiple of WORLD_SIZE {self.world_size}")
+        self.batch_size = self.opt.batch_size // self.world_size  # per rank
+        self.save_dir = self._make_save_dir()
+        self.wdir = self.save_dir / "weights"
+        self.last, self.best = self.wdir / "last.pt", self.wdir / "best.pt"
+        init_seeds(self.opt.seed + 1 + max(self.rank, 0), deterministic=self.opt.deterministic)
+        self.start_epoch, self.best_fitness, self.metrics = 0, 0.0, {}
+        self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
+
+    # ---------------------------------------------------------------- hooks for task subclasses
+    def get_data(self):
+        """Return the dataset dict (train/val paths, names, nc)."""
+        raise NotImplementedError
+
+    def build_model(self, nc, names):
+        raise NotImplementedError
+
+    def build_dataset(self, path, mode):
+        """mode is 'train' or 'val'."""
+        raise NotImplementedError
+
+    def build_validator(self):
+        raise NotImplementedError
+
+    def preprocess_batch(self, batch):
+        batch["img"] = batch["img"].to(self.device, non_blocking=True).float() / 255
+        return batch
+
+    def plot_training_batch(self, batch, ni):
+        """Optional: save an image of the first training batches."""
+
+    def dataloader_kwargs(self):
+        return {}
+
+    # ---------------------------------------------------------------- callbacks
+    def add_callback(self, event, fn):
+        self.callbacks[event].append(fn)
+
+    def run_callbacks(self, event):
+        for fn in self.callbacks[event]:
+            fn(self)
+
+    # ---------------------------------------------------------------- set-up
+    def _make_save_dir(self):
+        if getattr(self.opt, "resume_from", None):
+            return Path(self.opt.resume_from).parent.parent
+        project = Path(self.opt.project or self.default_project)
+        path = increment_path(project / self.opt.name, exist_ok=self.opt.exist_ok) if self.main else None
+        # every rank must agree on one folder; only rank 0 looks at the disk to choose it
+        return Path(du.broadcast_object(str(path) if path else None))
+
+    def load_hyp(self, model):
+        """The hyp file: --hyp if given, else the one the model YAML names, else YOLOv5 scratch-low."""
+        name = self.opt.hyp or getattr(model, "default_hyp", None) or "hyp.scratch-low.yaml"
+        return yaml_load(find_file(name, "data/hyps"))
+
+    def _setup(self):
+        with du.torch_distributed_zero_first(self.local_rank):
+            self.data = self.get_data()  # may download or generate; rank 0 of each machine goes first
+        self.nc, self.names = self.data["nc"], self.data["names"]
+        model = self.build_model(self.nc, self.names)
+        self.hyp = self.load_hyp(model)
+        self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
+        self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn)
+
+        with du.torch_distributed_zero_first(self.local_rank):
+            self.train_set = self.build_dataset(self.data["train"], "train")
+        from utils.data.loader import build_dataloader
+
+        self.train_loader = build_dataloader(
+            self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
+            world_size=self.world_size, seed=self.opt.seed, **self.dataloader_kwargs(),
+        )
+        self.nb = len(self.train_loader)
+        self.validator = None
+        if self.main:
+            self.val_set = self.build_dataset(self.data["val"], "val")
+            self.val_loader = build_dataloader(
+                self.val_set, self.batch_size * 2, self.opt.workers, shuffle=False, **self.dataloader_kwargs()
+            )
+            self.validator = self.build_validator()
+        self._setup_optimizer()
+        self.ema = ModelEMA(self.model) if self.main else None
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp and self.amp_dtype == torch.float16)
+        if getattr(self.opt, "resume_from", None):
+            self._resume(self.opt.resume_from)
+        self.stopper = EarlyStopping(self.opt.patience, self.best_fitness, max(self.start_epoch - 1, 0))
+        if self.main:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            yaml_save(self.save_dir / "opt.yaml", vars(self.opt))
+            yaml_save(self.save_dir / "hyp.yaml", self.hyp)
+            self.csv = CSVLogger(self.save_dir / "results.csv")
+            self.tb = TensorBoardLogger(self.save_dir)
+
+    def _setup_optimizer(self):
+        total_batch = self.batch_size * self.world_size
+        self.accumulate = max(round(NBS / total_batch), 1)
+        # weight decay is applied once per optimizer step; scale it to the images per step (a new name, the hyp
+        # dict itself is never changed)
+        self.weight_decay = self.hyp["weight_decay"] * total_batch * self.accumulate / NBS
+        iterations = math.ceil(len(self.train_set) / max(total_batch, NBS)) * self.epochs
+        name, self.lr0, self.momentum = resolve_optimizer(self.opt.optimizer, self.hyp, self.nc, iterations)
+        self.optimizer = build_optimizer(self.model, name, self.lr0, self.momentum, self.weight_decay)
+        self.lf = lr_lambda(self.epochs, self.hyp["lrf"], self.opt.cos_lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
+
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoint(self, epoch):
+        from models.experimental import model_to_ckpt
+
+        return {
+            "epoch": epoch,
+            "best_fitness": self.best_fitness,
+            "model": model_to_ckpt(self.model),
+            "ema": model_to_ckpt(self.ema.ema),
+            "updates": self.ema.updates,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "opt": {k: v for k, v in vars(self.opt).items() if k != "resume_from"},
+            "hyp": self.hyp,
+            "metrics": self.metrics,
+            "date": datetime.now().isoformat(),
+            "version": __version__,
+        }
+
+    def _resume(self, path):
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        if ckpt.get("optimizer") is None:
+            raise ValueError(f"{path}: has no optimizer state (a finished, stripped run): nothing to resume")
+        start = ckpt["epoch"] + 1
+        if start >= self.epochs:
+            raise ValueError(f"{path}: training to {self.epochs} epochs is finished, nothing to resume")
+        self.model.load_state_dict({k: v.float() for k, v in ckpt["model"]["state_dict"].items()})
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        if self.ema is not None:
+            self.ema.ema.load_state_dict({k: v.float() for k, v in ckpt["ema"]["state_dict"].items()})
+            self.ema.updates = ckpt["updates"]
+        if self.main:
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            np.random.set_state(ckpt["rng"]["numpy"])
+            random.setstate(ckpt["rng"]["python"])
+        self.start_epoch, self.best_fitness = start, ckpt["best_fitness"]
+        LOGGER.info(f"Resuming training from {path} at epoch {start} of {self.epochs}")
+
+    def save(self, epoch, fitness):
+        ckpt = self.checkpoint(epoch)
+        atomic_save(ckpt, self.last)
+        if fitness == self.best_fitness:
+            atomic_save(ckpt, self.best)
+        if self.opt.save_period > 0 and epoch % self.opt.save_period == 0:
+            atomic_save(ckpt, self.wdir / f"epoch{epoch}.pt")
+
+    # ---------------------------------------------------------------- the loop
+    def train(self):
+        self._setup()
+        self.run_callbacks("on_train_start")
+        if self.main:
+            LOGGER.info(
+                f"Image sizes {self.opt.imgsz} train, {self.opt.imgsz} val; {self.nb} batches of {self.batch_size} "
+                f"per rank x {self.world_size} ranks; accumulate {self.accumulate}\nLogging results to {self.save_dir}"
+            )
+        t0 = time.time()
+        for epoch in range(self.start_epoch, self.epochs):
+            self.epoch = epoch
+            self.train_epoch(epoch)
+            stop = self.end_epoch(epoch)
+            # every rank must leave the loop together, or the ones that stay block forever in the next collective
+            if du.broadcast_object(stop):
+                break
+        if self.main:
+            LOGGER.info(f"{epoch - self.start_epoch + 1} epochs completed in {(time.time() - t0) / 3600:.3f} hours.")
+            self.final_eval()
+        du.barrier()
+        self.run_callbacks("on_train_end")
+        return self.metrics
+
+    def _warmup(self, ni, nw, epoch):
+        self.accumulate = max(1, int(np.interp(ni, [0, nw], [1, NBS / (self.batch_size * self.world_size)]).round()))
+        for j, g in enumerate(self.optimizer.param_groups):
+            # the bias group (index 2) starts high and falls to lr0; the others rise from 0
+            start = self.hyp["warmup_bias_lr"] if j == 2 else 0.0
+            g["lr"] = float(np.interp(ni, [0, nw], [start, g["initial_lr"] * self.lf(epoch)]))
+            if "momentum" in g:
+                g["momentum"] = float(np.interp(ni, [0, nw], [self.hyp["warmup_momentum"], self.momentum]))
+            elif "betas" in g:
+                g["betas"] = (float(np.interp(ni, [0, nw], [self.hyp["warmup_momentum"], self.momentum])), 0.999)
+
+    def train_epoch(self, epoch):
+        self.train_model.train()
+        if epoch == self.epochs - self.hyp.get("close_mosaic", 0) and hasattr(self.train_set, "close_mosaic"):
+            LOGGER.info("Closing mosaic augmentation for the last epochs")
+            self.train_set.close_mosaic()
+            self.train_loader = self._rebuild_loader()
+        if hasattr(self.train_loader.sampler, "set_epoch"):
+            # seeds the shuffle with the epoch: without it every epoch would repeat the same order on each rank
+            self.train_loader.sampler.set_epoch(epoch)
+        nw = max(round(self.hyp["warmup_epochs"] * self.nb), 100) if self.hyp["warmup_epochs"] > 0 else -1
+        names = self.criterion.loss_names
+        mloss = torch.zeros(len(names), device=self.device)
+        pbar = enumerate(self.train_loader)
+        if self.main:
+            LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "GPU_mem", *names, "Instances", "Size"))
+            pbar = tqdm(pbar, total=self.nb, bar_format="{l_bar}{bar:10}{r_bar}")
+        self.optimizer.zero_grad()
+        last_step = getattr(self, "last_opt_step", -1)
+        for i, batch in pbar:
+            ni = i + self.nb * epoch
+            if ni <= nw:
+                self._warmup(ni, nw, epoch)
+            batch = self.preprocess_batch(batch)
+            step_now = ni - last_step >= self.accumulate
+            loss, items = self.forward_backward(batch, sync=step_now)
+            if step_now:
+                self.optimizer_step()
+                last_step = ni
+            mloss = (mloss * i + items) / (i + 1)
+            if self.main:
+                mem = f"{torch.cuda.memory_reserved() / 1e9 if self.device.type == 'cuda' else 0:.3g}G"
+                n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
+                pbar.set_description(
+                    ("%11s" * 2 + "%11.4g" * (2 + len(names)))
+                    % (f"{epoch + 1}/{self.epochs}", mem, *mloss, n_inst, batch["img"].shape[-1])
+                )
+                self.plot_training_batch(batch, ni)
+        self.last_opt_step = last_step
+        self.tloss = du.all_reduce_mean(mloss)
+        self.lr = {f"lr/pg{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}
+        self.scheduler.step()
+
+    def forward_backward(self, batch, sync=True):
+        """One micro-step. On accumulation steps DDP skips the gradient all-reduce (no_sync); the step that
+        updates reduces the gradients accumulated so far in one go."""
+        ddp = isinstance(self.train_model, nn.parallel.DistributedDataParallel)
+        ctx = self.train_model.no_sync() if ddp and not sync else _null()
+        with ctx:
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
+                preds = self.train_model(batch["img"])
+            loss, items = self.criterion(_float(preds), batch)
+            # the criterion returns a sum over this rank's images; DDP averages gradients over ranks, so scale by
+            # WORLD_SIZE to make the update the sum over the global batch, the same as one process would compute
+            loss = loss * self.world_size
+            self.scaler.scale(loss).backward()
+        return loss.detach(), items.detach()
+
+    def optimizer_step(self):
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=10.0)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad()
+        if self.ema is not None:
+            self.ema.update(self.model)
+
+    def _rebuild_loader(self):
+        from utils.data.loader import build_dataloader
+
+        return build_dataloader(
+            self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
+            world_size=self.world_size, seed=self.opt.seed, **self.dataloader_kwargs(),
+        )
+
+    def end_epoch(self, epoch):
+        """Rank 0 validates, logs and saves; the others wait at the barrier. Returns the stop decision."""
+        stop = False
+        if self.main:
+            self.run_callbacks("on_train_epoch_end")
+            final = epoch + 1 == self.epochs
+            if not self.opt.noval or final:
+                self.metrics = self.validator(model=self.ema.ema, trainer=self)
+            fitness = self.metrics.get("fitness", 0.0)
+            self.best_fitness = max(self.best_fitness, fitness)
+            losses = {f"train/{n}_loss": float(v) for n, v in zip(self.criterion.loss_names, self.tloss)}
+            row = {**losses, **{k: float(v) for k, v in self.metrics.items()}, **self.lr}
+            self.csv.log(epoch, row)
+            self.tb.log(row, epoch)
+            if not self.opt.nosave or final:
+                self.save(epoch, fitness)
+            stop = self.stopper(epoch, fitness)
+            self.run_callbacks("on_fit_epoch_end")
+        du.barrier()
+        return stop
+
+    def final_eval(self):
+        """Strip the optimizer from the saved weights, then validate best.pt once more with per-class output."""
+        for f in (self.last, self.best):
+            if f.exists():
+                strip_optimizer(f)
+        if self.best.exists():
+            from models.experimental import attempt_load
+
+            LOGGER.info(f"\nValidating {self.best}...")
+            model = attempt_load(self.best, device=self.device, fuse=False)
+            self.metrics = self.validator(model=model, trainer=self, final=True)
+        self.tb.close()
+        LOGGER.info(f"Results saved to {self.save_dir}")
+
+
+def strip_optimizer(path):
+    """Keep only what inference and fine-tuning need: the EMA weights as `model`, no optimizer (smaller file)."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if ckpt.get("ema"):
+        ckpt["model"] = ckpt["ema"]
+    for k in ("ema", "optimizer", "scheduler", "scaler", "rng", "updates"):
+        ckpt[k] = None
+    atomic_save(ckpt, path)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *args):
+        return False
+
+
+def _float(x):
+    """Outputs of an autocast forward in fp32 for the loss (losses in half precision lose small gradients)."""
+    if isinstance(x, torch.Tensor):
+        return x.float()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_float(v) for v in x)
+    return x
+
+
+def find_last_run(search_dir="runs"):
+    """The most recently written last.pt under `search_dir` (for a bare --resume)."""
+    candidates = list(Path(search_dir).rglob("last.pt"))
+    if not candidates:
+        raise FileNotFoundError(f"--resume: no last.pt found under {Path(search_dir).resolve()}")
+    return max(candidates, key=lambda p: p.stat().st_mtime)
+
+
+def resume_opt(opt):
+    """For --resume [path]: the original run's options, plus where to resume from and this launch's device/workers.
+
+    Rank and world size are never taken from the saved options: they come from this launch's environment.
+    """
+    path = Path(opt.resume) if isinstance(opt.resume, str) and opt.resume else find_last_run(ROOT / "runs")
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume {path}: file not found")
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    saved = dict(ckpt["opt"])
+    saved.update(resume_from=str(path), resume=False, device=opt.device, workers=opt.workers)
+    return SimpleNamespace(**saved)
+
+
+def run(trainer_cls, opt):
+    """Entry point shared by every task's train.py: device, process group, resume, train, clean exit."""
+    from utils.loggers import set_logging
+
+    set_logging()
+    device = du.select_device(opt.device, opt.batch_size)
+    du.setup_ddp(device)
+    if getattr(opt, "resume", False):
+        opt = resume_opt(opt)
+    try:
+        trainer = trainer_cls(deepcopy(opt), device)
+        metrics = trainer.train()
+    finally:
+        du.cleanup_ddp()
+    return trainer, metrics
