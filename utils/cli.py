@@ -8,9 +8,10 @@ def str2bool_or_path(v):
     return True if v in (None, "", "True", "true") else v
 
 
-def train_parser(description, cfg_default, data_default, imgsz_default, project):
+def train_parser(description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",)):
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--cfg", type=str, default=cfg_default, help="model YAML (name under models/ or a path)")
+    p.add_argument(*cfg_flags, dest="cfg", type=str, default=cfg_default,
+                   help="model YAML (name under models/ or a path)")
     p.add_argument("--weights", type=str, default="", help="initial weights: our .pt or an official one; '' = scratch")
     p.add_argument("--data", type=str, default=data_default, help="dataset YAML or folder")
     p.add_argument("--hyp", type=str, default=None, help="hyperparameter YAML; default: the one the model YAML names")

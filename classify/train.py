@@ -1,0 +1,32 @@
+"""Train a YOLOv5-cls / YOLOv8-cls image classifier on an ImageFolder dataset.
+
+Usage:
+    $ python classify/train.py --data data/shapes-cls --model yolov8n-cls.yaml --img 96 --epochs 10
+    $ python classify/train.py --data path/to/imagenet --model yolov5s.pt       # seeded from detection weights
+    $ python -m torch.distributed.run --nproc_per_node 2 classify/train.py --data data/shapes-cls \
+          --model yolov5n-cls.yaml --device cpu
+    $ python classify/train.py --resume runs/train-cls/exp/weights/last.pt
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from utils.cli import train_parser  # noqa: E402
+from utils.tasks.classify import ClassificationTrainer  # noqa: E402
+from utils.trainer import run  # noqa: E402
+
+
+def parse_opt(argv=None):
+    p = train_parser("Train a YOLO classifier", "yolov8n-cls.yaml", "data/shapes-cls", 96, "runs/train-cls",
+                     cfg_flags=("--model", "--cfg"))
+    return p.parse_args(argv)
+
+
+def main(opt):
+    return run(ClassificationTrainer, opt)
+
+
+if __name__ == "__main__":
+    main(parse_opt())

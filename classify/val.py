@@ -1,0 +1,52 @@
+"""Validate a classifier: top-1 / top-5 accuracy, per-class accuracy, confusion matrix.
+
+Usage:
+    $ python classify/val.py --weights runs/train-cls/exp/weights/best.pt --data data/shapes-cls
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from utils.dist import select_device  # noqa: E402
+from utils.files import increment_path  # noqa: E402
+from utils.loggers import set_logging  # noqa: E402
+from utils.tasks.classify import ClassificationValidator  # noqa: E402
+
+
+def parse_opt(argv=None):
+    p = argparse.ArgumentParser(description="Validate a YOLO classifier")
+    p.add_argument("--data", type=str, default="data/shapes-cls", help="dataset folder or YAML")
+    p.add_argument("--weights", type=str, required=True)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=96)
+    p.add_argument("--device", default="")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
+    p.add_argument("--project", default="runs/val-cls")
+    p.add_argument("--name", default="exp")
+    p.add_argument("--exist-ok", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(opt):
+    from models.experimental import attempt_load
+    from utils.data.classify_dataset import ClassificationDataset
+    from utils.data.dataset_yaml import check_cls_dataset
+    from utils.data.loader import build_dataloader
+
+    set_logging()
+    device = select_device(opt.device)
+    model = attempt_load(opt.weights, device=device, fuse=True)
+    data = check_cls_dataset(opt.data)
+    split = data.get("test") or data["val"]
+    ds = ClassificationDataset(split, imgsz=opt.imgsz, augment=False, prefix="val: ")
+    loader = build_dataloader(ds, opt.batch_size, opt.workers, shuffle=False, collate_fn=ds.collate_fn)
+    save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
+    return ClassificationValidator(loader, save_dir, opt, data["names"])(model=model)
+
+
+if __name__ == "__main__":
+    main(parse_opt())

@@ -1,0 +1,34 @@
+"""Train a YOLOv5-seg / YOLOv8-seg instance segmentation model.
+
+Usage:
+    $ python segment/train.py --data data/shapes-seg.yaml --cfg yolov5n-seg.yaml --img 320 --epochs 10
+    $ python -m torch.distributed.run --nproc_per_node 2 segment/train.py --data data/shapes-seg.yaml \
+          --cfg yolov8n-seg.yaml --device cpu
+    $ python -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 8 --master_addr 10.0.0.1 \
+          --master_port 29500 segment/train.py --data coco128-seg.yaml --cfg yolov8s-seg.yaml
+    $ python segment/train.py --resume runs/train-seg/exp/weights/last.pt
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from utils.cli import train_parser  # noqa: E402
+from utils.tasks.segment import SegmentationTrainer  # noqa: E402
+from utils.trainer import run  # noqa: E402
+
+
+def parse_opt(argv=None):
+    p = train_parser("Train a YOLO segmentation model", "yolov5n-seg.yaml", "data/shapes-seg.yaml", 320,
+                     "runs/train-seg")
+    p.add_argument("--no-overlap", action="store_true", help="one mask per instance instead of one overlap map")
+    return p.parse_args(argv)
+
+
+def main(opt):
+    return run(SegmentationTrainer, opt)
+
+
+if __name__ == "__main__":
+    main(parse_opt())

@@ -1,0 +1,144 @@
+"""Classification task: trainer, validator and predictor hooks for YOLOv5-cls and YOLOv8-cls."""
+
+import torch
+
+from utils.dist import get_rank, get_world_size
+from utils.loggers import LOGGER
+from utils.predictor import BasePredictor
+from utils.tasks.detect import load_pretrained
+from utils.trainer import BaseTrainer
+from utils.validator import BaseValidator
+
+
+def build_classifier(model_arg, nc, names):
+    """A ClassificationModel from a YAML, or seeded from a .pt: a classifier checkpoint (fine-tuning) or a detector
+    checkpoint, whose backbone is cut before its 10th layer as the official YOLOv5 classifier is."""
+    from models.experimental import attempt_load
+    from models.yolo import ClassificationModel, DetectionModel
+
+    if str(model_arg).endswith(".pt"):
+        src = attempt_load(model_arg, device="cpu", fuse=False)
+        if isinstance(src, DetectionModel):
+            model = ClassificationModel.from_detection_model(src, nc=nc, cutoff=10)
+        else:
+            model = ClassificationModel(src.yaml, nc=nc)
+            load_pretrained(model, model_arg)
+    else:
+        model = ClassificationModel(model_arg, nc=nc)
+    model.names = dict(names)
+    return model
+
+
+class ClassificationTrainer(BaseTrainer):
+    default_project = "runs/train-cls"
+
+    def get_data(self):
+        from utils.data.dataset_yaml import check_cls_dataset
+
+        return check_cls_dataset(self.opt.data)
+
+    def build_model(self, nc, names):
+        model = build_classifier(self.opt.cfg, nc, names)
+        if self.opt.weights:
+            load_pretrained(model, self.opt.weights)
+        return model
+
+    def build_dataset(self, path, mode):
+        from utils.data.classify_dataset import ClassificationDataset
+
+        train = mode == "train"
+        return ClassificationDataset(
+            path, imgsz=self.opt.imgsz, augment=train, hyp=self.hyp, cache=self.opt.cache, prefix=f"{mode}: ",
+            rank=get_rank() if train else -1, world_size=get_world_size() if train else 1, seed=self.opt.seed,
+        )
+
+    def dataloader_kwargs(self):
+        from utils.data.classify_dataset import ClassificationDataset
+
+        return {"collate_fn": ClassificationDataset.collate_fn}
+
+    def preprocess_batch(self, batch):
+        batch["img"] = batch["img"].to(self.device, non_blocking=True)
+        batch["cls"] = batch["cls"].to(self.device)
+        return batch
+
+    def build_validator(self):
+        return ClassificationValidator(self.val_loader, self.save_dir, self.opt, self.names)
+
+
+class ClassificationValidator(BaseValidator):
+    """Top-1 / top-5 accuracy, per-class accuracy and the confusion matrix."""
+
+    postprocess_name = "post-process"
+
+    def preprocess(self, batch, device, half):
+        batch["img"] = batch["img"].to(device, non_blocking=True)
+        batch["img"] = batch["img"].half() if half else batch["img"].float()
+        batch["cls"] = batch["cls"].to(device)
+        return batch
+
+    def description(self):
+        return ("%22s" + "%11s" * 2) % ("classes", "top1_acc", "top5_acc")
+
+    def init_metrics(self, model):
+        from utils.metrics import ClassifyMetrics, ConfusionMatrix
+
+        self.metrics = ClassifyMetrics()
+        self.confusion = ConfusionMatrix(nc=self.nc, task="classify")
+        self.pred, self.targets = [], []
+
+    def postprocess(self, preds):
+        return preds[0] if isinstance(preds, (list, tuple)) else preds
+
+    def update_metrics(self, probs, batch):
+        self.seen += len(probs)
+        self.pred.append(probs.argsort(1, descending=True)[:, :5].cpu())
+        self.targets.append(batch["cls"].cpu())
+
+    def get_stats(self):
+        pred, targets = torch.cat(self.pred), torch.cat(self.targets)
+        self.confusion.process_cls_preds(pred, targets)
+        self.metrics.process(targets, pred)
+        return dict(self.metrics.results_dict)
+
+    def print_results(self, final=False):
+        LOGGER.info(("%22s" + "%11.3g" * 2) % ("all", self.metrics.top1, self.metrics.top5))
+        if final:
+            for c, name in self.names.items():
+                row = self.confusion.matrix[c]
+                total = row.sum()
+                if total:
+                    LOGGER.info(("%22s" + "%11.3g") % (name, row[c] / total))
+            self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
+            self.confusion.plot(save_dir=self.save_dir, names=list(self.names.values()))
+
+
+class ClassificationPredictor(BasePredictor):
+    default_project = "runs/predict-cls"
+
+    def load_source(self):
+        from utils.data.classify_dataset import classify_transforms
+        from utils.data.sources import LoadImages
+
+        return LoadImages(self.args.source, imgsz=self.args.imgsz, transforms=classify_transforms(self.args.imgsz))
+
+    def preprocess(self, im):
+        im = im.to(self.device) if isinstance(im, torch.Tensor) else torch.from_numpy(im).to(self.device)
+        im = im.half() if self.half else im.float()
+        return im[None] if im.ndim == 3 else im
+
+    def postprocess(self, preds, im, im0):
+        probs = preds[0] if isinstance(preds, (list, tuple)) else preds
+        return probs[0]
+
+    def write_result(self, probs, im, im0, path, txt_path):
+        from utils.plots import Annotator
+
+        top5 = probs.argsort(0, descending=True)[:5].tolist()
+        lines = [f"{probs[j]:.2f} {self.names[j]}" for j in top5]
+        annotator = Annotator(im0)
+        annotator.text((16, 16), "\n".join(lines))
+        im0[:] = annotator.result()
+        if txt_path is not None:
+            txt_path.write_text("\n".join(lines) + "\n")
+        return ", ".join(f"{self.names[j]} {probs[j]:.2f}" for j in top5)

@@ -1,0 +1,156 @@
+"""Segmentation task: the detection hooks plus masks (YOLOv5-seg and YOLOv8-seg)."""
+
+import numpy as np
+import torch
+
+from utils import ops
+from utils.loggers import LOGGER
+from utils.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator, load_pretrained
+
+
+def split_seg_output(preds):
+    """(detections, prototypes) from either segment head's eval output.
+
+    v5: (y, proto, x); v8: (cat(y, mc), (x, mc, proto)) - the prototypes are the last tensor of the second item.
+    """
+    second = preds[1]
+    return preds[0], second[-1] if isinstance(second, (list, tuple)) else second
+
+
+class SegmentationTrainer(DetectionTrainer):
+    default_project = "runs/train-seg"
+
+    def build_model(self, nc, names):
+        from models.yolo import SegmentationModel
+
+        model = SegmentationModel(self.opt.cfg, nc=nc)
+        model.names = dict(names)
+        if self.opt.weights:
+            load_pretrained(model, self.opt.weights)
+        return model
+
+    def dataset_kwargs(self, mode):
+        return {"task": "segment", "overlap_mask": not self.opt.no_overlap, "mask_ratio": 4}
+
+    def preprocess_batch(self, batch):
+        batch = super().preprocess_batch(batch)
+        batch["masks"] = batch["masks"].to(self.device).float()
+        return batch
+
+    def build_validator(self):
+        return SegmentationValidator(self.val_loader, self.save_dir, self.opt, self.names)
+
+
+class SegmentationValidator(DetectionValidator):
+    """Box and mask mAP; masks compared at the letterboxed input size, predictions upsampled from the prototypes
+    and ground truth from its 1/4-resolution map, as the official validators do."""
+
+    def init_metrics(self, model):
+        from utils.metrics import SegmentMetrics
+
+        super().init_metrics(model)
+        self.metrics = SegmentMetrics(names=self.names)
+        self.stats["tp_m"] = []
+
+    def description(self):
+        return ("%22s" + "%11s" * 10) % (
+            "Class", "Images", "Instances", "Box(P", "R", "mAP50", "mAP50-95)", "Mask(P", "R", "mAP50", "mAP50-95)",
+        )
+
+    def postprocess(self, preds):
+        det, self.protos = split_seg_output(preds)
+        return super().postprocess(det)
+
+    def _gt_masks(self, batch, si):
+        """Ground-truth masks of image si as bool (n, h, w): from the overlap map, or the per-instance stack."""
+        from utils.metrics import instance_masks
+
+        in_image = batch["targets"][:, 0] == si
+        if getattr(self.args, "no_overlap", False):
+            return batch["masks"][in_image].gt(0.5)
+        return instance_masks(batch["masks"][si], int(in_image.sum()))
+
+    def update_extra(self, pred, predn, batch, si, correct):
+        from utils.metrics import process_mask_batch
+
+        shape = batch["img"].shape[2:]
+        pred_masks = ops.process_mask(self.protos[si], pred[:, 6:], pred[:, :4], shape, upsample=True)
+        t = batch["targets"][batch["targets"][:, 0] == si]
+        h, w = shape
+        labels = torch.cat([t[:, 1:2], ops.xywh2xyxy(t[:, 2:6]) * torch.tensor((w, h, w, h), device=t.device)], 1)
+        gt = self._gt_masks(batch, si)
+        if len(labels):
+            tp_m = process_mask_batch(pred, labels, pred_masks, gt, self.iouv.to(pred.device))
+        else:
+            tp_m = torch.zeros((len(pred), 10), dtype=torch.bool)
+        self.stats["tp_m"].append(tp_m.cpu())
+        if getattr(self.args, "save_json", False):
+            self._native_masks = ops.scale_masks(pred_masks, batch["shapes"][si][0], batch["shapes"][si][1])
+
+    def save_json(self, predn, path):
+        from utils.coco import box_to_coco_json, image_id_from_path, masks_to_rle
+
+        rles = masks_to_rle(self._native_masks.gt(0.5).cpu().numpy())
+        self.jdict += box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map(), rles=rles)
+
+    def _concat_stats(self):
+        out = super()._concat_stats()
+        tp_m = out.pop("tp_m")
+        out["tp_box"], out["tp_mask"] = out.pop("tp"), tp_m
+        return out
+
+    def get_stats(self):
+        stats = self._concat_stats()
+        self.nt_per_class = np.bincount(stats["target_cls"].astype(int), minlength=self.nc)
+        if len(stats["tp_box"]):
+            self.metrics.process(**stats)
+        return dict(self.metrics.results_dict)
+
+    def print_results(self, final=False):
+        pf = "%22s" + "%11i" * 2 + "%11.3g" * 8
+        LOGGER.info(pf % ("all", self.seen, self.nt_per_class.sum(), *self.metrics.mean_results()))
+        if final and self.nc > 1 and len(self.stats["tp"]):
+            for i, c in enumerate(self.metrics.ap_class_index):
+                LOGGER.info(pf % (self.names[c], self.seen, self.nt_per_class[c], *self.metrics.class_result(i)))
+        if final:
+            self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
+
+    def finalize(self, stats):
+        stats = super().finalize(stats)
+        if getattr(self.args, "save_json", False) and self.jdict:
+            stats = self.coco_eval(stats, self.save_dir / "predictions.json", iou_type="segm", key="M")
+        return stats
+
+
+class SegmentationPredictor(DetectionPredictor):
+    default_project = "runs/predict-seg"
+
+    def postprocess(self, preds, im, im0):
+        det_out, protos = split_seg_output(preds)
+        nm = protos.shape[1]
+        det = ops.non_max_suppression(
+            det_out, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
+            max_det=self.args.max_det, nc=len(self.names), nm=nm,
+        )[0]
+        masks = ops.process_mask(protos[0], det[:, 6:], det[:, :4], im.shape[2:], upsample=True)
+        masks = ops.scale_masks(masks, im0.shape[:2]).gt(0.5)
+        ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
+        return det[:, :6], masks
+
+    def write_result(self, result, im, im0, path, txt_path):
+        from utils.plots import Annotator, colors
+
+        det, masks = result
+        if len(det):
+            annotator = Annotator(im0)
+            annotator.masks(masks, [colors(int(c), True) for c in det[:, 5]])
+            im0[:] = annotator.result()
+        summary = super().write_result(det, im, im0, path, None)
+        if txt_path is not None:
+            h, w = im0.shape[:2]
+            with open(txt_path, "a") as f:
+                for seg, (*_, conf, c) in zip(ops.masks2segments(masks), det.tolist()):
+                    if len(seg):
+                        xy = " ".join(f"{x / w:.6g} {y / h:.6g}" for x, y in seg)
+                        f.write(f"{int(c)} {xy}" + (f" {conf:.6g}" if self.args.save_conf else "") + "\n")
+        return summary
