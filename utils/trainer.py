@@ -402,8 +402,12 @@ def resume_opt(opt):
     return SimpleNamespace(**saved)
 
 
-def run(trainer_cls, opt):
-    """Entry point shared by every task's train.py: device, process group, resume, train, clean exit."""
+def run(trainer_cls, opt, callbacks=None):
+    """Entry point shared by every task's train.py: device, process group, resume, train, clean exit.
+
+    `callbacks` maps event names ('on_train_start', 'on_train_epoch_end', 'on_fit_epoch_end', 'on_train_end')
+    to lists of functions taking the trainer.
+    """
     from utils.loggers import set_logging
 
     set_logging()
@@ -413,6 +417,9 @@ def run(trainer_cls, opt):
         opt = resume_opt(opt)
     try:
         trainer = trainer_cls(deepcopy(opt), device)
+        for event, fns in (callbacks or {}).items():
+            for fn in fns:
+                trainer.add_callback(event, fn)
         metrics = trainer.train()
     finally:
         du.cleanup_ddp()

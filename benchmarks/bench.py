@@ -1,0 +1,138 @@
+"""Speed figures on this machine (not assertions): training images/s, dataloader images/s with mosaic, and
+inference ms/image for the fused model at batch 1.
+
+    python benchmarks/bench.py                                  # yolov5n, yolov8n, yolov7-tiny, seg, cls at 320/640
+    python benchmarks/bench.py --models yolov8n.yaml --imgsz 640 --amp bf16 --channels-last
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel  # noqa: E402
+from utils import ops  # noqa: E402
+from utils.files import find_file, yaml_load  # noqa: E402
+
+
+def model_for(cfg, nc=3):
+    cls = ClassificationModel if "-cls" in cfg else SegmentationModel if "-seg" in cfg else DetectionModel
+    return cls(cfg, nc=nc)
+
+
+def data_for(cfg):
+    return "data/shapes-seg.yaml" if "-seg" in cfg else "data/shapes.yaml"
+
+
+def detection_batches(cfg, imgsz, batch, n, workers):
+    """n collated training batches from the synthetic dataset with mosaic, and the loader's images/s."""
+    from utils.data.dataset_yaml import check_det_dataset
+    from utils.data.detect_dataset import YOLODataset
+    from utils.data.loader import build_dataloader
+
+    data = check_det_dataset(ROOT / data_for(cfg))
+    hyp = yaml_load(find_file("hyp.scratch-low.yaml", "data/hyps"))
+    task = "segment" if "-seg" in cfg else "detect"
+    ds = YOLODataset(data["train"], imgsz=imgsz, batch_size=batch, augment=True, hyp=hyp, task=task, nc=data["nc"])
+    loader = build_dataloader(ds, batch, workers, shuffle=True)
+    batches, t0 = [], time.perf_counter()
+    for b in loader:
+        batches.append(b)
+        if len(batches) == n:
+            break
+    return batches, len(batches) * batch / (time.perf_counter() - t0)
+
+
+def classification_batches(imgsz, batch, n):
+    g = torch.Generator().manual_seed(0)
+    return [{"img": torch.rand(batch, 3, imgsz, imgsz, generator=g), "cls": torch.randint(0, 3, (batch,), generator=g)}
+            for _ in range(n)]
+
+
+def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers):
+    model = model_for(cfg).train()
+    hyp = yaml_load(find_file(model.default_hyp or "hyp.scratch-low.yaml", "data/hyps"))
+    criterion = model.init_criterion(hyp, imgsz=imgsz)
+    if "-cls" in cfg:
+        batches, loader_ips = classification_batches(imgsz, batch, steps + 1), float("nan")
+    else:
+        batches, loader_ips = detection_batches(cfg, imgsz, batch, steps + 1, workers)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    t0 = None
+    for i, b in enumerate(batches):
+        if i == 1:
+            t0 = time.perf_counter()  # the first step warms up allocators
+        img = b["img"].float() / (255 if b["img"].dtype == torch.uint8 else 1)
+        b = {**b, "img": img.contiguous(memory_format=memory_format)}
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
+            preds = model(b["img"])
+        loss, _ = criterion(_float(preds), b)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return steps * batch / (time.perf_counter() - t0), loader_ips
+
+
+def _float(x):
+    if isinstance(x, torch.Tensor):
+        return x.float()
+    return type(x)(_float(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+@torch.no_grad()
+def bench_infer(cfg, imgsz, runs, amp, channels_last):
+    model = model_for(cfg).eval()
+    model.fuse()
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    x = torch.rand(1, 3, imgsz, imgsz).contiguous(memory_format=memory_format)
+    times = []
+    for i in range(runs + 2):
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
+            y = model(x)
+        if "-cls" not in cfg:
+            det = y[0] if isinstance(y, (list, tuple)) else y
+            nm = 32 if "-seg" in cfg else 0
+            ops.non_max_suppression(det.float(), 0.25, 0.45, nc=3, nm=nm)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return 1e3 * times[len(times) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+",
+                   default=["yolov5n.yaml", "yolov8n.yaml", "yolov7-tiny.yaml", "yolov8n-seg.yaml", "yolov8n-cls.yaml"])
+    p.add_argument("--imgsz", nargs="+", type=int, default=[320, 640], help="inference sizes")
+    p.add_argument("--train-imgsz", type=int, default=320)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--amp", choices=["off", "bf16"], default="off")
+    p.add_argument("--channels-last", action="store_true")
+    opt = p.parse_args()
+    torch.set_num_threads(opt.threads)
+    print(f"torch {torch.__version__}, {opt.threads} threads, amp={opt.amp}, channels_last={opt.channels_last}")
+    print(f"{'model':<20}{'train img/s':>12}{'loader img/s':>14}" + "".join(f"{f'infer {s} ms':>14}" for s in opt.imgsz))
+    for cfg in opt.models:
+        if not find_file(cfg.replace("yolov8n", "yolov8"), "models").exists():
+            continue
+        train_imgsz = 96 if "-cls" in cfg else opt.train_imgsz
+        ips, loader = bench_train(cfg, train_imgsz, opt.batch, opt.steps, opt.amp, opt.channels_last, opt.workers)
+        inf = [bench_infer(cfg, 96 if "-cls" in cfg else s, opt.runs, opt.amp, opt.channels_last) for s in opt.imgsz]
+        print(f"{cfg:<20}{ips:>12.1f}{loader:>14.1f}" + "".join(f"{t:>14.1f}" for t in inf), flush=True)
+
+
+if __name__ == "__main__":
+    main()

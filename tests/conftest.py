@@ -1,0 +1,50 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PARITY = (ROOT / ".." / "shared" / "reference" / "parity").resolve()
+
+# Two cores: one intra-op thread per test process keeps the 2-process DDP tests from oversubscribing.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def shapes_detect(tmp_path_factory):
+    """A tiny synthetic detection dataset (YAML path), generated once per test session."""
+    from utils.data.synthetic import generate_dataset
+
+    root = tmp_path_factory.mktemp("shapes")
+    generate_dataset(root, task="detect", n_train=16, n_val=8, seed=0, min_side=96, max_side=160)
+    return write_yaml(root, "detect")
+
+
+@pytest.fixture(scope="session")
+def shapes_segment(tmp_path_factory):
+    from utils.data.synthetic import generate_dataset
+
+    root = tmp_path_factory.mktemp("shapes-seg")
+    generate_dataset(root, task="segment", n_train=16, n_val=8, seed=0, min_side=96, max_side=160)
+    return write_yaml(root, "segment")
+
+
+@pytest.fixture(scope="session")
+def shapes_classify(tmp_path_factory):
+    from utils.data.synthetic import generate_dataset
+
+    root = tmp_path_factory.mktemp("shapes-cls")
+    generate_dataset(root, task="classify", n_train=12, n_val=6, seed=0, min_side=64, max_side=64)
+    return root
+
+
+def write_yaml(root, task):
+    import yaml
+
+    names = {0: "circle", 1: "rectangle", 2: "triangle"}
+    f = root / f"{task}.yaml"
+    f.write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val", "names": names}))
+    return f

@@ -1,0 +1,34 @@
+"""Run a function in N gloo processes (torch.multiprocessing), the way torchrun would set them up."""
+
+import os
+import socket
+
+import torch.multiprocessing as mp
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world_size, port, fn, args):
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+    )
+    import torch
+
+    torch.set_num_threads(1)
+    from utils.dist import cleanup_ddp, setup_ddp
+
+    setup_ddp(torch.device("cpu"))
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        cleanup_ddp()
+
+
+def spawn(fn, world_size, *args):
+    """fn(rank, world_size, *args) must be a module-level function (it is pickled)."""
+    mp.spawn(_entry, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)

@@ -1,0 +1,128 @@
+"""End to end on CPU: train.py -> val.py -> detect.py on a tiny synthetic dataset, resume, atomic saves."""
+
+import csv
+
+import pytest
+import torch
+
+import detect
+import train
+import val
+from utils.trainer import run
+from utils.tasks.detect import DetectionTrainer
+
+
+def _train_args(data, tmp_path, *extra):
+    return [
+        "--data", str(data), "--imgsz", "96", "--batch-size", "8", "--epochs", "2", "--workers", "0",
+        "--project", str(tmp_path / "runs"), "--name", "exp", "--device", "cpu", *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def trained_v5(shapes_detect, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train_v5")
+    trainer, metrics = train.main(train.parse_opt(_train_args(shapes_detect, tmp, "--cfg", "yolov5n.yaml")))
+    return trainer, metrics
+
+
+def test_train_writes_run_folder(trained_v5):
+    trainer, metrics = trained_v5
+    d = trainer.save_dir
+    for f in ("weights/last.pt", "weights/best.pt", "results.csv", "opt.yaml", "hyp.yaml"):
+        assert (d / f).is_file(), f
+    rows = list(csv.DictReader(open(d / "results.csv")))
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    assert {"train/box_loss", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "lr/pg0"} <= set(rows[0])
+    assert list(d.glob("events.out.tfevents*")), "TensorBoard scalars"
+    ckpt = torch.load(d / "weights/best.pt", weights_only=False)
+    assert ckpt["optimizer"] is None and ckpt["model"]["state_dict"]  # stripped at the end of training
+    assert "fitness" in metrics
+
+
+def test_val_and_detect_on_trained_weights(trained_v5, shapes_detect, tmp_path):
+    trainer, _ = trained_v5
+    best = str(trainer.save_dir / "weights/best.pt")
+    stats = val.main(val.parse_opt(["--weights", best, "--data", str(shapes_detect), "--imgsz", "96",
+                                    "--project", str(tmp_path / "val"), "--device", "cpu", "--workers", "0",
+                                    "--save-txt", "--save-json"]))
+    assert 0.0 <= stats["metrics/mAP50-95(B)"] <= stats["metrics/mAP50(B)"] <= 1.0
+    results = detect.main(detect.parse_opt(["--weights", best, "--source", str(detect_source()), "--imgsz", "96",
+                                            "--project", str(tmp_path / "det"), "--device", "cpu", "--save-txt",
+                                            "--conf-thres", "0.01"]))
+    assert len(results) == len(list(detect_source().glob("*.jpg")))
+    out = tmp_path / "det" / "exp"
+    assert len(list(out.glob("*.jpg"))) == len(results)
+
+
+def detect_source():
+    from utils.files import ROOT
+
+    return ROOT / "data" / "images"
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _interrupt_after_first_epoch(trainer):
+    if trainer.epoch == 0:
+        raise _Interrupt
+
+
+def test_resume_restores_exact_state(shapes_detect, tmp_path):
+    opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--cfg", "yolov5n.yaml", "--epochs", "3"))
+    with pytest.raises(_Interrupt):
+        run(DetectionTrainer, opt, callbacks={"on_fit_epoch_end": [_interrupt_after_first_epoch]})
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    saved = torch.load(last, weights_only=False)
+    assert saved["epoch"] == 0 and saved["optimizer"] is not None
+
+    seen = {}
+
+    def capture(trainer):
+        seen["start_epoch"] = trainer.start_epoch
+        seen["lrs"] = [g["lr"] for g in trainer.optimizer.param_groups]
+        seen["opt_state"] = trainer.optimizer.state_dict()
+        seen["ema_updates"] = trainer.ema.updates
+        seen["save_dir"] = trainer.save_dir
+        raise _Interrupt  # stop right after set-up: the state is what we check
+
+    resume = train.parse_opt(["--resume", str(last), "--device", "cpu", "--workers", "0"])
+    with pytest.raises(_Interrupt):
+        run(DetectionTrainer, resume, callbacks={"on_train_start": [capture]})
+    assert seen["start_epoch"] == 1
+    assert seen["save_dir"] == last.parent.parent
+    assert seen["ema_updates"] == saved["updates"]
+    assert seen["lrs"] == [g["lr"] for g in saved["optimizer"]["param_groups"]]
+    state, ref = seen["opt_state"]["state"], saved["optimizer"]["state"]
+    assert state.keys() == ref.keys()
+    for k in ref:
+        for name, v in ref[k].items():
+            assert torch.equal(torch.as_tensor(state[k][name]), torch.as_tensor(v)), (k, name)
+
+
+def test_interrupted_save_keeps_last_checkpoint(tmp_path, monkeypatch):
+    from utils.files import atomic_save
+
+    f = tmp_path / "last.pt"
+    atomic_save({"epoch": 1, "w": torch.ones(3)}, f)
+
+    def broken_save(obj, fh, *a, **k):
+        fh.write(b"partial bytes")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError):
+        atomic_save({"epoch": 2, "w": torch.zeros(3)}, f)
+    monkeypatch.undo()
+    ckpt = torch.load(f)
+    assert ckpt["epoch"] == 1 and torch.equal(ckpt["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temp file left behind
+
+
+def test_batch_size_must_divide_world_size(shapes_detect, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    opt = train.parse_opt(_train_args(shapes_detect, tmp_path))
+    with pytest.raises(ValueError, match="multiple of WORLD_SIZE"):
+        DetectionTrainer(opt, torch.device("cpu"))

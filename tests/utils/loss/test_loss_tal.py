@@ -1,0 +1,87 @@
+import math
+
+import torch
+
+from utils.loss.tal import TaskAlignedAssigner, anchors_in_boxes
+
+ROW = torch.tensor([[x + 0.5, 0.5] for x in range(6)])  # six anchor centres along one row
+
+
+def assign(assigner, scores, pd_boxes, gt_boxes, gt_labels, valid=None, points=ROW):
+    gt_boxes = torch.tensor(gt_boxes, dtype=torch.float32)[None]
+    labels = torch.tensor(gt_labels, dtype=torch.float32).view(1, -1, 1)
+    valid = torch.ones_like(labels, dtype=torch.bool) if valid is None else torch.tensor(valid).view(1, -1, 1)
+    return assigner(scores[None], pd_boxes[None], points, labels, gt_boxes, valid)
+
+
+def test_anchors_in_boxes_is_strict_inside():
+    boxes = torch.tensor([[[0.0, 0.0, 2.0, 1.0], [1.5, 0.0, 3.0, 1.0]]])
+    got = anchors_in_boxes(ROW, boxes)
+    want = torch.tensor([[[True, True, False, False, False, False], [False, False, True, False, False, False]]])
+    assert torch.equal(got, want)
+
+
+def test_topk_positives_and_normalised_scores():
+    a = TaskAlignedAssigner(topk=2, num_classes=3)
+    gt = [0.0, 0.0, 4.0, 1.0]  # covers anchors 0..3
+    scores = torch.zeros(6, 3)
+    scores[:, 1] = torch.tensor([0.9, 0.1, 0.8, 0.5, 0.99, 0.99])  # 4 and 5 score high but lie outside
+    pd = torch.tensor(gt).repeat(6, 1)  # every predicted box equals the GT: IoU 1, metric = sqrt(score)
+    r = assign(a, scores, pd, [gt], [1])
+    assert r.fg_mask[0].tolist() == [True, False, True, False, False, False]
+    assert r.labels[0, [0, 2]].tolist() == [1, 1]
+    assert torch.allclose(r.bboxes[0, 0], torch.tensor(gt))
+    # per GT the largest metric maps to the largest IoU (1): anchor 0 -> 1, anchor 2 -> sqrt(.8) / sqrt(.9)
+    want = torch.zeros(6, 3)
+    want[0, 1], want[2, 1] = 1.0, math.sqrt(0.8 / 0.9)
+    assert torch.allclose(r.scores[0], want, atol=1e-5)
+
+
+def test_scores_scale_to_max_iou():
+    a = TaskAlignedAssigner(topk=10, num_classes=1)
+    gt = [0.0, 0.0, 2.0, 1.0]
+    pd = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]] + [[0.0, 0.0, 2.0, 1.0]] * 4)
+    scores = torch.full((6, 1), 0.5)
+    r = assign(a, scores, pd, [gt], [0])
+    assert r.fg_mask[0].tolist() == [True, True, False, False, False, False]
+    # both positives have the same metric; their IoU with the GT is about 0.5 (CIoU a bit lower), so the top
+    # normalised score equals that IoU rather than 1
+    assert torch.allclose(r.scores[0, 0], r.scores[0, 1])
+    assert 0.3 < r.scores[0, 0, 0].item() <= 0.5 + 1e-6
+
+
+def test_contested_anchor_goes_to_higher_iou_gt():
+    a = TaskAlignedAssigner(topk=10, num_classes=2)
+    gt1, gt2 = [0.0, 0.0, 3.0, 1.0], [1.0, 0.0, 4.0, 1.0]  # anchors 1 and 2 lie in both
+    pd = torch.tensor([gt1, gt2, gt1, gt2, gt2, gt2])
+    scores = torch.full((6, 2), 0.6)
+    r = assign(a, scores, pd, [gt1, gt2], [0, 1])
+    assert r.fg_mask[0, :4].all() and not r.fg_mask[0, 4:].any()
+    assert r.gt_idx[0, :4].tolist() == [0, 1, 0, 1]
+    assert r.labels[0, :4].tolist() == [0, 1, 0, 1]
+    assert (r.scores[0].gt(0).sum(-1) <= 1).all()  # one class target per anchor
+
+
+def test_gt_without_anchor_inside_gets_nothing_and_padding_is_ignored():
+    a = TaskAlignedAssigner(topk=10, num_classes=2)
+    tiny = [1.6, 0.1, 1.9, 0.4]  # between anchor centres 1.5 and 2.5
+    padded = [0.0, 0.0, 6.0, 1.0]  # would cover everything, but is marked invalid
+    pd = torch.tensor([[0.0, 0.0, 6.0, 1.0]] * 6)
+    r = assign(a, torch.full((6, 2), 0.9), pd, [tiny, padded], [1, 0], valid=[True, False])
+    assert not r.fg_mask.any()
+    assert r.scores.abs().sum() == 0
+
+
+def test_no_gt_at_all():
+    a = TaskAlignedAssigner(num_classes=4)
+    r = a(torch.rand(2, 6, 4), torch.rand(2, 6, 4), ROW, torch.zeros(2, 0, 1), torch.zeros(2, 0, 4),
+          torch.zeros(2, 0, 1, dtype=torch.bool))
+    assert r.scores.shape == (2, 6, 4) and not r.fg_mask.any() and r.bboxes.shape == (2, 6, 4)
+
+
+def test_topk_larger_than_anchor_count():
+    a = TaskAlignedAssigner(topk=10, num_classes=1)
+    points = ROW[:3]
+    gt = [0.0, 0.0, 3.0, 1.0]
+    r = assign(a, torch.full((3, 1), 0.5), torch.tensor([gt] * 3), [gt], [0], points=points)
+    assert r.fg_mask.all()
