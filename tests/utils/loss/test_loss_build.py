@@ -1,0 +1,63 @@
+import copy
+
+import pytest
+import torch
+
+from loss_fakes import HYP_V5, HYP_V8, box_masks, fake_model, missing_grads
+from utils.loss import REGISTRY, build_criterion
+
+CASES = [  # (fake kind, nm, default_loss, hyp)
+    ("anchor", 0, "v5", HYP_V5),
+    ("anchor", 0, "ota", HYP_V5),
+    ("free", 0, "v8", HYP_V8),
+    ("anchor", 4, "v5seg", HYP_V5),
+    ("free", 4, "v8seg", HYP_V8),
+]
+
+
+def test_registry_names():
+    assert set(REGISTRY) == {"v5", "ota", "v8", "v5seg", "v8seg", "cls"}
+
+
+@pytest.mark.parametrize("kind,nm,name,hyp", CASES)
+def test_default_loss_picks_class_and_hyp_is_untouched(kind, nm, name, hyp):
+    model = fake_model(kind, nm=nm, default_loss=name)
+    frozen = copy.deepcopy(hyp)
+    crit = build_criterion(model, hyp, imgsz=64)
+    assert isinstance(crit, REGISTRY[name]) and hyp == frozen
+
+
+def test_hyp_loss_overrides_head_default():
+    model = fake_model("anchor", default_loss="ota")
+    assert type(build_criterion(model, dict(HYP_V5, loss="v5"))) is REGISTRY["v5"]
+
+
+def test_unknown_loss_lists_known_names():
+    with pytest.raises(ValueError, match="v5, ota, v8, v5seg, v8seg, cls"):
+        build_criterion(fake_model("anchor"), dict(HYP_V5, loss="yolo9000"))
+
+
+@pytest.mark.parametrize("kind,nm,name,hyp", CASES)
+def test_every_head_parameter_gets_grad_without_targets(kind, nm, name, hyp):
+    model = fake_model(kind, nm=nm, default_loss=name)
+    crit = build_criterion(model, hyp, imgsz=64)
+    batch = {"img": torch.rand(2, 3, 64, 64), "targets": torch.zeros(0, 6)}
+    if nm:
+        batch["masks"] = torch.zeros(2, 16, 16)
+    loss, items = crit(model(batch["img"]), batch)
+    loss.backward()
+    assert torch.isfinite(loss) and items.shape == (len(crit.loss_names),)
+    assert missing_grads(model.model[1]) == []
+
+
+@pytest.mark.parametrize("kind,nm,name,hyp", CASES)
+def test_every_head_parameter_gets_grad_when_one_image_is_empty(kind, nm, name, hyp):
+    model = fake_model(kind, nm=nm, default_loss=name)
+    crit = build_criterion(model, hyp, imgsz=64)
+    targets = torch.tensor([[1, 0, 0.5, 0.5, 0.4, 0.4]])
+    batch = {"img": torch.rand(2, 3, 64, 64), "targets": targets}
+    if nm:
+        batch["masks"] = box_masks(targets, 2, (16, 16))
+    loss, _ = crit(model(batch["img"]), batch)
+    loss.backward()
+    assert missing_grads(model.model[1]) == []

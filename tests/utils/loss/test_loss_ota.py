@@ -1,0 +1,69 @@
+import torch
+import torch.nn.functional as F
+
+from loss_fakes import HYP_V5, det_batch, fake_model
+from utils.loss import OTADetectionLoss, V5DetectionLoss
+from utils.loss.v7_ota import _class_cost, dynamic_k_match
+
+
+def test_dynamic_k_hand_case():
+    iou = torch.tensor([[0.9, 0.8, 0.6, 0.1, 0.0],   # top sum 2.4 -> k = 2
+                        [0.0, 0.3, 0.2, 0.1, 0.0]])  # top sum 0.6 -> k = 1 (at least one)
+    cost = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0],
+                         [9.0, 0.5, 8.0, 7.0, 6.0]])
+    # target 0 claims candidates 0 and 1, target 1 claims 1; candidate 1 stays with the cheaper target 1
+    assert dynamic_k_match(iou, cost).tolist() == [0, 1, -1, -1, -1]
+
+
+def test_dynamic_k_counts_only_top_ten():
+    iou = torch.full((1, 30), 0.25)  # all 30 sum to 7.5, the top 10 to 2.5 -> k = 2
+    cost = torch.arange(30.0)[None]
+    assert dynamic_k_match(iou, cost).tolist() == [0, 0] + [-1] * 28
+
+
+def test_dynamic_k_empty():
+    assert dynamic_k_match(torch.zeros(2, 0), torch.zeros(2, 0)).shape == (0,)
+
+
+def test_class_cost_is_summed_bce():
+    torch.manual_seed(0)
+    prob = torch.rand(6, 4) * 0.98 + 0.01
+    labels = torch.tensor([2, 0, 3])
+    onehot = F.one_hot(labels, 4).float()
+    want = F.binary_cross_entropy(prob[None].expand(3, -1, -1), onehot[:, None].expand(-1, 6, -1),
+                                  reduction="none").sum(-1)
+    assert torch.allclose(_class_cost(prob, labels), want, atol=1e-5)
+
+
+def test_ota_positives_are_v5_candidates_and_cover_every_target():
+    model = fake_model("anchor", default_loss="ota")
+    batch = det_batch()
+    preds = model(batch["img"])
+    ota = OTADetectionLoss(model, HYP_V5, imgsz=64)
+    v5 = V5DetectionLoss(model, HYP_V5, imgsz=64)
+    chosen, candidates = ota.assign(preds, batch["targets"]), v5.assign(preds, batch["targets"])
+    cand_cells = {(i, *c) for i, lv in enumerate(candidates)
+                  for c in zip(lv.b.tolist(), lv.a.tolist(), lv.gj.tolist(), lv.gi.tolist())}
+    rows = set()
+    n_chosen = 0
+    for i, lv in enumerate(chosen):
+        n_chosen += len(lv.b)
+        for b, a, gj, gi, r in zip(lv.b.tolist(), lv.a.tolist(), lv.gj.tolist(), lv.gi.tolist(), lv.row.tolist()):
+            assert (i, b, a, gj, gi) in cand_cells
+            assert batch["targets"][r, 0] == b  # matched within its own image
+            rows.add(r)
+        # box targets follow the matched target, relative to the chosen cell
+        ny, nx = preds[i].shape[2:4]
+        size = torch.tensor([nx, ny], dtype=torch.float32)
+        want_xy = batch["targets"][lv.row, 2:4] * size - torch.stack((lv.gi, lv.gj), 1)
+        assert torch.allclose(lv.tbox[:, :2], want_xy)
+    assert rows == {0, 1, 2}
+    assert n_chosen < sum(len(lv.b) for lv in candidates)
+
+
+def test_ota_loss_layout():
+    model = fake_model("anchor", default_loss="ota")
+    batch = det_batch()
+    loss, items = OTADetectionLoss(model, HYP_V5, imgsz=64)(model(batch["img"]), batch)
+    assert OTADetectionLoss.loss_names == ("box", "obj", "cls")
+    assert torch.allclose(loss, items.sum() * 2) and (items > 0).all()

@@ -1,0 +1,45 @@
+"""Training criteria, chosen by name through `build_criterion`.
+
+Every criterion is called as `loss, loss_items = criterion(preds, batch)` on the model's train-mode output and
+a batch dict on the model's device; `loss_names` labels the entries of `loss_items`.
+"""
+
+from utils.loss.cls import ClassificationLoss
+from utils.loss.common import unwrap
+from utils.loss.seg import V5SegmentationLoss, V8SegmentationLoss
+from utils.loss.tal import Assignment, TaskAlignedAssigner
+from utils.loss.v5 import V5DetectionLoss
+from utils.loss.v7_ota import OTADetectionLoss
+from utils.loss.v8 import V8DetectionLoss
+
+REGISTRY = {
+    "v5": V5DetectionLoss,
+    "ota": OTADetectionLoss,
+    "v8": V8DetectionLoss,
+    "v5seg": V5SegmentationLoss,
+    "v8seg": V8SegmentationLoss,
+    "cls": ClassificationLoss,
+}
+
+
+def build_criterion(model, hyp, imgsz=640):
+    """The criterion named by `hyp['loss']`, else by the head's `default_loss`; `imgsz` (train image size)
+    scales the anchor-based objectness gain. The hyp dict is only read."""
+    name = hyp.get("loss") or getattr(unwrap(model).model[-1], "default_loss", None)
+    if name not in REGISTRY:
+        raise ValueError(f"unknown loss {name!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name](model, hyp, imgsz)
+
+
+__all__ = [
+    "REGISTRY",
+    "build_criterion",
+    "Assignment",
+    "TaskAlignedAssigner",
+    "ClassificationLoss",
+    "V5DetectionLoss",
+    "OTADetectionLoss",
+    "V8DetectionLoss",
+    "V5SegmentationLoss",
+    "V8SegmentationLoss",
+]

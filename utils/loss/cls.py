@@ -1,0 +1,23 @@
+"""Classification criterion."""
+
+import torch.nn.functional as F
+
+
+class ClassificationLoss:
+    """Cross-entropy with label smoothing over `Classify` train logits (B, nc) and `batch['cls']` (B,).
+
+    Reduction: the engine multiplies every loss by WORLD_SIZE and DDP averages gradients over ranks, so the
+    optimizer sees sum_r grad(L_r). That equals the single-process gradient on the concatenated batch exactly when
+    L is a sum over images times a constant; so L = sum of CE / nbs with a fixed nominal batch nbs = 64 (as the
+    v8-era official classifier). A per-rank mean would make DDP W times too large (or need a different rule).
+    """
+
+    loss_names = ("loss",)
+    nbs = 64
+
+    def __init__(self, model, hyp, imgsz=640):
+        self.label_smoothing = hyp.get("label_smoothing", 0.0)
+
+    def __call__(self, preds, batch):
+        ce = F.cross_entropy(preds, batch["cls"], label_smoothing=self.label_smoothing, reduction="sum")
+        return ce / self.nbs, (ce.detach() / max(preds.shape[0], 1)).view(1)

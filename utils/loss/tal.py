@@ -1,0 +1,94 @@
+"""Task-aligned assignment (TOOD), as used by the YOLOv8 criterion."""
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from utils.ops import bbox_iou
+
+
+class Assignment(NamedTuple):
+    """Per-anchor targets; rows of background anchors hold zeros (use `fg_mask`)."""
+
+    labels: torch.Tensor  # (B, A) long: class of the assigned GT
+    bboxes: torch.Tensor  # (B, A, 4) xyxy of the assigned GT, in the units of the input boxes
+    scores: torch.Tensor  # (B, A, nc) one-hot class times the normalised alignment (soft classification target)
+    fg_mask: torch.Tensor  # (B, A) bool: anchor is a positive
+    gt_idx: torch.Tensor  # (B, A) long: index of the assigned GT along the padded GT axis
+
+
+def anchors_in_boxes(points, boxes, eps=1e-9):
+    """(A, 2) points, (B, M, 4) xyxy boxes -> (B, M, A) bool: point strictly inside the box."""
+    lt, rb = boxes[..., None, :2], boxes[..., None, 2:]
+    return torch.cat((points - lt, rb - points), -1).amin(-1) > eps
+
+
+class TaskAlignedAssigner:
+    """Assign anchors to ground-truth boxes by the alignment metric t = s^alpha * IoU^beta.
+
+    s is the predicted probability of the GT's class and IoU the (CIoU, clamped at 0, as official) overlap of the
+    predicted box with the GT. Candidates of a GT are the anchors whose centres lie inside it; it takes the `topk`
+    of them with the largest t. An anchor taken by several GTs keeps the one with the highest IoU. The soft
+    class target of a positive is t rescaled so that, per GT, the largest t over its positives equals the largest
+    IoU over them.
+    """
+
+    def __init__(self, topk=10, num_classes=80, alpha=0.5, beta=6.0, eps=1e-9):
+        self.topk, self.num_classes, self.alpha, self.beta, self.eps = topk, num_classes, alpha, beta, eps
+
+    @torch.no_grad()
+    def __call__(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt):
+        """Inputs: pd_scores (B, A, nc) probabilities; pd_bboxes (B, A, 4) xyxy; anc_points (A, 2) in the same
+        units; gt_labels (B, M, 1); gt_bboxes (B, M, 4) xyxy; mask_gt (B, M, 1), true for real (not padded) GTs.
+        Returns an `Assignment`."""
+        bs, na, nc = pd_scores.shape
+        if gt_bboxes.shape[1] == 0:
+            return self._empty(pd_scores, pd_bboxes)
+        inside = anchors_in_boxes(anc_points, gt_bboxes, self.eps) & mask_gt.bool()
+        metric, overlaps = self._alignment(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside)
+        pos = self._topk(metric, inside) & inside
+        pos = self._resolve_conflicts(pos, overlaps)
+        fg = pos.any(1)
+        gt_idx = pos.to(torch.uint8).argmax(1)
+        labels = gt_labels[..., 0].long().gather(1, gt_idx)
+        bboxes = gt_bboxes.gather(1, gt_idx[..., None].expand(-1, -1, 4))
+        metric, overlaps = metric * pos, overlaps * pos
+        scale = overlaps.amax(-1, keepdim=True) / (metric.amax(-1, keepdim=True) + self.eps)
+        norm = (metric * scale).amax(1)
+        scores = F.one_hot(labels, nc).to(pd_scores.dtype) * (norm * fg)[..., None].to(pd_scores.dtype)
+        return Assignment(labels, bboxes, scores, fg, gt_idx)
+
+    def _empty(self, pd_scores, pd_bboxes):
+        bs, na, _ = pd_scores.shape
+        zeros = torch.zeros(bs, na, dtype=torch.long, device=pd_scores.device)
+        return Assignment(zeros, torch.zeros_like(pd_bboxes), torch.zeros_like(pd_scores), zeros.bool(), zeros)
+
+    def _alignment(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside):
+        """Alignment metric and IoU, (B, M, A), computed only for anchors inside their GT (zero elsewhere)."""
+        bs, m, na = inside.shape
+        labels = gt_labels[..., 0].long().clamp(0, pd_scores.shape[-1] - 1)
+        cls_scores = pd_scores.gather(2, labels[:, None, :].expand(-1, na, -1)).transpose(1, 2)
+        overlaps = torch.zeros(inside.shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
+        gt = gt_bboxes[:, :, None].expand(-1, -1, na, -1)[inside]
+        pd = pd_bboxes[:, None].expand(-1, m, -1, -1)[inside]
+        overlaps[inside] = bbox_iou(gt, pd, xywh=False, CIoU=True).squeeze(-1).clamp(0).to(overlaps.dtype)
+        metric = cls_scores.pow(self.alpha) * overlaps.pow(self.beta) * inside
+        return metric, overlaps
+
+    def _topk(self, metric, inside):
+        """(B, M, A) bool: each GT's topk anchors by metric, anchors outside the GT ranked below all inside."""
+        k = min(self.topk, metric.shape[-1])
+        ranked = torch.where(inside, metric, torch.full_like(metric, -1.0))
+        idx = ranked.topk(k, dim=-1).indices
+        return torch.zeros_like(inside).scatter_(-1, idx, True)
+
+    @staticmethod
+    def _resolve_conflicts(pos, overlaps):
+        """An anchor positive for several GTs stays positive only for the one it overlaps most."""
+        multi = pos.sum(1, keepdim=True) > 1
+        if not multi.any():
+            return pos
+        best = torch.where(pos, overlaps, torch.full_like(overlaps, -1.0)).argmax(1, keepdim=True)
+        only_best = torch.zeros_like(pos).scatter_(1, best, True)
+        return torch.where(multi, only_best & pos, pos)

@@ -1,0 +1,118 @@
+"""YOLOv5 anchor-based detection criterion: anchor-ratio matching with neighbour cells, CIoU, objectness, BCE."""
+
+from typing import NamedTuple
+
+import torch
+
+from utils.loss.common import bce, detection_head, level_balance, smooth_labels
+from utils.ops import bbox_iou
+
+# Grid offsets (in units of g = 0.5 cell) to the centre cell and its left, upper, right and lower neighbours.
+_NEIGHBOURS = ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1))
+
+
+class AnchorTargets(NamedTuple):
+    """The positives of one level, one row per (target, anchor, cell) triple."""
+
+    b: torch.Tensor  # (n,) image index
+    a: torch.Tensor  # (n,) anchor index
+    gj: torch.Tensor  # (n,) cell row
+    gi: torch.Tensor  # (n,) cell column
+    tbox: torch.Tensor  # (n, 4) target xywh in grid units, xy relative to the cell corner (gi, gj)
+    anchors: torch.Tensor  # (n, 2) anchor wh in grid units
+    tcls: torch.Tensor  # (n,) class
+    row: torch.Tensor  # (n,) row of the batch `targets` the positive was made from
+
+
+def decode_anchor_box(ps, anchors):
+    """Raw (n, >=4) predictions at their cells -> xywh in grid units relative to the cell corner (v5 decoding)."""
+    pxy = ps[:, :2].sigmoid() * 2 - 0.5
+    pwh = (ps[:, 2:4].sigmoid() * 2) ** 2 * anchors
+    return torch.cat((pxy, pwh), 1)
+
+
+def match_anchors(level_shapes, anchors, targets, anchor_t):
+    """The v5 assignment rule over all levels.
+
+    level_shapes: (ny, nx) per level; anchors (nl, na, 2) grid units; targets (N, 6) normalised. A target is matched
+    to every anchor whose width and height ratios to it are all within [1/anchor_t, anchor_t], at its centre cell and
+    at the two neighbour cells nearest to its centre (skipping the border), so one target yields up to 3 cells per
+    anchor. Returns one `AnchorTargets` per level.
+    """
+    device = targets.device
+    off = torch.tensor(_NEIGHBOURS, device=device, dtype=torch.float32) * 0.5
+    out = []
+    for (ny, nx), anc in zip(level_shapes, anchors):
+        size = torch.tensor([nx, ny], device=device, dtype=torch.float32)
+        gwh_all = targets[:, 4:6].float() * size
+        r = gwh_all[None] / anc[:, None]
+        a, row = (torch.max(r, 1 / r).amax(2) < anchor_t).nonzero(as_tuple=True)
+        gxy = targets[row, 2:4].float() * size
+        gxi = size - gxy
+        near_low = (gxy % 1 < 0.5) & (gxy > 1)  # centre in the left/upper half of its cell
+        near_high = (gxi % 1 < 0.5) & (gxi > 1)  # centre in the right/lower half
+        use = torch.stack((torch.ones_like(near_low[:, 0]), near_low[:, 0], near_low[:, 1],
+                           near_high[:, 0], near_high[:, 1]))
+        kind, j = use.nonzero(as_tuple=True)
+        a, row, gxy = a[j], row[j], gxy[j]
+        cell = (gxy - off[kind]).long()
+        gi, gj = cell[:, 0].clamp(0, nx - 1), cell[:, 1].clamp(0, ny - 1)
+        tbox = torch.cat((gxy - torch.stack((gi, gj), 1), gwh_all[row]), 1)
+        out.append(AnchorTargets(targets[row, 0].long(), a, gj, gi, tbox, anc[a], targets[row, 1].long(), row))
+    return out
+
+
+class V5DetectionLoss:
+    """YOLOv5 detection loss over the anchor `Detect` head's train output: list of (B, na, ny, nx, 5 + nc)."""
+
+    loss_names = ("box", "obj", "cls")
+
+    def __init__(self, model, hyp, imgsz=640):
+        self.head = detection_head(model)
+        nl, nc = self.head.nl, self.head.nc
+        self.nl, self.nc = nl, nc
+        # Official scaling: gains were tuned for 3 levels, 80 classes and 640 px.
+        self.box_gain = hyp["box"] * 3 / nl
+        self.cls_gain = hyp["cls"] * nc / 80 * 3 / nl
+        self.obj_gain = hyp["obj"] * (imgsz / 640) ** 2 * 3 / nl
+        self.anchor_t = hyp["anchor_t"]
+        self.cls_pw = hyp.get("cls_pw", 1.0)
+        self.obj_pw = hyp.get("obj_pw", 1.0)
+        self.fl_gamma = hyp.get("fl_gamma", 0.0)
+        self.cp, self.cn = smooth_labels(hyp.get("label_smoothing", 0.0))
+        self.balance = level_balance(nl)
+
+    def anchors(self, device):
+        """The head's anchors (nl, na, 2) in grid units, read each call so that `model.to()` is followed."""
+        return self.head.anchors.detach().to(device=device, dtype=torch.float32)
+
+    def assign(self, preds, targets):
+        shapes = [p.shape[2:4] for p in preds]
+        return match_anchors(shapes, self.anchors(targets.device), targets, self.anchor_t)
+
+    def __call__(self, preds, batch):
+        assigned = self.assign(preds, batch["targets"])
+        lbox, lobj, lcls = self.detection_terms(preds, assigned)
+        bs = preds[0].shape[0]
+        return (lbox + lobj + lcls) * bs, torch.stack((lbox, lobj, lcls)).detach()
+
+    def class_loss(self, pcls, tcls):
+        t = torch.full_like(pcls, self.cn)
+        t[torch.arange(len(tcls), device=pcls.device), tcls] = self.cp
+        return bce(pcls, t, self.cls_pw, self.fl_gamma)
+
+    def detection_terms(self, preds, assigned):
+        """Weighted (box, obj, cls) terms: box and cls are means over positives, obj a mean over all cells."""
+        lbox = lobj = lcls = preds[0].new_zeros((), dtype=torch.float32)
+        for pi, t, w in zip(preds, assigned, self.balance):
+            tobj = torch.zeros_like(pi[..., 4])
+            if len(t.b):
+                ps = pi[t.b, t.a, t.gj, t.gi]
+                iou = bbox_iou(decode_anchor_box(ps, t.anchors), t.tbox, CIoU=True).squeeze(-1)
+                lbox = lbox + (1.0 - iou).mean()
+                # Objectness target = detached IoU (official gr = 1), so obj learns to predict box quality.
+                tobj[t.b, t.a, t.gj, t.gi] = iou.detach().clamp(0).to(tobj.dtype)
+                if self.nc > 1:
+                    lcls = lcls + self.class_loss(ps[:, 5 : 5 + self.nc], t.tcls)
+            lobj = lobj + bce(pi[..., 4], tobj, self.obj_pw, self.fl_gamma) * w
+        return lbox * self.box_gain, lobj * self.obj_gain, lcls * self.cls_gain
