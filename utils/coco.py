@@ -1,0 +1,187 @@
+"""COCO JSON: class-id maps, prediction export, annotation JSON built from YOLO labels, pycocotools evaluation.
+
+pycocotools is imported only when a function needs it, so the rest of the framework runs without it.
+"""
+
+import contextlib
+import copy
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from utils.ops import xywhn2xyxy
+
+_COCO91_GAPS = {12, 26, 29, 30, 45, 66, 68, 69, 71, 83}  # ids the 2014 paper listed but the 2017 release lacks
+
+
+def coco80_to_coco91_class():
+    """COCO category id (1..90, with gaps) of each of the 80 contiguous class indices used for training."""
+    return [i for i in range(1, 91) if i not in _COCO91_GAPS]
+
+
+def image_id_from_path(path):
+    """COCO image id of an image file: int(stem) when the stem is numeric (COCO's own files), else the stem."""
+    stem = Path(path).stem
+    return int(stem) if stem.isnumeric() else stem
+
+
+def _category(class_map, c):
+    return int(class_map[c]) if class_map is not None else int(c)
+
+
+def _numpy(x):
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _pycocotools(module):
+    try:
+        if module == "mask":
+            from pycocotools import mask
+
+            return mask
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+
+        return COCO, COCOeval
+    except ImportError as e:
+        raise ImportError("COCO masks and evaluation need pycocotools: pip install pycocotools") from e
+
+
+def box_to_coco_json(predn, image_id, class_map=None, rles=None):
+    """Detections of one image as COCO result dicts.
+
+    predn: (n, 6) xyxy, conf, cls in original-image pixels. class_map: category id per class index (None: the
+    class index itself). rles: optional per-detection RLE dicts (see masks_to_rle) added as 'segmentation'.
+    """
+    predn = _numpy(predn)
+    out = []
+    for k, (x1, y1, x2, y2, conf, c) in enumerate(predn[:, :6].tolist()):
+        d = {
+            "image_id": image_id,
+            "category_id": _category(class_map, int(c)),
+            "bbox": [round(v, 3) for v in (x1, y1, x2 - x1, y2 - y1)],
+            "score": round(conf, 5),
+        }
+        if rles is not None:
+            d["segmentation"] = rles[k]
+        out.append(d)
+    return out
+
+
+def masks_to_rle(masks):
+    """Binary masks (n, h, w) -> list of COCO RLE dicts {'size': [h, w], 'counts': str}."""
+    mask_utils = _pycocotools("mask")
+    masks = _numpy(masks)
+    if not len(masks):
+        return []
+    rles = mask_utils.encode(np.asfortranarray(masks.astype(np.uint8).transpose(1, 2, 0)))  # wants (h, w, n), F order
+    for r in rles:
+        r["counts"] = r["counts"].decode("utf-8")  # bytes are not JSON serialisable
+    return rles
+
+
+def _polygon_area(xy):
+    x, y = xy[:, 0], xy[:, 1]
+    return float(abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))) / 2)
+
+
+def _annotation(ann_id, image_id, category_id, box, segment=None, mask=None):
+    x1, y1, x2, y2 = (float(v) for v in box)
+    ann = {
+        "id": ann_id,
+        "image_id": image_id,
+        "category_id": category_id,
+        "bbox": [x1, y1, x2 - x1, y2 - y1],
+        "area": (x2 - x1) * (y2 - y1),
+        "iscrowd": 0,
+    }
+    if segment is not None:
+        ann["segmentation"] = [segment.reshape(-1).tolist()]
+        ann["area"] = _polygon_area(segment)
+    elif mask is not None:
+        ann["segmentation"] = masks_to_rle(mask[None])[0]
+        ann["area"] = float(mask.sum())
+    return ann
+
+
+def labels_to_coco_json(labels, names, class_map=None):
+    """Build a COCO annotation dict from YOLO labels, to evaluate any dataset with pycocotools.
+
+    labels: a YOLODataset (its .labels are used) or a list with one dict per image: im_file, shape (h, w) of the
+    original image, cls (n, 1), bboxes (n, 4) normalised xywh, and optionally segments (n polygons (k, 2)
+    normalised, or None) or masks (n, h, w) binary at the original size (written as RLE). Image ids come from
+    image_id_from_path(im_file), as the validators' prediction JSON. names: class names (list or {index: name}).
+    class_map as in box_to_coco_json.
+    """
+    labels = getattr(labels, "labels", labels)
+    names = names if isinstance(names, dict) else dict(enumerate(names))
+    images, annotations = [], []
+    for lb in labels:
+        image_id = image_id_from_path(lb["im_file"])
+        h, w = lb["shape"]
+        images.append({"id": image_id, "width": int(w), "height": int(h), "file_name": Path(lb["im_file"]).name})
+        cls = _numpy(lb["cls"]).reshape(-1)
+        boxes = xywhn2xyxy(_numpy(lb["bboxes"]).reshape(-1, 4).astype(np.float64), w, h)
+        segments, masks = lb.get("segments"), lb.get("masks")
+        for j, (c, box) in enumerate(zip(cls, boxes)):
+            seg = None
+            if segments is not None and segments[j] is not None:
+                seg = np.asarray(segments[j], dtype=np.float64) * (w, h)
+            mask = _numpy(masks[j]) if masks is not None else None
+            cat = _category(class_map, int(c))
+            annotations.append(_annotation(len(annotations) + 1, image_id, cat, box, seg, mask))
+    categories = [{"id": _category(class_map, i), "name": str(n)} for i, n in sorted(names.items())]
+    return {
+        "info": {"description": "converted from YOLO labels"},
+        "licenses": [],
+        "images": images,
+        "annotations": annotations,
+        "categories": categories,
+    }
+
+
+def _coco_gt(anno, COCO):
+    if isinstance(anno, dict):
+        gt = COCO()
+        gt.dataset = copy.deepcopy(anno)
+        gt.createIndex()
+        return gt
+    return COCO(str(anno))
+
+
+def eval_coco_json(anno_json, pred_json, iou_type="bbox", img_ids=None, max_dets=100, verbose=False):
+    """Evaluate COCO results with pycocotools; returns (mAP50-95, mAP50).
+
+    anno_json / pred_json: file paths or the loaded objects (annotation dict / list of result dicts).
+    img_ids restricts the evaluation to those images (the ones the loader saw). max_dets is COCO's per-image,
+    per-category cap (its default 100). verbose prints pycocotools' own summary table.
+    """
+    COCO, COCOeval = _pycocotools("eval")
+    preds = json.loads(Path(pred_json).read_text()) if isinstance(pred_json, (str, Path)) else pred_json
+    if not len(preds):
+        return 0.0, 0.0  # pycocotools cannot load an empty result list; nothing detected scores zero
+    quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
+    with quiet:
+        gt = _coco_gt(anno_json, COCO)
+        dt = gt.loadRes(copy.deepcopy(list(preds)))  # loadRes edits the dicts it is given
+        ev = COCOeval(gt, dt, iou_type)
+        if img_ids is not None:
+            ev.params.imgIds = list(img_ids)
+        ev.params.maxDets = [1, 10, max_dets]
+        ev.evaluate()
+        ev.accumulate()
+        if verbose:
+            ev.summarize()
+    # Read the precision table directly: summarize() hard-codes maxDets=100 for its first figure.
+    precision = ev.eval["precision"][:, :, :, 0, -1]  # (iou, recall, class) at area 'all', the largest maxDets
+    at50 = np.isclose(ev.params.iouThrs, 0.5)
+    return _valid_mean(precision), _valid_mean(precision[at50])
+
+
+def _valid_mean(p):
+    """Mean over entries pycocotools filled (it marks classes without ground truth with -1)."""
+    p = p[p > -1]
+    return float(p.mean()) if p.size else 0.0

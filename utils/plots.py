@@ -1,0 +1,207 @@
+"""Drawing with OpenCV only (no matplotlib, no font files): palette, box/mask annotation, batch mosaics and the
+confusion-matrix image. Images handed to the Annotator are BGR uint8, as cv2 reads and writes them."""
+
+import math
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from utils.ops import xywh2xyxy
+
+_HEX = (
+    "FF3838", "FF9D97", "FF701F", "FFB21D", "CFD231", "48F90A", "92CC17", "3DDB86", "1A9334", "00D4BB",
+    "2C99A8", "00C2FF", "344593", "6473FF", "0018EC", "8438FF", "520085", "CB38FF", "FF95C8", "FF37C7",
+)  # fmt: skip
+_PALETTE = tuple(tuple(int(h[k : k + 2], 16) for k in (0, 2, 4)) for h in _HEX)  # RGB
+_FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+
+def colors(i, bgr=False):
+    """Colour i of a 20-colour palette as an (r, g, b) tuple, or (b, g, r) with bgr=True."""
+    r, g, b = _PALETTE[int(i) % len(_PALETTE)]
+    return (b, g, r) if bgr else (r, g, b)
+
+
+def _numpy(x):
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+class Annotator:
+    """Draws boxes, labels, masks and text on a BGR uint8 image."""
+
+    def __init__(self, im, line_width=None):
+        self.im = np.ascontiguousarray(im)  # cv2 draws in place and needs contiguous memory
+        self.lw = line_width or max(round(sum(self.im.shape[:2]) / 2 * 0.003), 2)
+        self.tf = max(self.lw - 1, 1)  # text thickness
+        self.fs = self.lw / 3  # text scale
+
+    def box_label(self, box, label="", color=(128, 128, 128), txt_color=(255, 255, 255)):
+        p1, p2 = (int(box[0]), int(box[1])), (int(box[2]), int(box[3]))
+        cv2.rectangle(self.im, p1, p2, color, thickness=self.lw, lineType=cv2.LINE_AA)
+        if not label:
+            return
+        w, h = cv2.getTextSize(label, _FONT, self.fs, self.tf)[0]
+        above = p1[1] - h - 3 >= 0  # put the label above the box when it fits in the image
+        corner = (p1[0] + w, p1[1] - h - 3) if above else (p1[0] + w, p1[1] + h + 3)
+        cv2.rectangle(self.im, p1, corner, color, -1, cv2.LINE_AA)
+        org = (p1[0], p1[1] - 2) if above else (p1[0], p1[1] + h + 2)
+        cv2.putText(self.im, label, org, _FONT, self.fs, txt_color, self.tf, cv2.LINE_AA)
+
+    def masks(self, masks, colors, alpha=0.5):
+        """Blend binary masks (n, h, w) at image size with their BGR colours."""
+        masks = _numpy(masks)
+        if not len(masks):
+            return
+        im = self.im.astype(np.float32)
+        for m, c in zip(masks, colors):
+            on = (m > 0.5)[..., None]
+            im = np.where(on, im * (1 - alpha) + np.asarray(c, dtype=np.float32) * alpha, im)
+        self.im = im.round().clip(0, 255).astype(np.uint8)
+
+    def text(self, xy, text, txt_color=(255, 255, 255)):
+        """Text whose top-left corner is at xy; each '\\n' starts a new line (cv2 draws none itself)."""
+        x, y = int(xy[0]), int(xy[1])
+        for line in text.split("\n"):
+            (_, h), base = cv2.getTextSize(line or " ", _FONT, self.fs, self.tf)
+            y += h
+            cv2.putText(self.im, line, (x, y), _FONT, self.fs, txt_color, self.tf, cv2.LINE_AA)
+            y += base + self.tf
+
+    def result(self):
+        return self.im
+
+
+def _to_uint8_hwc(images):
+    images = _numpy(images)
+    if images.dtype != np.uint8:
+        images = (images * 255).round().clip(0, 255).astype(np.uint8)  # float images are in [0, 1]
+    return images.transpose(0, 2, 3, 1)
+
+
+def _name(names, c):
+    if isinstance(names, dict):
+        return str(names.get(c, c))
+    return str(names[c]) if names is not None and 0 <= c < len(names) else str(c)
+
+
+def _image_masks(masks, i, target_rows, overlap):
+    """Binary masks (k, h, w) of image i, from overlap masks (B, h, w) or per-target masks (N, h, w)."""
+    if overlap:
+        ids = np.arange(1, len(target_rows) + 1).reshape(-1, 1, 1)
+        return masks[i][None] == ids
+    return masks[target_rows] > 0.5
+
+
+def plot_images(images, targets, paths=None, fname="images.jpg", names=None, masks=None, max_size=1920,
+                max_subplots=16):  # fmt: skip
+    """Save a mosaic JPEG of a batch with its boxes (and masks).
+
+    images: (B, 3, H, W) RGB, uint8 or float in [0, 1]. targets: (N, 6) [batch_idx, cls, cx, cy, w, h], boxes
+    normalised (0..1) or in pixels; (N, 7) adds a confidence column (predictions, shown when >= 0.25).
+    masks: overlap mode (B, h, w) or one per target (N, h, w), told apart by their count and values (where the
+    two readings could both apply, each image has exactly one target and they agree). Returns the saved path.
+    """
+    ims = _to_uint8_hwc(images)[:max_subplots]
+    targets = _numpy(targets)
+    targets = targets.reshape(-1, targets.shape[-1]) if targets.size else np.zeros((0, 6), dtype=np.float32)
+    masks = None if masks is None else _numpy(masks)
+    overlap = masks is not None and (len(masks) != len(targets) or masks.max(initial=0) > 1)
+    bs, h, w = ims.shape[0], ims.shape[1], ims.shape[2]
+    ns = math.ceil(bs**0.5)
+    scale = min(1.0, max_size / (ns * max(h, w)))
+    h, w = math.ceil(h * scale), math.ceil(w * scale)
+    mosaic = np.full((ns * h, ns * w, 3), 255, dtype=np.uint8)
+    for i, im in enumerate(ims):
+        x0, y0 = w * (i % ns), h * (i // ns)
+        mosaic[y0 : y0 + h, x0 : x0 + w] = cv2.resize(im, (w, h))[..., ::-1]
+    ann = Annotator(mosaic, line_width=max(round(min(h, w) / 160), 1))
+    for i in range(bs):
+        x0, y0 = w * (i % ns), h * (i // ns)
+        cv2.rectangle(ann.im, (x0, y0), (x0 + w - 1, y0 + h - 1), (255, 255, 255), 2)
+        if paths is not None:
+            ann.text((x0 + 4, y0 + 4), Path(paths[i]).name[:40], txt_color=(220, 220, 220))
+        rows = np.nonzero(targets[:, 0] == i)[0]
+        t = targets[rows]
+        show = t[:, 6] >= 0.25 if t.shape[1] > 6 else np.ones(len(t), dtype=bool)
+        if masks is not None and len(rows):
+            tile = _image_masks(masks, i, rows, overlap).astype(np.uint8)
+            tile = np.stack([cv2.resize(m, (w, h), interpolation=cv2.INTER_NEAREST) for m in tile])
+            sub = Annotator(ann.im[y0 : y0 + h, x0 : x0 + w])
+            sub.masks(tile[show], [colors(c, bgr=True) for c in t[show, 1]])
+            ann.im[y0 : y0 + h, x0 : x0 + w] = sub.result()
+        boxes = xywh2xyxy(t[:, 2:6].astype(np.float32))
+        if len(boxes) and boxes.max() <= 1.1:  # normalised coordinates
+            boxes *= np.array([w, h, w, h], dtype=np.float32)
+        elif scale < 1:
+            boxes *= scale
+        boxes += np.array([x0, y0, x0, y0], dtype=np.float32)
+        for b, row, keep in zip(boxes, t, show):
+            if not keep:
+                continue
+            c = int(row[1])
+            label = _name(names, c)
+            if t.shape[1] > 6:
+                label = f"{label} {row[6]:.1f}"
+            ann.box_label(b, label, colors(c, bgr=True))
+    cv2.imwrite(str(fname), ann.result())
+    return Path(fname)
+
+
+def _blues(v):
+    """Map v in [0, 1] to a BGR colour from near-white to dark blue."""
+    lo, hi = np.array([255, 251, 247.0]), np.array([107, 48, 8.0])
+    return tuple(int(c) for c in (lo + (hi - lo) * float(np.clip(v, 0, 1))).round())
+
+
+def _vertical_text(text, scale, thickness):
+    """Black text on white, rotated to read bottom-to-top."""
+    (tw, th), base = cv2.getTextSize(text, _FONT, scale, thickness)
+    img = np.full((th + base + 4, tw + 4, 3), 255, dtype=np.uint8)
+    cv2.putText(img, text, (2, th + 2), _FONT, scale, (0, 0, 0), thickness, cv2.LINE_AA)
+    return cv2.rotate(img, cv2.ROTATE_90_COUNTERCLOCKWISE)
+
+
+def _paste_min(canvas, patch, x, y):
+    """Paste a white-background patch by darkest-pixel blending, clipped to the canvas."""
+    ph, pw = min(patch.shape[0], canvas.shape[0] - y), min(patch.shape[1], canvas.shape[1] - x)
+    if ph > 0 and pw > 0:
+        region = canvas[y : y + ph, x : x + pw]
+        canvas[y : y + ph, x : x + pw] = np.minimum(region, patch[:ph, :pw])
+
+
+def draw_confusion_matrix(array, labels, path, normalize=True):
+    """Draw a square matrix [predicted, true] with class names on both axes; writes a PNG at path."""
+    n = len(labels)
+    cell = int(np.clip(900 // max(n, 1), 14, 60))
+    fs, tf = max(cell / 110, 0.3), 1
+    name_w = max(cv2.getTextSize(s, _FONT, fs, tf)[0][0] for s in labels) + 10
+    left, top = name_w + 40, 50
+    bottom = name_w + 40
+    canvas = np.full((top + n * cell + bottom, left + n * cell + 20, 3), 255, dtype=np.uint8)
+    vmax = 1.0 if normalize else max(float(array.max()), 1.0)
+    for r in range(n):
+        for c in range(n):
+            v = array[r, c] / vmax
+            x, y = left + c * cell, top + r * cell
+            cv2.rectangle(canvas, (x, y), (x + cell, y + cell), _blues(v), -1)
+            if n < 30 and array[r, c] >= 0.005:  # numbers only where they fit, blanks for ~0
+                s = f"{array[r, c]:.2f}" if normalize else str(int(array[r, c]))
+                (tw, th), _ = cv2.getTextSize(s, _FONT, fs, tf)
+                color = (255, 255, 255) if v > 0.5 else (0, 0, 0)
+                cv2.putText(canvas, s, (x + (cell - tw) // 2, y + (cell + th) // 2), _FONT, fs, color, tf, cv2.LINE_AA)
+    cv2.rectangle(canvas, (left, top), (left + n * cell, top + n * cell), (0, 0, 0), 1)
+    for i, s in enumerate(labels):
+        (tw, th), _ = cv2.getTextSize(s, _FONT, fs, tf)
+        cy = top + i * cell + (cell + th) // 2
+        cv2.putText(canvas, s, (left - tw - 6, cy), _FONT, fs, (0, 0, 0), tf, cv2.LINE_AA)
+        patch = _vertical_text(s, fs, tf)
+        _paste_min(canvas, patch, left + i * cell + (cell - patch.shape[1]) // 2, top + n * cell + 6)
+    title = "Confusion Matrix" + (" (normalized)" if normalize else "")
+    cv2.putText(canvas, title, (left, 32), _FONT, 0.8, (0, 0, 0), 2, cv2.LINE_AA)
+    cv2.putText(canvas, "True", (left + n * cell // 2 - 20, canvas.shape[0] - 12), _FONT, 0.6, (0, 0, 0), 1)
+    ylabel = _vertical_text("Predicted", 0.6, 1)
+    _paste_min(canvas, ylabel, 6, top + n * cell // 2 - ylabel.shape[0] // 2)
+    cv2.imwrite(str(path), canvas)
+    return Path(path)
