@@ -1,0 +1,204 @@
+"""Output heads: anchor-based (YOLOv5, YOLOv7), anchor-free DFL (YOLOv8), their segmentation variants, classification.
+
+Output layouts are the official ones (docs/design.md, "Model outputs"). Each head names the criterion that trains
+it in `default_loss`, and the model sets `stride` (a non-persistent buffer, so it follows `.to()` but stays out of
+the state_dict, as in the official key lists) before calling `bias_init()`.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+from models.common import DFL, Conv, ImplicitA, ImplicitM, Proto
+from utils.ops import dist2bbox, make_anchors
+
+
+class Detect(nn.Module):
+    """Anchor-based head (YOLOv5; also YOLOv7's deploy head): one 1x1 conv per level predicting na x (5 + nc + nm)."""
+
+    default_loss = "v5"
+    anchor_based = True
+
+    def __init__(self, nc=80, anchors=(), ch=(), nm=0):
+        super().__init__()
+        self.nc, self.nm = nc, nm
+        self.no = nc + 5 + nm  # outputs per anchor
+        self.nl = len(anchors)
+        self.na = len(anchors[0]) // 2
+        # in pixels until the model divides them by the stride; grid units from then on
+        self.register_buffer("anchors", torch.tensor(anchors, dtype=torch.float32).view(self.nl, -1, 2))
+        self.register_buffer("stride", torch.zeros(self.nl), persistent=False)
+        self.m = nn.ModuleList(nn.Conv2d(x, self.no * self.na, 1) for x in ch)
+
+    def forward(self, x):
+        for i in range(self.nl):
+            x[i] = self._level(x[i], i)
+        if self.training:
+            return x
+        return torch.cat([self._decode(p, i) for i, p in enumerate(x)], 1), x
+
+    def _level(self, x, i):
+        """Raw logits of level i reshaped to (B, na, ny, nx, no)."""
+        bs, _, ny, nx = x.shape
+        return self.m[i](x).view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous()
+
+    def _decode(self, p, i):
+        """(B, na, ny, nx, no) logits -> (B, na*ny*nx, no): xywh pixels, sigmoid obj/cls, raw mask coefficients."""
+        bs, _, ny, nx, _ = p.shape
+        yv, xv = torch.meshgrid(
+            torch.arange(ny, device=p.device, dtype=p.dtype),
+            torch.arange(nx, device=p.device, dtype=p.dtype),
+            indexing="ij",
+        )
+        grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2) - 0.5  # the -0.5 of xy * 2 - 0.5 lives here
+        anchor_grid = (self.anchors[i] * self.stride[i]).view(1, self.na, 1, 1, 2).to(p.dtype)
+        xy, wh, conf, mask = p.split((2, 2, self.nc + 1, self.nm), 4)
+        xy = (xy.sigmoid() * 2 + grid) * self.stride[i]
+        wh = (wh.sigmoid() * 2) ** 2 * anchor_grid
+        return torch.cat((xy, wh, conf.sigmoid(), mask), 4).view(bs, -1, self.no)
+
+    @torch.no_grad()
+    def bias_init(self):
+        """Objectness prior of ~8 objects per 640 px image, class prior 0.6 / nc (YOLOv5)."""
+        for mi, s in zip(self.m, self.stride):
+            b = mi.bias.view(self.na, -1)
+            b[:, 4] += math.log(8 / (640 / s) ** 2)
+            b[:, 5 : 5 + self.nc] += math.log(0.6 / (self.nc - 0.99))
+
+
+class Segment(Detect):
+    """YOLOv5 segmentation head: Detect with nm mask coefficients per anchor plus a nearest-upsampling Proto."""
+
+    default_loss = "v5seg"
+
+    def __init__(self, nc=80, anchors=(), nm=32, npr=256, ch=()):
+        super().__init__(nc, anchors, ch, nm=nm)
+        self.npr = npr
+        self.proto = Proto(ch[0], npr, nm, transpose=False)
+
+    def forward(self, x):
+        p = self.proto(x[0])
+        out = super().forward(x)
+        return (out, p) if self.training else (out[0], p, out[1])
+
+
+class IDetect(Detect):
+    """YOLOv7 training head: Detect with an implicit offset before and an implicit scale after each conv.
+
+    `anchor_grid` (pixels, per level) is kept as a buffer only so that official YOLOv7 state_dicts load by key;
+    decoding uses anchors * stride, which equals it, so the two can never disagree.
+    """
+
+    default_loss = "ota"
+
+    def __init__(self, nc=80, anchors=(), ch=()):
+        super().__init__(nc, anchors, ch)
+        self.register_buffer("anchor_grid", self.anchors.clone().view(self.nl, 1, -1, 1, 1, 2))
+        self.ia = nn.ModuleList(ImplicitA(x) for x in ch)
+        self.im = nn.ModuleList(ImplicitM(self.no * self.na) for _ in ch)
+
+    def _level(self, x, i):
+        bs, _, ny, nx = x.shape
+        y = self.im[i](self.m[i](self.ia[i](x)))
+        return y.view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous()
+
+    @torch.no_grad()
+    def fuse(self):
+        """Fold ImplicitA into each conv's bias and ImplicitM into its weight and bias (eval-equivalent)."""
+        if isinstance(self.ia[0], nn.Identity):
+            return  # already folded
+        for conv, ia, im in zip(self.m, self.ia, self.im):
+            w = conv.weight.view(conv.out_channels, -1)
+            conv.bias += (w @ ia.implicit.view(-1, 1)).view(-1)
+            scale = im.implicit.view(-1)
+            conv.bias *= scale
+            conv.weight *= scale.view(-1, 1, 1, 1)
+        self.ia = nn.ModuleList(nn.Identity() for _ in self.ia)
+        self.im = nn.ModuleList(nn.Identity() for _ in self.im)
+
+
+class AnchorFreeDetect(nn.Module):
+    """YOLOv8 decoupled head: per level a box branch (4 x reg_max DFL bins) and a class branch."""
+
+    default_loss = "v8"
+    anchor_based = False
+    reg_max = 16
+
+    def __init__(self, nc=80, ch=()):
+        super().__init__()
+        self.nc = nc
+        self.nl = len(ch)
+        self.no = nc + self.reg_max * 4
+        self.register_buffer("stride", torch.zeros(self.nl), persistent=False)
+        c2, c3 = max(16, ch[0] // 4, self.reg_max * 4), max(ch[0], min(nc, 100))
+        self.cv2 = nn.ModuleList(
+            nn.Sequential(Conv(x, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * self.reg_max, 1)) for x in ch
+        )
+        self.cv3 = nn.ModuleList(nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch)
+        self.dfl = DFL(self.reg_max)
+
+    def forward(self, x):
+        for i in range(self.nl):
+            x[i] = torch.cat((self.cv2[i](x[i]), self.cv3[i](x[i])), 1)
+        if self.training:
+            return x
+        return self._decode(x), x
+
+    def _decode(self, x):
+        """Level outputs -> (B, 4 + nc, A): xywh pixels, sigmoid class scores."""
+        bs = x[0].shape[0]
+        x_cat = torch.cat([xi.view(bs, self.no, -1) for xi in x], 2)
+        anchors, strides = (t.transpose(0, 1) for t in make_anchors(x, self.stride, 0.5))
+        box, cls = x_cat.split((self.reg_max * 4, self.nc), 1)
+        dbox = dist2bbox(self.dfl(box), anchors.unsqueeze(0), xywh=True, dim=1) * strides
+        return torch.cat((dbox, cls.sigmoid()), 1)
+
+    @torch.no_grad()
+    def bias_init(self):
+        """Box logits start at 1.0; class prior ~5 objects per 640 px image over nc classes (YOLOv8)."""
+        for a, b, s in zip(self.cv2, self.cv3, self.stride):
+            a[-1].bias[:] = 1.0
+            b[-1].bias[: self.nc] = math.log(5 / self.nc / (640 / s) ** 2)
+
+
+class AnchorFreeSegment(AnchorFreeDetect):
+    """YOLOv8 segmentation head: AnchorFreeDetect + mask-coefficient branch cv4 + transposed-conv Proto."""
+
+    default_loss = "v8seg"
+
+    def __init__(self, nc=80, nm=32, npr=256, ch=()):
+        super().__init__(nc, ch)
+        self.nm, self.npr = nm, npr
+        self.proto = Proto(ch[0], npr, nm, transpose=True)
+        c4 = max(ch[0] // 4, nm)
+        self.cv4 = nn.ModuleList(nn.Sequential(Conv(x, c4, 3), Conv(c4, c4, 3), nn.Conv2d(c4, nm, 1)) for x in ch)
+
+    def forward(self, x):
+        p = self.proto(x[0])
+        bs = p.shape[0]
+        mc = torch.cat([self.cv4[i](x[i]).view(bs, self.nm, -1) for i in range(self.nl)], 2)
+        out = super().forward(x)
+        if self.training:
+            return out, mc, p
+        return torch.cat((out[0], mc), 1), (out[1], mc, p)
+
+
+class Classify(nn.Module):
+    """Conv to 1280 channels, global average pool, dropout, linear: logits in train, softmax in eval."""
+
+    default_loss = "cls"
+
+    def __init__(self, c1, c2, k=1, s=1, p=None, g=1, dropout=0.0):
+        super().__init__()
+        c_ = 1280  # efficientnet_b0 width
+        self.conv = Conv(c1, c_, k, s, p, g)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.drop = nn.Dropout(p=dropout, inplace=True)
+        self.linear = nn.Linear(c_, c2)
+
+    def forward(self, x):
+        if isinstance(x, list):
+            x = torch.cat(x, 1)
+        x = self.linear(self.drop(self.pool(self.conv(x)).flatten(1)))
+        return x if self.training else x.softmax(1)

@@ -1,0 +1,371 @@
+"""YOLO models built from YAML: the module registry, `parse_model`, and the detection/segmentation/classification models.
+
+YAML schema (official): `nc`, optional `anchors`, either `depth_multiple`/`width_multiple` (one file per size, v5/v7)
+or `scales: {n: [depth, width, max_channels], ...}` (v8, one file for all sizes), `backbone` and `head` lists of
+`[from, number, module, args]`, and optionally `hyp` naming the default hyperparameter file.
+"""
+
+import ast
+import logging
+import math
+import re
+from copy import deepcopy
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import yaml
+
+from models.common import C2f, C3, MP, SP, SPPCSPC, SPPF, Bottleneck, Concat, Conv, RepConv
+from models.heads import AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, IDetect, Segment
+
+LOGGER = logging.getLogger(__name__)
+MODELS_DIR = Path(__file__).resolve().parent
+
+REGISTRY = {
+    "Conv": Conv,
+    "Bottleneck": Bottleneck,
+    "C3": C3,
+    "C2f": C2f,
+    "SPPF": SPPF,
+    "SPPCSPC": SPPCSPC,
+    "RepConv": RepConv,
+    "MP": MP,
+    "SP": SP,
+    "Concat": Concat,
+    "nn.Upsample": nn.Upsample,
+    "Classify": Classify,
+    "IDetect": IDetect,
+    "AnchorFreeDetect": AnchorFreeDetect,
+    "AnchorFreeSegment": AnchorFreeSegment,
+}
+# Official v5 and v8 YAMLs both say Detect/Segment: the YAML's `anchors` key decides which head that is.
+AMBIGUOUS_HEADS = {"Detect": (Detect, AnchorFreeDetect), "Segment": (Segment, AnchorFreeSegment)}
+ACTIVATIONS = {
+    "LeakyReLU": nn.LeakyReLU,
+    "ReLU": nn.ReLU,
+    "SiLU": nn.SiLU,
+    "Hardswish": nn.Hardswish,
+    "Mish": nn.Mish,
+    "Sigmoid": nn.Sigmoid,
+    "Identity": nn.Identity,
+}
+CHANNEL_BLOCKS = (Conv, Bottleneck, C3, C2f, SPPF, SPPCSPC, RepConv)  # args start with c2, scaled by width
+REPEAT_BLOCKS = (C3, C2f)  # take the depth-scaled repeat count as their third argument
+DETECT_HEADS = (Detect, Segment, IDetect, AnchorFreeDetect, AnchorFreeSegment)
+PROTO_ARG = {Segment: 3, AnchorFreeSegment: 2}  # position of the width-scaled prototype channels in the args
+_ACTIVATION_RE = re.compile(r"^nn\.(\w+)\(([^()]*)\)$")
+
+
+def make_divisible(x, divisor=8):
+    return int(math.ceil(x / divisor) * divisor)
+
+
+def _find_yaml(cfg):
+    """Path of a model YAML and the scale its name implies: `yolov8n-seg.yaml` -> (models/yolov8-seg.yaml, 'n')."""
+    path = Path(cfg)
+    unified = re.sub(r"(\d+)([nslmx])(.*)$", r"\1\3", path.stem) + path.suffix
+    match = re.search(r"yolov\d+([nslmx])", path.stem)
+    for candidate in (path, MODELS_DIR / path.name):
+        if candidate.is_file():
+            return candidate, None
+    for candidate in (path.with_name(unified), MODELS_DIR / unified):
+        if match and candidate.is_file():
+            return candidate, match.group(1)
+    raise FileNotFoundError(f"model YAML '{cfg}' not found (also looked in {MODELS_DIR})")
+
+
+def yaml_model_load(cfg):
+    """Model dict from a YAML name under models/, a path, or a dict (deep-copied, never mutated)."""
+    if isinstance(cfg, dict):
+        return deepcopy(cfg)
+    path, scale = _find_yaml(cfg)
+    d = yaml.safe_load(path.read_text())
+    if "scales" in d:
+        d["scale"] = scale or d.get("scale") or next(iter(d["scales"]))
+    d["yaml_file"] = str(path)
+    return d
+
+
+def _yaml_line(path, section, index):
+    """1-based line of entry `index` of list `section` in a YAML file, for error messages (None if unknown)."""
+    try:
+        root = yaml.compose(Path(path).read_text())
+        node = next(v for k, v in root.value if k.value == section)
+        return node.value[index].start_mark.line + 1
+    except (OSError, StopIteration, IndexError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def _where(d, section, index):
+    path = d.get("yaml_file", "<dict>")
+    line = _yaml_line(path, section, index) if path != "<dict>" else None
+    return f"{path}{f':{line}' if line else ''} ({section}[{index}])"
+
+
+def _resolve_module(name, d, section, index):
+    if name in AMBIGUOUS_HEADS:
+        anchor_based, anchor_free = AMBIGUOUS_HEADS[name]
+        return anchor_based if "anchors" in d else anchor_free
+    if name in REGISTRY:
+        return REGISTRY[name]
+    raise ValueError(
+        f"{_where(d, section, index)}: unknown module '{name}'; known: {sorted([*REGISTRY, *AMBIGUOUS_HEADS])}"
+    )
+
+
+def _parse_activation(text):
+    """`nn.LeakyReLU(0.1)` -> nn.LeakyReLU(0.1) for registered activations with literal arguments, else None."""
+    match = _ACTIVATION_RE.match(text.strip())
+    if not match or match.group(1) not in ACTIVATIONS:
+        return None
+    args = [ast.literal_eval(a.strip()) for a in match.group(2).split(",") if a.strip()]
+    return ACTIVATIONS[match.group(1)](*args)
+
+
+def _resolve_arg(a, d, section, index):
+    """YAML argument -> value: 'nc'/'anchors' from the dict, 'None' -> None, activation calls -> modules."""
+    if not isinstance(a, str):
+        return a
+    if a in ("nc", "anchors"):
+        return d[a]
+    if a == "None":
+        return None
+    if a.startswith("nn."):
+        act = _parse_activation(a)
+        if act is None:
+            raise ValueError(f"{_where(d, section, index)}: unsupported argument '{a}'; known: {sorted(ACTIVATIONS)}")
+        return act
+    return a  # plain strings such as 'nearest'
+
+
+def _layer_args(m, f, n, args, ch, width, max_channels):
+    """Final constructor args, repeat count and output channels of one layer (official scaling rules)."""
+    if m in CHANNEL_BLOCKS:
+        c2 = make_divisible(min(args[0], max_channels) * width, 8)
+        args = [ch[f], c2, *args[1:]]
+        if m in REPEAT_BLOCKS:
+            args.insert(2, n)
+            n = 1
+    elif m is Classify:
+        c2 = args[0]
+        args = [ch[f], *args]
+    elif m is Concat:
+        c2 = sum(ch[x] for x in f)
+    elif m in DETECT_HEADS:
+        c2 = None  # the head is the last layer
+        args = [*args, [ch[x] for x in f]]
+        if m.anchor_based and isinstance(args[1], int):  # an anchor count: placeholders for autoanchor
+            args[1] = [list(range(args[1] * 2))] * len(f)
+        if m in PROTO_ARG and len(args) > PROTO_ARG[m] + 1:
+            args[PROTO_ARG[m]] = make_divisible(min(args[PROTO_ARG[m]], max_channels) * width, 8)
+    else:
+        c2 = ch[f]
+    return args, n, c2
+
+
+def _scaling(d):
+    """(depth, width, max_channels) from `scales` + `scale` (v8) or `depth/width_multiple` (v5/v7)."""
+    if "scales" in d:
+        scale = d.get("scale") or next(iter(d["scales"]))
+        return d["scales"][scale]
+    return d.get("depth_multiple", 1.0), d.get("width_multiple", 1.0), float("inf")
+
+
+def parse_model(d, ch):
+    """Build nn.Sequential from a model dict; returns (model, sorted indices of layers whose outputs are reused).
+
+    Arguments that are activation modules (`nn.LeakyReLU(0.1)` in YOLOv7 YAMLs) go to the `act` keyword, since
+    YOLOv7's Conv has no dilation argument before `act` and the official YAMLs pass it positionally.
+    """
+    if "activation" in d:
+        raise ValueError(f"{d.get('yaml_file', '<dict>')}: a model-wide 'activation' key is not supported")
+    depth, width, max_channels = _scaling(d)
+    ch = [ch] if isinstance(ch, int) else list(ch)
+    rows = [("backbone", j, r) for j, r in enumerate(d["backbone"])] + [("head", j, r) for j, r in enumerate(d["head"])]
+    layers, save = [], []
+    for i, (section, j, (f, n, name, args)) in enumerate(rows):
+        m = _resolve_module(name, d, section, j)
+        args = [_resolve_arg(a, d, section, j) for a in args]
+        kwargs = {"act": a for a in args if isinstance(a, nn.Module)}
+        args = [a for a in args if not isinstance(a, nn.Module)]
+        n = max(round(n * depth), 1) if n > 1 else n
+        args, n, c2 = _layer_args(m, f, n, args, ch, width, max_channels)
+        m_ = nn.Sequential(*(m(*args, **kwargs) for _ in range(n))) if n > 1 else m(*args, **kwargs)
+        m_.i, m_.f, m_.type = i, f, m.__name__
+        m_.np = sum(x.numel() for x in m_.parameters())
+        save.extend(x % i for x in ([f] if isinstance(f, int) else f) if x != -1)
+        layers.append(m_)
+        if i == 0:
+            ch = []
+        ch.append(c2)
+    model = nn.Sequential(*layers)
+    _set_batchnorm(model, d)
+    return model, sorted(set(save))
+
+
+def _set_batchnorm(model, d):
+    """Optional `bn_eps` / `bn_momentum` YAML keys override the blocks' eps 0.001, momentum 0.03: the official
+    YOLOv8 classifier never re-initialises BatchNorm and so runs with PyTorch's defaults (1e-5, 0.1)."""
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.eps = d.get("bn_eps", m.eps)
+            m.momentum = d.get("bn_momentum", m.momentum)
+
+
+class BaseModel(nn.Module):
+    """A YAML-built layer list run in order, keeping only the outputs later layers read (`save`)."""
+
+    def forward(self, x):
+        return self._forward_once(x)
+
+    def _forward_once(self, x, head=True):
+        """Run the layers; with head=False stop at the head and return its inputs."""
+        y = []
+        last = len(self.model) - 1
+        for m in self.model:
+            if m.f != -1:
+                x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
+            if not head and m.i == last:
+                return x
+            x = m(x)
+            y.append(x if m.i in self.save else None)
+        return x
+
+    def fuse(self):
+        """Fold BatchNorm into convs, re-parameterise RepConv, fold YOLOv7 implicit layers; for inference."""
+        for m in list(self.modules()):
+            if isinstance(m, (Conv, RepConv, IDetect)):
+                m.fuse()
+        return self
+
+    @property
+    def default_hyp(self):
+        """The hyperparameter file the YAML names (`hyp:`), or None."""
+        return self.yaml.get("hyp")
+
+    def init_criterion(self, hyp, **kwargs):
+        from utils.loss import build_criterion  # lazy: the loss package imports models
+
+        return build_criterion(self, hyp, **kwargs)
+
+    def info(self, verbose=False, imgsz=640):
+        """Log and return (layers, parameters, gradients, GFLOPs at imgsz x imgsz)."""
+        n_p = sum(x.numel() for x in self.parameters())
+        n_g = sum(x.numel() for x in self.parameters() if x.requires_grad)
+        if verbose:
+            LOGGER.info(f"{'':>3}{'from':>18}{'n':>3}{'params':>10}  {'module':<20}")
+            for m in self.model:
+                n = len(m) if isinstance(m, nn.Sequential) else 1
+                LOGGER.info(f"{m.i:>3}{str(m.f):>18}{n:>3}{m.np:10.0f}  {m.type:<20}")
+        gflops = self._gflops(imgsz)
+        LOGGER.info(f"{type(self).__name__}: {len(self.model)} layers, {n_p} parameters, {n_g} gradients, "
+                    f"{gflops:.1f} GFLOPs")
+        return len(self.model), n_p, n_g, gflops
+
+    @torch.no_grad()
+    def _gflops(self, imgsz):
+        """FLOPs of one image at the largest stride, scaled to imgsz (convolution cost grows with pixels)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        s = max(int(self.stride.max()), 32)
+        p = next(self.parameters())
+        x = torch.zeros(1, self.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype)
+        training = self.training
+        self.eval()
+        with FlopCounterMode(display=False) as counter:
+            self(x)
+        self.train(training)
+        return counter.get_total_flops() / 1e9 * (imgsz / s) ** 2
+
+
+class DetectionModel(BaseModel):
+    """YOLOv5/v7/v8 detector. `cfg`: a YAML name under models/ (e.g. 'yolov8s.yaml'), a path, or a dict."""
+
+    def __init__(self, cfg="yolov5n.yaml", ch=3, nc=None, anchors=None, verbose=False):
+        super().__init__()
+        self.yaml = yaml_model_load(cfg)
+        ch = self.yaml["ch"] = self.yaml.get("ch", ch)
+        if nc is not None:
+            self.yaml["nc"] = nc
+        if anchors is not None:
+            self.yaml["anchors"] = anchors
+        self.model, self.save = parse_model(self.yaml, ch)
+        self.names = {i: str(i) for i in range(self.yaml["nc"])}
+        self._init_head(ch)
+        if verbose:
+            self.info(verbose=True)
+
+    @property
+    def nc(self):
+        return self.model[-1].nc
+
+    @property
+    def stride(self):
+        return self.model[-1].stride
+
+    @torch.no_grad()
+    def _init_head(self, ch, s=256):
+        """Strides from a dummy forward (in eval mode, so BatchNorm statistics stay untouched), then anchors in
+        grid units and the prior biases."""
+        head = self.model[-1]
+        training = self.training
+        self.eval()
+        feats = self._forward_once(torch.zeros(1, ch, s, s), head=False)
+        self.train(training)
+        head.stride.copy_(torch.tensor([s / f.shape[-2] for f in feats]))
+        if head.anchor_based:
+            area = head.anchors.prod(-1).mean(-1)
+            if (area[-1] - area[0]).sign() * (head.stride[-1] - head.stride[0]).sign() < 0:
+                LOGGER.info("reversing anchor order to match the stride order")
+                head.anchors.copy_(head.anchors.flip(0))
+            head.anchors /= head.stride.view(-1, 1, 1)
+        head.bias_init()
+
+
+class SegmentationModel(DetectionModel):
+    """YOLOv5/v8 instance segmentation: a DetectionModel whose YAML ends in a Segment head."""
+
+    def __init__(self, cfg="yolov5n-seg.yaml", ch=3, nc=None, anchors=None, verbose=False):
+        super().__init__(cfg, ch, nc, anchors, verbose)
+
+
+class ClassificationModel(BaseModel):
+    """YOLOv5/v8 classifier: a backbone followed by Classify; eval output is softmax probabilities."""
+
+    def __init__(self, cfg="yolov8n-cls.yaml", ch=3, nc=None, verbose=False):
+        super().__init__()
+        self.yaml = yaml_model_load(cfg)
+        ch = self.yaml["ch"] = self.yaml.get("ch", ch)
+        if nc is not None:
+            self.yaml["nc"] = nc
+        self.model, self.save = parse_model(self.yaml, ch)
+        self.names = {i: str(i) for i in range(self.yaml["nc"])}
+        self.register_buffer("stride", torch.ones(1), persistent=False)
+        if verbose:
+            self.info(verbose=True)
+
+    @property
+    def nc(self):
+        return self.model[-1].linear.out_features
+
+    @classmethod
+    def from_detection_model(cls, model, nc=1000, cutoff=10):
+        """Classifier from a detector's first `cutoff` layers, the last of them replaced by Classify (as the
+        official YOLOv5 classifiers: cutoff 10 keeps layers 0-8 and puts Classify where SPPF was)."""
+        det = model.yaml
+        rows = (det["backbone"] + det["head"])[: cutoff - 1]
+        if any(r[0] != -1 and not (isinstance(r[0], int) and r[0] < cutoff - 1) for r in rows):
+            raise ValueError(f"layers 0..{cutoff - 2} must only read earlier layers to be cut at {cutoff}")
+        keep = ("depth_multiple", "width_multiple", "scales", "scale", "ch")
+        d = {k: det[k] for k in keep if k in det}
+        d.update(nc=nc, backbone=deepcopy(rows), head=[[-1, 1, "Classify", ["nc"]]], hyp="hyp.cls.yaml")
+        new = cls(d)
+        prefixes = tuple(f"model.{i}." for i in range(cutoff - 1))
+        state = {k: v for k, v in model.state_dict().items() if k.startswith(prefixes)}
+        missing, unexpected = new.load_state_dict(state, strict=False)
+        assert not unexpected and all(k.startswith(f"model.{cutoff - 1}.") for k in missing)
+        return new
+
+
+Model = DetectionModel  # the class name in pickles of old YOLOv5 and of YOLOv7

@@ -1,0 +1,167 @@
+"""Heads of models/heads.py: output layouts (docs/design.md), decoding against hand-written formulas, bias priors."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from models.heads import AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, IDetect, Segment
+from models_testutil import randomise_bn
+
+ANCHORS = ([10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119])
+STRIDES = (8.0, 16.0)
+CH = (8, 16)
+
+
+def feats(bs=2, h=32, w=48):
+    torch.manual_seed(1)
+    return [torch.randn(bs, c, int(h / s), int(w / s)) for c, s in zip(CH, STRIDES)]
+
+
+def anchor_head(cls, **kw):
+    torch.manual_seed(0)
+    m = cls(nc=3, anchors=ANCHORS, ch=CH, **kw)
+    m.stride.copy_(torch.tensor(STRIDES))
+    m.anchors /= m.stride.view(-1, 1, 1)
+    return m
+
+
+def manual_anchor_decode(raw, head, i):
+    """Decode one level's raw logits (B, na, ny, nx, no) the long way, cell by cell formulas."""
+    bs, na, ny, nx, no = raw.shape
+    s = head.stride[i]
+    out = torch.empty_like(raw)
+    gy, gx = torch.meshgrid(torch.arange(ny).float(), torch.arange(nx).float(), indexing="ij")
+    sig = raw.sigmoid()
+    out[..., 0] = (sig[..., 0] * 2 - 0.5 + gx) * s
+    out[..., 1] = (sig[..., 1] * 2 - 0.5 + gy) * s
+    for a in range(na):
+        out[:, a, ..., 2] = (sig[:, a, ..., 2] * 2) ** 2 * head.anchors[i, a, 0] * s
+        out[:, a, ..., 3] = (sig[:, a, ..., 3] * 2) ** 2 * head.anchors[i, a, 1] * s
+    out[..., 4 : 5 + head.nc] = sig[..., 4 : 5 + head.nc]
+    out[..., 5 + head.nc :] = raw[..., 5 + head.nc :]  # mask coefficients stay raw
+    return out.view(bs, -1, no)
+
+
+def test_detect_train_and_eval_layout():
+    m = anchor_head(Detect)
+    assert m.default_loss == "v5" and (m.nl, m.na, m.no) == (2, 3, 8)
+    assert "stride" not in m.state_dict() and "anchors" in m.state_dict()
+    x = m.train()(feats())
+    assert [tuple(t.shape) for t in x] == [(2, 3, 4, 6, 8), (2, 3, 2, 3, 8)]
+    y, raw = m.eval()(feats())
+    assert y.shape == (2, 3 * (24 + 6), 8)
+    torch.testing.assert_close(raw[0], x[0])
+    expected = torch.cat([manual_anchor_decode(r, m, i) for i, r in enumerate(raw)], 1)
+    torch.testing.assert_close(y, expected)
+
+
+def test_v5_segment_layout_and_raw_mask_coefficients():
+    m = anchor_head(Segment, nm=4, npr=16)
+    assert m.default_loss == "v5seg" and m.no == 5 + 3 + 4
+    assert isinstance(m.proto.upsample, nn.Upsample)
+    x, proto = m.train()(feats())
+    assert x[0].shape == (2, 3, 4, 6, 12) and proto.shape == (2, 4, 8, 12)
+    y, proto, raw = m.eval()(feats())
+    assert y.shape == (2, 90, 12) and proto.shape == (2, 4, 8, 12)
+    expected = torch.cat([manual_anchor_decode(r, m, i) for i, r in enumerate(raw)], 1)
+    torch.testing.assert_close(y, expected)
+
+
+def test_anchor_bias_prior():
+    torch.manual_seed(0)
+    m = Detect(nc=3, anchors=ANCHORS, ch=CH)
+    m.stride.copy_(torch.tensor(STRIDES))
+    before = [mi.bias.detach().clone().view(3, -1) for mi in m.m]
+    m.bias_init()
+    for mi, b0, s in zip(m.m, before, STRIDES):
+        b = mi.bias.view(3, -1)
+        torch.testing.assert_close(b[:, 4] - b0[:, 4], torch.full((3,), math.log(8 / (640 / s) ** 2)))
+        torch.testing.assert_close(b[:, 5:] - b0[:, 5:], torch.full((3, 3), math.log(0.6 / (3 - 0.99))))
+        torch.testing.assert_close(b[:, :4], b0[:, :4])
+
+
+def test_idetect_layout_fuse_and_keys():
+    m = anchor_head(IDetect)
+    assert m.default_loss == "ota"
+    assert list(m.state_dict())[:2] == ["anchors", "anchor_grid"]
+    assert m.anchor_grid.shape == (2, 1, 3, 1, 1, 2)
+    g = torch.Generator().manual_seed(3)
+    for ia, im in zip(m.ia, m.im):  # far from the 0 / 1 defaults so folding errors show
+        ia.implicit.data = torch.randn(ia.implicit.shape, generator=g)
+        im.implicit.data = torch.rand(im.implicit.shape, generator=g) + 0.5
+    m.eval()
+    y, raw = m(feats())
+    expected = torch.cat([manual_anchor_decode(r, m, i) for i, r in enumerate(raw)], 1)
+    torch.testing.assert_close(y, expected)
+    m.fuse()
+    assert all(isinstance(a, nn.Identity) for a in (*m.ia, *m.im))
+    y2, _ = m(feats())
+    torch.testing.assert_close(y2, y, atol=1e-4, rtol=1e-4)
+
+
+def free_head(cls, **kw):
+    torch.manual_seed(0)
+    m = cls(nc=3, ch=CH, **kw)
+    m.stride.copy_(torch.tensor(STRIDES))
+    return randomise_bn(m)
+
+
+def manual_free_decode(raw, head):
+    """Anchor-free decode written per level without make_anchors/dist2bbox."""
+    out = []
+    for x, s in zip(raw, STRIDES):
+        bs, _, ny, nx = x.shape
+        box, cls = x[:, :64], x[:, 64:]
+        bins = box.view(bs, 4, 16, ny, nx).softmax(2)
+        dist = (bins * torch.arange(16.0).view(1, 1, 16, 1, 1)).sum(2)  # (bs, 4, ny, nx): l, t, r, b
+        gy, gx = torch.meshgrid(torch.arange(ny).float() + 0.5, torch.arange(nx).float() + 0.5, indexing="ij")
+        x1, y1, x2, y2 = gx - dist[:, 0], gy - dist[:, 1], gx + dist[:, 2], gy + dist[:, 3]
+        xywh = torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), 1) * s
+        out.append(torch.cat((xywh, cls.sigmoid()), 1).view(bs, 4 + head.nc, -1))
+    return torch.cat(out, 2)
+
+
+def test_anchor_free_detect_layout_and_decode():
+    m = free_head(AnchorFreeDetect)
+    assert m.default_loss == "v8" and m.no == 3 + 64
+    x = m.train()(feats())
+    assert [tuple(t.shape) for t in x] == [(2, 67, 4, 6), (2, 67, 2, 3)]
+    y, raw = m.eval()(feats())
+    assert y.shape == (2, 7, 30)
+    torch.testing.assert_close(y, manual_free_decode(raw, m), atol=1e-4, rtol=1e-4)
+
+
+def test_anchor_free_bias_prior():
+    m = free_head(AnchorFreeDetect)
+    m.bias_init()
+    for a, b, s in zip(m.cv2, m.cv3, STRIDES):
+        assert torch.all(a[-1].bias == 1.0)
+        torch.testing.assert_close(b[-1].bias, torch.full((3,), math.log(5 / 3 / (640 / s) ** 2)))
+
+
+def test_anchor_free_segment_layout():
+    m = free_head(AnchorFreeSegment, nm=4, npr=16)
+    assert m.default_loss == "v8seg" and isinstance(m.proto.upsample, nn.ConvTranspose2d)
+    x, mc, p = m.train()(feats())
+    assert x[0].shape == (2, 67, 4, 6) and mc.shape == (2, 4, 30) and p.shape == (2, 4, 8, 12)
+    y, (raw, mc, p) = m.eval()(feats())
+    assert y.shape == (2, 4 + 3 + 4, 30)
+    torch.testing.assert_close(y[:, :7], manual_free_decode(raw, m), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(y[:, 7:], mc)
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_classify(as_list):
+    torch.manual_seed(0)
+    m = Classify(8, 5)
+    assert m.default_loss == "cls" and set(dict(m.named_children())) == {"conv", "pool", "drop", "linear"}
+    assert m.drop.p == 0.0 and m.linear.in_features == 1280
+    x = torch.randn(3, 8, 4, 4)
+    x = [x[:, :4], x[:, 4:]] if as_list else x
+    logits = m.train()(x)
+    probs = m.eval()(x)
+    assert logits.shape == probs.shape == (3, 5)
+    torch.testing.assert_close(probs.sum(1), torch.ones(3))
+    torch.testing.assert_close(probs, m.linear(m.pool(m.conv(torch.cat(x, 1) if as_list else x)).flatten(1)).softmax(1))

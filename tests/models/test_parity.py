@@ -1,0 +1,51 @@
+"""Parity with the official implementations: state_dict layouts and eval outputs on fixed inputs.
+
+Fixtures: /work/shared/reference/parity (see its README). Weights are fp16-exact, so loading is exact.
+"""
+
+import pytest
+import torch
+
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from models_testutil import PARITY, float_state, key_shapes, model_key_shapes
+
+pytestmark = pytest.mark.skipif(not PARITY.is_dir(), reason=f"parity fixtures not found at {PARITY}")
+
+CASES = {
+    "yolov5n_nc80": (DetectionModel, "yolov5n.yaml"),
+    "yolov8n_nc80": (DetectionModel, "yolov8n.yaml"),
+    "yolov8n-seg_nc80": (SegmentationModel, "yolov8n-seg.yaml"),
+    "yolov8n-cls_nc80": (ClassificationModel, "yolov8n-cls.yaml"),
+}
+
+
+def outputs(name, out):
+    """The fixture's `raw` entries from our eval output."""
+    if name.endswith("-cls_nc80"):
+        return {"probs": out}
+    if name.endswith("-seg_nc80"):
+        return {"y": out[0], "proto": out[1][2]}
+    return {"y": out[0]}
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return torch.load(PARITY / "inputs.pt")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_parity(name, inputs):
+    cls, cfg = CASES[name]
+    model = cls(cfg, nc=80).eval()
+    assert model_key_shapes(model) == key_shapes(PARITY / f"{name}.keys.txt")
+    model.load_state_dict(float_state(PARITY / f"{name}.state.pt"), strict=True)
+    ref = torch.load(PARITY / f"{name}.out.pt", weights_only=False)
+    for key in ("x320", "x256x320"):
+        with torch.no_grad():
+            got = outputs(name, model(inputs[key]))
+        for k, expected in ref[key]["raw"].items():
+            if k not in got:
+                continue  # `logits` of the classifier: our eval output is the probabilities
+            scale = expected.abs().max()
+            torch.testing.assert_close(got[k] / scale, expected / scale, atol=1e-4, rtol=0, msg=f"{name} {key} {k}")
+

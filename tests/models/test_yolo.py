@@ -1,0 +1,260 @@
+"""models/yolo.py: YAML parsing rules, model construction, parameter counts, forward layouts, fuse."""
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn as nn
+import yaml
+
+from models.common import C2f, C3, Conv
+from models.heads import AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, Segment
+from models.yolo import (
+    MODELS_DIR,
+    ClassificationModel,
+    DetectionModel,
+    Model,
+    SegmentationModel,
+    make_divisible,
+    parse_model,
+    yaml_model_load,
+)
+from models_testutil import randomise_bn
+
+V5 = [f"yolov5{s}.yaml" for s in "nsmlx"]
+V8 = [f"yolov8{s}.yaml" for s in "nsmlx"]
+PARAMS = {
+    ("yolov5n.yaml", 80): 1_872_157,
+    ("yolov5s.yaml", 80): 7_235_389,
+    ("yolov8n.yaml", 80): 3_157_200,
+    ("yolov8s.yaml", 80): 11_166_560,
+    ("yolov8n-seg.yaml", 80): 3_409_968,
+    ("yolov5n-seg.yaml", 80): 1_991_549,
+    ("yolov8n-cls.yaml", 1000): 2_719_288,
+    ("yolov5n-cls.yaml", 1000): 2_493_000,
+}
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def build(cfg, nc):
+    if "-cls" in cfg:
+        return ClassificationModel(cfg, nc=nc)
+    return (SegmentationModel if "-seg" in cfg else DetectionModel)(cfg, nc=nc)
+
+
+@pytest.mark.parametrize("cfg,nc", list(PARAMS))
+def test_parameter_counts(cfg, nc):
+    assert n_params(build(cfg, nc)) == PARAMS[(cfg, nc)]
+
+
+@pytest.mark.parametrize("cfg", V5 + V8)
+def test_detector_builds_and_forwards(cfg):
+    torch.manual_seed(0)
+    m = DetectionModel(cfg, nc=3)
+    x = torch.rand(1, 3, 64, 64)
+    train_out = m.train()(x)
+    assert [tuple(t.shape[2:4]) for t in train_out] == [(8, 8), (4, 4), (2, 2)]
+    y, raw = m.eval()(x)
+    assert torch.equal(m.stride, torch.tensor([8.0, 16.0, 32.0]))
+    if "v5" in cfg:
+        assert isinstance(m.model[-1], Detect) and train_out[0].shape == (1, 3, 8, 8, 8)
+        assert y.shape == (1, 3 * 84, 8)
+    else:
+        assert isinstance(m.model[-1], AnchorFreeDetect) and train_out[0].shape == (1, 64 + 3, 8, 8)
+        assert y.shape == (1, 4 + 3, 84)
+    assert torch.isfinite(y).all()
+
+
+def test_v8_scale_from_name():
+    d = yaml_model_load("yolov8s-seg.yaml")
+    assert d["scale"] == "s" and d["yaml_file"].endswith("yolov8-seg.yaml")
+    assert yaml_model_load("yolov8.yaml")["scale"] == "n"  # no scale letter: the first scale
+    assert "scale" not in yaml_model_load("yolov5s.yaml")
+    with pytest.raises(FileNotFoundError, match="yolov9q"):
+        yaml_model_load("yolov9q.yaml")
+
+
+def test_yaml_path_and_dict_inputs(tmp_path):
+    d = yaml_model_load("yolov5n.yaml")
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in d.items() if k != "yaml_file"}))
+    a, b = DetectionModel(str(path)), DetectionModel(d)
+    assert n_params(a) == n_params(b) == PARAMS[("yolov5n.yaml", 80)]
+    assert "yaml_file" not in a.yaml or a.yaml["yaml_file"] == str(path)
+    DetectionModel(d, nc=5)
+    assert d["nc"] == 80, "the caller's dict must not be mutated"
+
+
+def test_detect_name_resolves_by_anchors_key():
+    d = yaml_model_load("yolov8n.yaml")
+    assert isinstance(DetectionModel(d).model[-1], AnchorFreeDetect)
+    assert isinstance(DetectionModel("yolov5n.yaml").model[-1], Detect)
+    assert isinstance(SegmentationModel("yolov8n-seg.yaml").model[-1], AnchorFreeSegment)
+    assert isinstance(SegmentationModel("yolov5n-seg.yaml").model[-1], Segment)
+
+
+def test_unknown_module_names_file_and_line(tmp_path):
+    text = (MODELS_DIR / "yolov5n.yaml").read_text().replace("[-1, 1, SPPF, [1024, 5]]", "[-1, 1, SPPX, [1024, 5]]")
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "SPPX" in s)
+    with pytest.raises(ValueError, match=rf"bad\.yaml:{line} \(backbone\[9\]\): unknown module 'SPPX'"):
+        DetectionModel(str(path))
+
+
+def test_unknown_activation_and_model_wide_activation_rejected():
+    d = yaml_model_load("yolov5n.yaml")
+    d["backbone"][0][3] = [64, 6, 2, 2, "nn.Gelu(1)"]
+    with pytest.raises(ValueError, match=r"unsupported argument 'nn.Gelu\(1\)'"):
+        DetectionModel(d)
+    d = yaml_model_load("yolov5n.yaml")
+    d["activation"] = "nn.ReLU()"
+    with pytest.raises(ValueError, match="activation"):
+        DetectionModel(d)
+
+
+def test_activation_argument_goes_to_act():
+    d = yaml_model_load("yolov5n.yaml")
+    d["backbone"][1][3] = [128, 3, 2, "None", 1, "nn.LeakyReLU(0.1)"]
+    conv = DetectionModel(d).model[1]
+    assert isinstance(conv.act, nn.LeakyReLU) and conv.act.negative_slope == 0.1
+    assert conv.conv.stride == (2, 2) and conv.conv.dilation == (1, 1)
+
+
+def test_bookkeeping_attributes_and_scaling():
+    m = DetectionModel("yolov5s.yaml")
+    assert [(x.i, x.f, x.type) for x in m.model][:3] == [(0, -1, "Conv"), (1, -1, "Conv"), (2, -1, "C3")]
+    assert (m.model[12].f, m.model[12].type) == ([-1, 6], "Concat")
+    assert m.model[-1].f == [17, 20, 23] and m.model[-1].type == "Detect"
+    assert all(x.np == n_params(x) for x in m.model)
+    assert m.save == [4, 6, 10, 14, 17, 20, 23]
+    # width 0.5: 64 -> 32 channels; depth 0.33: C3 n=9 -> 3 bottlenecks
+    assert m.model[0].conv.out_channels == 32 and isinstance(m.model[6], C3) and len(m.model[6].m) == 3
+    assert m.model[0].conv.kernel_size == (6, 6) and m.model[0].conv.padding == (2, 2)
+    v8l = DetectionModel("yolov8l.yaml")  # max_channels 512 caps the 1024-channel layers
+    assert isinstance(v8l.model[8], C2f) and v8l.model[8].cv2.conv.out_channels == 512
+    assert make_divisible(1024 * 0.25) == 256 and make_divisible(3.1) == 8
+
+
+def test_batchnorm_settings():
+    bns = [x for x in DetectionModel("yolov8n.yaml").modules() if isinstance(x, nn.BatchNorm2d)]
+    assert {(b.eps, b.momentum) for b in bns} == {(0.001, 0.03)}
+    bns = [x for x in ClassificationModel("yolov8n-cls.yaml").modules() if isinstance(x, nn.BatchNorm2d)]
+    assert {(b.eps, b.momentum) for b in bns} == {(1e-5, 0.1)}  # as the official YOLOv8 classifier
+
+
+def test_anchors_in_grid_units_and_order_check():
+    m = DetectionModel("yolov5n.yaml")
+    torch.testing.assert_close(m.model[-1].anchors[0, 0], torch.tensor([10 / 8, 13 / 8]))
+    torch.testing.assert_close(m.model[-1].anchors[2, 2], torch.tensor([373 / 32, 326 / 32]))
+    d = yaml_model_load("yolov5n.yaml")
+    d["anchors"] = d["anchors"][::-1]  # largest anchors listed first: must be flipped back to P3..P5
+    torch.testing.assert_close(DetectionModel(d).model[-1].anchors, m.model[-1].anchors)
+
+
+def test_bias_init_applied():
+    m = DetectionModel("yolov8n.yaml")
+    assert torch.all(m.model[-1].cv2[0][-1].bias == 1.0)
+
+
+def test_names_nc_hyp_and_alias():
+    m = DetectionModel("yolov5n.yaml", nc=4)
+    assert m.names == {0: "0", 1: "1", 2: "2", 3: "3"} and m.nc == 4 and m.yaml["nc"] == 4
+    assert m.default_hyp == "hyp.scratch-low.yaml"
+    assert DetectionModel("yolov8n.yaml").default_hyp == "hyp.v8.yaml"
+    assert SegmentationModel("yolov8n-seg.yaml").default_hyp == "hyp.v8.yaml"
+    assert SegmentationModel("yolov5n-seg.yaml").default_hyp == "hyp.scratch-low.yaml"
+    assert ClassificationModel("yolov5n-cls.yaml").default_hyp == "hyp.cls.yaml"
+    assert ClassificationModel("yolov8n-cls.yaml").default_hyp == "hyp.cls.yaml"
+    assert DetectionModel({k: v for k, v in m.yaml.items() if k != "hyp"}).default_hyp is None
+    assert Model is DetectionModel
+    with pytest.raises(AttributeError):
+        m.default_hyp = "x"
+
+
+def test_init_criterion_delegates_to_build_criterion(monkeypatch):
+    seen = {}
+    fake = types.ModuleType("utils.loss")
+    fake.build_criterion = lambda model, hyp, **kw: seen.setdefault("args", (model, hyp, kw))
+    monkeypatch.setitem(sys.modules, "utils.loss", fake)
+    m = DetectionModel("yolov5n.yaml")
+    m.init_criterion({"box": 0.05}, extra=1)
+    assert seen["args"] == (m, {"box": 0.05}, {"extra": 1})
+
+
+@pytest.mark.parametrize("cfg", ["yolov5n.yaml", "yolov8n.yaml", "yolov5n-seg.yaml", "yolov8n-seg.yaml"])
+def test_fuse_keeps_eval_outputs(cfg):
+    torch.manual_seed(0)
+    m = randomise_bn(build(cfg, 80)).eval()
+    x = torch.rand(2, 3, 64, 96)
+    with torch.no_grad():
+        ref = m(x)
+        m.fuse()
+        out = m(x)
+    assert not any(isinstance(x, nn.BatchNorm2d) for x in m.modules())
+    scale = ref[0].abs().max()
+    torch.testing.assert_close(out[0] / scale, ref[0] / scale, atol=1e-4, rtol=0)
+    if "seg" in cfg:
+        p_ref, p_out = (ref[1], out[1]) if "v5" in cfg else (ref[1][2], out[1][2])
+        torch.testing.assert_close(p_out, p_ref, atol=1e-4 * float(p_ref.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("cfg", ["yolov5n-seg.yaml", "yolov8n-seg.yaml"])
+def test_segmentation_layouts(cfg):
+    m = SegmentationModel(cfg, nc=3)
+    x = torch.rand(2, 3, 64, 64)
+    out = m.train()(x)
+    ev = m.eval()(x)
+    if "v5" in cfg:
+        feats, proto = out
+        assert feats[0].shape == (2, 3, 8, 8, 5 + 3 + 32) and proto.shape == (2, 32, 16, 16)
+        y, proto, raw = ev
+        assert y.shape == (2, 252, 40) and len(raw) == 3
+    else:
+        feats, mc, proto = out
+        assert feats[0].shape == (2, 67, 8, 8) and mc.shape == (2, 32, 84) and proto.shape == (2, 32, 16, 16)
+        y, (raw, mc, proto) = ev
+        assert y.shape == (2, 4 + 3 + 32, 84)
+
+
+@pytest.mark.parametrize("cfg", [f"yolov5{s}-cls.yaml" for s in "nsmlx"] + [f"yolov8{s}-cls.yaml" for s in "nsmlx"])
+def test_classifiers_build_and_forward(cfg):
+    m = ClassificationModel(cfg, nc=7)
+    assert isinstance(m.model[-1], Classify) and m.nc == 7 and len(m.model) == 10
+    x = torch.rand(2, 3, 64, 64)
+    assert m.train()(x).shape == (2, 7)
+    torch.testing.assert_close(m.eval()(x).sum(1), torch.ones(2))
+
+
+def test_classifier_from_detection_model():
+    torch.manual_seed(0)
+    det = DetectionModel("yolov5n.yaml")
+    cls = ClassificationModel.from_detection_model(det, nc=10)
+    ref = ClassificationModel("yolov5n-cls.yaml", nc=10)
+    keys = list(cls.state_dict())
+    assert keys == list(ref.state_dict())
+    assert {k.split(".")[1] for k in keys} == {str(i) for i in range(10)}
+    assert "model.9.conv.conv.weight" in keys and "model.9.linear.weight" in keys
+    det_state = det.state_dict()
+    for k, v in cls.state_dict().items():
+        if not k.startswith("model.9."):
+            assert torch.equal(v, det_state[k]), k
+    assert cls.default_hyp == "hyp.cls.yaml" and cls.nc == 10
+    assert cls.eval()(torch.rand(1, 3, 64, 64)).shape == (1, 10)
+
+
+def test_info_reports_parameters_and_flops():
+    layers, params, grads, gflops = DetectionModel("yolov5n.yaml").info()
+    assert (layers, params) == (25, PARAMS[("yolov5n.yaml", 80)])
+    assert grads == params and 3.5 < gflops < 5.5  # official: 4.5 GFLOPs at 640
+
+
+def test_parse_model_returns_layers_and_save():
+    d = yaml_model_load("yolov8n.yaml")
+    layers, save = parse_model(d, 3)
+    assert isinstance(layers, nn.Sequential) and len(layers) == 23 and save == [4, 6, 9, 12, 15, 18, 21]
+    assert isinstance(layers[0], Conv)
