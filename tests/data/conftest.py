@@ -1,0 +1,51 @@
+import logging
+import shutil
+
+import pytest
+
+from utils.data.synthetic import generate_dataset
+
+
+@pytest.fixture(scope="session")
+def shapes_det(tmp_path_factory):
+    """A tiny generated detection dataset shared by read-only tests (copy it before changing files)."""
+    return generate_dataset(tmp_path_factory.mktemp("data") / "det", "detect", 16, 4, seed=1, min_side=96, max_side=128)
+
+
+@pytest.fixture(scope="session")
+def shapes_seg(tmp_path_factory):
+    return generate_dataset(tmp_path_factory.mktemp("data") / "seg", "segment", 16, 4, seed=2, min_side=96, max_side=128)
+
+
+@pytest.fixture(scope="session")
+def shapes_cls(tmp_path_factory):
+    return generate_dataset(tmp_path_factory.mktemp("data") / "cls", "classify", 4, 2, seed=3, min_side=48, max_side=64)
+
+
+@pytest.fixture
+def det_copy(shapes_det, tmp_path):
+    """A private copy of the detection dataset that a test may modify."""
+    dst = tmp_path / "det"
+    shutil.copytree(shapes_det, dst, ignore=shutil.ignore_patterns("*.cache"))
+    return dst
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def yolo_log():
+    """Messages sent to the project's 'yolo' logger (attached directly: the app may turn off propagation)."""
+    logger = logging.getLogger("yolo")
+    handler, level = _ListHandler(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.messages
+    logger.removeHandler(handler)
+    logger.setLevel(level)

@@ -1,0 +1,153 @@
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from utils.data.detect_dataset import YOLODataset
+from utils.data.loader import rank_indices
+
+STRONG = {"degrees": 15.0, "shear": 5.0, "perspective": 0.0005, "translate": 0.1, "scale": 0.5, "mixup": 0.5,
+          "flipud": 0.5, "fliplr": 0.5, "mosaic": 1.0}
+
+
+def _labels_px(path, w, h):
+    rows = [np.array(r.split(), float) for r in open(path).read().splitlines()]
+    return rows, [(r[1:].reshape(-1, 2) * [w, h]) for r in rows]
+
+
+def test_collate_detect_batch(shapes_det):
+    ds = YOLODataset(str(shapes_det / "images" / "train"), imgsz=128, augment=True, nc=3, hyp=STRONG)
+    batch = YOLODataset.collate_fn([ds[i] for i in range(4)])
+    assert batch["img"].shape == (4, 3, 128, 128) and batch["img"].dtype == torch.uint8
+    t = batch["targets"]
+    assert t.dtype == torch.float32 and t.shape[1] == 6 and len(t) > 0
+    assert set(t[:, 0].long().tolist()) <= {0, 1, 2, 3} and t[:, 1].max() < 3
+    assert len(batch["paths"]) == 4 and batch["shapes"] == (None,) * 4
+    assert "masks" not in batch
+
+
+def test_val_letterbox_maps_back_to_the_labels(shapes_det):
+    """Targets + shapes of a rect val batch must map back onto the label files' boxes in original pixels."""
+    ds = YOLODataset(str(shapes_det / "images" / "val"), imgsz=96, batch_size=4, rect=True, pad=0.5, stride=32, nc=3)
+    batch = YOLODataset.collate_fn([ds[i] for i in range(len(ds))])
+    H, W = batch["img"].shape[2:]
+    assert H % 32 == 0 and W % 32 == 0
+    for i, (path, ((h0, w0), ((rh, rw), (pw, ph)))) in enumerate(zip(batch["paths"], batch["shapes"])):
+        t = batch["targets"][batch["targets"][:, 0] == i]
+        x1 = ((t[:, 2] - t[:, 4] / 2) * W - pw) / rw
+        y1 = ((t[:, 3] - t[:, 5] / 2) * H - ph) / rh
+        rows, _ = _labels_px(path.replace("images", "labels").replace(".jpg", ".txt"), w0, h0)
+        ref = np.array([[(r[1] - r[3] / 2) * w0, (r[2] - r[4] / 2) * h0] for r in rows])
+        assert cv2.imread(path).shape[:2] == (h0, w0)
+        np.testing.assert_allclose(torch.stack([x1, y1], 1).numpy(), ref, atol=0.6)
+
+
+def test_mosaic_perspective_boxes_inside_and_match_masks(shapes_seg):
+    ds = YOLODataset(str(shapes_seg / "images" / "train"), imgsz=128, augment=True, task="segment", nc=3, hyp=STRONG,
+                     overlap_mask=False, seed=5)
+    checked = 0
+    for i in range(len(ds)):
+        s = ds[i]
+        b = s["bboxes"].numpy()
+        xyxy = np.concatenate([b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2], 1)
+        assert (xyxy >= -1e-6).all() and (xyxy <= 1 + 1e-6).all()
+        assert s["masks"].shape == (len(b), 32, 32)
+        for box, m in zip(xyxy * 32, s["masks"].numpy()):  # mask-pixel units
+            ys, xs = np.nonzero(m)
+            if len(xs) < 4:
+                continue
+            mb = np.array([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
+            assert np.abs(mb - box).max() < 2.0, (mb, box)
+            checked += 1
+    assert checked > 20
+
+
+def test_overlap_mask_indices_follow_targets(shapes_seg):
+    kw = dict(imgsz=128, augment=True, task="segment", nc=3, hyp=STRONG, seed=9)
+    over = YOLODataset(str(shapes_seg / "images" / "train"), overlap_mask=True, **kw)
+    sep = YOLODataset(str(shapes_seg / "images" / "train"), overlap_mask=False, **kw)
+    for i in range(6):  # same seed and process: both draw identical augmentations
+        a, b = over[i], sep[i]
+        assert torch.equal(a["img"], b["img"]) and len(a["cls"]) == len(b["cls"])
+        m = a["masks"].numpy()
+        assert m.shape == (32, 32) and m.max() <= len(a["cls"])
+        rows_b = [tuple(np.round(r, 5)) for r in torch.cat([b["cls"], b["bboxes"]], 1).tolist()]
+        order = [rows_b.index(tuple(np.round(r, 5))) for r in torch.cat([a["cls"], a["bboxes"]], 1).tolist()]
+        areas = [b["masks"][j].sum().item() for j in order]
+        assert areas == sorted(areas, reverse=True)  # largest first, so the smallest ends up on top
+        for k, j in enumerate(order):
+            own = b["masks"][j].numpy() > 0
+            on_top = np.zeros_like(own)
+            for j2 in order[k + 1 :]:
+                on_top |= b["masks"][j2].numpy() > 0
+            np.testing.assert_array_equal(m == k + 1, own & ~on_top)
+
+
+def test_segment_collate_and_masks_on_polygons(shapes_seg):
+    ds = YOLODataset(str(shapes_seg / "images" / "val"), imgsz=128, task="segment", nc=3, batch_size=4)
+    batch = YOLODataset.collate_fn([ds[i] for i in range(4)])
+    assert batch["masks"].shape == (4, 32, 32) and batch["masks"].dtype == torch.uint8
+    for i, (path, ((h0, w0), ((rh, rw), (pw, ph)))) in enumerate(zip(batch["paths"], batch["shapes"])):
+        n = int((batch["targets"][:, 0] == i).sum())
+        rows, polys = _labels_px(path.replace("images", "labels").replace(".jpg", ".txt"), w0, h0)
+        assert n == len(rows) and batch["masks"][i].max() <= n
+        union = np.zeros((128, 128), np.uint8)  # independent: polygons drawn at full size, then shrunk
+        for p in polys:
+            cv2.fillPoly(union, [np.round(p * [rw, rh] + [pw, ph]).astype(np.int32)], 1)
+        small = cv2.resize(union.astype(np.float32), (32, 32), interpolation=cv2.INTER_AREA) >= 0.5
+        got = batch["masks"][i].numpy() > 0
+        assert (got & small).sum() / max((got | small).sum(), 1) > 0.9
+    sep = YOLODataset(str(shapes_seg / "images" / "val"), imgsz=128, task="segment", nc=3, overlap_mask=False)
+    b2 = YOLODataset.collate_fn([sep[i] for i in range(4)])
+    assert b2["masks"].shape == (len(b2["targets"]), 32, 32) and b2["masks"].dtype == torch.float32
+
+
+def test_ram_cache_only_holds_cache_indices(shapes_det):
+    path = str(shapes_det / "images" / "train")
+    ds = YOLODataset(path, imgsz=96, cache="ram", cache_indices=[1, 4, 7], nc=3)
+    assert [i for i, im in enumerate(ds.ims) if im is not None] == [1, 4, 7]
+    assert ds[4]["img"].shape[0] == 3 and ds[0]["img"].shape[0] == 3  # uncached images still load from disk
+    held = []
+    for rank in range(3):
+        r = YOLODataset(path, imgsz=96, cache="ram", rank=rank, world_size=3, seed=11, nc=3)
+        held.append({i for i, im in enumerate(r.ims) if im is not None})
+        assert held[-1] == set(rank_indices(16, 3, rank, 11).tolist())
+    assert set.union(*held) == set(range(16)) and sum(map(len, held)) == 16
+
+
+def test_disk_cache_writes_npy(det_copy):
+    ds = YOLODataset(str(det_copy / "images" / "val"), imgsz=96, cache="disk", nc=3)
+    npys = sorted((det_copy / "images" / "val").glob("*.npy"))
+    assert len(npys) == 4
+    np.testing.assert_array_equal(np.load(npys[0]), cv2.imread(str(npys[0].with_suffix(".jpg"))))
+    assert ds[0]["img"].shape == (3, 96, 96)
+
+
+def test_hyp_untouched_close_mosaic_and_determinism(shapes_det):
+    hyp = dict(STRONG)
+    ds = YOLODataset(str(shapes_det / "images" / "train"), imgsz=96, augment=True, hyp=hyp, nc=3, seed=3)
+    twin = YOLODataset(str(shapes_det / "images" / "train"), imgsz=96, augment=True, hyp=hyp, nc=3, seed=3)
+    for i in range(3):
+        a, b = ds[i], twin[i]
+        assert a["shape"] is None and torch.equal(a["img"], b["img"]) and torch.equal(a["bboxes"], b["bboxes"])
+    assert hyp == STRONG
+    ds.close_mosaic()
+    s = ds[0]
+    assert s["shape"] is not None and s["img"].shape == (3, 96, 96)
+
+
+def test_rect_batches_share_a_shape(shapes_det):
+    ds = YOLODataset(str(shapes_det / "images" / "train"), imgsz=128, batch_size=4, rect=True, stride=32, nc=3)
+    ars = [lb["shape"][0] / lb["shape"][1] for lb in ds.labels]
+    assert ars == sorted(ars)
+    for start in range(0, 16, 4):
+        batch = YOLODataset.collate_fn([ds[i] for i in range(start, start + 4)])
+        h, w = batch["img"].shape[2:]
+        assert h % 32 == 0 and w % 32 == 0 and max(h, w) == 128
+
+
+def test_bad_arguments(shapes_det, tmp_path):
+    with pytest.raises(ValueError, match="task"):
+        YOLODataset(str(shapes_det / "images" / "val"), task="pose")
+    with pytest.raises(FileNotFoundError, match="val: .*missing"):
+        YOLODataset(str(tmp_path / "missing"), prefix="val: ")

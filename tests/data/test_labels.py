@@ -1,0 +1,107 @@
+import os
+
+import cv2
+import numpy as np
+import pytest
+
+from utils.data import labels as labels_mod
+from utils.data.detect_dataset import YOLODataset
+from utils.data.image_files import img2label_paths, list_files
+
+
+def _dataset(root, **kw):
+    return YOLODataset(str(root / "images" / "train"), imgsz=96, nc=3, **kw)
+
+
+def test_label_cache_built_once_reused_and_rebuilt(det_copy, yolo_log):
+    ds = _dataset(det_copy)
+    cache = det_copy / "labels" / "train.cache"
+    assert cache.is_file() and not ds.stats["cached"] and ds.stats["images"] == 16
+    assert any("Scanning" in m and "16 images" in m for m in yolo_log)
+
+    again = _dataset(det_copy)
+    assert again.stats["cached"]
+    assert [lb["im_file"] for lb in again.labels] == [lb["im_file"] for lb in ds.labels]
+
+    lb_file = det_copy / "labels" / "train" / "00003.txt"
+    lb_file.write_text("1 0.5 0.5 0.2 0.2\n")
+    os.utime(lb_file, ns=(1, 1))  # even an old mtime differs from the cached one
+    changed = _dataset(det_copy)
+    assert not changed.stats["cached"]
+    i = changed.im_files.index(str(det_copy / "images" / "train" / "00003.jpg"))
+    assert changed.labels[i]["cls"].tolist() == [[1.0]]
+    np.testing.assert_allclose(changed.labels[i]["bboxes"], [[0.5, 0.5, 0.2, 0.2]])
+
+
+def test_bad_files_and_lines_are_skipped_and_counted(det_copy, yolo_log):
+    img_dir, lb_dir = det_copy / "images" / "train", det_copy / "labels" / "train"
+    (img_dir / "00000.jpg").write_bytes(b"\xff\xd8 this is not a jpeg")
+    (lb_dir / "00001.txt").write_text("0 0.5 0.5 0.2\n1 0.5 0.5 0.2 0.2\nx 0.1 0.1 0.1 0.1\n2 0.5 1.8 0.2 0.2\n")
+    (lb_dir / "00002.txt").write_text("7 0.5 0.5 0.2 0.2\n0 0.3 0.3 0.2 0.2\n")
+    (lb_dir / "00004.txt").write_text("2 0.4 0.4 0.1 0.1\n2 0.4 0.4 0.1 0.1\n0 0.6 0.6 0.1 0.1\n")
+    (lb_dir / "00005.txt").unlink()  # a background image
+    ds = _dataset(det_copy)
+    s = ds.stats
+    assert (s["images"], s["corrupt"], s["bad_lines"], s["bad_class"], s["duplicates"]) == (15, 1, 3, 1, 1)
+    assert s["backgrounds"] == 1
+    by_name = {os.path.basename(lb["im_file"]): lb for lb in ds.labels}
+    assert "00000.jpg" not in by_name
+    assert by_name["00001.jpg"]["cls"].ravel().tolist() == [1]
+    assert by_name["00002.jpg"]["cls"].ravel().tolist() == [0]
+    assert by_name["00004.jpg"]["cls"].ravel().tolist() == [2, 0]
+    assert len(by_name["00005.jpg"]["cls"]) == 0
+    summary = [m for m in yolo_log if "Scanning" in m]
+    assert summary and "15 images, 1 backgrounds, 1 corrupt, 4 bad label lines, 1 duplicates" in summary[0]
+    warnings = [m for m in yolo_log if "WARNING" in m]
+    assert any("00000.jpg" in m and "decoded" in m for m in warnings)
+    assert any("00001.txt" in m and "line 1" in m and "line 3" in m and "line 4" in m for m in warnings)
+    assert any("00002.txt" in m and "class 7 >= nc 3" in m for m in warnings)
+    assert any("00004.txt" in m and "duplicate" in m for m in warnings)
+    assert len(warnings) == 4  # one line per bad file
+
+
+def test_polygon_and_tolerance_rules(tmp_path):
+    im = tmp_path / "images" / "a.jpg"
+    im.parent.mkdir()
+    cv2.imwrite(str(im), np.full((40, 50, 3), 90, np.uint8))
+    lb = tmp_path / "labels" / "a.txt"
+    lb.parent.mkdir()
+    lb.write_text(
+        "0 0.1 0.1 0.5 0.1 0.3 0.6\n"  # triangle
+        "1 0.1 0.1 0.5 0.1 0.2 0.2 0.3\n"  # odd number of coordinates
+        "1 0.1 0.1 0.5 0.1 0.3\n"  # odd number of coordinates
+        "2 1.005 0.5 0.2 0.2\n"  # inside the tolerance: clipped
+        "2 -0.5 0.5 0.2 0.2\n"  # negative
+        "0 0.5 0.5 0 0.2\n"  # zero width
+    )
+    rec = labels_mod.verify_image_label(str(im), str(lb), nc=3)
+    assert rec["shape"] == (40, 50) and rec["bad_lines"] == 4 and rec["bad_class"] == 0
+    np.testing.assert_allclose(rec["bboxes"][0], [0.3, 0.35, 0.4, 0.5], atol=1e-6)
+    assert rec["segments"][0].shape == (3, 2) and rec["segments"][1] is None and len(rec["cls"]) == 2
+    x1, x2 = rec["bboxes"][1][0] - rec["bboxes"][1][2] / 2, rec["bboxes"][1][0] + rec["bboxes"][1][2] / 2
+    assert x2 == pytest.approx(1.0) and x1 == pytest.approx(0.905)
+
+
+def test_read_only_cache_location_only_warns(det_copy, monkeypatch, yolo_log):
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(labels_mod.np, "save", refuse)
+    ds = _dataset(det_copy)
+    assert len(ds) == 16 and not (det_copy / "labels" / "train.cache").exists()
+    assert any("not writeable" in m for m in yolo_log)
+
+
+def test_image_listing_rules(det_copy, tmp_path):
+    imgs = list_files(str(det_copy / "images" / "train"))
+    assert len(imgs) == 16
+    assert img2label_paths(imgs)[0] == str(det_copy / "labels" / "train" / "00000.txt")
+    lst = det_copy / "train.txt"
+    lst.write_text("./images/train/00001.jpg\nimages/train/00002.jpg\n")
+    assert [os.path.basename(f) for f in list_files(str(lst))] == ["00001.jpg", "00002.jpg"]
+    assert len(list_files(str(det_copy / "images" / "*" / "0000[0-3].jpg"))) == 8
+    assert len(list_files([str(det_copy / "images" / "train"), str(det_copy / "images" / "val")])) == 20
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        list_files(str(tmp_path / "nowhere"))
+    ds = YOLODataset(str(lst), imgsz=96, nc=3)
+    assert len(ds) == 2 and (det_copy / "train.cache").is_file()

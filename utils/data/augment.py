@@ -1,0 +1,228 @@
+"""Image + label augmentations for detection and segmentation: letterbox, random perspective, HSV, flips, mixup,
+and the polygon -> mask rasterisation. Labels travel as `Instances` in pixel coordinates of the image they go with.
+
+Every random draw comes from an explicit numpy Generator (`ProcessRNG` gives each DataLoader worker its own).
+"""
+
+import math
+import os
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import torch
+
+from utils.ops import resample_segments, segment2box
+
+PAD_VALUE = 114
+
+# YOLOv5 hyp.scratch-low.yaml augmentation values: used for keys a hyp dict does not give
+DEFAULT_AUG = {
+    "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0, "translate": 0.1, "scale": 0.5, "shear": 0.0,
+    "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.0,
+}
+
+
+class ProcessRNG:
+    """A numpy Generator owned by the current process.
+
+    DataLoader workers receive a copy of the dataset; a Generator created before the copy would make every worker
+    repeat the same augmentations. This one is recreated in each new process from torch's per-process seed (which
+    the DataLoader derives from its seeded generator, the worker id and the epoch), so runs stay reproducible.
+    """
+
+    def __init__(self, seed=0):
+        self.seed = seed
+        self._pid, self._rng = None, None
+
+    def __call__(self):
+        if self._pid != os.getpid():
+            self._pid, self._rng = os.getpid(), np.random.default_rng([self.seed, torch.initial_seed()])
+        return self._rng
+
+    def __getstate__(self):
+        return {"seed": self.seed, "_pid": None, "_rng": None}
+
+
+@dataclass
+class Instances:
+    """Labels of one image: cls (n,), boxes (n, 4) xyxy pixels, segments: n polygons (k, 2) pixels or None."""
+
+    cls: np.ndarray
+    boxes: np.ndarray
+    segments: list = None
+
+    def __len__(self):
+        return len(self.cls)
+
+    def select(self, keep):
+        keep = np.asarray(keep)
+        idx = np.flatnonzero(keep) if keep.dtype == bool else keep
+        segs = None if self.segments is None else [self.segments[i] for i in idx]
+        return Instances(self.cls[idx], self.boxes[idx], segs)
+
+    @staticmethod
+    def concat(parts):
+        segs = None if any(p.segments is None for p in parts) else [s for p in parts for s in p.segments]
+        cls = np.concatenate([p.cls for p in parts]) if parts else np.zeros(0, np.float32)
+        boxes = np.concatenate([p.boxes for p in parts]) if parts else np.zeros((0, 4), np.float32)
+        return Instances(cls, boxes, segs)
+
+    def flip(self, width=None, height=None):
+        """Mirror left-right (width given) or up-down (height given), in place."""
+        ax, size = (0, width) if width is not None else (1, height)
+        self.boxes[:, [ax, ax + 2]] = size - self.boxes[:, [ax + 2, ax]]
+        if self.segments is not None:
+            for s in self.segments:
+                s[:, ax] = size - s[:, ax]
+
+    def clip(self, width, height):
+        self.boxes[:, [0, 2]] = self.boxes[:, [0, 2]].clip(0, width)
+        self.boxes[:, [1, 3]] = self.boxes[:, [1, 3]].clip(0, height)
+
+
+def letterbox(im, new_shape=(640, 640), color=(PAD_VALUE,) * 3, auto=True, scaleup=True, stride=32):
+    """Resize keeping the aspect ratio, then pad to `new_shape` (h, w) or, with auto, to the next multiple of stride.
+
+    Returns (image, (ratio_w, ratio_h), (pad_w, pad_h)) where pad is the padding on the left/top side.
+    """
+    shape = im.shape[:2]
+    new_shape = (int(new_shape), int(new_shape)) if np.isscalar(new_shape) else tuple(int(x) for x in new_shape)
+    r = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
+    if not scaleup:  # only shrink: better val mAP, as upscaling small images adds nothing
+        r = min(r, 1.0)
+    new_unpad = int(round(shape[1] * r)), int(round(shape[0] * r))
+    dw, dh = new_shape[1] - new_unpad[0], new_shape[0] - new_unpad[1]
+    if auto:  # minimum rectangle: pad only up to the stride
+        dw, dh = dw % stride, dh % stride
+    dw, dh = dw / 2, dh / 2
+    if shape[::-1] != new_unpad:
+        im = cv2.resize(im, new_unpad, interpolation=cv2.INTER_LINEAR)
+    top, bottom = int(round(dh - 0.1)), int(round(dh + 0.1))
+    left, right = int(round(dw - 0.1)), int(round(dw + 0.1))
+    im = cv2.copyMakeBorder(im, top, bottom, left, right, cv2.BORDER_CONSTANT, value=color)
+    return im, (new_unpad[0] / shape[1], new_unpad[1] / shape[0]), (dw, dh)
+
+
+def _affine_matrix(in_shape, out_shape, degrees, translate, scale, shear, perspective, rng):
+    """3x3 homography: centre, perspective, rotate+scale, shear, translate. Returns (M, scale drawn)."""
+    C = np.eye(3)
+    C[0, 2], C[1, 2] = -in_shape[1] / 2, -in_shape[0] / 2
+    P = np.eye(3)
+    P[2, 0], P[2, 1] = rng.uniform(-perspective, perspective, 2)
+    R = np.eye(3)
+    s = rng.uniform(1 - scale, 1 + scale)
+    R[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=rng.uniform(-degrees, degrees), scale=s)
+    S = np.eye(3)
+    S[0, 1], S[1, 0] = (math.tan(a * math.pi / 180) for a in rng.uniform(-shear, shear, 2))
+    T = np.eye(3)
+    T[0, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * out_shape[1]
+    T[1, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * out_shape[0]
+    return T @ S @ R @ P @ C, s
+
+
+def _transform_points(xy, M, perspective):
+    xy1 = np.concatenate([xy, np.ones((len(xy), 1))], 1) @ M.T
+    return xy1[:, :2] / xy1[:, 2:3] if perspective else xy1[:, :2]
+
+
+def box_candidates(box1, box2, wh_thr=2, ar_thr=100, area_thr=0.1, eps=1e-16):
+    """Keep boxes (xyxy, (n, 4)) that stay > wh_thr px, keep > area_thr of their area and are not too thin."""
+    w1, h1 = box1[:, 2] - box1[:, 0], box1[:, 3] - box1[:, 1]
+    w2, h2 = box2[:, 2] - box2[:, 0], box2[:, 3] - box2[:, 1]
+    ar = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
+    return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
+
+
+def random_perspective(img, inst, degrees=0.0, translate=0.1, scale=0.5, shear=0.0, perspective=0.0,
+                       border=(0, 0), rng=None):
+    """Warp the image and its labels by a random homography; output size = input size + 2 * border (h, w).
+
+    Polygons (when present) are resampled to 1000 points and warped, and each box is re-derived from its
+    warped polygon, which fits far better than warping box corners. Boxes that end up too small are dropped.
+    """
+    rng = rng or np.random.default_rng()
+    out_shape = (img.shape[0] + 2 * border[0], img.shape[1] + 2 * border[1])
+    M, s = _affine_matrix(img.shape, out_shape, degrees, translate, scale, shear, perspective, rng)
+    if border[0] or border[1] or (M != np.eye(3)).any():
+        size, fill = (out_shape[1], out_shape[0]), (PAD_VALUE,) * 3
+        if perspective:
+            img = cv2.warpPerspective(img, M, dsize=size, borderValue=fill)
+        else:
+            img = cv2.warpAffine(img, M[:2], dsize=size, borderValue=fill)
+    if not len(inst):
+        return img, inst
+    h, w = out_shape
+    if inst.segments is not None:
+        segments = [_transform_points(p, M, perspective).astype(np.float32) for p in resample_segments(inst.segments)]
+        boxes = np.stack([segment2box(p, w, h) for p in segments]).astype(np.float32)
+    else:
+        x1, y1, x2, y2 = inst.boxes.T
+        corners = np.stack([x1, y1, x2, y1, x2, y2, x1, y2], 1).reshape(-1, 2)
+        xy = _transform_points(corners, M, perspective).reshape(-1, 4, 2)
+        boxes = np.concatenate([xy.min(1), xy.max(1)], 1).astype(np.float32)
+        segments = None
+    out = Instances(inst.cls.copy(), boxes, segments)
+    out.clip(w, h)
+    keep = box_candidates(inst.boxes * s, out.boxes, area_thr=0.01 if segments is not None else 0.10)
+    return img, out.select(keep)
+
+
+def augment_hsv(img, hgain=0.5, sgain=0.5, vgain=0.5, rng=None):
+    """Random hue/saturation/value gains on a BGR uint8 image, in place (lookup tables: fast)."""
+    if not (hgain or sgain or vgain):
+        return img
+    rng = rng or np.random.default_rng()
+    r = rng.uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_BGR2HSV))
+    x = np.arange(256, dtype=r.dtype)
+    lut_hue = ((x * r[0]) % 180).astype(np.uint8)  # OpenCV hue spans 0..179
+    lut_sat = np.clip(x * r[1], 0, 255).astype(np.uint8)
+    lut_val = np.clip(x * r[2], 0, 255).astype(np.uint8)
+    hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
+    cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR, dst=img)
+    return img
+
+
+def mixup(img1, inst1, img2, inst2, rng):
+    """Blend two same-size images with a Beta(32, 32) weight (close to 0.5) and keep both label sets."""
+    r = rng.beta(32.0, 32.0)
+    img = (img1.astype(np.float32) * r + img2.astype(np.float32) * (1 - r)).astype(np.uint8)
+    return img, Instances.concat([inst1, inst2])
+
+
+def polygon_mask(polygon, shape, ratio=1):
+    """Rasterise one polygon (k, 2) given in image pixels into a uint8 0/1 mask of `shape` // ratio.
+
+    Filled at full resolution, then each ratio x ratio block becomes 1 when at least half of it is covered;
+    filling at the reduced size directly would inflate small shapes by the polygon's boundary pixels.
+    """
+    full = np.zeros(shape[:2], np.uint8)
+    pts = np.round(np.asarray(polygon, np.float64) * 16).astype(np.int32)  # 4 fractional bits
+    cv2.fillPoly(full, [pts], 255, lineType=cv2.LINE_8, shift=4)
+    if ratio == 1:
+        return (full > 0).astype(np.uint8)
+    h, w = shape[0] // ratio, shape[1] // ratio
+    small = cv2.resize(full[: h * ratio, : w * ratio], (w, h), interpolation=cv2.INTER_AREA)
+    return (small >= 128).astype(np.uint8)
+
+
+def polygons_to_masks(polygons, shape, ratio=4, overlap=True):
+    """Instance masks at 1/ratio of the image `shape` (h, w).
+
+    overlap=False: (n, h/r, w/r) float32, one mask per polygon, order unchanged.
+    overlap=True: one (h/r, w/r) map with value k+1 for the k-th instance of `order`, where `order` sorts the
+    polygons from the largest area to the smallest and smaller instances are painted on top (they would vanish
+    otherwise). Returns (masks, order); reorder the labels with `order` so that value k+1 means label k.
+    """
+    h, w = shape[0] // ratio, shape[1] // ratio
+    masks = [polygon_mask(p, shape, ratio) for p in polygons]
+    if not overlap:
+        stack = np.stack(masks).astype(np.float32) if masks else np.zeros((0, h, w), np.float32)
+        return stack, np.arange(len(masks))
+    areas = np.array([m.sum() for m in masks], dtype=np.int64)
+    order = np.argsort(-areas, kind="stable")
+    out = np.zeros((h, w), np.uint8 if len(masks) < 255 else np.int32)
+    for k, i in enumerate(order):
+        out[masks[i] > 0] = k + 1
+    return out, order

@@ -1,0 +1,251 @@
+"""YOLO-format detection / instance-segmentation dataset: verified labels (cached), image caching, mosaic,
+random perspective, mixup, HSV, flips, letterbox/rect shapes, polygon masks, and the batch collate of
+docs/design.md."""
+
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from utils.data.augment import (
+    DEFAULT_AUG,
+    PAD_VALUE,
+    Instances,
+    ProcessRNG,
+    augment_hsv,
+    letterbox,
+    mixup,
+    polygons_to_masks,
+    random_perspective,
+)
+from utils.data.image_files import img2label_paths, list_files
+from utils.data.labels import cache_labels, read_image
+from utils.data.loader import rank_indices
+from utils.ops import xywhn2xyxy, xyn2xy, xyxy2xywhn
+
+LOGGER = logging.getLogger("yolo")
+TASKS = ("detect", "segment")
+
+
+def _box_polygon(box):
+    """The rectangle of a normalised xywh box as a polygon: the mask of a label that has no outline."""
+    cx, cy, w, h = box
+    x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+    return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32)
+
+
+class YOLODataset(Dataset):
+    """Images + YOLO label files. `dataset[i]` is a dict (img uint8 (3, H, W) RGB, cls (n, 1), bboxes (n, 4)
+    normalised xywh, path, shape, masks for segment); `YOLODataset.collate_fn` makes the batch of docs/design.md.
+
+    img_path: folder(s), glob(s) or list .txt file(s) of images; labels follow the /images/ -> /labels/ rule.
+    cache: 'ram' (resized images in memory) or 'disk' (.npy beside each image), for `cache_indices` only when
+    given, else for this rank's share `rank_indices(n, world_size, rank, seed)` when world_size > 1, else all.
+    Mosaic partners are drawn from that same share, so a DDP rank never reads images outside it.
+    nc: class ids >= nc are dropped (and counted) while scanning.
+    """
+
+    def __init__(self, img_path, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, cache=None,
+                 stride=32, pad=0.0, prefix="", task="detect", overlap_mask=True, mask_ratio=4, nc=None,
+                 cache_indices=None, rank=-1, world_size=1, seed=0):
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got '{task}'")
+        if cache not in (None, False, "ram", "disk"):
+            raise ValueError(f"cache must be 'ram', 'disk' or None, got '{cache}'")
+        self.imgsz, self.augment, self.rect, self.stride, self.prefix = imgsz, augment, rect, stride, prefix
+        self.task, self.overlap_mask, self.mask_ratio = task, overlap_mask, mask_ratio
+        self.hyp = {**DEFAULT_AUG, **(hyp or {})}  # a merged copy: the caller's dict is never modified
+        self.mosaic = augment and not rect  # rect batches need each image's own aspect ratio
+        self.rng = ProcessRNG(seed)
+        try:
+            im_files = list_files(img_path)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{prefix}{e}") from None
+        label_files = img2label_paths(im_files)
+        p = Path(img_path) if isinstance(img_path, (str, Path)) else None
+        if p is not None and p.is_file():  # a list file: train.txt -> train.cache
+            cache_path = p.with_suffix(".cache")
+        else:  # labels/train -> labels/train.cache
+            cache_path = Path(label_files[0]).parent.parent / f"{Path(label_files[0]).parent.name}.cache"
+        labels, self.stats = cache_labels(im_files, label_files, cache_path, nc, prefix)
+        if not labels:
+            raise FileNotFoundError(f"{prefix}no readable images in {img_path}")
+        self.labels = [self._uniform_segments(lb) for lb in labels]
+        self.im_files = [lb["im_file"] for lb in self.labels]
+        if rect:
+            self._set_rect_shapes(batch_size, stride, pad)
+        n = len(self.labels)
+        if cache_indices is None and world_size > 1:
+            cache_indices = rank_indices(n, world_size, rank, seed)
+        self.pool = np.arange(n) if cache_indices is None else np.unique(np.asarray(cache_indices, dtype=np.int64))
+        self.ims = [None] * n
+        self.npy_files = [Path(f).with_suffix(".npy") for f in self.im_files]
+        if cache:
+            self._cache_images(cache)
+
+    def _uniform_segments(self, lb):
+        """Segment task: every instance needs an outline (a box-only line gets its rectangle). Detect task: keep
+        outlines only when every instance has one, as they then give better boxes under random perspective."""
+        segs = lb["segments"]
+        if self.task == "segment":
+            segs = [s if s is not None else _box_polygon(b) for s, b in zip(segs, lb["bboxes"])]
+        elif not segs or any(s is None for s in segs):
+            segs = None
+        return dict(lb, segments=segs)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def close_mosaic(self):
+        """Turn mosaic (and with it mixup) off, for the last epochs. A loader with persistent workers holds its
+        own copies of the dataset, so rebuild the DataLoader after calling this."""
+        self.mosaic = False
+
+    # ------------------------------------------------------------------ images
+    def _set_rect_shapes(self, batch_size, stride, pad):
+        """Sort images by aspect ratio and give each batch the smallest stride-multiple shape that fits them."""
+        hw = np.array([lb["shape"] for lb in self.labels], dtype=np.float64)
+        ar = hw[:, 0] / hw[:, 1]
+        order = ar.argsort(kind="stable")
+        self.labels = [self.labels[i] for i in order]
+        self.im_files = [self.im_files[i] for i in order]
+        ar = ar[order]
+        self.batch_index = np.arange(len(ar)) // batch_size
+        shapes = []
+        for b in range(self.batch_index[-1] + 1):
+            ari = ar[self.batch_index == b]
+            lo, hi = ari.min(), ari.max()
+            shapes.append([hi, 1] if hi < 1 else [1, 1 / lo] if lo > 1 else [1, 1])
+        self.batch_shapes = np.ceil(np.array(shapes) * self.imgsz / stride + pad).astype(int) * stride
+
+    def _read(self, i):
+        if self.npy_files[i].is_file():
+            return np.load(self.npy_files[i])
+        im = read_image(self.im_files[i])
+        if im is None:
+            raise FileNotFoundError(f"{self.prefix}image not found or unreadable: {self.im_files[i]}")
+        return im
+
+    def load_image(self, i):
+        """Image i resized so its long side is imgsz: (BGR image, (h0, w0) original, (h, w) resized)."""
+        if self.ims[i] is not None:
+            return self.ims[i]
+        im = self._read(i)
+        h0, w0 = im.shape[:2]
+        r = self.imgsz / max(h0, w0)
+        if r != 1:
+            # INTER_AREA keeps detail when shrinking for validation; training favours the faster INTER_LINEAR
+            interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
+            size = (min(math.ceil(w0 * r), self.imgsz), min(math.ceil(h0 * r), self.imgsz))
+            im = cv2.resize(im, size, interpolation=interp)
+        return im, (h0, w0), im.shape[:2]
+
+    def _cache_images(self, mode):
+        idx = self.pool.tolist()
+        with ThreadPoolExecutor(8) as pool:
+            if mode == "disk":
+                list(pool.map(lambda i: self.npy_files[i].is_file() or np.save(self.npy_files[i], self._read(i)), idx))
+                LOGGER.info(f"{self.prefix}Cached {len(idx)} images to disk as .npy")
+                return
+            for i, x in zip(idx, pool.map(self.load_image, idx)):
+                self.ims[i] = x
+        gb = sum(self.ims[i][0].nbytes for i in idx) / 1e9
+        LOGGER.info(f"{self.prefix}Cached {len(idx)}/{len(self.ims)} images in RAM ({gb:.2f} GB)")
+
+    # ------------------------------------------------------------------ samples
+    def _instances(self, i, w, h, padw=0.0, padh=0.0):
+        """Labels of image i in pixels of that image drawn at size (w, h) with offset (padw, padh)."""
+        lb = self.labels[i]
+        boxes = xywhn2xyxy(lb["bboxes"], w, h, padw, padh)
+        segs = None if lb["segments"] is None else [xyn2xy(s, w, h, padw, padh) for s in lb["segments"]]
+        return Instances(lb["cls"][:, 0].copy(), boxes, segs)
+
+    def load_mosaic(self, index, rng):
+        """Four images around a random centre of a 2s x 2s canvas, then warped and cropped back to s x s."""
+        s = self.imgsz
+        xc, yc = (int(v) for v in rng.uniform(s // 2, 3 * s // 2, 2))
+        indices = [index, *rng.choice(self.pool, 3)]
+        rng.shuffle(indices)
+        canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, np.uint8)
+        parts = []
+        for k, i in enumerate(indices):  # k: 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right of the centre
+            img, _, (h, w) = self.load_image(int(i))
+            ox, oy = (xc - w if k in (0, 2) else xc), (yc - h if k in (0, 1) else yc)
+            x1, y1, x2, y2 = max(ox, 0), max(oy, 0), min(ox + w, 2 * s), min(oy + h, 2 * s)
+            canvas[y1:y2, x1:x2] = img[y1 - oy : y2 - oy, x1 - ox : x2 - ox]
+            parts.append(self._instances(int(i), w, h, ox, oy))
+        inst = Instances.concat(parts)
+        inst.clip(2 * s, 2 * s)
+        if inst.segments is not None:
+            for seg in inst.segments:
+                np.clip(seg, 0, 2 * s, out=seg)
+        return self._perspective(canvas, inst, rng, border=(-s // 2, -s // 2))
+
+    def _perspective(self, img, inst, rng, border=(0, 0)):
+        h = self.hyp
+        return random_perspective(img, inst, h["degrees"], h["translate"], h["scale"], h["shear"],
+                                  h["perspective"], border=border, rng=rng)
+
+    def _letterboxed(self, index, rng):
+        img, (h0, w0), (h, w) = self.load_image(index)
+        shape = self.batch_shapes[self.batch_index[index]] if self.rect else self.imgsz
+        img, ratio, pad = letterbox(img, shape, auto=False, scaleup=self.augment)
+        shapes = ((h0, w0), ((h / h0 * ratio[1], w / w0 * ratio[0]), pad))  # maps predictions back to the original
+        inst = self._instances(index, ratio[0] * w, ratio[1] * h, pad[0], pad[1])
+        if self.augment:
+            img, inst = self._perspective(img, inst, rng)
+        return img, inst, shapes
+
+    def __getitem__(self, index):
+        rng, hyp = self.rng(), self.hyp
+        if self.mosaic and rng.random() < hyp["mosaic"]:
+            img, inst = self.load_mosaic(index, rng)
+            shapes = None
+            if rng.random() < hyp["mixup"]:
+                img, inst = mixup(img, inst, *self.load_mosaic(int(rng.choice(self.pool)), rng), rng)
+        else:
+            img, inst, shapes = self._letterboxed(index, rng)
+        h, w = img.shape[:2]
+        if self.augment:
+            augment_hsv(img, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], rng)
+            if rng.random() < hyp["flipud"]:
+                img = np.flipud(img)
+                inst.flip(height=h)
+            if rng.random() < hyp["fliplr"]:
+                img = np.fliplr(img)
+                inst.flip(width=w)
+        sample = {"path": self.im_files[index], "shape": shapes}
+        if self.task == "segment":
+            masks, order = polygons_to_masks(inst.segments, (h, w), self.mask_ratio, self.overlap_mask)
+            inst = inst.select(order)
+            sample["masks"] = torch.from_numpy(masks)
+        sample["cls"] = torch.from_numpy(inst.cls.reshape(-1, 1).astype(np.float32))
+        sample["bboxes"] = torch.from_numpy(xyxy2xywhn(inst.boxes, w, h, clip=True, eps=1e-3).astype(np.float32))
+        sample["img"] = torch.from_numpy(np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1)))  # BGR HWC -> RGB CHW
+        return sample
+
+    @staticmethod
+    def collate_fn(batch):
+        """Samples -> {'img' (B, 3, H, W) uint8, 'targets' (N, 6) [image index, cls, xywhn], 'paths', 'shapes',
+        'masks' (B, H/r, W/r) overlap maps or (N, H/r, W/r) per-instance masks}."""
+        targets = [torch.cat([torch.full((len(b["cls"]), 1), float(i)), b["cls"], b["bboxes"]], 1)
+                   for i, b in enumerate(batch)]
+        out = {
+            "img": torch.stack([b["img"] for b in batch]),
+            "targets": torch.cat(targets, 0),
+            "paths": tuple(b["path"] for b in batch),
+            "shapes": tuple(b["shape"] for b in batch),
+        }
+        if "masks" in batch[0]:
+            masks = [b["masks"] for b in batch]
+            if masks[0].ndim == 2:  # overlap maps: one per image; >= 255 instances in one image need int32
+                dtype = torch.int32 if any(m.dtype == torch.int32 for m in masks) else torch.uint8
+                out["masks"] = torch.stack([m.to(dtype) for m in masks])
+            else:
+                out["masks"] = torch.cat(masks, 0)
+        return out

@@ -1,0 +1,84 @@
+"""Prediction inputs: images and videos from a file, folder, glob, list .txt file or a list of those."""
+
+import logging
+
+import cv2
+import numpy as np
+
+from utils.data.augment import letterbox
+from utils.data.image_files import IMG_FORMATS, VID_FORMATS, list_files, suffix
+
+LOGGER = logging.getLogger("yolo")
+
+
+class LoadImages:
+    """Iterate images and every frame of videos.
+
+    Yields (path, im, im0, description): im0 is the original BGR image/frame; im is `transforms(im0)` when
+    transforms is given, else im0 letterboxed to imgsz (padded to a stride multiple with auto=True) as a
+    contiguous RGB (3, H, W) uint8 array. `mode` is 'image' or 'video'; for videos `frame` is the 1-based
+    index of the frame just read and `frames` the frame count the container reports.
+    Unreadable images are skipped with a warning; a missing or empty source raises FileNotFoundError naming it.
+    """
+
+    def __init__(self, source, imgsz=640, stride=32, auto=True, transforms=None):
+        self.files = list_files(source, IMG_FORMATS | VID_FORMATS)
+        self.video_flag = [suffix(f) in VID_FORMATS for f in self.files]
+        self.nf = len(self.files)
+        self.imgsz, self.stride, self.auto, self.transforms = imgsz, stride, auto, transforms
+        self.mode, self.frame, self.frames, self.cap = "image", 0, 0, None
+        self.count = 0
+
+    def __len__(self):
+        return self.nf
+
+    def __iter__(self):
+        self._release()
+        self.count = 0
+        return self
+
+    def _open_video(self, path):
+        self._release()
+        self.cap = cv2.VideoCapture(path)
+        if not self.cap.isOpened():
+            raise FileNotFoundError(f"cannot open video {path}")
+        self.mode, self.frame = "video", 0
+        self.frames = int(self.cap.get(cv2.CAP_PROP_FRAME_COUNT))
+
+    def _release(self):
+        if self.cap is not None:
+            self.cap.release()
+            self.cap = None
+
+    def _next_raw(self):
+        """(path, im0, description) of the next image or frame; StopIteration at the end."""
+        while self.count < self.nf:
+            path = self.files[self.count]
+            if self.video_flag[self.count]:
+                if self.cap is None:
+                    self._open_video(path)
+                ok, im0 = self.cap.read()
+                if ok:
+                    self.frame += 1
+                    return path, im0, f"video {self.count + 1}/{self.nf} ({self.frame}/{self.frames}) {path}: "
+                self._release()
+                self.count += 1
+                continue
+            self.mode = "image"
+            self.count += 1
+            im0 = cv2.imread(path)
+            if im0 is None:
+                LOGGER.warning(f"WARNING: skipping unreadable image {path}")
+                continue
+            return path, im0, f"image {self.count}/{self.nf} {path}: "
+        self._release()
+        raise StopIteration
+
+    def __next__(self):
+        path, im0, s = self._next_raw()
+        if self.transforms is not None:
+            im = self.transforms(im0)
+        else:
+            im = letterbox(im0, self.imgsz, stride=self.stride, auto=self.auto)[0]
+            im = np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])  # HWC BGR -> CHW RGB
+        return path, im, im0, s
