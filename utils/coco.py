@@ -144,12 +144,19 @@ def labels_to_coco_json(labels, names, class_map=None):
 
 
 def _coco_gt(anno, COCO):
-    if isinstance(anno, dict):
-        gt = COCO()
-        gt.dataset = copy.deepcopy(anno)
-        gt.createIndex()
-        return gt
-    return COCO(str(anno))
+    gt = COCO()
+    gt.dataset = copy.deepcopy(anno) if isinstance(anno, dict) else json.loads(Path(anno).read_text())
+    return gt
+
+
+def _ids_as_str(anno, preds, img_ids):
+    """Numeric and named image ids side by side (image_id_from_path gives both) make pycocotools fail when it
+    sorts them: turn every id into a string, in the ground truth, the results and the selection alike."""
+    for d in anno["images"]:
+        d["id"] = str(d["id"])
+    for d in anno["annotations"] + preds:
+        d["image_id"] = str(d["image_id"])
+    return None if img_ids is None else [str(i) for i in img_ids]
 
 
 def eval_coco_json(anno_json, pred_json, iou_type="bbox", img_ids=None, max_dets=100, verbose=False):
@@ -166,7 +173,11 @@ def eval_coco_json(anno_json, pred_json, iou_type="bbox", img_ids=None, max_dets
     quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
     with quiet:
         gt = _coco_gt(anno_json, COCO)
-        dt = gt.loadRes(copy.deepcopy(list(preds)))  # loadRes edits the dicts it is given
+        preds = copy.deepcopy(list(preds))  # loadRes edits the dicts it is given
+        if len({type(d["id"]) for d in gt.dataset["images"]}) > 1:
+            img_ids = _ids_as_str(gt.dataset, preds, img_ids)
+        gt.createIndex()
+        dt = gt.loadRes(preds)
         ev = COCOeval(gt, dt, iou_type)
         if img_ids is not None:
             ev.params.imgIds = list(img_ids)

@@ -122,7 +122,8 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps=1e-16):
     Returns (p, r, f1, ap, classes): p, r, f1 (nc,) at the confidence that maximises the smoothed mean F1,
     ap (nc, t), classes (nc,) int.
     """
-    tp = np.asarray(tp, dtype=float).reshape(len(conf), -1)
+    tp = np.asarray(tp, dtype=float)
+    tp = tp[:, None] if tp.ndim == 1 else tp
     order = np.argsort(-np.asarray(conf), kind="stable")
     tp, conf, pred_cls = tp[order], np.asarray(conf)[order], np.asarray(pred_cls)[order]
     classes, n_labels = np.unique(np.asarray(target_cls), return_counts=True)
@@ -343,9 +344,9 @@ class ConfusionMatrix:
     def process_batch(self, detections, labels):
         """One image: detections (n, 6) xyxy conf cls (may be None), labels (m, 5) cls xyxy.
 
-        A label matched (class-agnostic, IoU > iou_thres, best IoU first on both sides) counts at [its detection's class, label
-        class]; an unmatched label counts as missed [background, class]; an unmatched detection above conf counts
-        as a false positive [class, background].
+        A label matched (class-agnostic, IoU > iou_thres, best IoU first on both sides) counts at [its detection's
+        class, label class]; an unmatched label counts as missed [background, class]; an unmatched detection
+        above conf counts as a false positive [class, background].
         """
         gt_cls = labels[:, 0].long().cpu().numpy()
         bg = self.nc

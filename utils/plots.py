@@ -112,7 +112,7 @@ def plot_images(images, targets, paths=None, fname="images.jpg", names=None, mas
     ns = math.ceil(bs**0.5)
     scale = min(1.0, max_size / (ns * max(h, w)))
     h, w = math.ceil(h * scale), math.ceil(w * scale)
-    mosaic = np.full((ns * h, ns * w, 3), 255, dtype=np.uint8)
+    mosaic = np.full((math.ceil(bs / ns) * h, ns * w, 3), 255, dtype=np.uint8)
     for i, im in enumerate(ims):
         x0, y0 = w * (i % ns), h * (i // ns)
         mosaic[y0 : y0 + h, x0 : x0 + w] = cv2.resize(im, (w, h))[..., ::-1]

@@ -117,6 +117,13 @@ def test_ap_per_class_against_hand_curves():
     assert r[1] == 0 and 0 < r[0] <= 2 / 3 + 1e-6 and 0 < p[0] <= 1
 
 
+def test_ap_per_class_without_predictions_or_labels():
+    p, r, f1, ap, classes = ap_per_class(np.zeros((0, 10), bool), np.zeros(0), np.zeros(0), np.array([1, 1, 4]))
+    assert classes.tolist() == [1, 4] and ap.shape == (2, 10) and not ap.any() and not p.any() and not r.any()
+    p, r, f1, ap, classes = ap_per_class(np.ones((2, 10), bool), np.array([0.5, 0.4]), np.zeros(2), np.zeros(0))
+    assert ap.shape == (0, 10) and len(p) == len(classes) == 0
+
+
 def test_ap_per_class_operating_point():
     conf = np.array([0.9, 0.6, 0.3])
     tp = np.array([[1], [1], [0]], dtype=bool)
