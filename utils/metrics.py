@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from utils.ops import box_iou
 
-LOGGER = logging.getLogger(__name__)
+LOGGER = logging.getLogger("yolo")  # the project logger; utils/loggers.py sets its rank-aware level
 
 _trapezoid = getattr(np, "trapezoid", None) or np.trapz  # renamed in numpy 2.0
 
