@@ -315,7 +315,7 @@ def process_mask(protos, masks_in, bboxes, shape, upsample=False):
     masks = crop_mask(masks, scaled)
     if upsample:
         masks = F.interpolate(masks[None], shape, mode="bilinear", align_corners=False)[0]
-    return masks.gt_(0.5) if upsample else masks.sigmoid().gt_(0.5)
+    return masks.gt_(0.0)  # logit > 0 is sigmoid > 0.5, at either resolution
 
 
 def scale_masks(masks, shape, ratio_pad=None):

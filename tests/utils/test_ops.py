@@ -231,7 +231,6 @@ def test_process_mask_at_proto_resolution():
     assert torch.equal(out.bool(), ref)
 
 
-@pytest.mark.xfail(strict=True, reason="ops.process_mask(upsample=True) thresholds logits at 0.5, not 0 (reported)")
 def test_process_mask_upsampled_uses_the_same_threshold():
     protos, coefs, boxes = _protos_case()
     logits = _crop_reference((coefs @ protos.view(4, -1)).view(3, 16, 20), boxes / 4)

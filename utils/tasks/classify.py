@@ -104,11 +104,10 @@ class ClassificationValidator(BaseValidator):
     def print_results(self, final=False):
         LOGGER.info(("%22s" + "%11.3g" * 2) % ("all", self.metrics.top1, self.metrics.top5))
         if final:
+            m = self.confusion.matrix  # [predicted, true]
             for c, name in self.names.items():
-                row = self.confusion.matrix[c]
-                total = row.sum()
-                if total:
-                    LOGGER.info(("%22s" + "%11.3g") % (name, row[c] / total))
+                if m[:, c].sum():
+                    LOGGER.info(("%22s" + "%11.3g") % (name, m[c, c] / m[:, c].sum()))
             self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
             self.confusion.plot(save_dir=self.save_dir, names=list(self.names.values()))
 

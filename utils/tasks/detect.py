@@ -101,7 +101,7 @@ class DetectionValidator(BaseValidator):
         from utils.metrics import ConfusionMatrix, DetMetrics
 
         self.metrics = DetMetrics(names=self.names)
-        self.confusion = ConfusionMatrix(nc=self.nc, conf=getattr(self.args, "conf_thres", 0.001))
+        self.confusion = ConfusionMatrix(nc=self.nc)  # at its own conf 0.25: val's 0.001 floods the background row
         self.stats = {"tp": [], "conf": [], "pred_cls": [], "target_cls": []}
         self.jdict = []
         self.nm = getattr(model.model[-1], "nm", 0) if hasattr(model, "model") else 0
