@@ -1,0 +1,201 @@
+"""models/experimental.py: our checkpoint round trip, and loading official-style pickles without official code."""
+
+import copy
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn as nn
+
+import models.experimental as experimental
+from models.experimental import attempt_load, model_from_ckpt, model_to_ckpt, official_url
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from models_testutil import randomise_bn
+
+X = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+
+
+def fp16_exact(model, seed=0):
+    """A model with random BN statistics whose weights survive fp16 storage exactly (so round trips are exact)."""
+    torch.manual_seed(seed)
+    return randomise_bn(model, seed).half().float().eval()
+
+
+def first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DetectionModel("yolov5n.yaml", nc=3),
+        lambda: DetectionModel("yolov8n.yaml", nc=3),
+        lambda: SegmentationModel("yolov8n-seg.yaml", nc=3),
+        lambda: ClassificationModel("yolov8n-cls.yaml", nc=3),
+    ],
+)
+def test_ckpt_round_trip_through_torch_save(tmp_path, make):
+    model = fp16_exact(make())
+    model.names = {0: "a", 1: "b", 2: "c"}
+    d = model_to_ckpt(model)
+    assert d["class"] == type(model).__name__ and d["names"] == model.names and d["yaml"] == model.yaml
+    assert all(v.dtype == torch.float16 for v in d["state_dict"].values() if v.is_floating_point())
+    torch.save({"model": d}, tmp_path / "m.pt")
+    back = model_from_ckpt(torch.load(tmp_path / "m.pt", weights_only=False)["model"]).eval()
+    assert type(back) is type(model) and back.names == model.names
+    assert all(p.dtype == torch.float32 for p in back.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(first(back(X)), first(model(X)), atol=0, rtol=0)
+
+
+def test_attempt_load_prefers_ema_and_fuses(tmp_path):
+    model = fp16_exact(DetectionModel("yolov5n.yaml", nc=3), seed=0)
+    ema = fp16_exact(DetectionModel("yolov5n.yaml", nc=3), seed=1)
+    path = tmp_path / "last.pt"
+    torch.save({"epoch": 3, "model": model_to_ckpt(model), "ema": model_to_ckpt(ema), "optimizer": None}, path)
+    loaded = attempt_load(str(path), fuse=False)
+    assert not loaded.training
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(X)[0], ema(X)[0], atol=0, rtol=0)
+        fused = attempt_load(path)
+        assert not any(isinstance(m, nn.BatchNorm2d) for m in fused.modules())
+        torch.testing.assert_close(fused(X)[0], ema(X)[0], atol=1e-3, rtol=1e-4)
+    torch.save({"model": model_to_ckpt(model), "ema": None}, path)  # a stripped checkpoint
+    with torch.no_grad():
+        torch.testing.assert_close(attempt_load(path, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
+
+
+def _fake_modules(monkeypatch, paths):
+    """Install throwaway modules (and missing parent packages) in sys.modules for the test's duration."""
+    for path in paths:
+        parts = path.split(".")
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            if name == path or name not in sys.modules:
+                monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+
+
+def as_official(model, where, top_name):
+    """A copy of our model tree whose classes are re-homed to fake official modules, as official pickles hold them.
+
+    `where(cls_name)` gives the fake module path of each of our classes; the top model class is named top_name.
+    """
+    tree = copy.deepcopy(model)
+    for m in tree.modules():
+        if not type(m).__module__.startswith("models."):
+            continue  # torch.nn classes stay what they are
+        name = top_name if m is tree else type(m).__name__
+        module = sys.modules[where(type(m).__name__)]
+        if not hasattr(module, name):
+            setattr(module, name, type(name, (nn.Module,), {"__module__": module.__name__, "__qualname__": name}))
+        m.__class__ = getattr(module, name)
+    return tree
+
+
+V5_PATHS = ("models.yolo", "models.common")
+V8_PATHS = ("ultralytics.nn.tasks", "ultralytics.nn.modules.block", "ultralytics.nn.modules.head")
+
+
+def v5_where(name):
+    return "models.yolo" if name.endswith(("Model", "Detect", "Segment")) else "models.common"
+
+
+def v8_where(name):
+    if name.endswith("Model"):
+        return "ultralytics.nn.tasks"
+    return "ultralytics.nn.modules.head" if name in ("AnchorFreeDetect", "Classify") else "ultralytics.nn.modules.block"
+
+
+def save_official(monkeypatch, tmp_path, model, paths, where, top_name, key="model", edit=None):
+    """Pickle `model` as an official checkpoint would (whole fp16 module tree), then drop the fake modules."""
+    with monkeypatch.context() as mp:
+        _fake_modules(mp, paths)
+        tree = as_official(model, where, top_name).half()
+        if edit:
+            edit(tree)
+        path = tmp_path / "official.pt"
+        torch.save({"epoch": -1, "model": None, "ema": None, key: tree, "optimizer": None}, path)
+    assert type(sys.modules["models.yolo"].DetectionModel) is type  # the real module is back
+    return path
+
+
+def test_official_v5_style_pickle(monkeypatch, tmp_path):
+    model = fp16_exact(DetectionModel("yolov5n.yaml", nc=3))
+
+    def legacy(tree):  # old YOLOv5 pickles: `names` a list, an extra anchor_grid buffer
+        tree.names = ["a", "b", "c"]
+        tree.model[-1].register_buffer("anchor_grid", torch.zeros(3, 1, 3, 1, 1, 2))
+
+    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model", edit=legacy)
+    loaded = attempt_load(path, fuse=False)
+    assert type(loaded) is DetectionModel and loaded.names == {0: "a", 1: "b", 2: "c"}
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(X)[0], model(X)[0], atol=0, rtol=0)
+
+
+def test_official_v8_style_pickle_keeps_batchnorm_settings(monkeypatch, tmp_path):
+    model = fp16_exact(ClassificationModel("yolov8n-cls.yaml", nc=4))
+
+    def official_yaml(tree):  # the official YAML has no bn keys: eps 1e-5 must come from the pickled BatchNorms
+        tree.yaml = {k: v for k, v in tree.yaml.items() if not k.startswith("bn_")}
+
+    path = save_official(monkeypatch, tmp_path, model, V8_PATHS, v8_where, "ClassificationModel", "ema", official_yaml)
+    loaded = attempt_load(path, fuse=False)
+    assert type(loaded) is ClassificationModel and loaded.model[0].bn.eps == 1e-5
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(X), model(X), atol=0, rtol=0)
+
+
+def test_official_v8_segmentation_pickle(monkeypatch, tmp_path):
+    model = fp16_exact(SegmentationModel("yolov8n-seg.yaml", nc=3))
+    path = save_official(monkeypatch, tmp_path, model, V8_PATHS, v8_where, "SegmentationModel")
+    loaded = attempt_load(path, fuse=False)
+    assert type(loaded) is SegmentationModel
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(X)[0], model(X)[0], atol=0, rtol=0)
+
+
+def test_official_v5_classifier_without_yaml(monkeypatch, tmp_path):
+    model = fp16_exact(ClassificationModel("yolov5n-cls.yaml", nc=4))
+
+    def no_yaml(tree):  # official YOLOv5 classifiers are cut from a detector and carry no YAML
+        del tree.yaml
+
+    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "ClassificationModel", edit=no_yaml)
+    loaded = attempt_load(path, fuse=False)
+    assert loaded.yaml["width_multiple"] == 0.25 and loaded.nc == 4
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(X), model(X), atol=0, rtol=0)
+
+
+def test_unknown_official_class(monkeypatch, tmp_path):
+    model = DetectionModel("yolov5n.yaml", nc=3)
+    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "PoseModel")
+    with pytest.raises(ValueError, match="models.yolo.PoseModel"):
+        attempt_load(path)
+
+
+def test_missing_weights(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="nowhere/yolov5s.pt"):
+        attempt_load("nowhere/yolov5s.pt")  # a path, not a bare name: never downloaded
+    with pytest.raises(FileNotFoundError, match="yolov5q.pt"):
+        attempt_load("yolov5q.pt")  # not an official name
+    calls = []
+
+    def fake_download(name, dest_dir="."):
+        calls.append(name)
+        torch.save({"model": model_to_ckpt(DetectionModel("yolov5n.yaml", nc=2))}, tmp_path / name)
+        return tmp_path / name
+
+    monkeypatch.setattr(experimental, "attempt_download", fake_download)
+    assert attempt_load("yolov5s.pt").nc == 2 and calls == ["yolov5s.pt"]
+
+
+def test_official_urls():
+    assert official_url("yolov5s.pt") == "https://github.com/ultralytics/yolov5/releases/download/v7.0/yolov5s.pt"
+    assert official_url("yolov5n-seg.pt").endswith("v7.0/yolov5n-seg.pt")
+    assert official_url("yolov7-tiny.pt") == "https://github.com/WongKinYiu/yolov7/releases/download/v0.1/yolov7-tiny.pt"
+    assert official_url("yolov8n-cls.pt") == "https://github.com/ultralytics/assets/releases/download/v0.0.0/yolov8n-cls.pt"
+    assert official_url("yolov8q.pt") is None and official_url("best.pt") is None
