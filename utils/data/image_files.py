@@ -44,7 +44,8 @@ def _expand(entry):
 
 
 def list_files(source, formats=IMG_FORMATS):
-    """Files with a suffix in `formats` from a path, folder (recursive), glob, list .txt, or a list of those.
+    """Files with a suffix in `formats` from a path, folder (recursive), glob, list .txt, or a list of those;
+    folders and globs expand in sorted order, lists keep theirs.
 
     Raises FileNotFoundError naming the source when an entry is missing or nothing usable is found.
     """
@@ -52,7 +53,7 @@ def list_files(source, formats=IMG_FORMATS):
     files = []
     for entry in entries:
         files += _expand(entry)
-    files = sorted(dict.fromkeys(os.path.normpath(f) for f in files if suffix(f) in formats))
+    files = list(dict.fromkeys(os.path.normpath(f) for f in files if suffix(f) in formats))  # given order, no repeats
     if not files:
         raise FileNotFoundError(f"no supported files found in {source} (formats: {', '.join(sorted(formats))})")
     return files

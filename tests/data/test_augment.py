@@ -1,0 +1,93 @@
+import cv2
+import numpy as np
+import pytest
+
+from utils.data.augment import Instances, augment_hsv, letterbox, mixup, polygons_to_masks, random_perspective
+
+
+def test_letterbox_geometry():
+    im = np.full((100, 200, 3), 7, np.uint8)
+    out, ratio, (pw, ph) = letterbox(im, 64, auto=False)
+    assert out.shape == (64, 64, 3) and ratio == (0.32, 0.32) and (pw, ph) == (0.0, 16.0)
+    assert (out[:16] == 114).all() and (out[48:] == 114).all() and (out[16:48] == 7).all()
+    auto, _, (pw, ph) = letterbox(im, 64, auto=True, stride=32)
+    assert auto.shape == (32, 64, 3) and ph == 0
+    small = np.zeros((10, 20, 3), np.uint8)
+    kept, ratio, _ = letterbox(small, (64, 64), auto=False, scaleup=False)
+    assert ratio == (1.0, 1.0) and kept.shape == (64, 64, 3)
+    odd, _, (pw, ph) = letterbox(np.zeros((30, 64, 3), np.uint8), (64, 64), auto=False)
+    assert odd.shape == (64, 64, 3) and ph == 17.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_perspective_boxes_and_polygons_follow_the_pixels(seed):
+    """Warp an image holding one white polygon; the returned box/polygon must match where the pixels went."""
+    img = np.zeros((128, 160, 3), np.uint8)
+    poly = np.array([[40, 30], [110, 40], [90, 100], [50, 90]], np.float32)
+    cv2.fillPoly(img, [poly.astype(np.int32)], (255, 255, 255))
+    box = np.concatenate([poly.min(0), poly.max(0)])[None]
+    rng = np.random.default_rng(seed)
+    for segments in (None, [poly]):
+        out, inst = random_perspective(img, Instances(np.zeros(1, np.float32), box.copy(), segments), degrees=30,
+                                       translate=0.1, scale=0.3, shear=10, perspective=0.0005, rng=rng)
+        assert out.shape == img.shape
+        ys, xs = np.nonzero(out[..., 0] > 127)
+        if len(inst) == 0:
+            continue
+        seen = np.array([xs.min(), ys.min(), xs.max(), ys.max()])
+        if segments is None:  # warped box corners: the box contains the shape
+            assert (inst.boxes[0, :2] <= seen[:2] + 2).all() and (inst.boxes[0, 2:] >= seen[2:] - 2).all()
+        else:  # warped outline: the box is tight, and the outline covers the pixels
+            np.testing.assert_allclose(inst.boxes[0], seen, atol=2.5)
+            mask = np.zeros(img.shape[:2], np.uint8)
+            cv2.fillPoly(mask, [np.round(inst.segments[0]).astype(np.int32)], 1)
+            white = out[..., 0] > 127
+            assert (mask.astype(bool) & white).sum() / (mask.astype(bool) | white).sum() > 0.9
+
+
+def test_mosaic_border_crops_and_small_boxes_dropped():
+    img = np.zeros((200, 200, 3), np.uint8)
+    inst = Instances(np.array([0, 1], np.float32), np.array([[60, 60, 140, 140], [0, 0, 3, 3]], np.float32))
+    out, kept = random_perspective(img, inst, translate=0, scale=0, border=(-50, -50), rng=np.random.default_rng(0))
+    assert out.shape == (100, 100, 3)
+    assert kept.cls.tolist() == [0]  # the 3 px box near the corner is cut away
+    np.testing.assert_allclose(kept.boxes[0], [10, 10, 90, 90], atol=1e-4)
+
+
+def test_flips_and_instances():
+    seg = np.array([[10, 5], [30, 5], [30, 25]], np.float32)
+    inst = Instances(np.array([2.0], np.float32), np.array([[10, 5, 30, 25]], np.float32), [seg.copy()])
+    inst.flip(width=100)
+    np.testing.assert_allclose(inst.boxes[0], [70, 5, 90, 25])
+    np.testing.assert_allclose(inst.segments[0][:, 0], [90, 70, 70])
+    inst.flip(height=50)
+    np.testing.assert_allclose(inst.boxes[0], [70, 25, 90, 45])
+    both = Instances.concat([inst, Instances(np.zeros(1, np.float32), np.zeros((1, 4), np.float32), None)])
+    assert len(both) == 2 and both.segments is None
+    assert both.select([1]).cls.tolist() == [0.0]
+
+
+def test_hsv_and_mixup():
+    img = np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)
+    same = augment_hsv(img.copy(), 0, 0, 0)
+    np.testing.assert_array_equal(same, img)
+    changed = augment_hsv(img.copy(), 0.5, 0.5, 0.5, np.random.default_rng(1))
+    assert changed.shape == img.shape and not np.array_equal(changed, img)
+    a, b = np.zeros((8, 8, 3), np.uint8), np.full((8, 8, 3), 200, np.uint8)
+    ia = Instances(np.zeros(1, np.float32), np.ones((1, 4), np.float32))
+    out, inst = mixup(a, ia, b, Instances(np.ones(2, np.float32), np.ones((2, 4), np.float32)),
+                      np.random.default_rng(0))
+    assert len(inst) == 3 and 60 < out.mean() < 140  # a Beta(32, 32) blend stays near half-way
+
+
+def test_polygons_to_masks_overlap_order():
+    big = np.array([[0, 0], [60, 0], [60, 60], [0, 60]], np.float32)
+    small = np.array([[20, 20], [40, 20], [40, 40], [20, 40]], np.float32)
+    masks, order = polygons_to_masks([small, big], (64, 64), ratio=4, overlap=True)
+    assert order.tolist() == [1, 0] and masks.shape == (16, 16)
+    assert (masks[5:10, 5:10] == 2).all() and masks[1, 1] == 1 and masks[15, 15] == 0
+    sep, order = polygons_to_masks([small, big], (64, 64), ratio=4, overlap=False)
+    assert sep.shape == (2, 16, 16) and order.tolist() == [0, 1]
+    assert sep[0].sum() == 25 and sep[1].sum() == 225
+    empty, _ = polygons_to_masks([], (64, 64), ratio=4, overlap=False)
+    assert empty.shape == (0, 16, 16)

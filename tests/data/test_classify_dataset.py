@@ -1,0 +1,52 @@
+import shutil
+
+import cv2
+import numpy as np
+import torch
+
+from utils.data.classify_dataset import ClassificationDataset, classify_predict_transforms, classify_val_transforms
+from utils.data.loader import build_dataloader
+
+
+def test_shapes_dtypes_and_collate(shapes_cls):
+    ds = ClassificationDataset(shapes_cls / "train", imgsz=32, augment=True, hyp={"scale": 0.5, "fliplr": 0.5})
+    assert len(ds) == 12 and ds.names == {0: "circle", 1: "rectangle", 2: "triangle"}
+    s = ds[5]
+    assert s["img"].shape == (3, 32, 32) and s["img"].dtype == torch.float32
+    assert 0 <= s["img"].min() and s["img"].max() <= 1 and s["cls"] == 1
+    batch = next(iter(build_dataloader(ds, 6, workers=0, shuffle=True)))
+    assert batch["img"].shape == (6, 3, 32, 32) and batch["cls"].dtype == torch.int64 and batch["cls"].shape == (6,)
+
+
+def test_val_transform_resizes_short_side_then_centre_crops():
+    im = np.zeros((40, 80, 3), np.uint8)
+    im[:, 30:50] = 255  # a white band in the middle of the wide image
+    t = classify_predict_transforms(20)(im)
+    assert t.shape == (3, 20, 20)
+    # short side 40 -> 20, so the image becomes 20 x 40 and the centre crop keeps columns 10..30 of it
+    row = t[0, 10]
+    assert (row[6:14] > 0.95).all() and (row[:4] < 0.05).all() and (row[16:] < 0.05).all()
+    rgb = torch.zeros(3, 30, 30, dtype=torch.uint8)
+    assert classify_val_transforms(16)(rgb).shape == (3, 16, 16)
+
+
+def test_corrupt_image_skipped_counted_and_cache_reused(shapes_cls, tmp_path, yolo_log):
+    root = tmp_path / "cls"
+    shutil.copytree(shapes_cls, root)
+    bad = root / "train" / "circle" / "00001.jpg"
+    bad.write_bytes(b"not an image at all")
+    ds = ClassificationDataset(root / "train", imgsz=32)
+    assert len(ds) == 11 and ds.stats == {"images": 11, "corrupt": 1, "cached": False}
+    assert str(bad) not in [f for f, _ in ds.samples]
+    assert any("11 images, 1 corrupt" in m for m in yolo_log)
+    assert any(str(bad) in m and "WARNING" in m for m in yolo_log)
+    assert (root / "train.cache").is_file()
+    again = ClassificationDataset(root / "train", imgsz=32)
+    assert again.stats["cached"] and again.samples == ds.samples
+
+
+def test_ram_cache_indices(shapes_cls):
+    ds = ClassificationDataset(shapes_cls / "val", imgsz=32, cache="ram", cache_indices=[0, 3])
+    assert [i for i, im in enumerate(ds.ims) if im is not None] == [0, 3]
+    np.testing.assert_array_equal(ds.ims[3], cv2.imread(ds.samples[3][0]))
+    assert ds[3]["img"].shape == ds[1]["img"].shape == (3, 32, 32)

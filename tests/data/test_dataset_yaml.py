@@ -1,0 +1,138 @@
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from utils.data import dataset_yaml as dy
+from utils.data import downloads
+from utils.data.dataset_yaml import DatasetError, DatasetNotFoundError, check_cls_dataset, check_det_dataset
+from utils.files import ROOT
+
+
+def _write(path, data):
+    path.write_text(yaml.safe_dump(data) if isinstance(data, dict) else data)
+    return path
+
+
+def _one_line(e):
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_synthetic_dataset_generated_when_missing(tmp_path, yolo_log):
+    spec = {"task": "segment", "n_train": 3, "n_val": 2, "seed": 1, "min_side": 64, "max_side": 80}
+    f = _write(tmp_path / "toy.yaml", {"path": str(tmp_path / "toy"), "train": "images/train", "val": "images/val",
+                                       "names": ["circle", "rectangle", "triangle"], "synthetic": spec})
+    d = check_det_dataset(f)
+    assert d["nc"] == 3 and d["names"] == {0: "circle", 1: "rectangle", 2: "triangle"}
+    assert d["val"] == str(tmp_path / "toy" / "images" / "val") and Path(d["path"]) == tmp_path / "toy"
+    assert len(list(Path(d["train"]).glob("*.jpg"))) == 3 and len(list(Path(d["val"]).glob("*.jpg"))) == 2
+    assert any("generating synthetic segment" in m for m in yolo_log)
+    stamp = (Path(d["val"]) / "00000.jpg").stat().st_mtime_ns
+    assert check_det_dataset(str(f))["train"] == d["train"]
+    assert (Path(d["val"]) / "00000.jpg").stat().st_mtime_ns == stamp  # not generated twice
+
+
+def test_paths_names_and_lists(tmp_path, shapes_det, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(shapes_det, tmp_path / "ds")
+    f = _write(tmp_path / "sub.yaml", {"path": "ds", "train": ["images/train", "images/val"], "val": "images/val",
+                                       "test": "images/*", "names": {0: "a", 1: "b", 2: "c"}, "nc": 3})
+    d = check_det_dataset(f)
+    assert d["path"] == str(tmp_path / "ds")  # relative `path` found from the current directory
+    assert d["train"] == [str(tmp_path / "ds/images/train"), str(tmp_path / "ds/images/val")]
+    assert d["test"] == str(tmp_path / "ds/images/*") and d["yaml_file"] == str(f)
+    no_path = _write(tmp_path / "ds" / "local.yaml", {"train": "images/train", "val": "images/val", "nc": 2})
+    d2 = check_det_dataset(no_path)
+    assert d2["path"] == str(tmp_path / "ds") and d2["names"] == {0: "class0", 1: "class1"}
+    from_dict = check_det_dataset({"path": str(tmp_path / "ds"), "train": "images/train", "val": "images/val",
+                                   "names": ["x"]})
+    assert from_dict["val"] == str(tmp_path / "ds/images/val") and from_dict["yaml_file"] is None
+    assert dy.dataset_root({"path": "../datasets/unlikely-name-xyz"}) == (ROOT / "../datasets/unlikely-name-xyz").resolve()
+
+
+def test_one_line_errors(tmp_path):
+    broken = _write(tmp_path / "broken.yaml", "path: [unclosed\nnames: {0: a\n")
+    with pytest.raises(DatasetError) as e:
+        check_det_dataset(broken)
+    assert str(broken) in _one_line(e) and "invalid YAML" in str(e.value)
+
+    no_val = _write(tmp_path / "noval.yaml", {"train": "a", "names": ["x"]})
+    with pytest.raises(DatasetError) as e:
+        check_det_dataset(no_val)
+    assert str(no_val) in _one_line(e) and "'val'" in str(e.value)
+
+    bad_nc = _write(tmp_path / "nc.yaml", {"train": "a", "val": "b", "names": ["x", "y"], "nc": 3})
+    with pytest.raises(DatasetError, match="nc=3 but 2 names"):
+        check_det_dataset(bad_nc)
+
+    missing = _write(tmp_path / "missing.yaml", {"path": str(tmp_path / "nothing"), "train": "t", "val": "v",
+                                                 "names": ["x"]})
+    with pytest.raises(DatasetNotFoundError) as e:
+        check_det_dataset(missing)
+    msg = _one_line(e)
+    assert str(missing) in msg and str(tmp_path / "nothing" / "v") in msg and "no 'download'" in msg
+    assert isinstance(e.value, FileNotFoundError) and isinstance(e.value, ValueError)
+
+    with pytest.raises(DatasetNotFoundError) as e:
+        check_det_dataset(tmp_path / "absent.yaml")
+    assert "absent.yaml" in _one_line(e)
+
+
+def test_download_entries(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(dy, "download", lambda urls, dir: calls.append((urls, Path(dir))))
+    monkeypatch.setattr(downloads, "download", lambda urls, dir, threads=1: calls.append((urls, Path(dir))))
+    root = tmp_path / "datasets" / "coco128"
+    url = _write(tmp_path / "url.yaml", {"path": str(root), "train": "images/train2017", "val": "images/train2017",
+                                         "names": ["a"], "download": "https://example.com/coco128.zip"})
+    with pytest.raises(DatasetNotFoundError, match="autodownload is off"):
+        check_det_dataset(url, autodownload=False)
+    assert not calls
+    with pytest.raises(DatasetNotFoundError):  # the fake download fetched nothing
+        check_det_dataset(url)
+    assert calls == [(["https://example.com/coco128.zip"], tmp_path / "datasets")]
+
+    calls.clear()
+    coco = yaml.safe_load((ROOT / "data" / "coco.yaml").read_text())
+    assert len(coco["names"]) == 80 and coco["names"][79] == "toothbrush"
+    coco["path"] = str(tmp_path / "coco")
+    with pytest.raises(DatasetNotFoundError):
+        check_det_dataset(_write(tmp_path / "coco.yaml", coco))
+    assert calls[0] == (["https://github.com/ultralytics/yolov5/releases/download/v1.0/coco2017labels.zip"], tmp_path)
+    assert calls[1][1] == tmp_path / "coco" / "images" and len(calls[1][0]) == 3
+
+
+def test_official_yamls_parse():
+    for name, n in (("coco128", 80), ("coco128-seg", 80), ("shapes", 3), ("shapes-seg", 3), ("shapes-cls", 3)):
+        d = yaml.safe_load((ROOT / "data" / f"{name}.yaml").read_text())
+        assert len(d["names"]) == n and d["path"] == f"../datasets/{name}"
+    assert dy.find_dataset_yaml("shapes-cls") == ROOT / "data" / "shapes-cls.yaml"
+    assert dy.find_dataset_yaml("data/shapes").resolve() == (ROOT / "data" / "shapes.yaml").resolve()
+
+
+def test_classification_dataset_checks(tmp_path, shapes_cls, monkeypatch):
+    d = check_cls_dataset(shapes_cls)
+    assert d["names"] == {0: "circle", 1: "rectangle", 2: "triangle"} and d["nc"] == 3 and d["test"] is None
+    assert d["train"] == str(shapes_cls / "train") and d["val"] == str(shapes_cls / "val")
+
+    monkeypatch.chdir(tmp_path)
+    spec = {"task": "classify", "n_train": 2, "n_val": 1, "seed": 0, "min_side": 32, "max_side": 40}
+    _write(tmp_path / "toy-cls.yaml", {"path": str(tmp_path / "toy-cls"), "train": "train", "val": "val", "synthetic": spec,
+                                       "names": ["circle", "rectangle", "triangle"]})
+    got = check_cls_dataset("toy-cls")  # not a folder: toy-cls.yaml is used and the data generated
+    assert Path(got["path"]) == tmp_path / "toy-cls" and got["nc"] == 3
+    assert len(list(Path(got["val"]).glob("*/*.jpg"))) == 3
+
+    _write(tmp_path / "wrong.yaml", {"path": str(tmp_path / "toy-cls"), "train": "train", "val": "val",
+                                     "names": ["a", "b", "c"]})
+    with pytest.raises(DatasetError, match="differ from the class folders"):
+        check_cls_dataset(tmp_path / "wrong.yaml")
+    (tmp_path / "only-train" / "train" / "a").mkdir(parents=True)
+    with pytest.raises(DatasetNotFoundError) as e:
+        check_cls_dataset(tmp_path / "only-train")
+    assert "test" in _one_line(e)
+    with pytest.raises(DatasetNotFoundError, match="nowhere"):
+        check_cls_dataset(tmp_path / "nowhere")

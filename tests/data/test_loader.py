@@ -1,0 +1,87 @@
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from utils.data.augment import ProcessRNG
+from utils.data.detect_dataset import YOLODataset
+from utils.data.loader import SmartDistributedSampler, build_dataloader, rank_indices
+
+
+class _Range(Dataset):
+    def __init__(self, n):
+        self.n = n
+        self.rng = ProcessRNG(0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i, float(self.rng().random()), torch.utils.data.get_worker_info().id
+
+
+def test_rank_indices_partition():
+    parts = [rank_indices(10, 3, r, seed=4) for r in range(3)]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(10))
+    assert [len(p) for p in parts] == [4, 3, 3]
+    assert all((np.diff(p) > 0).all() for p in parts)
+    assert not np.array_equal(parts[0], rank_indices(10, 3, 0, seed=5))
+    assert np.array_equal(rank_indices(5, 1, 0), np.arange(5))
+    with pytest.raises(ValueError):
+        rank_indices(5, 2, 2)
+
+
+def test_smart_sampler_fixed_subsets_reshuffled_each_epoch():
+    ds, world = list(range(10)), 3
+    samplers = [SmartDistributedSampler(ds, world, r, shuffle=True, seed=7) for r in range(world)]
+    epochs = []
+    for epoch in range(4):
+        per_rank = []
+        for s in samplers:
+            s.set_epoch(epoch)
+            per_rank.append(list(s))
+        epochs.append(per_rank)
+        assert all(len(o) == 4 == len(s) for o, s in zip(per_rank, samplers))  # ceil(10 / 3), padded
+    for r in range(world):
+        own = set(rank_indices(10, world, r, 7).tolist())
+        assert all(set(e[r]) == own for e in epochs)  # the same subset every epoch, never another rank's images
+    unique = [set(x) for x in epochs[0]]
+    assert set.union(*unique) == set(range(10)) and sum(map(len, unique)) == 10  # disjoint cover
+    assert len({tuple(e[0]) for e in epochs}) > 1  # the order changes with set_epoch
+    samplers[0].set_epoch(2)
+    assert list(samplers[0]) == epochs[2][0]  # and is reproducible
+    ordered = SmartDistributedSampler(ds, world, 1, shuffle=False, seed=7)
+    assert list(ordered) == sorted(rank_indices(10, world, 1, 7).tolist()) + [rank_indices(10, world, 1, 7)[0]]
+
+
+def test_build_dataloader_single_and_distributed(shapes_det):
+    ds = YOLODataset(str(shapes_det / "images" / "train"), imgsz=64, augment=False, nc=3)
+    a = build_dataloader(ds, 4, workers=0, shuffle=True, seed=1)
+    b = build_dataloader(ds, 4, workers=0, shuffle=True, seed=1)
+    assert [x["paths"] for x in a] == [x["paths"] for x in b]  # seeded generator: reproducible order
+    assert [x["paths"] for x in a] != [x["paths"] for x in a]  # ...that still reshuffles every epoch
+    batch = next(iter(a))
+    assert batch["img"].shape == (4, 3, 64, 64) and batch["targets"].shape[1] == 6
+    d = build_dataloader(ds, 4, workers=0, shuffle=True, rank=1, world_size=2, seed=1)
+    assert isinstance(d.sampler, SmartDistributedSampler) and d.sampler.rank == 1 and len(d) == 2
+    rect = YOLODataset(str(shapes_det / "images" / "train"), imgsz=64, rect=True, batch_size=4, nc=3)
+    r = build_dataloader(rect, 4, workers=0, shuffle=True)
+    assert [p for x in r for p in x["paths"]] == rect.im_files  # rect keeps the aspect-sorted order
+
+
+def test_workers_draw_different_augmentations():
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 CPUs for 2 workers")
+    loader = build_dataloader(_Range(8), 2, workers=2, shuffle=False, seed=0)
+    assert loader.num_workers == 2 and loader.persistent_workers
+    first = [(int(i), float(v), int(w)) for batch in loader for i, v, w in zip(*batch)]
+    again = [(int(i), float(v), int(w)) for batch in loader for i, v, w in zip(*batch)]
+    by_worker = {}
+    for _, v, w in first:
+        by_worker.setdefault(w, []).append(v)
+    assert len(by_worker) == 2
+    seqs = list(by_worker.values())
+    assert seqs[0] != seqs[1]  # each worker has its own random stream
+    assert [v for _, v, _ in first] != [v for _, v, _ in again]  # and it moves on across epochs
