@@ -2,6 +2,12 @@
 
 Every criterion is called as `loss, loss_items = criterion(preds, batch)` on the model's train-mode output and
 a batch dict on the model's device; `loss_names` labels the entries of `loss_items`.
+
+Reductions (what DDP with `loss * WORLD_SIZE` reproduces): detection and segmentation return the sum of their
+weighted components times the per-rank batch size, as official. The objectness (v5/v7) and mask terms are sums over
+images, so DDP gives exactly the single-process gradient of the concatenated batch; box and class terms are
+normalised per rank (by the number of positives, or v8's target-score mass), so they match only when the ranks
+hold similar numbers of targets, as in the official repos. Classification returns sum of CE / 64, exact under DDP.
 """
 
 from utils.loss.cls import ClassificationLoss

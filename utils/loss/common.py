@@ -13,6 +13,13 @@ def detection_head(model):
     return unwrap(model).model[-1]
 
 
+def require(hyp, keys, criterion):
+    """Fail early, naming the criterion, when the hyp dict lacks a gain it needs."""
+    missing = [k for k in keys if k not in hyp]
+    if missing:
+        raise KeyError(f"the {criterion} criterion needs hyp keys {missing}; is this the right hyp file for the model?")
+
+
 def level_balance(nl):
     """Objectness weight per pyramid level, as official: small-stride levels see more cells, so more weight."""
     if nl == 3:

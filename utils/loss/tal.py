@@ -29,7 +29,7 @@ class TaskAlignedAssigner:
 
     s is the predicted probability of the GT's class and IoU the (CIoU, clamped at 0, as official) overlap of the
     predicted box with the GT. Candidates of a GT are the anchors whose centres lie inside it; it takes the `topk`
-    of them with the largest t. An anchor taken by several GTs keeps the one with the highest IoU. The soft
+    of them with the largest t. An anchor taken by several GTs goes to the containing GT of highest IoU. The soft
     class target of a positive is t rescaled so that, per GT, the largest t over its positives equals the largest
     IoU over them.
     """
@@ -47,8 +47,8 @@ class TaskAlignedAssigner:
             return self._empty(pd_scores, pd_bboxes)
         inside = anchors_in_boxes(anc_points, gt_bboxes, self.eps) & mask_gt.bool()
         metric, overlaps = self._alignment(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside)
-        pos = self._topk(metric, inside) & inside
-        pos = self._resolve_conflicts(pos, overlaps)
+        pos = self._topk(metric) & inside
+        pos = self._resolve_conflicts(pos, overlaps, inside)
         fg = pos.any(1)
         gt_idx = pos.to(torch.uint8).argmax(1)
         labels = gt_labels[..., 0].long().gather(1, gt_idx)
@@ -76,19 +76,19 @@ class TaskAlignedAssigner:
         metric = cls_scores.pow(self.alpha) * overlaps.pow(self.beta) * inside
         return metric, overlaps
 
-    def _topk(self, metric, inside):
-        """(B, M, A) bool: each GT's topk anchors by metric, anchors outside the GT ranked below all inside."""
-        k = min(self.topk, metric.shape[-1])
-        ranked = torch.where(inside, metric, torch.full_like(metric, -1.0))
-        idx = ranked.topk(k, dim=-1).indices
-        return torch.zeros_like(inside).scatter_(-1, idx, True)
+    def _topk(self, metric):
+        """(B, M, A) bool: each GT's topk anchors by metric. As official, zero-metric anchors (outside the GT, or
+        with no overlap) may fill the k places and are then dropped, so a GT can get fewer than k positives."""
+        idx = metric.topk(min(self.topk, metric.shape[-1]), dim=-1).indices
+        return torch.zeros(metric.shape, dtype=torch.bool, device=metric.device).scatter_(-1, idx, True)
 
     @staticmethod
-    def _resolve_conflicts(pos, overlaps):
-        """An anchor positive for several GTs stays positive only for the one it overlaps most."""
+    def _resolve_conflicts(pos, overlaps, inside):
+        """An anchor positive for several GTs is given, as official, to the GT it overlaps most among all GTs that
+        contain it (which may be one that did not rank it in its top-k)."""
         multi = pos.sum(1, keepdim=True) > 1
         if not multi.any():
             return pos
-        best = torch.where(pos, overlaps, torch.full_like(overlaps, -1.0)).argmax(1, keepdim=True)
+        best = torch.where(inside, overlaps, torch.full_like(overlaps, -1.0)).argmax(1, keepdim=True)
         only_best = torch.zeros_like(pos).scatter_(1, best, True)
-        return torch.where(multi, only_best & pos, pos)
+        return torch.where(multi, only_best, pos)

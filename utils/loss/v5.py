@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import torch
 
-from utils.loss.common import bce, detection_head, level_balance, smooth_labels
+from utils.loss.common import bce, detection_head, level_balance, require, smooth_labels
 from utils.ops import bbox_iou
 
 # Grid offsets (in units of g = 0.5 cell) to the centre cell and its left, upper, right and lower neighbours.
@@ -68,6 +68,7 @@ class V5DetectionLoss:
     loss_names = ("box", "obj", "cls")
 
     def __init__(self, model, hyp, imgsz=640):
+        require(hyp, ("box", "cls", "obj", "anchor_t"), type(self).__name__)
         self.head = detection_head(model)
         nl, nc = self.head.nl, self.head.nc
         self.nl, self.nc = nl, nc

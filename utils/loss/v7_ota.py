@@ -1,7 +1,6 @@
 """YOLOv7 OTA criterion: v5 candidates re-assigned per image by a dynamic-k, cost-based (SimOTA-style) matching."""
 
 import torch
-import torch.nn.functional as F
 
 from utils.loss.v5 import AnchorTargets, V5DetectionLoss, decode_anchor_box
 from utils.ops import box_iou, xywh2xyxy
@@ -11,17 +10,20 @@ def dynamic_k_match(iou, cost, n_top=10):
     """Dynamic-k matching of T targets to C candidates.
 
     iou, cost: (T, C). Each target takes k = max(1, floor(sum of its n_top largest IoUs)) lowest-cost candidates;
-    a candidate claimed by several targets stays with the one of lowest cost. Returns (C,) long: the matched
-    target of each candidate, -1 where none.
+    a candidate claimed by several targets goes to the target of lowest cost for it. Returns (C,) long: the
+    matched target of each candidate, -1 where none.
     """
     t, c = iou.shape
     if t == 0 or c == 0:
         return torch.full((c,), -1, dtype=torch.long, device=iou.device)
     k = iou.topk(min(n_top, c), dim=1).values.sum(1).int().clamp(min=1)
-    rank = cost.argsort(1).argsort(1)
-    claims = rank < k[:, None]
-    cheapest = torch.where(claims, cost, torch.full_like(cost, float("inf"))).argmin(0)
-    return torch.where(claims.any(0), cheapest, torch.full_like(cheapest, -1))
+    idx = cost.topk(int(k.max()), dim=1, largest=False).indices
+    take = torch.arange(idx.shape[1], device=idx.device)[None] < k[:, None]
+    claims = torch.zeros_like(cost, dtype=torch.bool).scatter_(1, idx, take)
+    n_claims = claims.sum(0)
+    # as official, a contested candidate goes to the cheapest target overall, which is almost always a claimant
+    owner = torch.where(n_claims > 1, cost.argmin(0), claims.to(torch.uint8).argmax(0))
+    return torch.where(n_claims > 0, owner, torch.full_like(owner, -1))
 
 
 def _class_cost(prob, labels, eps=1e-12):

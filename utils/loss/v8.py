@@ -5,7 +5,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from utils.loss.common import detection_head, pad_targets
+from utils.loss.common import detection_head, pad_targets, require
 from utils.loss.tal import Assignment, TaskAlignedAssigner
 from utils.ops import bbox2dist, bbox_iou, dist2bbox, make_anchors
 
@@ -47,6 +47,7 @@ class V8DetectionLoss:
     loss_names = ("box", "cls", "dfl")
 
     def __init__(self, model, hyp, imgsz=640):
+        require(hyp, ("box", "cls", "dfl"), type(self).__name__)
         self.head = detection_head(model)
         self.nc, self.reg_max = self.head.nc, self.head.reg_max
         if self.reg_max < 2:

@@ -61,3 +61,8 @@ def test_every_head_parameter_gets_grad_when_one_image_is_empty(kind, nm, name, 
     loss, _ = crit(model(batch["img"]), batch)
     loss.backward()
     assert missing_grads(model.model[1]) == []
+
+
+def test_wrong_hyp_file_is_named():
+    with pytest.raises(KeyError, match="obj"):
+        build_criterion(fake_model("anchor"), HYP_V8)

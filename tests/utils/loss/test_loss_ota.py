@@ -15,6 +15,13 @@ def test_dynamic_k_hand_case():
     assert dynamic_k_match(iou, cost).tolist() == [0, 1, -1, -1, -1]
 
 
+def test_contested_candidate_goes_to_cheapest_target_overall():
+    iou = torch.tensor([[0.9, 0.2], [0.9, 0.2], [0.1, 0.9]])  # k = 1 each
+    cost = torch.tensor([[1.0, 9.0], [2.0, 9.0], [0.5, 0.1]])
+    # targets 0 and 1 both claim candidate 0; target 2 claims candidate 1 but is the cheapest for candidate 0 too
+    assert dynamic_k_match(iou, cost).tolist() == [2, 2]
+
+
 def test_dynamic_k_counts_only_top_ten():
     iou = torch.full((1, 30), 0.25)  # all 30 sum to 7.5, the top 10 to 2.5 -> k = 2
     cost = torch.arange(30.0)[None]
