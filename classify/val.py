@@ -43,7 +43,7 @@ def main(opt):
     data = check_cls_dataset(opt.data)
     split = data.get("test") or data["val"]
     ds = ClassificationDataset(split, imgsz=opt.imgsz, augment=False, prefix="val: ")
-    loader = build_dataloader(ds, opt.batch_size, opt.workers, shuffle=False, collate_fn=ds.collate_fn)
+    loader = build_dataloader(ds, opt.batch_size, opt.workers, shuffle=False)
     save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
     return ClassificationValidator(loader, save_dir, opt, data["names"])(model=model)
 

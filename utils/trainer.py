@@ -83,9 +83,6 @@ class BaseTrainer:
     def plot_training_batch(self, batch, ni):
         """Optional: save an image of the first training batches."""
 
-    def dataloader_kwargs(self):
-        return {}
-
     # ---------------------------------------------------------------- callbacks
     def add_callback(self, event, fn):
         self.callbacks[event].append(fn)
@@ -123,15 +120,13 @@ class BaseTrainer:
 
         self.train_loader = build_dataloader(
             self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
-            world_size=self.world_size, seed=self.opt.seed, **self.dataloader_kwargs(),
+            world_size=self.world_size, seed=self.opt.seed,
         )
         self.nb = len(self.train_loader)
         self.validator = None
         if self.main:
             self.val_set = self.build_dataset(self.data["val"], "val")
-            self.val_loader = build_dataloader(
-                self.val_set, self.batch_size * 2, self.opt.workers, shuffle=False, **self.dataloader_kwargs()
-            )
+            self.val_loader = build_dataloader(self.val_set, self.batch_size * 2, self.opt.workers, shuffle=False)
             self.validator = self.build_validator()
         self._setup_optimizer()
         self.ema = ModelEMA(self.model) if self.main else None
@@ -314,7 +309,7 @@ class BaseTrainer:
 
         return build_dataloader(
             self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
-            world_size=self.world_size, seed=self.opt.seed, **self.dataloader_kwargs(),
+            world_size=self.world_size, seed=self.opt.seed,
         )
 
     def end_epoch(self, epoch):

@@ -46,7 +46,8 @@ def test_cpu_sync_batchnorm_matches_global_batch(tmp_path):
     r = [torch.load(tmp_path / f"{i}.pt") for i in range(2)]
     torch.testing.assert_close(torch.cat([r[0]["y"], r[1]["y"]]), y.detach(), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(torch.cat([r[0]["gx"], r[1]["gx"]]), x.grad, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(r[0]["gw"], bn.weight.grad, rtol=1e-4, atol=1e-4)
+    # parameter gradients stay per rank (DDP would sum them); their sum is the global batch's gradient
+    torch.testing.assert_close(r[0]["gw"] + r[1]["gw"], bn.weight.grad, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(r[0]["rm"], bn.running_mean, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(r[0]["rv"], bn.running_var, rtol=1e-4, atol=1e-6)
 

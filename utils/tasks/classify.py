@@ -52,11 +52,6 @@ class ClassificationTrainer(BaseTrainer):
             rank=get_rank() if train else -1, world_size=get_world_size() if train else 1, seed=self.opt.seed,
         )
 
-    def dataloader_kwargs(self):
-        from utils.data.classify_dataset import ClassificationDataset
-
-        return {"collate_fn": ClassificationDataset.collate_fn}
-
     def preprocess_batch(self, batch):
         batch["img"] = batch["img"].to(self.device, non_blocking=True)
         batch["cls"] = batch["cls"].to(self.device)
@@ -116,10 +111,10 @@ class ClassificationPredictor(BasePredictor):
     default_project = "runs/predict-cls"
 
     def load_source(self):
-        from utils.data.classify_dataset import classify_transforms
+        from utils.data.classify_dataset import classify_predict_transforms
         from utils.data.sources import LoadImages
 
-        return LoadImages(self.args.source, imgsz=self.args.imgsz, transforms=classify_transforms(self.args.imgsz))
+        return LoadImages(self.args.source, imgsz=self.args.imgsz, transforms=classify_predict_transforms(self.args.imgsz))
 
     def preprocess(self, im):
         im = im.to(self.device) if isinstance(im, torch.Tensor) else torch.from_numpy(im).to(self.device)
