@@ -4,7 +4,7 @@ import cv2
 import numpy as np
 import torch
 
-from utils.data.classify_dataset import ClassificationDataset, classify_predict_transforms, classify_val_transforms
+from utils.data.classify_dataset import ClassificationDataset, ClassifyTrainTransforms, classify_val_transforms
 from utils.data.loader import build_dataloader
 
 
@@ -21,13 +21,26 @@ def test_shapes_dtypes_and_collate(shapes_cls):
 def test_val_transform_resizes_short_side_then_centre_crops():
     im = np.zeros((40, 80, 3), np.uint8)
     im[:, 30:50] = 255  # a white band in the middle of the wide image
-    t = classify_predict_transforms(20)(im)
+    t = classify_val_transforms(20)(im)
     assert t.shape == (3, 20, 20)
     # short side 40 -> 20, so the image becomes 20 x 40 and the centre crop keeps columns 10..30 of it
     row = t[0, 10]
     assert (row[6:14] > 0.95).all() and (row[:4] < 0.05).all() and (row[16:] < 0.05).all()
-    rgb = torch.zeros(3, 30, 30, dtype=torch.uint8)
-    assert classify_val_transforms(16)(rgb).shape == (3, 16, 16)
+    tall = classify_val_transforms(16)(np.zeros((50, 30, 3), np.uint8))
+    assert tall.shape == (3, 16, 16) and tall.dtype == torch.float32
+
+
+def test_train_crop_boxes_respect_scale_and_aspect():
+    tf = ClassifyTrainTransforms(24, {"scale": 0.5, "fliplr": 0.5, "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4})
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        top, left, h, w = tf.crop_box(60, 90, rng)
+        assert 0 <= top and top + h <= 60 and 0 <= left and left + w <= 90
+        assert 0.5 * 5400 * 0.9 <= h * w <= 5400 and 3 / 4 * 0.9 <= w / h <= 4 / 3 * 1.1
+    im = np.zeros((40, 40, 3), np.uint8)
+    im[..., 2] = 200  # red in BGR
+    out = tf(im, rng)
+    assert out.shape == (3, 24, 24) and out[0].mean() > out[2].mean()  # RGB order out
 
 
 def test_corrupt_image_skipped_counted_and_cache_reused(shapes_cls, tmp_path, yolo_log):

@@ -1,6 +1,7 @@
 """Image-folder classification dataset (root/<class>/*.jpg) with v8-style train and val transforms."""
 
 import logging
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -9,8 +10,8 @@ import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision.transforms import v2 as T
 
+from utils.data.augment import ProcessRNG, augment_hsv
 from utils.data.image_files import IMG_FORMATS, files_hash, suffix
 from utils.data.labels import CACHE_VERSION, MAX_WARNINGS, load_cache, read_image, save_cache, verify_image
 from utils.data.loader import rank_indices
@@ -18,42 +19,74 @@ from utils.data.loader import rank_indices
 LOGGER = logging.getLogger("yolo")
 
 
-def to_rgb_tensor(im_bgr):
-    """BGR HWC uint8 numpy -> RGB CHW uint8 tensor."""
-    return torch.from_numpy(np.ascontiguousarray(cv2.cvtColor(im_bgr, cv2.COLOR_BGR2RGB).transpose(2, 0, 1)))
+def to_float_tensor(im_bgr):
+    """BGR HWC uint8 numpy -> RGB CHW float32 tensor in [0, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(im_bgr[..., ::-1].transpose(2, 0, 1))).float().div_(255)
 
 
-def classify_train_transforms(imgsz, hyp=None):
-    """Random resized crop (scale (1 - hyp['scale'], 1), default (0.08, 1)), flips, colour jitter from the HSV gains;
-    uint8 RGB CHW tensor in, float32 [0, 1] out."""
-    hyp = hyp or {}
-    scale = (1.0 - hyp["scale"], 1.0) if "scale" in hyp else (0.08, 1.0)
-    ops = [T.RandomResizedCrop(imgsz, scale=scale, ratio=(3 / 4, 4 / 3), antialias=True)]
-    if hyp.get("fliplr", 0.5) > 0:
-        ops.append(T.RandomHorizontalFlip(hyp.get("fliplr", 0.5)))
-    if hyp.get("flipud", 0.0) > 0:
-        ops.append(T.RandomVerticalFlip(hyp["flipud"]))
-    v, s, h = hyp.get("hsv_v", 0.4), hyp.get("hsv_s", 0.7), min(hyp.get("hsv_h", 0.015), 0.5)
-    if v or s or h:
-        ops.append(T.ColorJitter(brightness=v, contrast=v, saturation=s, hue=h))
-    ops.append(T.ToDtype(torch.float32, scale=True))
-    return T.Compose(ops)
+def _resize(im, size_wh):
+    shrink = size_wh[0] * size_wh[1] < im.shape[0] * im.shape[1]
+    return cv2.resize(im, size_wh, interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
 
 
 def classify_val_transforms(imgsz):
-    """Resize the shorter side to imgsz, centre-crop imgsz x imgsz (official v8 val); float32 [0, 1] out."""
-    return T.Compose([T.Resize(imgsz, antialias=True), T.CenterCrop(imgsz), T.ToDtype(torch.float32, scale=True)])
+    """Resize the shorter side to imgsz, then centre-crop imgsz x imgsz (official v8 val/predict):
+    BGR uint8 numpy in, RGB float32 (3, imgsz, imgsz) tensor in [0, 1] out."""
+
+    def transform(im):
+        h, w = im.shape[:2]
+        r = imgsz / min(h, w)
+        nw, nh = max(imgsz, int(round(w * r))), max(imgsz, int(round(h * r)))
+        im = _resize(im, (nw, nh))
+        top, left = int(round((nh - imgsz) / 2)), int(round((nw - imgsz) / 2))
+        return to_float_tensor(im[top : top + imgsz, left : left + imgsz])
+
+    return transform
 
 
-def classify_predict_transforms(imgsz):
-    """The val transform taking a BGR numpy image, for sources.LoadImages(transforms=...)."""
-    tf = classify_val_transforms(imgsz)
-    return lambda im_bgr: tf(to_rgb_tensor(im_bgr))
+class ClassifyTrainTransforms:
+    """Random resized crop (area scale (1 - hyp['scale'], 1), default (0.08, 1); aspect 3/4..4/3), flips and HSV
+    gains from the hyp dict, done with OpenCV lookups (torchvision's tensor ColorJitter is ~10x slower on CPU).
+    Call with a BGR uint8 image and a numpy Generator; returns an RGB float32 tensor in [0, 1]."""
+
+    def __init__(self, imgsz, hyp=None):
+        hyp = hyp or {}
+        self.imgsz = imgsz
+        self.scale = (1.0 - hyp["scale"], 1.0) if "scale" in hyp else (0.08, 1.0)
+        self.log_ratio = (math.log(3 / 4), math.log(4 / 3))
+        self.fliplr, self.flipud = hyp.get("fliplr", 0.5), hyp.get("flipud", 0.0)
+        self.hsv = (hyp.get("hsv_h", 0.015), hyp.get("hsv_s", 0.7), hyp.get("hsv_v", 0.4))
+
+    def crop_box(self, h, w, rng):
+        """(top, left, height, width) of a random crop, as torchvision's RandomResizedCrop draws it."""
+        for _ in range(10):
+            area = h * w * rng.uniform(*self.scale)
+            aspect = math.exp(rng.uniform(*self.log_ratio))
+            cw, ch = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
+            if 0 < cw <= w and 0 < ch <= h:
+                return int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw
+        ch, cw = h, w  # fallback: the whole image, trimmed to the allowed aspect range
+        if w / h < 3 / 4:
+            ch = int(round(w / (3 / 4)))
+        elif w / h > 4 / 3:
+            cw = int(round(h * 4 / 3))
+        return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+    def __call__(self, im, rng):
+        top, left, ch, cw = self.crop_box(*im.shape[:2], rng)
+        im = _resize(im[top : top + ch, left : left + cw], (self.imgsz, self.imgsz))
+        if rng.random() < self.fliplr:
+            im = im[:, ::-1]
+        if rng.random() < self.flipud:
+            im = im[::-1]
+        im = augment_hsv(np.ascontiguousarray(im), *self.hsv, rng=rng)
+        return to_float_tensor(im)
 
 
 class ClassificationDataset(Dataset):
     """root/<class>/**/*.jpg; classes are the sorted folder names. Unreadable images are found once (the result is
-    cached in `<root>.cache`), skipped and counted. `dataset[i]` -> {'img': float32 (3, imgsz, imgsz), 'cls': int}.
+    cached in `<root>.cache`), skipped and counted. `dataset[i]` -> {'img': float32 (3, imgsz, imgsz), 'cls': int},
+    with ClassifyTrainTransforms when augment, else classify_val_transforms.
 
     cache: 'ram' or 'disk' (.npy), limited to `cache_indices`, or to this rank's share when world_size > 1.
     """
@@ -78,7 +111,9 @@ class ClassificationDataset(Dataset):
         self.samples, self.stats = self._verify(candidates)
         if not self.samples:
             raise FileNotFoundError(f"{prefix}no readable images in {root}")
-        self.transform = classify_train_transforms(imgsz, hyp) if augment else classify_val_transforms(imgsz)
+        self.train_transform = ClassifyTrainTransforms(imgsz, hyp) if augment else None
+        self.val_transform = classify_val_transforms(imgsz)
+        self.rng = ProcessRNG(seed)
         n = len(self.samples)
         if cache_indices is None and world_size > 1:
             cache_indices = rank_indices(n, world_size, rank, seed)
@@ -135,7 +170,8 @@ class ClassificationDataset(Dataset):
 
     def __getitem__(self, i):
         im = self.ims[i] if self.ims[i] is not None else self._read(i)
-        return {"img": self.transform(to_rgb_tensor(im)), "cls": self.samples[i][1]}
+        img = self.train_transform(im, self.rng()) if self.train_transform else self.val_transform(im)
+        return {"img": img, "cls": self.samples[i][1]}
 
     @staticmethod
     def collate_fn(batch):
