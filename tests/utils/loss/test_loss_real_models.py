@@ -45,7 +45,7 @@ def test_criterion_on_real_model(cls_name, cfg, hyp, name):
     assert missing_grads(model.model[-1]) == []
 
 
-@pytest.mark.parametrize("cls_name,cfg,hyp,name", CASES[2:3] + CASES[4:])
+@pytest.mark.parametrize("cls_name,cfg,hyp,name", CASES)
 def test_real_model_head_grads_without_targets(cls_name, cfg, hyp, name):
     model = build(cls_name, cfg, nc=3)
     crit = model.init_criterion(hyp, imgsz=64)

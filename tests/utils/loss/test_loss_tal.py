@@ -85,3 +85,19 @@ def test_topk_larger_than_anchor_count():
     gt = [0.0, 0.0, 3.0, 1.0]
     r = assign(a, torch.full((3, 1), 0.5), torch.tensor([gt] * 3), [gt], [0], points=points)
     assert r.fg_mask.all()
+
+
+def test_images_are_assigned_independently():
+    torch.manual_seed(0)
+    a = TaskAlignedAssigner(topk=3, num_classes=2)
+    points = torch.stack(torch.meshgrid(torch.arange(8) + 0.5, torch.arange(8) + 0.5, indexing="xy"), -1).view(-1, 2)
+    scores, pd = torch.rand(2, 64, 2), torch.rand(2, 64, 4) * 4
+    pd[..., 2:] += 4
+    gt = torch.tensor([[[1.0, 1.0, 5.0, 6.0], [0.0, 0.0, 0.0, 0.0]], [[2.0, 0.0, 8.0, 3.0], [0.5, 4.0, 4.0, 8.0]]])
+    labels = torch.tensor([[[1.0], [0.0]], [[0.0], [1.0]]])
+    valid = torch.tensor([[[True], [False]], [[True], [True]]])
+    both = a(scores, pd, points, labels, gt, valid)
+    for i, m in ((0, 1), (1, 2)):
+        one = a(scores[i : i + 1], pd[i : i + 1], points, labels[i : i + 1, :m], gt[i : i + 1, :m], valid[i : i + 1, :m])
+        assert torch.equal(one.fg_mask[0], both.fg_mask[i]) and one.fg_mask.any()
+        assert torch.allclose(one.scores[0], both.scores[i]) and torch.equal(one.labels[0], both.labels[i])
