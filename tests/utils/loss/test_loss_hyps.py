@@ -41,7 +41,7 @@ def test_v8_and_cls_values():
     assert set(v8) == DETECT_KEYS | {"dfl"}
     assert (v8["box"], v8["cls"], v8["dfl"], v8["close_mosaic"]) == (7.5, 0.5, 1.5, 10)
     assert set(c) == TRAIN_KEYS
-    assert (c["label_smoothing"], c["scale"], c["fliplr"]) == (0.1, 0.08, 0.5)
+    assert (c["label_smoothing"], 1 - c["scale"], c["fliplr"]) == (0.1, pytest.approx(0.08), 0.5)
 
 
 @pytest.mark.parametrize("name", ANCHOR_FILES)
