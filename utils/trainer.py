@@ -150,6 +150,8 @@ class BaseTrainer:
         iterations = math.ceil(len(self.train_set) / max(total_batch, NBS)) * self.epochs
         name, self.lr0, self.momentum = resolve_optimizer(self.opt.optimizer, self.hyp, self.nc, iterations)
         self.optimizer = build_optimizer(self.model, name, self.lr0, self.momentum, self.weight_decay)
+        # a bias warmup from 0.1 suits SGD; Adam-family steps are already lr-sized, so there it would blow up
+        self.warmup_bias_lr = self.hyp["warmup_bias_lr"] if name == "SGD" else 0.0
         self.lf = lr_lambda(self.epochs, self.hyp["lrf"], self.opt.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
 
@@ -231,7 +233,7 @@ class BaseTrainer:
         self.accumulate = max(1, int(np.interp(ni, [0, nw], [1, NBS / (self.batch_size * self.world_size)]).round()))
         for j, g in enumerate(self.optimizer.param_groups):
             # the bias group (index 2) starts high and falls to lr0; the others rise from 0
-            start = self.hyp["warmup_bias_lr"] if j == 2 else 0.0
+            start = self.warmup_bias_lr if j == 2 else 0.0
             g["lr"] = float(np.interp(ni, [0, nw], [start, g["initial_lr"] * self.lf(epoch)]))
             if "momentum" in g:
                 g["momentum"] = float(np.interp(ni, [0, nw], [self.hyp["warmup_momentum"], self.momentum]))
