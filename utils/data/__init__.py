@@ -1,0 +1,1 @@
+"""Datasets, augmentation, loaders, dataset YAMLs, prediction sources and the synthetic shapes generator."""

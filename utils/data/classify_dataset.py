@@ -155,11 +155,15 @@ class ClassificationDataset(Dataset):
             raise FileNotFoundError(f"{self.prefix}image not found or unreadable: {self.samples[i][0]}")
         return im
 
+    def _save_npy(self, i):
+        if not self.npy_files[i].is_file():
+            np.save(self.npy_files[i], self._read(i))
+
     def _cache_images(self, mode):
         idx = self.cache_indices.tolist()
         with ThreadPoolExecutor(8) as pool:
             if mode == "disk":
-                list(pool.map(lambda i: self.npy_files[i].is_file() or np.save(self.npy_files[i], self._read(i)), idx))
+                list(pool.map(self._save_npy, idx))
             else:
                 for i, im in zip(idx, pool.map(self._read, idx)):
                     self.ims[i] = im

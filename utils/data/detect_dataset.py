@@ -145,11 +145,15 @@ class YOLODataset(Dataset):
             im = cv2.resize(im, size, interpolation=interp)
         return im, (h0, w0), im.shape[:2]
 
+    def _save_npy(self, i):
+        if not self.npy_files[i].is_file():
+            np.save(self.npy_files[i], self._read(i))
+
     def _cache_images(self, mode):
         idx = self.pool.tolist()
         with ThreadPoolExecutor(8) as pool:
             if mode == "disk":
-                list(pool.map(lambda i: self.npy_files[i].is_file() or np.save(self.npy_files[i], self._read(i)), idx))
+                list(pool.map(self._save_npy, idx))
                 LOGGER.info(f"{self.prefix}Cached {len(idx)} images to disk as .npy")
                 return
             for i, x in zip(idx, pool.map(self.load_image, idx)):

@@ -141,7 +141,6 @@ def verify_image_label(im_file, lb_file, nc=None):
 
 
 def _build(im_files, label_files, nc, workers):
-    records = []
     if len(im_files) >= 64 and workers > 1:
         with ThreadPoolExecutor(workers) as pool:  # OpenCV decodes outside the GIL
             records = list(pool.map(verify_image_label, im_files, label_files, [nc] * len(im_files)))
