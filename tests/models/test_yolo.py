@@ -221,13 +221,22 @@ def test_segmentation_layouts(cfg):
         assert y.shape == (2, 4 + 3 + 32, 84)
 
 
-@pytest.mark.parametrize("cfg", [f"yolov5{s}-cls.yaml" for s in "nsmlx"] + [f"yolov8{s}-cls.yaml" for s in "nsmlx"])
+@pytest.mark.parametrize("cfg", ["yolov5n-cls.yaml", "yolov8n-cls.yaml"])
 def test_classifiers_build_and_forward(cfg):
     m = ClassificationModel(cfg, nc=7)
     assert isinstance(m.model[-1], Classify) and m.nc == 7 and len(m.model) == 10
     x = torch.rand(2, 3, 64, 64)
     assert m.train()(x).shape == (2, 7)
     torch.testing.assert_close(m.eval()(x).sum(1), torch.ones(2))
+
+
+@pytest.mark.parametrize("cfg", [f"yolov5{s}-cls.yaml" for s in "smlx"] + [f"yolov8{s}-cls.yaml" for s in "smlx"])
+def test_larger_classifiers_parse(cfg):
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        layers, _ = parse_model(yaml_model_load(cfg), 3)
+    assert isinstance(layers[-1], Classify) and layers[-1].linear.out_features == 1000
+    width = {"s": 0.5, "m": 0.75, "l": 1.0, "x": 1.25}[cfg[6]]
+    assert layers[-1].conv.conv.in_channels == 1024 * width
 
 
 def test_classifier_from_detection_model():
