@@ -119,7 +119,10 @@ def _parse_activation(text):
     match = _ACTIVATION_RE.match(text.strip())
     if not match or match.group(1) not in ACTIVATIONS:
         return None
-    args = [ast.literal_eval(a.strip()) for a in match.group(2).split(",") if a.strip()]
+    try:
+        args = [ast.literal_eval(a.strip()) for a in match.group(2).split(",") if a.strip()]
+    except (ValueError, SyntaxError):
+        return None
     return ACTIVATIONS[match.group(1)](*args)
 
 

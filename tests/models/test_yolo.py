@@ -111,6 +111,9 @@ def test_unknown_activation_and_model_wide_activation_rejected():
     d["backbone"][0][3] = [64, 6, 2, 2, "nn.Gelu(1)"]
     with pytest.raises(ValueError, match=r"unsupported argument 'nn.Gelu\(1\)'"):
         DetectionModel(d)
+    d["backbone"][0][3] = [64, 6, 2, 2, "nn.LeakyReLU(0.1 +)"]
+    with pytest.raises(ValueError, match="unsupported argument"):
+        DetectionModel(d)
     d = yaml_model_load("yolov5n.yaml")
     d["activation"] = "nn.ReLU()"
     with pytest.raises(ValueError, match="activation"):
