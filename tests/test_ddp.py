@@ -55,7 +55,8 @@ def _common(data, project, hyp, epochs):
             "--device", "cpu", "--project", str(project), "--name", "exp", "--hyp", str(hyp)]
 
 
-@pytest.mark.parametrize("cfg,base_hyp", [("yolov5n.yaml", "hyp.scratch-low.yaml"), ("yolov8n.yaml", "hyp.v8.yaml")])
+@pytest.mark.parametrize("cfg,base_hyp", [("yolov5n.yaml", "hyp.scratch-low.yaml"), ("yolov8n.yaml", "hyp.v8.yaml"),
+                                          ("yolov7-tiny.yaml", "hyp.v7-tiny.yaml")])
 def test_torchrun_two_ranks_identical_weights(tmp_path, cfg, base_hyp):
     data = sparse_dataset(tmp_path / "data")
     hyp = plain_hyp(tmp_path, base_hyp)

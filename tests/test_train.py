@@ -126,3 +126,32 @@ def test_batch_size_must_divide_world_size(shapes_detect, tmp_path, monkeypatch)
     opt = train.parse_opt(_train_args(shapes_detect, tmp_path))
     with pytest.raises(ValueError, match="multiple of WORLD_SIZE"):
         DetectionTrainer(opt, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def learnable(tmp_path_factory):
+    """A dataset and hyp on which a few epochs from scratch must visibly learn: nbs 16 so that every batch of
+    16 is an optimizer step, no warmup (its 100-iteration floor would cover the whole run)."""
+    import yaml
+
+    from tests.conftest import write_yaml
+    from utils.data.synthetic import generate_dataset
+    from utils.files import ROOT
+
+    root = tmp_path_factory.mktemp("learnable")
+    generate_dataset(root, task="detect", n_train=96, n_val=24, seed=3, min_side=96, max_side=128, max_objects=4)
+    hyp = yaml.safe_load((ROOT / "data" / "hyps" / "hyp.v8.yaml").read_text())
+    hyp.update(nbs=16, warmup_epochs=0.0, close_mosaic=0)
+    hyp_file = root / "hyp.yaml"
+    hyp_file.write_text(yaml.safe_dump(hyp))
+    return write_yaml(root, "detect"), hyp_file
+
+
+def test_yolov8_learns_in_a_few_epochs(learnable, tmp_path):
+    data, hyp = learnable
+    args = _train_args(data, tmp_path, "--cfg", "yolov8n.yaml", "--hyp", str(hyp), "--epochs", "12",
+                       "--batch-size", "16")
+    trainer, _ = train.main(train.parse_opt(args))
+    rows = list(csv.DictReader(open(trainer.save_dir / "results.csv")))
+    first, best = float(rows[0]["metrics/mAP50(B)"]), max(float(r["metrics/mAP50(B)"]) for r in rows)
+    assert best > first + 0.1, f"mAP50 went from {first:.3f} to at best {best:.3f}"

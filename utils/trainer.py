@@ -25,7 +25,7 @@ from utils.loggers import LOGGER, CSVLogger, TensorBoardLogger
 from utils.torch_utils import EarlyStopping, ModelEMA, build_optimizer, init_seeds, lr_lambda, resolve_optimizer
 
 __version__ = "0.1.0"
-NBS = 64  # nominal batch size: gradients are accumulated to about this many images per optimizer step
+NBS = 64  # default nominal batch size: gradients are accumulated to about this many images per optimizer step
 
 
 def amp_settings(device, amp):
@@ -109,7 +109,8 @@ class BaseTrainer:
         with du.torch_distributed_zero_first(self.local_rank):
             self.data = self.get_data()  # may download or generate; rank 0 of each machine goes first
         self.nc, self.names = self.data["nc"], self.data["names"]
-        model = self.build_model(self.nc, self.names)
+        with du.torch_distributed_zero_first(self.local_rank):
+            model = self.build_model(self.nc, self.names)  # may download official weights: one rank per machine
         self.hyp = self.load_hyp(model)
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
         self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn)
@@ -143,11 +144,12 @@ class BaseTrainer:
 
     def _setup_optimizer(self):
         total_batch = self.batch_size * self.world_size
-        self.accumulate = max(round(NBS / total_batch), 1)
+        self.nbs = self.hyp.get("nbs", NBS)  # a hyp may lower it so that small datasets get enough steps
+        self.accumulate = max(round(self.nbs / total_batch), 1)
         # weight decay is applied once per optimizer step; scale it to the images per step (a new name, the hyp
         # dict itself is never changed)
-        self.weight_decay = self.hyp["weight_decay"] * total_batch * self.accumulate / NBS
-        iterations = math.ceil(len(self.train_set) / max(total_batch, NBS)) * self.epochs
+        self.weight_decay = self.hyp["weight_decay"] * total_batch * self.accumulate / self.nbs
+        iterations = math.ceil(len(self.train_set) / max(total_batch, self.nbs)) * self.epochs
         name, self.lr0, self.momentum = resolve_optimizer(self.opt.optimizer, self.hyp, self.nc, iterations)
         self.optimizer = build_optimizer(self.model, name, self.lr0, self.momentum, self.weight_decay)
         # a bias warmup from 0.1 suits SGD; Adam-family steps are already lr-sized, so there it would blow up
@@ -230,7 +232,8 @@ class BaseTrainer:
         return self.metrics
 
     def _warmup(self, ni, nw, epoch):
-        self.accumulate = max(1, int(np.interp(ni, [0, nw], [1, NBS / (self.batch_size * self.world_size)]).round()))
+        total_batch = self.batch_size * self.world_size
+        self.accumulate = max(1, int(np.interp(ni, [0, nw], [1, self.nbs / total_batch]).round()))
         for j, g in enumerate(self.optimizer.param_groups):
             # the bias group (index 2) starts high and falls to lr0; the others rise from 0
             start = self.warmup_bias_lr if j == 2 else 0.0
