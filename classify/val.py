@@ -41,6 +41,8 @@ def main(opt):
     device = select_device(opt.device)
     model = attempt_load(opt.weights, device=device, fuse=True)
     data = check_cls_dataset(opt.data)
+    if model.nc != data["nc"]:
+        raise ValueError(f"{opt.weights} predicts {model.nc} classes but {opt.data} has {data['nc']}")
     split = data.get("test") or data["val"]
     ds = ClassificationDataset(split, imgsz=opt.imgsz, augment=False, prefix="val: ")
     loader = build_dataloader(ds, opt.batch_size, opt.workers, shuffle=False)

@@ -3,6 +3,7 @@
 import torch
 
 from utils.dist import get_rank, get_world_size
+from utils.files import find_file, yaml_load
 from utils.loggers import LOGGER
 from utils.predictor import BasePredictor
 from utils.tasks.detect import load_pretrained
@@ -11,8 +12,9 @@ from utils.validator import BaseValidator
 
 
 def build_classifier(model_arg, nc, names):
-    """A ClassificationModel from a YAML, or seeded from a .pt: a classifier checkpoint (fine-tuning) or a detector
-    checkpoint, whose backbone is cut before its 10th layer as the official YOLOv5 classifier is."""
+    """A ClassificationModel from a YAML, or seeded from a .pt: a classifier checkpoint (fine-tuning: every tensor
+    whose shape fits, so a head for another class count is left new) or a detector checkpoint, whose backbone is
+    cut before its 10th layer as the official YOLOv5 classifier is (layers 0-8 copied, Classify in place of SPPF)."""
     from models.experimental import attempt_load
     from models.yolo import ClassificationModel, DetectionModel
 
@@ -20,9 +22,13 @@ def build_classifier(model_arg, nc, names):
         src = attempt_load(model_arg, device="cpu", fuse=False)
         if isinstance(src, DetectionModel):
             model = ClassificationModel.from_detection_model(src, nc=nc, cutoff=10)
+            LOGGER.info(f"Classifier seeded from the backbone (layers 0-8) of detector {model_arg}")
         else:
             model = ClassificationModel(src.yaml, nc=nc)
-            load_pretrained(model, model_arg)
+            dst = model.state_dict()
+            keep = {k: v for k, v in src.state_dict().items() if k in dst and v.shape == dst[k].shape}
+            model.load_state_dict(keep, strict=False)
+            LOGGER.info(f"Transferred {len(keep)}/{len(dst)} items from {model_arg}")
     else:
         model = ClassificationModel(model_arg, nc=nc)
     model.names = dict(names)
@@ -43,6 +49,12 @@ class ClassificationTrainer(BaseTrainer):
             load_pretrained(model, self.opt.weights)
         return model
 
+    def load_hyp(self, model):
+        """--hyp, else the model YAML's, else hyp.cls.yaml (an official classifier's YAML names no hyp file, and
+        the detection default would bring detection crop scales)."""
+        name = self.opt.hyp or getattr(model, "default_hyp", None) or "hyp.cls.yaml"
+        return yaml_load(find_file(name, "data/hyps"))
+
     def build_dataset(self, path, mode):
         from utils.data.classify_dataset import ClassificationDataset
 
@@ -56,6 +68,16 @@ class ClassificationTrainer(BaseTrainer):
         batch["img"] = batch["img"].to(self.device, non_blocking=True)
         batch["cls"] = batch["cls"].to(self.device)
         return batch
+
+    def plot_training_batch(self, batch, ni):
+        if ni < 3:
+            from utils.plots import plot_images
+
+            # one whole-image box per image carries its class name
+            n = len(batch["img"])
+            whole = torch.tensor([0.5, 0.5, 1.0, 1.0]).expand(n, 4)
+            targets = torch.cat([torch.arange(n)[:, None], batch["cls"].cpu()[:, None], whole], 1).float()
+            plot_images(batch["img"], targets, fname=self.save_dir / f"train_batch{ni}.jpg", names=self.names)
 
     def build_validator(self):
         return ClassificationValidator(self.val_loader, self.save_dir, self.opt, self.names)
@@ -111,10 +133,10 @@ class ClassificationPredictor(BasePredictor):
     default_project = "runs/predict-cls"
 
     def load_source(self):
-        from utils.data.classify_dataset import classify_predict_transforms
+        from utils.data.classify_dataset import classify_val_transforms
         from utils.data.sources import LoadImages
 
-        return LoadImages(self.args.source, imgsz=self.args.imgsz, transforms=classify_predict_transforms(self.args.imgsz))
+        return LoadImages(self.args.source, imgsz=self.args.imgsz, transforms=classify_val_transforms(self.args.imgsz))
 
     def preprocess(self, im):
         im = im.to(self.device) if isinstance(im, torch.Tensor) else torch.from_numpy(im).to(self.device)
@@ -131,7 +153,7 @@ class ClassificationPredictor(BasePredictor):
         top5 = probs.argsort(0, descending=True)[:5].tolist()
         lines = [f"{probs[j]:.2f} {self.names[j]}" for j in top5]
         annotator = Annotator(im0)
-        annotator.text((16, 16), "\n".join(lines))
+        annotator.text((4 * annotator.lw, 4 * annotator.lw), "\n".join(lines))
         im0[:] = annotator.result()
         if txt_path is not None:
             txt_path.write_text("\n".join(lines) + "\n")
