@@ -12,7 +12,7 @@ class ClassificationLoss:
     v8-era official classifier). A per-rank mean would make DDP W times too large (or need a different rule).
     """
 
-    loss_names = ("loss",)
+    loss_names = ("cls",)
     nbs = 64
 
     def __init__(self, model, hyp, imgsz=640):

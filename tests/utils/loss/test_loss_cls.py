@@ -13,7 +13,7 @@ def test_sum_over_nominal_batch_and_mean_items():
     ce = F.cross_entropy(logits, cls, label_smoothing=0.1, reduction="none")
     assert torch.allclose(loss, ce.sum() / 64)
     assert items.shape == (1,) and torch.allclose(items, ce.mean().view(1)) and not items.requires_grad
-    assert ClassificationLoss.loss_names == ("loss",)
+    assert ClassificationLoss.loss_names == ("cls",)
 
 
 def test_label_smoothing_value():
