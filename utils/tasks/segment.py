@@ -61,28 +61,28 @@ class SegmentationValidator(DetectionValidator):
         det, self.protos = split_seg_output(preds)
         return super().postprocess(det)
 
-    def _gt_masks(self, batch, si):
-        """Ground-truth masks of image si as bool (n, h, w): from the overlap map, or the per-instance stack."""
+    def _gt_masks(self, batch, si, n):
+        """Ground-truth masks of image si's n targets as bool (n, h, w): from the overlap map, or the per-instance
+        stack."""
         from utils.metrics import instance_masks
 
-        in_image = batch["targets"][:, 0] == si
         if getattr(self.args, "no_overlap", False):
-            return batch["masks"][in_image].gt(0.5)
-        return instance_masks(batch["masks"][si], int(in_image.sum()))
+            return batch["masks"][batch["targets"][:, 0] == si].gt(0.5)
+        return instance_masks(batch["masks"][si], n)
 
     def update_extra(self, pred, predn, batch, si, correct):
+        """Mask matches of image si, in the same rows as its box matches (`correct`)."""
         from utils.metrics import process_mask_batch
 
         shape = batch["img"].shape[2:]
-        pred_masks = ops.process_mask(self.protos[si], pred[:, 6:], pred[:, :4], shape, upsample=True)
-        t = batch["targets"][batch["targets"][:, 0] == si]
-        h, w = shape
-        labels = torch.cat([t[:, 1:2], ops.xywh2xyxy(t[:, 2:6]) * torch.tensor((w, h, w, h), device=t.device)], 1)
-        gt = self._gt_masks(batch, si)
-        if len(labels):
-            tp_m = process_mask_batch(pred, labels, pred_masks, gt, self.iouv.to(pred.device))
+        # float coefficients and boxes: under --half they come in fp16, and process_mask works in fp32
+        pred_masks = ops.process_mask(self.protos[si], pred[:, 6:].float(), pred[:, :4].float(), shape, upsample=True)
+        gt_cls = batch["targets"][batch["targets"][:, 0] == si, 1:2]
+        if len(gt_cls):
+            gt = self._gt_masks(batch, si, len(gt_cls))
+            tp_m = process_mask_batch(pred, gt_cls, pred_masks, gt, self.iouv.to(pred.device))
         else:
-            tp_m = torch.zeros((len(pred), 10), dtype=torch.bool)
+            tp_m = torch.zeros_like(correct)
         self.stats["tp_m"].append(tp_m.cpu())
         if getattr(self.args, "save_json", False):
             self._native_masks = ops.scale_masks(pred_masks, batch["shapes"][si][0], batch["shapes"][si][1])
@@ -109,11 +109,14 @@ class SegmentationValidator(DetectionValidator):
     def print_results(self, final=False):
         pf = "%22s" + "%11i" * 2 + "%11.3g" * 8
         LOGGER.info(pf % ("all", self.seen, self.nt_per_class.sum(), *self.metrics.mean_results()))
+        if self.nt_per_class.sum() == 0:
+            LOGGER.warning("no labels found in the validation set: metrics cannot be computed")
         if final and self.nc > 1 and len(self.stats["tp"]):
             for i, c in enumerate(self.metrics.ap_class_index):
                 LOGGER.info(pf % (self.names[c], self.seen, self.nt_per_class[c], *self.metrics.class_result(i)))
         if final:
             self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
+            self.confusion.plot(save_dir=self.save_dir, names=list(self.names.values()))
 
     def finalize(self, stats):
         stats = super().finalize(stats)
@@ -127,13 +130,15 @@ class SegmentationPredictor(DetectionPredictor):
 
     def postprocess(self, preds, im, im0):
         det_out, protos = split_seg_output(preds)
-        nm = protos.shape[1]
         det = ops.non_max_suppression(
             det_out, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
-            max_det=self.args.max_det, nc=len(self.names), nm=nm,
+            max_det=self.args.max_det, nc=len(self.names), nm=protos.shape[1],
         )[0]
-        masks = ops.process_mask(protos[0], det[:, 6:], det[:, :4], im.shape[2:], upsample=True)
-        masks = ops.scale_masks(masks, im0.shape[:2]).gt(0.5)
+        if len(det):
+            masks = ops.process_mask(protos[0], det[:, 6:].float(), det[:, :4].float(), im.shape[2:], upsample=True)
+            masks = ops.scale_masks(masks, im0.shape[:2]).gt(0.5)
+        else:  # interpolate cannot resize an empty stack
+            masks = torch.zeros((0, *im0.shape[:2]), dtype=torch.bool, device=det.device)
         ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
         return det[:, :6], masks
 
