@@ -267,7 +267,7 @@ def non_max_suppression(
     multi_label &= nc > 1
     mi = 5 + nc  # first mask column
     t0 = time.time()
-    output = [torch.zeros((0, 6 + nm), device=prediction.device)] * bs
+    output = [torch.zeros((0, 6 + nm), device=prediction.device, dtype=prediction.dtype) for _ in range(bs)]
     for xi, x in enumerate(prediction):
         x = x[x[:, 4] > conf_thres]
         if not x.shape[0]:
