@@ -16,7 +16,7 @@ from utils.tasks.segment import SegmentationValidator  # noqa: E402
 
 def parse_opt(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--data" not in argv:
+    if not any(a == "--data" or a.startswith("--data=") for a in argv):  # val.py would default to detection data
         argv += ["--data", "data/shapes-seg.yaml"]
     opt = detect_val.parse_opt(argv)
     opt.project = "runs/val-seg" if opt.project == "runs/val" else opt.project

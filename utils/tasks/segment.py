@@ -151,7 +151,7 @@ class SegmentationPredictor(DetectionPredictor):
             annotator.masks(masks, [colors(int(c), True) for c in det[:, 5]])
             im0[:] = annotator.result()
         summary = super().write_result(det, im, im0, path, None)
-        if txt_path is not None:
+        if txt_path is not None and len(det):
             h, w = im0.shape[:2]
             with open(txt_path, "a") as f:
                 for seg, (*_, conf, c) in zip(ops.masks2segments(masks), det.tolist()):
