@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-import val as detect_val
 from utils.data.dataset_yaml import check_det_dataset
 from utils.tasks.segment import SegmentationValidator
 
@@ -32,7 +31,7 @@ class _Replay(nn.Module):
         return y, proto, []
 
 
-def _outputs_from_labels(batch, nm, mask_fn, gen, pad=0.0):
+def _outputs_from_labels(batch, nm, mask_fn, gen, pad=0.0, overlap=True):
     """One prediction per label of the batch: its box grown by `pad` pixels on every side, its class, a random
     distinct confidence, and a one-hot mask coefficient choosing a prototype that holds mask_fn(ground-truth mask at
     1/4 size, image index). An image without labels gets one low-confidence false positive instead."""
@@ -43,7 +42,8 @@ def _outputs_from_labels(batch, nm, mask_fn, gen, pad=0.0):
     for i in range(b):
         ti = t[t[:, 0] == i]
         for k, (_, c, cx, cy, bw, bh) in enumerate(ti.tolist()):
-            gt = batch["masks"][i] == k + 1  # overlap map: value k + 1 marks the image's k-th label
+            # an overlap map marks the image's k-th label with k + 1; otherwise each label has its own mask
+            gt = batch["masks"][i] == k + 1 if overlap else batch["masks"][t[:, 0] == i][k] > 0.5
             proto[i, k] = torch.where(mask_fn(gt, i), 10.0, -10.0)
             y[i, k, :4] = torch.tensor([cx * w, cy * h, bw * w + 2 * pad, bh * h + 2 * pad])
             y[i, k, 4] = 0.3 + 0.6 * torch.rand(1, generator=gen).item()
@@ -84,31 +84,37 @@ def _rectangles_dataset(root, n_objects=(1, 2, 3, 4, 2, 0)):
 
 @pytest.fixture(scope="module")
 def rectangles(tmp_path_factory):
-    data = check_det_dataset(_rectangles_dataset(tmp_path_factory.mktemp("rectangles")))
-    opt = SimpleNamespace(imgsz=128, batch_size=4, workers=0)
-    return detect_val.build_loader(opt, data, "val", 32, task="segment"), data["names"]
+    return check_det_dataset(_rectangles_dataset(tmp_path_factory.mktemp("rectangles")))
 
 
-def _validate(rectangles, save_dir, mask_fn, pad=0.0):
-    loader, names = rectangles
+def _validate(data, save_dir, mask_fn, pad=0.0, overlap=True):
+    from utils.data.detect_dataset import YOLODataset
+    from utils.data.loader import build_dataloader
+
+    # the val.py loader (rect batches, pad 0.5), with either mask layout
+    dataset = YOLODataset(data["val"], imgsz=128, batch_size=4, rect=True, stride=32, pad=0.5, task="segment",
+                          overlap_mask=overlap)
+    loader = build_dataloader(dataset, 4, 0, shuffle=False)
     gen = torch.Generator().manual_seed(0)
     nm = 8  # more than the most labels of an image
-    outputs = [_outputs_from_labels(b, nm, mask_fn, gen, pad) for b in loader]
+    outputs = [_outputs_from_labels(b, nm, mask_fn, gen, pad, overlap) for b in loader]
     # NMS at IoU 0.9: neighbouring labels of one class must not suppress each other's exact boxes
-    args = SimpleNamespace(conf_thres=0.001, iou_thres=0.9, max_det=300, save_json=True, imgsz=128)
+    args = SimpleNamespace(conf_thres=0.001, iou_thres=0.9, max_det=300, save_json=True, imgsz=128,
+                           no_overlap=not overlap)
     save_dir.mkdir(parents=True, exist_ok=True)
-    validator = SegmentationValidator(loader, save_dir, args, names)
+    validator = SegmentationValidator(loader, save_dir, args, data["names"])
     return validator, validator(model=_Replay(outputs, nm))
 
 
 PAD = 6.0  # 1.5 prototype pixels (4 input pixels each): the crop then keeps a whole prototype pixel around the mask
 
 
-def test_validator_perfect_masks_agree_with_pycocotools(rectangles, tmp_path):
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "per-instance"])
+def test_validator_perfect_masks_agree_with_pycocotools(rectangles, tmp_path, overlap):
     # process_mask crops the logits to the box with zeros, and bilinear upsampling then carries a mask that touches
     # its box half a prototype pixel beyond it (as Ultralytics' crop-then-upsample does); a larger box keeps the
     # crop off the mask, so that the masks come out exact
-    _, stats = _validate(rectangles, tmp_path, lambda gt, i: gt, pad=PAD)
+    _, stats = _validate(rectangles, tmp_path, lambda gt, i: gt, pad=PAD, overlap=overlap)
     # the official 101-point trapezoid with its recall-1.0 sentinel gives 0.995 for a perfect ranking
     assert stats["metrics/mAP50(M)"] == pytest.approx(0.995, abs=1e-3)
     assert stats["metrics/mAP50-95(M)"] == pytest.approx(0.995, abs=1e-3)
@@ -144,7 +150,7 @@ def test_validator_keeps_box_and_mask_matches_of_each_image_together(rectangles,
     of each image must sit in the rows of that image's box matches."""
     validator, stats = _validate(rectangles, tmp_path, lambda gt, i: gt & (i % 2 == 0))
     tp, tp_m = validator.stats["tp"], validator.stats["tp_m"]
-    n_labels = [len(lb["cls"]) for lb in rectangles[0].dataset.labels]
+    n_labels = [len(lb["cls"]) for lb in validator.dataloader.dataset.labels]
     assert len(tp) == len(tp_m) == len(n_labels)  # every image has predictions (the label-less one a false one)
     for k, (box, mask, n) in enumerate(zip(tp, tp_m, n_labels)):
         assert box.shape == mask.shape == (max(n, 1), 10)
