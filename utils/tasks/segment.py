@@ -95,8 +95,7 @@ class SegmentationValidator(DetectionValidator):
 
     def _concat_stats(self):
         out = super()._concat_stats()
-        tp_m = out.pop("tp_m")
-        out["tp_box"], out["tp_mask"] = out.pop("tp"), tp_m
+        out["tp_box"], out["tp_mask"] = out.pop("tp"), out.pop("tp_m")  # the names SegmentMetrics.process takes
         return out
 
     def get_stats(self):
