@@ -2,8 +2,12 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Spinning OpenMP threads stall badly when the two cores are shared (tests that start subprocesses, other jobs):
+# let idle threads sleep. Set before torch is imported, which is when OpenMP reads it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

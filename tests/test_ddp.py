@@ -2,7 +2,6 @@
 alone writes, a rank with an empty batch does not hang DDP, and a killed run resumes."""
 
 import csv
-import hashlib
 import os
 import signal
 import subprocess

@@ -308,6 +308,8 @@ def process_mask(protos, masks_in, bboxes, shape, upsample=False):
     input-image pixels `shape` (h, w); returned at proto resolution, or at `shape` with upsample=True."""
     c, mh, mw = protos.shape
     ih, iw = shape
+    if not len(masks_in):
+        return torch.zeros((0, *(shape if upsample else (mh, mw))), dtype=torch.bool, device=protos.device)
     masks = (masks_in @ protos.float().view(c, -1)).view(-1, mh, mw)
     scaled = bboxes.clone()
     scaled[:, [0, 2]] *= mw / iw

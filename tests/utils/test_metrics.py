@@ -22,7 +22,7 @@ from utils.metrics import (
     process_batch,
     process_mask_batch,
 )
-from utils.ops import box_iou, xyxy2xywhn
+from utils.ops import xyxy2xywhn
 from utils.plots import Annotator, colors, plot_images
 
 pytest.importorskip("pycocotools")

@@ -190,12 +190,12 @@ class DetectionValidator(BaseValidator):
     def get_stats(self):
         stats = self._concat_stats()
         self.nt_per_class = np.bincount(stats["target_cls"].astype(int), minlength=self.nc)
-        if len(stats["tp"]):
+        if self.stats["tp"]:  # at least one image had predictions
             self.metrics.process(**stats)
         return dict(self.metrics.results_dict)
 
     def print_results(self, final=False):
-        pf = "%22s" + "%11i" * 2 + "%11.3g" * 4
+        pf = "%22s" + "%11i" * 2 + "%11.3g" * len(self.metrics.mean_results())  # box, or box + mask columns
         LOGGER.info(pf % ("all", self.seen, self.nt_per_class.sum(), *self.metrics.mean_results()))
         if self.nt_per_class.sum() == 0:
             LOGGER.warning("no labels found in the validation set: metrics cannot be computed")

@@ -1,10 +1,8 @@
 """Segmentation task: the detection hooks plus masks (YOLOv5-seg and YOLOv8-seg)."""
 
-import numpy as np
 import torch
 
 from utils import ops
-from utils.loggers import LOGGER
 from utils.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator, load_pretrained
 
 
@@ -97,25 +95,6 @@ class SegmentationValidator(DetectionValidator):
         out = super()._concat_stats()
         out["tp_box"], out["tp_mask"] = out.pop("tp"), out.pop("tp_m")  # the names SegmentMetrics.process takes
         return out
-
-    def get_stats(self):
-        stats = self._concat_stats()
-        self.nt_per_class = np.bincount(stats["target_cls"].astype(int), minlength=self.nc)
-        if len(stats["tp_box"]):
-            self.metrics.process(**stats)
-        return dict(self.metrics.results_dict)
-
-    def print_results(self, final=False):
-        pf = "%22s" + "%11i" * 2 + "%11.3g" * 8
-        LOGGER.info(pf % ("all", self.seen, self.nt_per_class.sum(), *self.metrics.mean_results()))
-        if self.nt_per_class.sum() == 0:
-            LOGGER.warning("no labels found in the validation set: metrics cannot be computed")
-        if final and self.nc > 1 and len(self.stats["tp"]):
-            for i, c in enumerate(self.metrics.ap_class_index):
-                LOGGER.info(pf % (self.names[c], self.seen, self.nt_per_class[c], *self.metrics.class_result(i)))
-        if final:
-            self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
-            self.confusion.plot(save_dir=self.save_dir, names=list(self.names.values()))
 
     def finalize(self, stats):
         stats = super().finalize(stats)
