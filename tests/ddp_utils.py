@@ -32,3 +32,16 @@ def _entry(rank, world_size, port, fn, args):
 def spawn(fn, world_size, *args):
     """fn(rank, world_size, *args) must be a module-level function (it is pickled)."""
     mp.spawn(_entry, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
+
+
+def train_mode(model, freeze_bn):
+    """Train mode; with freeze_bn, BatchNorm uses its running statistics, because per-rank batch statistics
+    differ from the global batch's (unless SyncBatchNorm is on) and the gradient comparison would fail."""
+    import torch.nn as nn
+
+    model.train()
+    if freeze_bn:
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eval()
+    return model

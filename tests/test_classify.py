@@ -10,13 +10,12 @@ from pathlib import Path
 import cv2
 import pytest
 import torch
-import torch.nn as nn
 import yaml
 
 from classify import predict as cls_predict
 from classify import train as cls_train
 from classify import val as cls_val
-from tests.ddp_utils import free_port, spawn
+from tests.ddp_utils import free_port, spawn, train_mode
 from utils import dist as du
 from utils.files import ROOT, yaml_load
 from utils.tasks.classify import ClassificationTrainer, build_classifier
@@ -190,13 +189,7 @@ def _cls_model(sync_bn):
     from models.yolo import ClassificationModel
 
     torch.manual_seed(1)
-    model = ClassificationModel("yolov8n-cls.yaml", nc=3)
-    model.train()
-    if not sync_bn:
-        for m in model.modules():  # per-rank batch statistics differ from the global batch's: freeze BN
-            if isinstance(m, nn.BatchNorm2d):
-                m.eval()
-    return model
+    return train_mode(ClassificationModel("yolov8n-cls.yaml", nc=3), freeze_bn=not sync_bn)
 
 
 def _cls_batch():

@@ -4,7 +4,7 @@ single-process gradient of the concatenated batch."""
 import torch
 import torch.nn as nn
 
-from tests.ddp_utils import spawn
+from tests.ddp_utils import spawn, train_mode
 from utils import dist as du
 from utils.files import ROOT, yaml_load
 
@@ -65,13 +65,7 @@ def _model(cfg, sync_bn):
     from models.yolo import DetectionModel
 
     torch.manual_seed(1)
-    model = DetectionModel(cfg, nc=3)
-    model.train()
-    if not sync_bn:
-        for m in model.modules():  # per-rank batch statistics differ from the global batch's: freeze BN
-            if isinstance(m, nn.BatchNorm2d):
-                m.eval()
-    return model
+    return train_mode(DetectionModel(cfg, nc=3), freeze_bn=not sync_bn)
 
 
 def _grad_worker(rank, world_size, cfg, sync_bn, out):
