@@ -87,9 +87,10 @@ def _float(x):
 
 
 @torch.no_grad()
-def bench_infer(cfg, imgsz, runs, amp, channels_last):
+def bench_infer(cfg, imgsz, runs, amp, channels_last, fuse=True):
     model = model_for(cfg).eval()
-    model.fuse()
+    if fuse:  # Conv+BN folding; for YOLOv7 also RepConv re-parameterisation and implicit-layer folding
+        model.fuse()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
     x = torch.rand(1, 3, imgsz, imgsz).contiguous(memory_format=memory_format)
@@ -121,9 +122,11 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--amp", choices=["off", "bf16"], default="off")
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--no-fuse", action="store_true", help="time inference in the training structure")
     opt = p.parse_args()
     torch.set_num_threads(opt.threads)
-    print(f"torch {torch.__version__}, {opt.threads} threads, amp={opt.amp}, channels_last={opt.channels_last}")
+    print(f"torch {torch.__version__}, {opt.threads} threads, amp={opt.amp}, channels_last={opt.channels_last}, "
+          f"fused={not opt.no_fuse}")
     print(f"{'model':<20}{'train img/s':>12}{'loader img/s':>14}" + "".join(f"{f'infer {s} ms':>14}" for s in opt.imgsz))
     for cfg in opt.models:
         if not (ROOT / "models" / cfg.replace("yolov8n", "yolov8")).exists():
@@ -131,7 +134,8 @@ def main():
             continue
         train_imgsz = 96 if "-cls" in cfg else opt.train_imgsz
         ips, loader = bench_train(cfg, train_imgsz, opt.batch, opt.steps, opt.amp, opt.channels_last, opt.workers)
-        inf = [bench_infer(cfg, 96 if "-cls" in cfg else s, opt.runs, opt.amp, opt.channels_last) for s in opt.imgsz]
+        inf = [bench_infer(cfg, 96 if "-cls" in cfg else s, opt.runs, opt.amp, opt.channels_last, not opt.no_fuse)
+               for s in opt.imgsz]
         print(f"{cfg:<20}{ips:>12.1f}{loader:>14.1f}" + "".join(f"{t:>14.1f}" for t in inf), flush=True)
 
 
