@@ -38,10 +38,14 @@ class DetectionTrainer(BaseTrainer):
 
         return check_det_dataset(self.opt.data)
 
-    def build_model(self, nc, names):
+    @staticmethod
+    def model_class():
         from models.yolo import DetectionModel
 
-        model = DetectionModel(self.opt.cfg, nc=nc)
+        return DetectionModel
+
+    def build_model(self, nc, names):
+        model = self.model_class()(self.opt.cfg, nc=nc)
         model.names = dict(names)
         if self.opt.weights:
             load_pretrained(model, self.opt.weights)

@@ -3,7 +3,7 @@
 import torch
 
 from utils import ops
-from utils.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator, load_pretrained
+from utils.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
 
 
 def split_seg_output(preds):
@@ -18,14 +18,11 @@ def split_seg_output(preds):
 class SegmentationTrainer(DetectionTrainer):
     default_project = "runs/train-seg"
 
-    def build_model(self, nc, names):
+    @staticmethod
+    def model_class():
         from models.yolo import SegmentationModel
 
-        model = SegmentationModel(self.opt.cfg, nc=nc)
-        model.names = dict(names)
-        if self.opt.weights:
-            load_pretrained(model, self.opt.weights)
-        return model
+        return SegmentationModel
 
     def dataset_kwargs(self, mode):
         return {"task": "segment", "overlap_mask": not self.opt.no_overlap, "mask_ratio": 4}
