@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
+from utils.loggers import LOGGER
+
 
 def _clone(x):
     return x.clone() if isinstance(x, torch.Tensor) else np.copy(x)
@@ -290,6 +292,7 @@ def non_max_suppression(
         keep = torchvision.ops.nms(x[:, :4] + offsets, x[:, 4], iou_thres)[:max_det]
         output[xi] = x[keep]
         if time_limit is not None and time.time() - t0 > time_limit:
+            LOGGER.warning(f"NMS time limit {time_limit:.2f}s exceeded: images after {xi + 1} of {bs} get no detections")
             break  # a safety valve for untrained models that emit thousands of boxes
     return output
 
