@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel  # noqa: E402
 from utils import ops  # noqa: E402
 from utils.files import find_file, yaml_load  # noqa: E402
+from utils.trainer import to_float32  # noqa: E402
 
 
 def model_for(cfg, nc=3):
@@ -73,17 +74,11 @@ def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers):
         b = {**b, "img": img.contiguous(memory_format=memory_format)}
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
             preds = model(b["img"])
-        loss, _ = criterion(_float(preds), b)
+        loss, _ = criterion(to_float32(preds), b)
         loss.backward()
         opt.step()
         opt.zero_grad()
     return steps * batch / (time.perf_counter() - t0), loader_ips
-
-
-def _float(x):
-    if isinstance(x, torch.Tensor):
-        return x.float()
-    return type(x)(_float(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 @torch.no_grad()

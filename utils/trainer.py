@@ -5,6 +5,7 @@ Task subclasses (utils/tasks/*.py) override a few hooks: `get_data`, `build_mode
 tasks or YOLO versions: the model brings its criterion (`model.init_criterion`).
 """
 
+import contextlib
 import math
 import random
 import time
@@ -289,11 +290,11 @@ class BaseTrainer:
         """One micro-step. On accumulation steps DDP skips the gradient all-reduce (no_sync); the step that
         updates reduces the gradients accumulated so far in one go."""
         ddp = isinstance(self.train_model, nn.parallel.DistributedDataParallel)
-        ctx = self.train_model.no_sync() if ddp and not sync else _null()
+        ctx = self.train_model.no_sync() if ddp and not sync else contextlib.nullcontext()
         with ctx:
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
                 preds = self.train_model(batch["img"])
-            loss, items = self.criterion(_float(preds), batch)
+            loss, items = self.criterion(to_float32(preds), batch)
             # the criterion returns a sum over this rank's images; DDP averages gradients over ranks, so scale by
             # WORLD_SIZE to make the update the sum over the global batch, the same as one process would compute
             loss = loss * self.world_size
@@ -363,20 +364,12 @@ def strip_optimizer(path):
     atomic_save(ckpt, path)
 
 
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *args):
-        return False
-
-
-def _float(x):
+def to_float32(x):
     """Outputs of an autocast forward in fp32 for the loss (losses in half precision lose small gradients)."""
     if isinstance(x, torch.Tensor):
         return x.float()
     if isinstance(x, (list, tuple)):
-        return type(x)(_float(v) for v in x)
+        return type(x)(to_float32(v) for v in x)
     return x
 
 
