@@ -6,9 +6,10 @@ Usage:
     $ python detect.py --weights best.pt --source video.mp4
 """
 
+from engine.tasks.detect import DetectionPredictor
 from utils.cli import add_nms_args, predict_parser
+from utils.dist import get_rank
 from utils.loggers import set_logging
-from utils.tasks.detect import DetectionPredictor
 
 
 def parse_opt(argv=None):
@@ -18,7 +19,7 @@ def parse_opt(argv=None):
 
 
 def main(opt):
-    set_logging()
+    set_logging(get_rank())
     return DetectionPredictor(opt)()
 
 

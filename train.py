@@ -15,9 +15,9 @@ Usage:
         $ python train.py --resume runs/train/exp/weights/last.pt
 """
 
+from engine.tasks.detect import DetectionTrainer
+from engine.trainer import run
 from utils.cli import train_parser
-from utils.tasks.detect import DetectionTrainer
-from utils.trainer import run
 
 
 def parse_opt(argv=None):

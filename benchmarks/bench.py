@@ -6,19 +6,17 @@ inference ms/image for the fused model at batch 1.
 """
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from models.yolo import ClassificationModel, DetectionModel, SegmentationModel  # noqa: E402
-from utils import ops  # noqa: E402
-from utils.files import find_file, yaml_load  # noqa: E402
-from utils.trainer import to_float32  # noqa: E402
+from engine.trainer import to_float32
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from utils import ops
+from utils.data.dataset_yaml import check_det_dataset
+from utils.data.detect_dataset import YOLODataset
+from utils.data.loader import build_dataloader
+from utils.files import ROOT, find_file, yaml_load
 
 
 def model_for(cfg, nc=3):
@@ -32,9 +30,6 @@ def data_for(cfg):
 
 def detection_batches(cfg, imgsz, batch, n, workers):
     """n collated training batches from the synthetic dataset with mosaic, and the loader's images/s."""
-    from utils.data.dataset_yaml import check_det_dataset
-    from utils.data.detect_dataset import YOLODataset
-    from utils.data.loader import build_dataloader
 
     data = check_det_dataset(ROOT / data_for(cfg))
     hyp = yaml_load(find_file("hyp.scratch-low.yaml", "data/hyps"))

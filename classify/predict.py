@@ -4,14 +4,12 @@ Usage:
     $ python classify/predict.py --weights runs/train-cls/exp/weights/best.pt --source data/images
 """
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from utils.cli import predict_parser  # noqa: E402
-from utils.loggers import set_logging  # noqa: E402
-from utils.tasks.classify import ClassificationPredictor  # noqa: E402
+from engine.tasks.classify import ClassificationPredictor
+from utils.cli import predict_parser
+from utils.dist import get_rank
+from utils.loggers import set_logging
 
 
 def parse_opt(argv=None):
@@ -20,7 +18,7 @@ def parse_opt(argv=None):
 
 
 def main(opt):
-    set_logging()
+    set_logging(get_rank())
     return ClassificationPredictor(opt)()
 
 

@@ -8,14 +8,11 @@ Usage:
     $ python classify/train.py --resume runs/train-cls/exp/weights/last.pt
 """
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from utils.cli import train_parser  # noqa: E402
-from utils.tasks.classify import ClassificationTrainer  # noqa: E402
-from utils.trainer import run  # noqa: E402
+from engine.tasks.classify import ClassificationTrainer
+from engine.trainer import run
+from utils.cli import train_parser
 
 
 def parse_opt(argv=None):

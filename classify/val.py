@@ -5,15 +5,16 @@ Usage:
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from utils.dist import select_device  # noqa: E402
-from utils.files import increment_path  # noqa: E402
-from utils.loggers import set_logging  # noqa: E402
-from utils.tasks.classify import ClassificationValidator  # noqa: E402
+from engine.tasks.classify import ClassificationValidator
+from models.checkpoints import attempt_load
+from utils.data.classify_dataset import ClassificationDataset
+from utils.data.dataset_yaml import check_cls_dataset
+from utils.data.loader import build_dataloader
+from utils.dist import get_rank, select_device
+from utils.files import increment_path
+from utils.loggers import set_logging
 
 
 def parse_opt(argv=None):
@@ -32,12 +33,7 @@ def parse_opt(argv=None):
 
 
 def main(opt):
-    from models.experimental import attempt_load
-    from utils.data.classify_dataset import ClassificationDataset
-    from utils.data.dataset_yaml import check_cls_dataset
-    from utils.data.loader import build_dataloader
-
-    set_logging()
+    set_logging(get_rank())
     device = select_device(opt.device)
     model = attempt_load(opt.weights, device=device, fuse=True)
     data = check_cls_dataset(opt.data)

@@ -6,7 +6,6 @@ or `scales: {n: [depth, width, max_channels], ...}` (v8, one file for all sizes)
 """
 
 import ast
-import logging
 import math
 import re
 from copy import deepcopy
@@ -15,11 +14,31 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import yaml
+from torch.utils.flop_counter import FlopCounterMode
 
-from models.common import C2f, C3, MP, SP, SPPCSPC, SPPF, Bottleneck, Concat, Conv, RepConv
-from models.heads import AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, IDetect, Segment
+from models.common import (
+    C3,
+    MP,
+    SP,
+    SPPCSPC,
+    SPPF,
+    Bottleneck,
+    C2f,
+    Concat,
+    Conv,
+    RepConv,
+)
+from models.heads import (
+    AnchorFreeDetect,
+    AnchorFreeSegment,
+    Classify,
+    Detect,
+    IDetect,
+    Segment,
+)
+from utils.loggers import LOGGER
+from utils.loss import build_criterion
 
-LOGGER = logging.getLogger(__name__)
 MODELS_DIR = Path(__file__).resolve().parent
 
 REGISTRY = {
@@ -248,8 +267,6 @@ class BaseModel(nn.Module):
         return self.yaml.get("hyp")
 
     def init_criterion(self, hyp, **kwargs):
-        from utils.loss import build_criterion  # lazy: the loss package imports models
-
         return build_criterion(self, hyp, **kwargs)
 
     def info(self, verbose=False, imgsz=640):
@@ -269,8 +286,6 @@ class BaseModel(nn.Module):
     @torch.no_grad()
     def _gflops(self, imgsz):
         """FLOPs of one image at the largest stride, scaled to imgsz (convolution cost grows with pixels)."""
-        from torch.utils.flop_counter import FlopCounterMode
-
         s = max(int(self.stride.max()), 32)
         p = next(self.parameters())
         x = torch.zeros(1, self.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype)

@@ -5,14 +5,12 @@ Usage:
     $ python segment/predict.py --weights best.pt --source video.mp4 --save-txt
 """
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from utils.cli import add_nms_args, predict_parser  # noqa: E402
-from utils.loggers import set_logging  # noqa: E402
-from utils.tasks.segment import SegmentationPredictor  # noqa: E402
+from engine.tasks.segment import SegmentationPredictor
+from utils.cli import add_nms_args, predict_parser
+from utils.dist import get_rank
+from utils.loggers import set_logging
 
 
 def parse_opt(argv=None):
@@ -23,7 +21,7 @@ def parse_opt(argv=None):
 
 
 def main(opt):
-    set_logging()
+    set_logging(get_rank())
     return SegmentationPredictor(opt)()
 
 

@@ -9,14 +9,11 @@ Usage:
     $ python segment/train.py --resume runs/train-seg/exp/weights/last.pt
 """
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from utils.cli import train_parser  # noqa: E402
-from utils.tasks.segment import SegmentationTrainer  # noqa: E402
-from utils.trainer import run  # noqa: E402
+from engine.tasks.segment import SegmentationTrainer
+from engine.trainer import run
+from utils.cli import train_parser
 
 
 def parse_opt(argv=None):

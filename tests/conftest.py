@@ -1,5 +1,4 @@
 import os
-import sys
 from pathlib import Path
 
 # Spinning OpenMP threads stall badly when the two cores are shared (tests that start subprocesses, other jobs):
@@ -10,7 +9,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# Scripts the tests launch (train.py, segment/train.py, torchrun workers) import this checkout's packages, not
+# whichever checkout `pip install -e .` last pointed at.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 PARITY = (ROOT / ".." / "shared" / "reference" / "parity").resolve()
 
 # Two cores: one intra-op thread per test process keeps the 2-process DDP tests from oversubscribing.

@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.trainer import run  # noqa: E402
 from utils.dist import get_rank  # noqa: E402
-from utils.trainer import run  # noqa: E402
 
 
 def weights_hash(model):
@@ -51,13 +51,13 @@ def main():
     task, args = sys.argv[1], sys.argv[2:]
     if task == "train":
         import train as script
-        from utils.tasks.detect import DetectionTrainer as trainer_cls
+        from engine.tasks.detect import DetectionTrainer as trainer_cls
     elif task == "segment":
+        from engine.tasks.segment import SegmentationTrainer as trainer_cls
         from segment import train as script
-        from utils.tasks.segment import SegmentationTrainer as trainer_cls
     else:
         from classify import train as script
-        from utils.tasks.classify import ClassificationTrainer as trainer_cls
+        from engine.tasks.classify import ClassificationTrainer as trainer_cls
     run(trainer_cls, script.parse_opt(args), callbacks={"on_train_start": [instrument], "on_train_end": [report]})
 
 

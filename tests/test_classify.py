@@ -15,11 +15,11 @@ import yaml
 from classify import predict as cls_predict
 from classify import train as cls_train
 from classify import val as cls_val
+from engine.tasks.classify import ClassificationTrainer, build_classifier
+from engine.trainer import run
 from tests.ddp_utils import free_port, spawn, train_mode
 from utils import dist as du
 from utils.files import ROOT, yaml_load
-from utils.tasks.classify import ClassificationTrainer, build_classifier
-from utils.trainer import run
 
 DRIVER = Path(__file__).with_name("ddp_driver.py")
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
@@ -52,7 +52,7 @@ def trained(shapes_classify, tmp_path_factory):
 
 def _independent_top1(weights, folder, imgsz):
     """Per-image predicted class for every image of folder/<class>/*.jpg, with a plain loop and our own resize."""
-    from models.experimental import attempt_load
+    from models.checkpoints import attempt_load
 
     model = attempt_load(weights, device="cpu", fuse=True)
     truth, pred = [], []
@@ -135,7 +135,7 @@ def test_predict_prints_and_draws_top5(trained, shapes_classify, tmp_path):
 
 
 def _detector_ckpt(cfg, path):
-    from models.experimental import model_to_ckpt
+    from models.checkpoints import model_to_ckpt
     from models.yolo import DetectionModel
 
     torch.manual_seed(0)
@@ -149,7 +149,7 @@ class _Stop(Exception):
 
 @pytest.mark.parametrize("cfg", ["yolov5n.yaml", "yolov8n.yaml"])
 def test_classifier_seeded_from_detector_backbone(cfg, shapes_classify, tmp_path):
-    from models.experimental import attempt_load
+    from models.checkpoints import attempt_load
 
     det = attempt_load(_detector_ckpt(cfg, tmp_path / "det.pt"), fuse=False).state_dict()
     seen = {}
@@ -173,7 +173,7 @@ def test_classifier_seeded_from_detector_backbone(cfg, shapes_classify, tmp_path
 def test_finetune_from_classifier_with_other_class_count(trained):
     trainer, _ = trained
     best = trainer.save_dir / "weights/best.pt"
-    from models.experimental import attempt_load
+    from models.checkpoints import attempt_load
 
     src = attempt_load(best, fuse=False).state_dict()
     model = build_classifier(best, 5, {i: str(i) for i in range(5)})

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from engine.tasks.segment import SegmentationValidator
 from utils.data.dataset_yaml import check_det_dataset
-from utils.tasks.segment import SegmentationValidator
 
 NC = 3
 

@@ -8,8 +8,8 @@ import torch
 import detect
 import train
 import val
-from utils.trainer import run
-from utils.tasks.detect import DetectionTrainer
+from engine.tasks.detect import DetectionTrainer
+from engine.trainer import run
 
 
 def _train_args(data, tmp_path, *extra):

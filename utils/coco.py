@@ -37,6 +37,7 @@ def _numpy(x):
 
 
 def _pycocotools(module):
+    # imported here: pycocotools is optional, needed only for --save-json evaluation and RLE masks
     try:
         if module == "mask":
             from pycocotools import mask

@@ -7,7 +7,6 @@ a module imported before the launcher's environment is complete still sees the r
 
 import contextlib
 import datetime
-import logging
 import os
 
 import torch
@@ -15,7 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-LOGGER = logging.getLogger("yolo")
+from utils.loggers import LOGGER
 
 # Rank 0 may scan labels, cache images or validate while the others wait in a barrier; a short timeout kills
 # long jobs for nothing (the official repos went 60 s -> none -> 3 h), so allow three hours.
@@ -211,6 +210,7 @@ def prepare_model(model, device, sync_bn=False):
 
 
 def de_parallel(model):
+    """The bare model behind a DDP / DataParallel wrapper (the one used for EMA, saving and validation)."""
     return model.module if isinstance(model, (nn.DataParallel, DDP)) else model
 
 

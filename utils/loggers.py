@@ -1,17 +1,16 @@
-"""One rank-aware logger, and the training loggers (CSV, TensorBoard) hung off the trainer's callbacks."""
+"""The project's one logger (every module imports LOGGER from here), and the per-epoch CSV and TensorBoard writers
+that the trainer calls on rank 0."""
 
 import csv
 import logging
 import sys
 
-from utils.dist import get_rank
-
 LOGGER = logging.getLogger("yolo")
 
 
-def set_logging(verbose=True):
-    """INFO on rank 0 (or single process), WARNING elsewhere, so N ranks do not print N copies."""
-    level = logging.INFO if verbose and get_rank() in (-1, 0) else logging.WARNING
+def set_logging(rank=-1, verbose=True):
+    """INFO on rank 0 (or single process, rank -1), WARNING elsewhere, so N ranks do not print N copies."""
+    level = logging.INFO if verbose and rank in (-1, 0) else logging.WARNING
     if not LOGGER.handlers:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("%(message)s"))

@@ -5,16 +5,15 @@ envelope, 101-point linear interpolation integrated with the trapezoid rule. It 
 where recall never reaches 1, because the last segment to the sentinel adds area COCO does not count.
 """
 
-import logging
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from utils.loggers import LOGGER
 from utils.ops import box_iou
-
-LOGGER = logging.getLogger("yolo")  # the project logger; utils/loggers.py sets its rank-aware level
+from utils.plots import draw_confusion_matrix
 
 _trapezoid = getattr(np, "trapezoid", None) or np.trapz  # renamed in numpy 2.0
 
@@ -372,8 +371,6 @@ class ConfusionMatrix:
 
     def plot(self, save_dir, names=(), normalize=True):
         """Draw the matrix as a PNG with OpenCV; returns the file path."""
-        from utils.plots import draw_confusion_matrix
-
         array = self.matrix.astype(float)
         if normalize:
             array = array / (array.sum(0, keepdims=True) + 1e-9)  # fraction of each true class

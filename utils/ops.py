@@ -7,6 +7,7 @@ Every function accepts torch tensors; the box conversions also accept numpy arra
 import math
 import time
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -341,8 +342,6 @@ def scale_masks(masks, shape, ratio_pad=None):
 
 def masks2segments(masks):
     """Binary masks (n, h, w) -> the largest outer contour of each as an (m, 2) float32 pixel polygon."""
-    import cv2
-
     segments = []
     for m in masks.int().cpu().numpy().astype("uint8"):
         contours = cv2.findContours(m, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)[0]

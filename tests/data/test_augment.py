@@ -2,7 +2,14 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.data.augment import Instances, augment_hsv, letterbox, mixup, polygons_to_masks, random_perspective
+from utils.data.augment import (
+    Instances,
+    augment_hsv,
+    letterbox,
+    mixup,
+    polygons_to_masks,
+    random_perspective,
+)
 
 
 def test_letterbox_geometry():

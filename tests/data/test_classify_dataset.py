@@ -4,7 +4,11 @@ import cv2
 import numpy as np
 import torch
 
-from utils.data.classify_dataset import ClassificationDataset, ClassifyTrainTransforms, classify_val_transforms
+from utils.data.classify_dataset import (
+    ClassificationDataset,
+    ClassifyTrainTransforms,
+    classify_val_transforms,
+)
 from utils.data.loader import build_dataloader
 
 

@@ -6,7 +6,12 @@ import yaml
 
 from utils.data import dataset_yaml as dy
 from utils.data import downloads
-from utils.data.dataset_yaml import DatasetError, DatasetNotFoundError, check_cls_dataset, check_det_dataset
+from utils.data.dataset_yaml import (
+    DatasetError,
+    DatasetNotFoundError,
+    check_cls_dataset,
+    check_det_dataset,
+)
 from utils.files import ROOT
 
 

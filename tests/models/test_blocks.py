@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from models_testutil import randomise_bn
 
 from models.common import (
-    C2f,
     C3,
     DFL,
     MP,
@@ -14,6 +14,7 @@ from models.common import (
     SPPCSPC,
     SPPF,
     Bottleneck,
+    C2f,
     Concat,
     Conv,
     ImplicitA,
@@ -23,8 +24,6 @@ from models.common import (
     autopad,
     fuse_conv_and_bn,
 )
-from models_testutil import randomise_bn
-
 
 
 def test_autopad():

@@ -5,9 +5,16 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-
-from models.heads import AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, IDetect, Segment
 from models_testutil import randomise_bn
+
+from models.heads import (
+    AnchorFreeDetect,
+    AnchorFreeSegment,
+    Classify,
+    Detect,
+    IDetect,
+    Segment,
+)
 
 ANCHORS = ([10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119])
 STRIDES = (8.0, 16.0)

@@ -5,9 +5,9 @@ Fixtures: /work/shared/reference/parity (see its README). Weights are fp16-exact
 
 import pytest
 import torch
+from models_testutil import PARITY, float_state, key_shapes, model_key_shapes
 
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
-from models_testutil import PARITY, float_state, key_shapes, model_key_shapes
 
 pytestmark = pytest.mark.skipif(not PARITY.is_dir(), reason=f"parity fixtures not found at {PARITY}")
 

@@ -1,14 +1,14 @@
 """models/yolo.py: YAML parsing rules, model construction, parameter counts, forward layouts, fuse."""
 
-import sys
-import types
 
 import pytest
 import torch
 import torch.nn as nn
 import yaml
+from models_testutil import randomise_bn
 
-from models.common import C2f, C3, Conv
+from models import yolo
+from models.common import C3, C2f, Conv
 from models.heads import AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, Segment
 from models.yolo import (
     MODELS_DIR,
@@ -20,7 +20,6 @@ from models.yolo import (
     parse_model,
     yaml_model_load,
 )
-from models_testutil import randomise_bn
 
 V5 = [f"yolov5{s}.yaml" for s in "nsmlx"]
 V8 = [f"yolov8{s}.yaml" for s in "nsmlx"]
@@ -181,9 +180,7 @@ def test_names_nc_hyp_and_alias():
 
 def test_init_criterion_delegates_to_build_criterion(monkeypatch):
     seen = {}
-    fake = types.ModuleType("utils.loss")
-    fake.build_criterion = lambda model, hyp, **kw: seen.setdefault("args", (model, hyp, kw))
-    monkeypatch.setitem(sys.modules, "utils.loss", fake)
+    monkeypatch.setattr(yolo, "build_criterion", lambda model, hyp, **kw: seen.setdefault("args", (model, hyp, kw)))
     m = DetectionModel("yolov5n.yaml")
     m.init_criterion({"box": 0.05}, extra=1)
     assert seen["args"] == (m, {"box": 0.05}, {"extra": 1})

@@ -5,11 +5,17 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+from models_testutil import (
+    PARITY,
+    key_shapes,
+    model_key_shapes,
+    randomise_bn,
+    randomise_implicit,
+)
 
 from models.common import MP, SP, SPPCSPC, RepConv
 from models.heads import IDetect
 from models.yolo import BaseModel, DetectionModel, parse_model, yaml_model_load
-from models_testutil import PARITY, key_shapes, model_key_shapes, randomise_bn, randomise_implicit
 
 # training form, and after fuse(): RepConv -> one conv, implicit layers folded, BatchNorm folded.
 # Official: yolov7 with a plain Detect is 37,620,125 (+2,557 implicit parameters of IDetect); deploy 36.9M.

@@ -8,7 +8,12 @@ import torch
 import torchvision
 
 from utils import metrics
-from utils.coco import box_to_coco_json, eval_coco_json, labels_to_coco_json, masks_to_rle
+from utils.coco import (
+    box_to_coco_json,
+    eval_coco_json,
+    labels_to_coco_json,
+    masks_to_rle,
+)
 from utils.metrics import (
     ClassifyMetrics,
     ConfusionMatrix,

@@ -1,6 +1,5 @@
 """Image-folder classification dataset (root/<class>/*.jpg) with v8-style train and val transforms."""
 
-import logging
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -13,10 +12,16 @@ from torch.utils.data import Dataset
 
 from utils.data.augment import ProcessRNG, augment_hsv
 from utils.data.image_files import IMG_FORMATS, files_hash, suffix
-from utils.data.labels import CACHE_VERSION, MAX_WARNINGS, load_cache, read_image, save_cache, verify_image
+from utils.data.labels import (
+    CACHE_VERSION,
+    MAX_WARNINGS,
+    load_cache,
+    read_image,
+    save_cache,
+    verify_image,
+)
 from utils.data.loader import rank_indices
-
-LOGGER = logging.getLogger("yolo")
+from utils.loggers import LOGGER
 
 
 def to_float_tensor(im_bgr):

@@ -9,7 +9,6 @@ Errors are one line naming the file and the problem; under DDP call these inside
 """
 
 import glob
-import logging
 import subprocess
 import time
 from pathlib import Path
@@ -17,8 +16,8 @@ from pathlib import Path
 from utils.data.downloads import download
 from utils.data.synthetic import generate_dataset
 from utils.files import ROOT, ConfigError, yaml_load
+from utils.loggers import LOGGER
 
-LOGGER = logging.getLogger("yolo")
 SYNTHETIC_KEYS = {"task", "n_train", "n_val", "seed", "min_side", "max_side", "max_objects"}
 
 

@@ -2,7 +2,6 @@
 random perspective, mixup, HSV, flips, letterbox/rect shapes, polygon masks, and the batch collate of
 docs/design.md."""
 
-import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,9 +25,9 @@ from utils.data.augment import (
 from utils.data.image_files import img2label_paths, list_files
 from utils.data.labels import cache_labels, read_image
 from utils.data.loader import rank_indices
-from utils.ops import xywhn2xyxy, xyn2xy, xyxy2xywhn
+from utils.loggers import LOGGER
+from utils.ops import xyn2xy, xywhn2xyxy, xyxy2xywhn
 
-LOGGER = logging.getLogger("yolo")
 TASKS = ("detect", "segment")
 
 

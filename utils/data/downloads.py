@@ -1,6 +1,5 @@
 """Fetching and unpacking dataset archives (the `download:` entries of dataset YAMLs)."""
 
-import logging
 import shutil
 import tarfile
 import time
@@ -10,7 +9,7 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-LOGGER = logging.getLogger("yolo")
+from utils.loggers import LOGGER
 
 
 def _fetch(url, dest, retries=3):

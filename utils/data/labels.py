@@ -4,7 +4,6 @@ A label line is `cls cx cy w h` (a box) or `cls x1 y1 x2 y2 ...` (a polygon of >
 [0, 1]. Bad lines are dropped one by one and counted, so one typo does not cost a whole image's labels.
 """
 
-import logging
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -14,8 +13,8 @@ import cv2
 import numpy as np
 
 from utils.data.image_files import files_hash, suffix
+from utils.loggers import LOGGER
 
-LOGGER = logging.getLogger("yolo")
 CACHE_VERSION = "yolo-labels-1"
 COORD_TOL = 0.01  # coordinates this far outside [0, 1] are clipped (rounding in exporters), further is an error
 MAX_WARNINGS = 20  # per-file warnings printed per scan; the rest are only counted

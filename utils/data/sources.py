@@ -1,14 +1,12 @@
 """Prediction inputs: images and videos from a file, folder, glob, list .txt file or a list of those."""
 
-import logging
 
 import cv2
 import numpy as np
 
 from utils.data.augment import letterbox
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, list_files, suffix
-
-LOGGER = logging.getLogger("yolo")
+from utils.loggers import LOGGER
 
 
 class LoadImages:

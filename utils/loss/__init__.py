@@ -10,8 +10,8 @@ normalised per rank (by the number of positives, or v8's target-score mass), so 
 hold similar numbers of targets, as in the official repos. Classification returns sum of CE / 64, exact under DDP.
 """
 
+from utils.dist import de_parallel
 from utils.loss.cls import ClassificationLoss
-from utils.loss.common import unwrap
 from utils.loss.seg import V5SegmentationLoss, V8SegmentationLoss
 from utils.loss.tal import Assignment, TaskAlignedAssigner
 from utils.loss.v5 import V5DetectionLoss
@@ -31,7 +31,7 @@ REGISTRY = {
 def build_criterion(model, hyp, imgsz=640):
     """The criterion named by `hyp['loss']`, else by the head's `default_loss`; `imgsz` (train image size)
     scales the anchor-based objectness gain. The hyp dict is only read."""
-    name = hyp.get("loss") or getattr(unwrap(model).model[-1], "default_loss", None)
+    name = hyp.get("loss") or getattr(de_parallel(model).model[-1], "default_loss", None)
     if name not in REGISTRY:
         raise ValueError(f"unknown loss {name!r}; known: {', '.join(REGISTRY)}")
     return REGISTRY[name](model, hyp, imgsz)

@@ -3,14 +3,11 @@
 import torch
 import torch.nn.functional as F
 
-
-def unwrap(model):
-    """The bare model behind a DDP / DataParallel wrapper."""
-    return model.module if hasattr(model, "module") else model
+from utils.dist import de_parallel
 
 
 def detection_head(model):
-    return unwrap(model).model[-1]
+    return de_parallel(model).model[-1]
 
 
 def require(hyp, keys, criterion):

@@ -2,8 +2,8 @@ import copy
 
 import pytest
 import torch
-
 from loss_fakes import HYP_V5, HYP_V8, box_masks, fake_model, missing_grads
+
 from utils.loss import REGISTRY, build_criterion
 
 CASES = [  # (fake kind, nm, default_loss, hyp)

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from loss_fakes import det_batch, fake_model
+
 from utils.loss import build_criterion
 
 HYPS = Path(__file__).resolve().parents[3] / "data" / "hyps"

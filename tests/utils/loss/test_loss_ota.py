@@ -1,7 +1,7 @@
 import torch
 import torch.nn.functional as F
-
 from loss_fakes import HYP_V5, det_batch, fake_model
+
 from utils.loss import OTADetectionLoss, V5DetectionLoss
 from utils.loss.v7_ota import _class_cost, dynamic_k_match
 

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from loss_fakes import box_masks, missing_grads
+
 from utils.loss import REGISTRY
 
 yolo = pytest.importorskip("models.yolo", reason="models/yolo.py is not there yet")

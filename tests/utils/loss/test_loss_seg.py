@@ -2,8 +2,8 @@ import math
 
 import pytest
 import torch
-
 from loss_fakes import HYP_V5, HYP_V8, box_masks, det_batch, fake_model, make_targets
+
 from utils.loss import V5SegmentationLoss, V8SegmentationLoss
 from utils.loss.seg import mask_loss, prepare_masks
 

@@ -3,8 +3,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-
 from loss_fakes import HYP_V5, det_batch, fake_model, make_targets
+
 from utils.loss import V5DetectionLoss
 from utils.loss.common import bce, level_balance
 from utils.loss.v5 import match_anchors

@@ -1,7 +1,7 @@
 import torch
 import torch.nn.functional as F
-
 from loss_fakes import HYP_V8, det_batch, fake_model, make_targets
+
 from utils.loss import V8DetectionLoss
 from utils.loss.common import pad_targets
 from utils.loss.v8 import distribution_focal_loss

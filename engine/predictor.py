@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import cv2
 import torch
 
+from models.checkpoints import attempt_load
 from utils import dist as du
+from utils.data.sources import LoadImages
 from utils.files import increment_path
 from utils.loggers import LOGGER
 from utils.torch_utils import time_sync
@@ -22,8 +24,6 @@ class BasePredictor:
     def __init__(self, args):
         self.args = args if isinstance(args, SimpleNamespace) else SimpleNamespace(**vars(args))
         self.device = du.select_device(self.args.device)
-        from models.experimental import attempt_load
-
         self.model = attempt_load(self.args.weights, device=self.device, fuse=True)
         self.half = bool(getattr(self.args, "half", False)) and self.device.type == "cuda"
         if self.half:
@@ -38,8 +38,6 @@ class BasePredictor:
         self.writers = {}
 
     def load_source(self):
-        from utils.data.sources import LoadImages
-
         return LoadImages(self.args.source, imgsz=self.args.imgsz, stride=self.stride, auto=True)
 
     def preprocess(self, im):

@@ -6,27 +6,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.predictor import BasePredictor
+from engine.trainer import BaseTrainer
+from engine.validator import BaseValidator
+from models.checkpoints import attempt_load, load_pretrained
+from models.yolo import DetectionModel
 from utils import ops
-from utils.dist import get_rank, get_world_size
-from utils.loggers import LOGGER
-from utils.predictor import BasePredictor
-from utils.trainer import BaseTrainer
-from utils.validator import BaseValidator
-
-
-def load_pretrained(model, weights, exclude=("anchors", "anchor_grid")):
-    """Copy every tensor of `weights` whose key and shape match `model` (v5 fine-tuning rule); return the count.
-
-    Anchors are left to the model YAML, and heads with another class count simply do not match.
-    """
-    from models.experimental import attempt_load
-
-    src = attempt_load(weights, device="cpu", fuse=False).float().state_dict()
-    dst = model.state_dict()
-    keep = {k: v for k, v in src.items() if k in dst and v.shape == dst[k].shape and not any(e in k for e in exclude)}
-    model.load_state_dict(keep, strict=False)
-    LOGGER.info(f"Transferred {len(keep)}/{len(dst)} items from {weights}")
-    return len(keep)
+from utils.coco import box_to_coco_json, eval_coco_json, image_id_from_path, labels_to_coco_json
+from utils.data.dataset_yaml import check_det_dataset
+from utils.data.detect_dataset import YOLODataset
+from utils.data.loader import build_dataloader
+from utils.dist import get_rank, get_world_size, select_device
+from utils.files import increment_path
+from utils.loggers import LOGGER, set_logging
+from utils.metrics import ConfusionMatrix, DetMetrics, process_batch
+from utils.plots import Annotator, colors, plot_images
 
 
 class DetectionTrainer(BaseTrainer):
@@ -34,14 +28,10 @@ class DetectionTrainer(BaseTrainer):
     task = "detect"
 
     def get_data(self):
-        from utils.data.dataset_yaml import check_det_dataset
-
         return check_det_dataset(self.opt.data)
 
     @staticmethod
     def model_class():
-        from models.yolo import DetectionModel
-
         return DetectionModel
 
     def build_model(self, nc, names):
@@ -55,8 +45,6 @@ class DetectionTrainer(BaseTrainer):
         return {}
 
     def build_dataset(self, path, mode):
-        from utils.data.detect_dataset import YOLODataset
-
         train = mode == "train"
         return YOLODataset(
             path,
@@ -86,8 +74,6 @@ class DetectionTrainer(BaseTrainer):
 
     def plot_training_batch(self, batch, ni):
         if ni < 3:
-            from utils.plots import plot_images
-
             plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"train_batch{ni}.jpg",
                         self.names, masks=batch.get("masks"))
 
@@ -102,8 +88,6 @@ class DetectionValidator(BaseValidator):
         self.iouv = torch.linspace(0.5, 0.95, 10)
 
     def init_metrics(self, model):
-        from utils.metrics import ConfusionMatrix, DetMetrics
-
         self.metrics = DetMetrics(names=self.names)
         self.confusion = ConfusionMatrix(nc=self.nc)  # at its own conf 0.25: val's 0.001 floods the background row
         self.stats = {"tp": [], "conf": [], "pred_cls": [], "target_cls": []}
@@ -140,8 +124,6 @@ class DetectionValidator(BaseValidator):
         return predn
 
     def update_metrics(self, preds, batch):
-        from utils.metrics import process_batch
-
         for si, pred in enumerate(preds):
             self.seen += 1
             cls, tboxes = self._labels_native(batch, si)
@@ -177,8 +159,6 @@ class DetectionValidator(BaseValidator):
                 f.write(f"{int(c)} {cx:.6g} {cy:.6g} {bw:.6g} {bh:.6g} {conf:.6g}\n")
 
     def save_json(self, predn, path):
-        from utils.coco import box_to_coco_json, image_id_from_path
-
         self.jdict += box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map())
 
     def class_map(self):
@@ -219,8 +199,6 @@ class DetectionValidator(BaseValidator):
 
     def coco_eval(self, stats, pred_json, iou_type="bbox", key="B"):
         """pycocotools mAP on the same predictions, against the dataset's labels written as COCO JSON."""
-        from utils.coco import eval_coco_json, labels_to_coco_json
-
         anno_json = self.save_dir / "annotations.json"
         anno_json.write_text(json.dumps(labels_to_coco_json(self.dataloader.dataset, self.names)))
         try:
@@ -245,8 +223,6 @@ class DetectionPredictor(BasePredictor):
         return det
 
     def write_result(self, det, im, im0, path, txt_path):
-        from utils.plots import Annotator, colors
-
         annotator = Annotator(im0)
         counts = {}
         for *xyxy, conf, c in reversed(det.tolist()):
@@ -262,3 +238,26 @@ class DetectionPredictor(BasePredictor):
                     f.write(line + "\n")
         im0[:] = annotator.result()
         return ", ".join(f"{n} {self.names[c]}" for c, n in counts.items()) or "(no detections)"
+
+
+def build_val_loader(opt, data, split, stride, task="detect"):
+    ds = YOLODataset(data[split], imgsz=opt.imgsz, batch_size=opt.batch_size, augment=False, rect=True,
+                     stride=stride, pad=0.5, prefix=f"{split}: ", nc=data["nc"], task=task)
+    return build_dataloader(ds, opt.batch_size, opt.workers, shuffle=False)
+
+
+def run_val(opt, validator_cls, task="detect"):
+    """Stand-alone validation of a weights file, shared by the detection and segmentation val scripts."""
+    set_logging(get_rank())
+    device = select_device(opt.device)
+    model = attempt_load(opt.weights, device=device, fuse=True)
+    data = check_det_dataset(opt.data)
+    if data["nc"] != model.nc:
+        raise ValueError(f"{opt.weights} has {model.nc} classes but {opt.data} has {data['nc']}")
+    if opt.task == "speed":
+        opt.conf_thres, opt.iou_thres, opt.save_json = 0.25, 0.45, False
+    split = "test" if opt.task == "test" and data.get("test") else "val"
+    save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
+    loader = build_val_loader(opt, data, split, int(max(model.stride)), task)
+    validator = validator_cls(loader, save_dir, opt, data["names"])
+    return validator(model=model)

@@ -9,7 +9,6 @@ and `ultralytics.*`. They are unpickled with every class from those packages rep
 which is enough to read the tree's `yaml`, `names` and `state_dict()`; our model is then built from that YAML.
 """
 
-import logging
 import pickle
 import re
 import types
@@ -19,8 +18,8 @@ import torch
 import torch.nn as nn
 
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
-
-LOGGER = logging.getLogger(__name__)
+from utils.dist import de_parallel
+from utils.loggers import LOGGER
 
 MODEL_CLASSES = {c.__name__: c for c in (DetectionModel, SegmentationModel, ClassificationModel)}
 OFFICIAL_CLASSES = {**MODEL_CLASSES, "Model": DetectionModel}  # 'Model': YOLOv7 and old YOLOv5 detectors
@@ -32,13 +31,9 @@ RELEASES = (
 )
 
 
-def _unwrap(model):
-    return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
-
-
 def model_to_ckpt(model):
     """Portable dict of an (unfused) model: class name, YAML dict, fp16 CPU state_dict, names."""
-    model = _unwrap(model)
+    model = de_parallel(model)
     state = {
         k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu() for k, v in model.state_dict().items()
     }
@@ -173,3 +168,23 @@ def attempt_load(weights, device="cpu", fuse=True):
     if fuse:
         model.fuse()
     return model.eval().to(device)
+
+
+def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):
+    """Copy every tensor of model `src` whose key and shape match `model` (the v5 fine-tuning rule); return the count.
+
+    Anchors are left to the model YAML, and heads with another class count simply do not match.
+    """
+    dst = model.state_dict()
+    keep = {
+        k: v for k, v in src.float().state_dict().items()
+        if k in dst and v.shape == dst[k].shape and not any(e in k for e in exclude)
+    }
+    model.load_state_dict(keep, strict=False)
+    LOGGER.info(f"Transferred {len(keep)}/{len(dst)} items from {name}")
+    return len(keep)
+
+
+def load_pretrained(model, weights, exclude=("anchors", "anchor_grid")):
+    """Seed `model` from a checkpoint file (ours or official) by `transfer_weights`."""
+    return transfer_weights(model, attempt_load(weights, device="cpu", fuse=False), weights, exclude)

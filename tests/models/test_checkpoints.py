@@ -1,4 +1,4 @@
-"""models/experimental.py: our checkpoint round trip, and loading official-style pickles without official code."""
+"""models/checkpoints.py: our checkpoint round trip, and loading official-style pickles without official code."""
 
 import copy
 import sys
@@ -7,11 +7,16 @@ import types
 import pytest
 import torch
 import torch.nn as nn
-
-import models.experimental as experimental
-from models.experimental import attempt_load, model_from_ckpt, model_to_ckpt, official_url
-from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from models_testutil import randomise_bn
+
+import models.checkpoints as experimental
+from models.checkpoints import (
+    attempt_load,
+    model_from_ckpt,
+    model_to_ckpt,
+    official_url,
+)
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 
 X = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
 

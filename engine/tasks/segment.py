@@ -2,8 +2,12 @@
 
 import torch
 
+from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
+from models.yolo import SegmentationModel
 from utils import ops
-from utils.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
+from utils.coco import box_to_coco_json, image_id_from_path, masks_to_rle
+from utils.metrics import SegmentMetrics, instance_masks, process_mask_batch
+from utils.plots import Annotator, colors
 
 
 def split_seg_output(preds):
@@ -20,8 +24,6 @@ class SegmentationTrainer(DetectionTrainer):
 
     @staticmethod
     def model_class():
-        from models.yolo import SegmentationModel
-
         return SegmentationModel
 
     def dataset_kwargs(self, mode):
@@ -41,8 +43,6 @@ class SegmentationValidator(DetectionValidator):
     and ground truth from its 1/4-resolution map, as the official validators do."""
 
     def init_metrics(self, model):
-        from utils.metrics import SegmentMetrics
-
         super().init_metrics(model)
         self.metrics = SegmentMetrics(names=self.names)
         self.stats["tp_m"] = []
@@ -59,16 +59,12 @@ class SegmentationValidator(DetectionValidator):
     def _gt_masks(self, batch, si, n):
         """Ground-truth masks of image si's n targets as bool (n, h, w): from the overlap map, or the per-instance
         stack."""
-        from utils.metrics import instance_masks
-
         if getattr(self.args, "no_overlap", False):
             return batch["masks"][batch["targets"][:, 0] == si].gt(0.5)
         return instance_masks(batch["masks"][si], n)
 
     def update_extra(self, pred, predn, batch, si, correct):
         """Mask matches of image si, in the same rows as its box matches (`correct`)."""
-        from utils.metrics import process_mask_batch
-
         shape = batch["img"].shape[2:]
         # float coefficients and boxes: under --half they come in fp16, and process_mask works in fp32
         pred_masks = ops.process_mask(self.protos[si], pred[:, 6:].float(), pred[:, :4].float(), shape, upsample=True)
@@ -83,8 +79,6 @@ class SegmentationValidator(DetectionValidator):
             self._native_masks = ops.scale_masks(pred_masks, batch["shapes"][si][0], batch["shapes"][si][1])
 
     def save_json(self, predn, path):
-        from utils.coco import box_to_coco_json, image_id_from_path, masks_to_rle
-
         rles = masks_to_rle(self._native_masks.gt(0.5).cpu().numpy())
         self.jdict += box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map(), rles=rles)
 
@@ -118,8 +112,6 @@ class SegmentationPredictor(DetectionPredictor):
         return det[:, :6], masks
 
     def write_result(self, result, im, im0, path, txt_path):
-        from utils.plots import Annotator, colors
-
         det, masks = result
         if len(det):
             annotator = Annotator(im0)

@@ -1,6 +1,6 @@
 """BaseTrainer: the one training loop shared by detection, segmentation and classification.
 
-Task subclasses (utils/tasks/*.py) override a few hooks: `get_data`, `build_model`, `build_dataset`,
+Task subclasses (engine/tasks/*.py) override a few hooks: `get_data`, `build_model`, `build_dataset`,
 `build_validator`, `preprocess_batch`, and optionally `plot_training_batch`. The loop itself knows nothing about
 tasks or YOLO versions: the model brings its criterion (`model.init_criterion`).
 """
@@ -20,10 +20,25 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from models.checkpoints import attempt_load, model_to_ckpt
 from utils import dist as du
-from utils.files import ROOT, atomic_save, find_file, increment_path, yaml_load, yaml_save
-from utils.loggers import LOGGER, CSVLogger, TensorBoardLogger
-from utils.torch_utils import EarlyStopping, ModelEMA, build_optimizer, init_seeds, lr_lambda, resolve_optimizer
+from utils.data.loader import build_dataloader
+from utils.files import (
+    atomic_save,
+    find_file,
+    increment_path,
+    yaml_load,
+    yaml_save,
+)
+from utils.loggers import LOGGER, CSVLogger, TensorBoardLogger, set_logging
+from utils.torch_utils import (
+    EarlyStopping,
+    ModelEMA,
+    build_optimizer,
+    init_seeds,
+    lr_lambda,
+    resolve_optimizer,
+)
 
 __version__ = "0.1.0"
 NBS = 64  # default nominal batch size: gradients are accumulated to about this many images per optimizer step
@@ -118,8 +133,6 @@ class BaseTrainer:
 
         with du.torch_distributed_zero_first(self.local_rank):
             self.train_set = self.build_dataset(self.data["train"], "train")
-        from utils.data.loader import build_dataloader
-
         self.train_loader = build_dataloader(
             self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
             world_size=self.world_size, seed=self.opt.seed,
@@ -160,8 +173,6 @@ class BaseTrainer:
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint(self, epoch):
-        from models.experimental import model_to_ckpt
-
         return {
             "epoch": epoch,
             "best_fitness": self.best_fitness,
@@ -311,8 +322,6 @@ class BaseTrainer:
             self.ema.update(self.model)
 
     def _rebuild_loader(self):
-        from utils.data.loader import build_dataloader
-
         return build_dataloader(
             self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
             world_size=self.world_size, seed=self.opt.seed,
@@ -345,8 +354,6 @@ class BaseTrainer:
             if f.exists():
                 strip_optimizer(f)
         if self.best.exists():
-            from models.experimental import attempt_load
-
             LOGGER.info(f"\nValidating {self.best}...")
             model = attempt_load(self.best, device=self.device, fuse=False)
             self.metrics = self.validator(model=model, trainer=self, final=True)
@@ -381,12 +388,14 @@ def find_last_run(search_dir="runs"):
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
-def resume_opt(opt):
+def resume_opt(opt, default_project):
     """For --resume [path]: the original run's options, plus where to resume from and this launch's device/workers.
 
+    A bare --resume searches where this command writes its runs (--project, else the task's default project).
     Rank and world size are never taken from the saved options: they come from this launch's environment.
     """
-    path = Path(opt.resume) if isinstance(opt.resume, str) and opt.resume else find_last_run(ROOT / "runs")
+    search_dir = opt.project or default_project
+    path = Path(opt.resume) if isinstance(opt.resume, str) and opt.resume else find_last_run(search_dir)
     if not path.is_file():
         raise FileNotFoundError(f"--resume {path}: file not found")
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
@@ -401,13 +410,11 @@ def run(trainer_cls, opt, callbacks=None):
     `callbacks` maps event names ('on_train_start', 'on_train_epoch_end', 'on_fit_epoch_end', 'on_train_end')
     to lists of functions taking the trainer.
     """
-    from utils.loggers import set_logging
-
-    set_logging()
+    set_logging(du.get_rank())
     device = du.select_device(opt.device, opt.batch_size)
     du.setup_ddp(device)
     if getattr(opt, "resume", False):
-        opt = resume_opt(opt)
+        opt = resume_opt(opt, trainer_cls.default_project)
     try:
         trainer = trainer_cls(deepcopy(opt), device)
         for event, fns in (callbacks or {}).items():

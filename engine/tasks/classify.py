@@ -2,22 +2,25 @@
 
 import torch
 
+from engine.predictor import BasePredictor
+from engine.trainer import BaseTrainer
+from engine.validator import BaseValidator
+from models.checkpoints import attempt_load, load_pretrained, transfer_weights
+from models.yolo import ClassificationModel, DetectionModel
+from utils.data.classify_dataset import ClassificationDataset, classify_val_transforms
+from utils.data.dataset_yaml import check_cls_dataset
+from utils.data.sources import LoadImages
 from utils.dist import get_rank, get_world_size
 from utils.files import find_file, yaml_load
 from utils.loggers import LOGGER
-from utils.predictor import BasePredictor
-from utils.tasks.detect import load_pretrained
-from utils.trainer import BaseTrainer
-from utils.validator import BaseValidator
+from utils.metrics import ClassifyMetrics, ConfusionMatrix
+from utils.plots import Annotator, plot_images
 
 
 def build_classifier(model_arg, nc, names):
     """A ClassificationModel from a YAML, or seeded from a .pt: a classifier checkpoint (fine-tuning: every tensor
     whose shape fits, so a head for another class count is left new) or a detector checkpoint, whose backbone is
     cut before its 10th layer as the official YOLOv5 classifier is (layers 0-8 copied, Classify in place of SPPF)."""
-    from models.experimental import attempt_load
-    from models.yolo import ClassificationModel, DetectionModel
-
     if str(model_arg).endswith(".pt"):
         src = attempt_load(model_arg, device="cpu", fuse=False)
         if isinstance(src, DetectionModel):
@@ -25,10 +28,7 @@ def build_classifier(model_arg, nc, names):
             LOGGER.info(f"Classifier seeded from the backbone (layers 0-8) of detector {model_arg}")
         else:
             model = ClassificationModel(src.yaml, nc=nc)
-            dst = model.state_dict()
-            keep = {k: v for k, v in src.state_dict().items() if k in dst and v.shape == dst[k].shape}
-            model.load_state_dict(keep, strict=False)
-            LOGGER.info(f"Transferred {len(keep)}/{len(dst)} items from {model_arg}")
+            transfer_weights(model, src, model_arg, exclude=())
     else:
         model = ClassificationModel(model_arg, nc=nc)
     model.names = dict(names)
@@ -39,8 +39,6 @@ class ClassificationTrainer(BaseTrainer):
     default_project = "runs/train-cls"
 
     def get_data(self):
-        from utils.data.dataset_yaml import check_cls_dataset
-
         return check_cls_dataset(self.opt.data)
 
     def build_model(self, nc, names):
@@ -56,8 +54,6 @@ class ClassificationTrainer(BaseTrainer):
         return yaml_load(find_file(name, "data/hyps"))
 
     def build_dataset(self, path, mode):
-        from utils.data.classify_dataset import ClassificationDataset
-
         train = mode == "train"
         return ClassificationDataset(
             path, imgsz=self.opt.imgsz, augment=train, hyp=self.hyp, cache=self.opt.cache, prefix=f"{mode}: ",
@@ -71,8 +67,6 @@ class ClassificationTrainer(BaseTrainer):
 
     def plot_training_batch(self, batch, ni):
         if ni < 3:
-            from utils.plots import plot_images
-
             # one whole-image box per image carries its class name
             n = len(batch["img"])
             whole = torch.tensor([0.5, 0.5, 1.0, 1.0]).expand(n, 4)
@@ -98,8 +92,6 @@ class ClassificationValidator(BaseValidator):
         return ("%22s" + "%11s" * 2) % ("classes", "top1_acc", "top5_acc")
 
     def init_metrics(self, model):
-        from utils.metrics import ClassifyMetrics, ConfusionMatrix
-
         self.metrics = ClassifyMetrics()
         self.confusion = ConfusionMatrix(nc=self.nc, task="classify")
         self.pred, self.targets = [], []
@@ -133,9 +125,6 @@ class ClassificationPredictor(BasePredictor):
     default_project = "runs/predict-cls"
 
     def load_source(self):
-        from utils.data.classify_dataset import classify_val_transforms
-        from utils.data.sources import LoadImages
-
         return LoadImages(self.args.source, imgsz=self.args.imgsz, transforms=classify_val_transforms(self.args.imgsz))
 
     def preprocess(self, im):
@@ -148,8 +137,6 @@ class ClassificationPredictor(BasePredictor):
         return probs[0]
 
     def write_result(self, probs, im, im0, path, txt_path):
-        from utils.plots import Annotator
-
         top5 = probs.argsort(0, descending=True)[:5].tolist()
         lines = [f"{probs[j]:.2f} {self.names[j]}" for j in top5]
         annotator = Annotator(im0)
