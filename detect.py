@@ -9,6 +9,7 @@ Usage:
 from engine.tasks.detect import DetectionPredictor
 from utils.cli import add_nms_args, predict_parser
 from utils.dist import get_rank
+from utils.errors import run_cli
 from utils.loggers import set_logging
 
 
@@ -24,4 +25,4 @@ def main(opt):
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    run_cli(main, parse_opt)

@@ -18,6 +18,7 @@ Usage:
 from engine.tasks.detect import DetectionTrainer
 from engine.trainer import run
 from utils.cli import train_parser
+from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
@@ -30,4 +31,4 @@ def main(opt):
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    run_cli(main, parse_opt)

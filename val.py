@@ -8,6 +8,7 @@ Usage:
 
 from engine.tasks.detect import DetectionValidator, run_val
 from utils.cli import val_parser
+from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
@@ -19,4 +20,4 @@ def main(opt):
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    run_cli(main, parse_opt)

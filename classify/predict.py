@@ -9,6 +9,7 @@ Usage:
 from engine.tasks.classify import ClassificationPredictor
 from utils.cli import predict_parser
 from utils.dist import get_rank
+from utils.errors import run_cli
 from utils.loggers import set_logging
 
 
@@ -23,4 +24,4 @@ def main(opt):
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    run_cli(main, parse_opt)

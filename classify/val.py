@@ -13,6 +13,7 @@ from utils.data.classify_dataset import ClassificationDataset
 from utils.data.dataset_yaml import check_cls_dataset
 from utils.data.loader import build_dataloader
 from utils.dist import get_rank, select_device
+from utils.errors import BadCheckpoint, run_cli
 from utils.files import increment_path
 from utils.loggers import set_logging
 
@@ -38,7 +39,7 @@ def main(opt):
     model = attempt_load(opt.weights, device=device, fuse=True)
     data = check_cls_dataset(opt.data)
     if model.nc != data["nc"]:
-        raise ValueError(f"{opt.weights} predicts {model.nc} classes but {opt.data} has {data['nc']}")
+        raise BadCheckpoint(f"{opt.weights} predicts {model.nc} classes but {opt.data} has {data['nc']}")
     split = data.get("test") or data["val"]
     ds = ClassificationDataset(split, imgsz=opt.imgsz, augment=False, prefix="val: ")
     loader = build_dataloader(ds, opt.batch_size, opt.workers, shuffle=False)
@@ -47,4 +48,4 @@ def main(opt):
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    run_cli(main, parse_opt)

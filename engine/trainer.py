@@ -23,6 +23,7 @@ from tqdm import tqdm
 from models.checkpoints import attempt_load, model_to_ckpt
 from utils import dist as du
 from utils.data.loader import build_dataloader
+from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.files import (
     atomic_save,
     find_file,
@@ -51,7 +52,7 @@ def amp_settings(device, amp):
     if amp == "off":
         return False, torch.float32
     if amp == "fp16" and device.type != "cuda":
-        raise ValueError("--amp fp16 needs CUDA; use --amp bf16 on CPU")
+        raise BadOption("--amp fp16 needs CUDA; use --amp bf16 on CPU")
     return True, torch.float16 if amp == "fp16" else torch.bfloat16
 
 
@@ -68,7 +69,7 @@ class BaseTrainer:
         self.callbacks = defaultdict(list)
         self.epochs = self.opt.epochs
         if self.opt.batch_size % self.world_size:
-            raise ValueError(f"--batch-size {self.opt.batch_size} must be a multiple of WORLD_SIZE {self.world_size}")
+            raise BadOption(f"--batch-size {self.opt.batch_size} must be a multiple of WORLD_SIZE {self.world_size}")
         self.batch_size = self.opt.batch_size // self.world_size  # per rank
         self.save_dir = self._make_save_dir()
         self.wdir = self.save_dir / "weights"
@@ -193,10 +194,10 @@ class BaseTrainer:
     def _resume(self, path):
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         if ckpt.get("optimizer") is None:
-            raise ValueError(f"{path}: has no optimizer state (a finished, stripped run): nothing to resume")
+            raise BadCheckpoint(f"{path}: has no optimizer state (a finished, stripped run): nothing to resume")
         start = ckpt["epoch"] + 1
         if start >= self.epochs:
-            raise ValueError(f"{path}: training to {self.epochs} epochs is finished, nothing to resume")
+            raise BadCheckpoint(f"{path}: training to {self.epochs} epochs is finished, nothing to resume")
         self.model.load_state_dict({k: v.float() for k, v in ckpt["model"]["state_dict"].items()})
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
@@ -384,7 +385,7 @@ def find_last_run(search_dir="runs"):
     """The most recently written last.pt under `search_dir` (for a bare --resume)."""
     candidates = list(Path(search_dir).rglob("last.pt"))
     if not candidates:
-        raise FileNotFoundError(f"--resume: no last.pt found under {Path(search_dir).resolve()}")
+        raise BadOption(f"--resume: no last.pt found under {Path(search_dir).resolve()}")
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
@@ -397,7 +398,7 @@ def resume_opt(opt, default_project):
     search_dir = opt.project or default_project
     path = Path(opt.resume) if isinstance(opt.resume, str) and opt.resume else find_last_run(search_dir)
     if not path.is_file():
-        raise FileNotFoundError(f"--resume {path}: file not found")
+        raise BadFile(f"--resume {path}: file not found")
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
     saved = dict(ckpt["opt"])
     saved.update(resume_from=str(path), resume=False, device=opt.device, workers=opt.workers)

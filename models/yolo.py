@@ -1,4 +1,5 @@
-"""YOLO models built from YAML: the module registry, `parse_model`, and the detection/segmentation/classification models.
+"""YOLO models built from YAML: the module registry, `parse_model`, and the detection/segmentation/classification
+models.
 
 YAML schema (official): `nc`, optional `anchors`, either `depth_multiple`/`width_multiple` (one file per size, v5/v7)
 or `scales: {n: [depth, width, max_channels], ...}` (v8, one file for all sizes), `backbone` and `head` lists of
@@ -36,6 +37,7 @@ from models.heads import (
     IDetect,
     Segment,
 )
+from utils.errors import BadModelYaml
 from utils.loggers import LOGGER
 from utils.loss import build_criterion
 
@@ -91,7 +93,7 @@ def _find_yaml(cfg):
     for candidate in (path.with_name(unified), MODELS_DIR / unified):
         if match and candidate.is_file():
             return candidate, match.group(1)
-    raise FileNotFoundError(f"model YAML '{cfg}' not found (also looked in {MODELS_DIR})")
+    raise BadModelYaml(f"model YAML '{cfg}' not found (also looked in {MODELS_DIR})")
 
 
 def yaml_model_load(cfg):
@@ -99,7 +101,13 @@ def yaml_model_load(cfg):
     if isinstance(cfg, dict):
         return deepcopy(cfg)
     path, scale = _find_yaml(cfg)
-    d = yaml.safe_load(path.read_text())
+    try:
+        d = yaml.safe_load(path.read_text(errors="replace"))
+    except yaml.YAMLError as e:
+        raise BadModelYaml(f"{path}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    missing = [k for k in ("backbone", "head") if not isinstance(d, dict) or not isinstance(d.get(k), list)]
+    if missing:
+        raise BadModelYaml(f"{path}: needs {' and '.join(missing)} lists of [from, number, module, args]")
     if "scales" in d:
         d["scale"] = scale or d.get("scale") or next(iter(d["scales"]))
     d["yaml_file"] = str(path)
@@ -128,7 +136,7 @@ def _resolve_module(name, d, section, index):
         return anchor_based if "anchors" in d else anchor_free
     if name in REGISTRY:
         return REGISTRY[name]
-    raise ValueError(
+    raise BadModelYaml(
         f"{_where(d, section, index)}: unknown module '{name}'; known: {sorted([*REGISTRY, *AMBIGUOUS_HEADS])}"
     )
 
@@ -156,7 +164,7 @@ def _resolve_arg(a, d, section, index):
     if a.startswith("nn."):
         act = _parse_activation(a)
         if act is None:
-            raise ValueError(f"{_where(d, section, index)}: unsupported argument '{a}'; known: {sorted(ACTIVATIONS)}")
+            raise BadModelYaml(f"{_where(d, section, index)}: unsupported argument '{a}'; known: {sorted(ACTIVATIONS)}")
         return act
     return a  # plain strings such as 'nearest'
 
@@ -194,6 +202,25 @@ def _scaling(d):
     return d.get("depth_multiple", 1.0), d.get("width_multiple", 1.0), float("inf")
 
 
+def _build_layer(row, d, section, j, ch, depth, width, max_channels):
+    """One YAML row -> (module, output channels); a row that cannot be built is a BadModelYaml naming its line."""
+    if not isinstance(row, list) or len(row) != 4:
+        raise BadModelYaml(f"{_where(d, section, j)}: expected [from, number, module, args], got {row!r}")
+    f, n, name, args = row
+    m = _resolve_module(name, d, section, j)
+    args = [_resolve_arg(a, d, section, j) for a in args]
+    kwargs = {"act": a for a in args if isinstance(a, nn.Module)}
+    args = [a for a in args if not isinstance(a, nn.Module)]
+    n = max(round(n * depth), 1) if n > 1 else n
+    try:
+        args, n, c2 = _layer_args(m, f, n, args, ch, width, max_channels)
+        m_ = nn.Sequential(*(m(*args, **kwargs) for _ in range(n))) if n > 1 else m(*args, **kwargs)
+    except (TypeError, IndexError, KeyError, ValueError) as e:  # wrong argument count/type or a bad 'from' index
+        raise BadModelYaml(f"{_where(d, section, j)}: cannot build {name} from {row!r} ({e})") from None
+    m_.f, m_.type = f, m.__name__
+    return m_, c2
+
+
 def parse_model(d, ch):
     """Build nn.Sequential from a model dict; returns (model, sorted indices of layers whose outputs are reused).
 
@@ -201,20 +228,15 @@ def parse_model(d, ch):
     YOLOv7's Conv has no dilation argument before `act` and the official YAMLs pass it positionally.
     """
     if "activation" in d:
-        raise ValueError(f"{d.get('yaml_file', '<dict>')}: a model-wide 'activation' key is not supported")
+        raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: a model-wide 'activation' key is not supported")
     depth, width, max_channels = _scaling(d)
     ch = [ch] if isinstance(ch, int) else list(ch)
     rows = [("backbone", j, r) for j, r in enumerate(d["backbone"])] + [("head", j, r) for j, r in enumerate(d["head"])]
     layers, save = [], []
-    for i, (section, j, (f, n, name, args)) in enumerate(rows):
-        m = _resolve_module(name, d, section, j)
-        args = [_resolve_arg(a, d, section, j) for a in args]
-        kwargs = {"act": a for a in args if isinstance(a, nn.Module)}
-        args = [a for a in args if not isinstance(a, nn.Module)]
-        n = max(round(n * depth), 1) if n > 1 else n
-        args, n, c2 = _layer_args(m, f, n, args, ch, width, max_channels)
-        m_ = nn.Sequential(*(m(*args, **kwargs) for _ in range(n))) if n > 1 else m(*args, **kwargs)
-        m_.i, m_.f, m_.type = i, f, m.__name__
+    for i, (section, j, row) in enumerate(rows):
+        m_, c2 = _build_layer(row, d, section, j, ch, depth, width, max_channels)
+        f = m_.f
+        m_.i = i
         m_.np = sum(x.numel() for x in m_.parameters())
         save.extend(x % i for x in ([f] if isinstance(f, int) else f) if x != -1)
         layers.append(m_)

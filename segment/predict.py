@@ -10,6 +10,7 @@ Usage:
 from engine.tasks.segment import SegmentationPredictor
 from utils.cli import add_nms_args, predict_parser
 from utils.dist import get_rank
+from utils.errors import run_cli
 from utils.loggers import set_logging
 
 
@@ -26,4 +27,4 @@ def main(opt):
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    run_cli(main, parse_opt)

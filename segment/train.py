@@ -14,6 +14,7 @@ Usage:
 from engine.tasks.segment import SegmentationTrainer
 from engine.trainer import run
 from utils.cli import train_parser
+from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
@@ -28,4 +29,4 @@ def main(opt):
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    run_cli(main, parse_opt)

@@ -8,6 +8,7 @@ Usage:
 from engine.tasks.detect import run_val
 from engine.tasks.segment import SegmentationValidator
 from utils.cli import val_parser
+from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
@@ -20,4 +21,4 @@ def main(opt):
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    run_cli(main, parse_opt)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from utils.errors import BadOption
 from utils.loggers import LOGGER
 
 # Rank 0 may scan labels, cache images or validate while the others wait in a barrier; a short timeout kills
@@ -74,14 +75,14 @@ def select_device(device="", batch_size=None):
     if spec:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", spec)
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {device} requested but CUDA is not available; use --device cpu")
+            raise BadOption(f"--device {device} requested but CUDA is not available; use --device cpu")
         n_visible = torch.cuda.device_count()
         if n_visible < len(spec.split(",")):
-            raise ValueError(f"--device {device} requested but only {n_visible} CUDA devices are visible")
+            raise BadOption(f"--device {device} requested but only {n_visible} CUDA devices are visible")
     local_rank = get_local_rank()
     index = max(local_rank, 0)
     if index >= torch.cuda.device_count():
-        raise ValueError(f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} are visible")
+        raise BadOption(f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} are visible")
     if batch_size is not None and get_world_size() == 1 and torch.cuda.device_count() > 1 and not spec:
         LOGGER.warning("several GPUs are visible but this is one process: launch with torchrun to use them all")
     torch.cuda.set_device(index)

@@ -7,10 +7,12 @@ from pathlib import Path
 import torch
 import yaml
 
+from utils.errors import BadFile
+
 ROOT = Path(__file__).resolve().parents[1]  # repository root
 
 
-class ConfigError(ValueError):
+class ConfigError(BadFile):
     """A configuration file (dataset, model or hyperparameter YAML) is missing or malformed."""
 
 

@@ -17,6 +17,7 @@ from utils.data.dataset_yaml import check_det_dataset
 from utils.data.detect_dataset import YOLODataset
 from utils.data.loader import build_dataloader
 from utils.dist import get_rank, get_world_size, select_device
+from utils.errors import BadCheckpoint
 from utils.files import increment_path
 from utils.loggers import LOGGER, set_logging
 from utils.metrics import ConfusionMatrix, DetMetrics, process_batch
@@ -253,7 +254,7 @@ def run_val(opt, validator_cls, task="detect"):
     model = attempt_load(opt.weights, device=device, fuse=True)
     data = check_det_dataset(opt.data)
     if data["nc"] != model.nc:
-        raise ValueError(f"{opt.weights} has {model.nc} classes but {opt.data} has {data['nc']}")
+        raise BadCheckpoint(f"--weights {opt.weights} has {model.nc} classes but --data {opt.data} has {data['nc']}")
     if opt.task == "speed":
         opt.conf_thres, opt.iou_thres, opt.save_json = 0.25, 0.45, False
     split = "test" if opt.task == "test" and data.get("test") else "val"

@@ -20,6 +20,7 @@ from models.yolo import (
     parse_model,
     yaml_model_load,
 )
+from utils.errors import BadModelYaml
 
 V5 = [f"yolov5{s}.yaml" for s in "nsmlx"]
 V8 = [f"yolov8{s}.yaml" for s in "nsmlx"]
@@ -73,7 +74,7 @@ def test_v8_scale_from_name():
     assert d["scale"] == "s" and d["yaml_file"].endswith("yolov8-seg.yaml")
     assert yaml_model_load("yolov8.yaml")["scale"] == "n"  # no scale letter: the first scale
     assert "scale" not in yaml_model_load("yolov5s.yaml")
-    with pytest.raises(FileNotFoundError, match="yolov9q"):
+    with pytest.raises(BadModelYaml, match="yolov9q"):
         yaml_model_load("yolov9q.yaml")
 
 

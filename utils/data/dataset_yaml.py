@@ -15,13 +15,14 @@ from pathlib import Path
 
 from utils.data.downloads import download
 from utils.data.synthetic import generate_dataset
+from utils.errors import BadDataset
 from utils.files import ROOT, ConfigError, yaml_load
 from utils.loggers import LOGGER
 
 SYNTHETIC_KEYS = {"task", "n_train", "n_val", "seed", "min_side", "max_side", "max_objects"}
 
 
-class DatasetError(ConfigError):
+class DatasetError(ConfigError, BadDataset):
     """A dataset YAML or dataset folder is malformed (a ValueError)."""
 
 
@@ -39,7 +40,8 @@ def find_dataset_yaml(data):
     for c in candidates:
         if c.is_file():
             return c
-    raise DatasetNotFoundError(f"{data}: dataset YAML not found (also tried {', '.join(str(c) for c in candidates[1:])})")
+    tried = ", ".join(str(c) for c in candidates[1:])
+    raise DatasetNotFoundError(f"{data}: dataset YAML not found (also tried {tried})")
 
 
 def _load(yaml_file):
@@ -120,12 +122,14 @@ def _obtain(d, label, root, missing, autodownload):
         spec = dict(d["synthetic"])
         unknown = set(spec) - SYNTHETIC_KEYS
         if unknown:
-            raise DatasetError(f"{label}: unknown 'synthetic' keys {sorted(unknown)}, expected {sorted(SYNTHETIC_KEYS)}")
+            raise DatasetError(
+                f"{label}: unknown 'synthetic' keys {sorted(unknown)}, expected {sorted(SYNTHETIC_KEYS)}")
         LOGGER.info(f"{label}: dataset not found, generating synthetic {spec.get('task', 'detect')} data in {root}...")
         try:
             generate_dataset(root, **spec)
         except FileExistsError:
-            raise DatasetError(f"{label}: {root} exists but lacks {', '.join(missing)}; remove it to regenerate") from None
+            raise DatasetError(
+                f"{label}: {root} exists but lacks {', '.join(missing)}; remove it to regenerate") from None
     elif d.get("download") and autodownload:
         LOGGER.info(f"{label}: dataset not found (missing {', '.join(missing)}), downloading...")
         run_download(d["download"], d, root)
