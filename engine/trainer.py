@@ -1,8 +1,10 @@
 """BaseTrainer: the one training loop shared by detection, segmentation and classification.
 
-Task subclasses (engine/tasks/*.py) override a few hooks: `get_data`, `build_model`, `build_dataset`,
-`build_validator`, `preprocess_batch`, and optionally `plot_training_batch`. The loop itself knows nothing about
-tasks or YOLO versions: the model brings its criterion (`model.init_criterion`).
+Task subclasses (engine/tasks/*.py) override a few hooks: `get_data`, `build_model(nc, names)`,
+`build_dataset(path, mode, stride)`, `build_validator(loader)`, `preprocess_batch`, and optionally
+`plot_training_batch`. Hooks get what they need as arguments or from attributes `_setup` assigned before calling
+them (opt, hyp, nc, names, batch_size, save_dir). The loop itself knows nothing about tasks or YOLO versions: the
+model brings its criterion (`model.init_criterion`).
 """
 
 import contextlib
@@ -61,9 +63,12 @@ class BaseTrainer:
 
     default_project = "runs/train"
 
-    def __init__(self, opt, device):
+    def __init__(self, opt, device, resume_from=None):
+        """Configuration only: what the options and the launch environment decide. Everything built from data,
+        model and hyp is assigned in `_setup`, in one place and one order."""
         self.opt = SimpleNamespace(**vars(opt)) if not isinstance(opt, SimpleNamespace) else opt
         self.device = device
+        self.resume_from = resume_from
         self.rank, self.local_rank, self.world_size = du.get_rank(), du.get_local_rank(), du.get_world_size()
         self.main = self.rank in (-1, 0)
         self.callbacks = defaultdict(list)
@@ -74,8 +79,6 @@ class BaseTrainer:
         self.save_dir = self._make_save_dir()
         self.wdir = self.save_dir / "weights"
         self.last, self.best = self.wdir / "last.pt", self.wdir / "best.pt"
-        init_seeds(self.opt.seed + 1 + max(self.rank, 0), deterministic=self.opt.deterministic)
-        self.start_epoch, self.best_fitness, self.metrics = 0, 0.0, {}
         self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
 
     # ---------------------------------------------------------------- hooks for task subclasses
@@ -86,11 +89,11 @@ class BaseTrainer:
     def build_model(self, nc, names):
         raise NotImplementedError
 
-    def build_dataset(self, path, mode):
-        """mode is 'train' or 'val'."""
+    def build_dataset(self, path, mode, stride):
+        """mode is 'train' or 'val'; stride is the model's largest stride (image sizes are multiples of it)."""
         raise NotImplementedError
 
-    def build_validator(self):
+    def build_validator(self, loader):
         raise NotImplementedError
 
     def preprocess_batch(self, batch):
@@ -110,8 +113,8 @@ class BaseTrainer:
 
     # ---------------------------------------------------------------- set-up
     def _make_save_dir(self):
-        if getattr(self.opt, "resume_from", None):
-            return Path(self.opt.resume_from).parent.parent
+        if self.resume_from:
+            return Path(self.resume_from).parent.parent
         project = Path(self.opt.project or self.default_project)
         path = increment_path(project / self.opt.name, exist_ok=self.opt.exist_ok) if self.main else None
         # every rank must agree on one folder; only rank 0 looks at the disk to choose it
@@ -123,6 +126,8 @@ class BaseTrainer:
         return yaml_load(find_file(name, "data/hyps"))
 
     def _setup(self):
+        """Build everything the loop needs, in dependency order; every attribute not set in __init__ is set here."""
+        init_seeds(self.opt.seed + 1 + max(self.rank, 0), deterministic=self.opt.deterministic)
         with du.torch_distributed_zero_first(self.local_rank):
             self.data = self.get_data()  # may download or generate; rank 0 of each machine goes first
         self.nc, self.names = self.data["nc"], self.data["names"]
@@ -131,25 +136,29 @@ class BaseTrainer:
         self.hyp = self.load_hyp(model)
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
         self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn)
+        stride = int(max(self.model.stride))
 
         with du.torch_distributed_zero_first(self.local_rank):
-            self.train_set = self.build_dataset(self.data["train"], "train")
-        self.train_loader = build_dataloader(
-            self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
-            world_size=self.world_size, seed=self.opt.seed,
-        )
+            self.train_set = self.build_dataset(self.data["train"], "train", stride)
+        self.train_loader = self._build_train_loader()
         self.nb = len(self.train_loader)
-        self.validator = None
+        self.val_set = self.val_loader = self.validator = None
         if self.main:
-            self.val_set = self.build_dataset(self.data["val"], "val")
+            self.val_set = self.build_dataset(self.data["val"], "val", stride)
             self.val_loader = build_dataloader(self.val_set, self.batch_size * 2, self.opt.workers, shuffle=False)
-            self.validator = self.build_validator()
+            self.validator = self.build_validator(self.val_loader)
+
         self._setup_optimizer()
         self.ema = ModelEMA(self.model) if self.main else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp and self.amp_dtype == torch.float16)
-        if getattr(self.opt, "resume_from", None):
-            self._resume(self.opt.resume_from)
+        # loop state; _resume may overwrite it
+        self.start_epoch, self.epoch, self.last_opt_step = 0, 0, -1
+        self.best_fitness, self.metrics = 0.0, {}
+        self.tloss, self.lr = None, {}
+        if self.resume_from:
+            self._resume(self.resume_from)
         self.stopper = EarlyStopping(self.opt.patience, self.best_fitness, max(self.start_epoch - 1, 0))
+        self.csv = self.tb = None
         if self.main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             yaml_save(self.save_dir / "opt.yaml", vars(self.opt))
@@ -158,6 +167,7 @@ class BaseTrainer:
             self.tb = TensorBoardLogger(self.save_dir)
 
     def _setup_optimizer(self):
+        """Accumulation, scaled weight decay, optimizer, warmup settings and the LR schedule."""
         total_batch = self.batch_size * self.world_size
         self.nbs = self.hyp.get("nbs", NBS)  # a hyp may lower it so that small datasets get enough steps
         self.accumulate = max(round(self.nbs / total_batch), 1)
@@ -184,7 +194,7 @@ class BaseTrainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-            "opt": {k: v for k, v in vars(self.opt).items() if k != "resume_from"},
+            "opt": vars(self.opt),
             "hyp": self.hyp,
             "metrics": self.metrics,
             "date": datetime.now().isoformat(),
@@ -261,7 +271,7 @@ class BaseTrainer:
         if epoch == self.epochs - self.hyp.get("close_mosaic", 0) and hasattr(self.train_set, "close_mosaic"):
             LOGGER.info("Closing mosaic augmentation for the last epochs")
             self.train_set.close_mosaic()
-            self.train_loader = self._rebuild_loader()
+            self.train_loader = self._build_train_loader()
         if hasattr(self.train_loader.sampler, "set_epoch"):
             # seeds the shuffle with the epoch: without it every epoch would repeat the same order on each rank
             self.train_loader.sampler.set_epoch(epoch)
@@ -273,7 +283,7 @@ class BaseTrainer:
             LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "GPU_mem", *names, "Instances", "Size"))
             pbar = tqdm(pbar, total=self.nb, bar_format="{l_bar}{bar:10}{r_bar}")
         self.optimizer.zero_grad()
-        last_step = getattr(self, "last_opt_step", -1)
+        last_step = self.last_opt_step
         for i, batch in pbar:
             ni = i + self.nb * epoch
             if ni <= nw:
@@ -322,7 +332,7 @@ class BaseTrainer:
         if self.ema is not None:
             self.ema.update(self.model)
 
-    def _rebuild_loader(self):
+    def _build_train_loader(self):
         return build_dataloader(
             self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
             world_size=self.world_size, seed=self.opt.seed,
@@ -401,8 +411,8 @@ def resume_opt(opt, default_project):
         raise BadFile(f"--resume {path}: file not found")
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
     saved = dict(ckpt["opt"])
-    saved.update(resume_from=str(path), resume=False, device=opt.device, workers=opt.workers)
-    return SimpleNamespace(**saved)
+    saved.update(resume=False, device=opt.device, workers=opt.workers)
+    return SimpleNamespace(**saved), path
 
 
 def run(trainer_cls, opt, callbacks=None):
@@ -414,10 +424,11 @@ def run(trainer_cls, opt, callbacks=None):
     set_logging(du.get_rank())
     device = du.select_device(opt.device, opt.batch_size)
     du.setup_ddp(device)
-    if getattr(opt, "resume", False):
-        opt = resume_opt(opt, trainer_cls.default_project)
+    resume_from = None
+    if opt.resume:
+        opt, resume_from = resume_opt(opt, trainer_cls.default_project)
     try:
-        trainer = trainer_cls(deepcopy(opt), device)
+        trainer = trainer_cls(deepcopy(opt), device, resume_from=resume_from)
         for event, fns in (callbacks or {}).items():
             for fn in fns:
                 trainer.add_callback(event, fn)

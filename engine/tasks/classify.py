@@ -53,7 +53,7 @@ class ClassificationTrainer(BaseTrainer):
         name = self.opt.hyp or getattr(model, "default_hyp", None) or "hyp.cls.yaml"
         return yaml_load(find_file(name, "data/hyps"))
 
-    def build_dataset(self, path, mode):
+    def build_dataset(self, path, mode, stride):
         train = mode == "train"
         return ClassificationDataset(
             path, imgsz=self.opt.imgsz, augment=train, hyp=self.hyp, cache=self.opt.cache, prefix=f"{mode}: ",
@@ -73,8 +73,8 @@ class ClassificationTrainer(BaseTrainer):
             targets = torch.cat([torch.arange(n)[:, None], batch["cls"].cpu()[:, None], whole], 1).float()
             plot_images(batch["img"], targets, fname=self.save_dir / f"train_batch{ni}.jpg", names=self.names)
 
-    def build_validator(self):
-        return ClassificationValidator(self.val_loader, self.save_dir, self.opt, self.names)
+    def build_validator(self, loader):
+        return ClassificationValidator(loader, self.save_dir, self.opt, self.names)
 
 
 class ClassificationValidator(BaseValidator):

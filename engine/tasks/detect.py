@@ -45,7 +45,7 @@ class DetectionTrainer(BaseTrainer):
     def dataset_kwargs(self, mode):
         return {}
 
-    def build_dataset(self, path, mode):
+    def build_dataset(self, path, mode, stride):
         train = mode == "train"
         return YOLODataset(
             path,
@@ -55,7 +55,7 @@ class DetectionTrainer(BaseTrainer):
             hyp=self.hyp,
             rect=self.opt.rect if train else True,
             cache=self.opt.cache,
-            stride=int(max(self.model.stride)) if hasattr(self, "model") else 32,
+            stride=stride,
             pad=0.0 if train else 0.5,
             prefix=f"{mode}: ",
             nc=self.nc,
@@ -65,8 +65,8 @@ class DetectionTrainer(BaseTrainer):
             **self.dataset_kwargs(mode),
         )
 
-    def build_validator(self):
-        return DetectionValidator(self.val_loader, self.save_dir, self.opt, self.names)
+    def build_validator(self, loader):
+        return DetectionValidator(loader, self.save_dir, self.opt, self.names)
 
     def preprocess_batch(self, batch):
         batch = super().preprocess_batch(batch)

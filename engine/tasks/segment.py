@@ -34,8 +34,8 @@ class SegmentationTrainer(DetectionTrainer):
         batch["masks"] = batch["masks"].to(self.device).float()
         return batch
 
-    def build_validator(self):
-        return SegmentationValidator(self.val_loader, self.save_dir, self.opt, self.names)
+    def build_validator(self, loader):
+        return SegmentationValidator(loader, self.save_dir, self.opt, self.names)
 
 
 class SegmentationValidator(DetectionValidator):
