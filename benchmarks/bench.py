@@ -1,8 +1,10 @@
 """Speed figures on this machine (not assertions): training images/s, dataloader images/s with mosaic, and
-inference ms/image for the fused model at batch 1.
+inference ms/image for the fused model at batch 1. These time the model step on prefetched batches; whole-run
+figures (start-up, data, validation, saving) come from timing the scripts themselves.
 
     python benchmarks/bench.py                                  # yolov5n, yolov8n, yolov7-tiny, seg, cls at 320/640
     python benchmarks/bench.py --models yolov8n.yaml --imgsz 640 --amp bf16 --channels-last
+    python benchmarks/bench.py --device 0 --amp fp16 --imgsz 640 --train-imgsz 640 --batch 64   # one GPU
 """
 
 import argparse
@@ -16,6 +18,7 @@ from utils import ops
 from utils.data.dataset_yaml import check_det_dataset
 from utils.data.detect_dataset import YOLODataset
 from utils.data.loader import build_dataloader
+from utils.dist import select_device
 from utils.files import ROOT, find_file, yaml_load
 
 
@@ -50,8 +53,8 @@ def classification_batches(imgsz, batch, n):
             for _ in range(n)]
 
 
-def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers):
-    model = model_for(cfg).train()
+def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers, device):
+    model = model_for(cfg).train().to(device)
     hyp = yaml_load(find_file(model.default_hyp or "hyp.scratch-low.yaml", "data/hyps"))
     criterion = model.init_criterion(hyp, imgsz=imgsz)
     if "-cls" in cfg:
@@ -61,38 +64,55 @@ def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers):
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     t0 = None
     for i, b in enumerate(batches):
         if i == 1:
+            sync(device)
             t0 = time.perf_counter()  # the first step warms up allocators
-        img = b["img"].float() / (255 if b["img"].dtype == torch.uint8 else 1)
-        b = {**b, "img": img.contiguous(memory_format=memory_format)}
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
+        img = b["img"].to(device).float() / (255 if b["img"].dtype == torch.uint8 else 1)
+        b = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+        b["img"] = img.contiguous(memory_format=memory_format)
+        with autocast(device, amp):
             preds = model(b["img"])
         loss, _ = criterion(to_float32(preds), b)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad()
+    sync(device)
     return steps * batch / (time.perf_counter() - t0), loader_ips
 
 
+def autocast(device, amp):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
+    return torch.autocast(device.type, dtype=dtype, enabled=amp != "off")
+
+
+def sync(device):
+    """Wait for queued GPU work, so that wall-clock times cover it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
-def bench_infer(cfg, imgsz, runs, amp, channels_last, fuse=True):
+def bench_infer(cfg, imgsz, runs, amp, channels_last, device, fuse=True):
     model = model_for(cfg).eval()
     if fuse:  # Conv+BN folding; for YOLOv7 also RepConv re-parameterisation and implicit-layer folding
         model.fuse()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    model = model.to(memory_format=memory_format)
-    x = torch.rand(1, 3, imgsz, imgsz).contiguous(memory_format=memory_format)
+    model = model.to(device, memory_format=memory_format)
+    x = torch.rand(1, 3, imgsz, imgsz, device=device).contiguous(memory_format=memory_format)
     times = []
     for i in range(runs + 2):
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
+        with autocast(device, amp):
             y = model(x)
         if "-cls" not in cfg:
             det = y[0] if isinstance(y, (list, tuple)) else y
             nm = 32 if "-seg" in cfg else 0
             ops.non_max_suppression(det.float(), 0.25, 0.45, nc=3, nm=nm)
+        sync(device)
         if i >= 2:
             times.append(time.perf_counter() - t0)
     times.sort()
@@ -110,23 +130,31 @@ def main():
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--amp", choices=["off", "bf16"], default="off")
+    p.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off", help="fp16 needs CUDA")
+    p.add_argument("--device", default="cpu", help="cpu, or a CUDA index such as 0")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--no-fuse", action="store_true", help="time inference in the training structure")
     opt = p.parse_args()
     torch.set_num_threads(opt.threads)
-    print(f"torch {torch.__version__}, {opt.threads} threads, amp={opt.amp}, channels_last={opt.channels_last}, "
-          f"fused={not opt.no_fuse}")
-    print(f"{'model':<20}{'train img/s':>12}{'loader img/s':>14}" + "".join(f"{f'infer {s} ms':>14}" for s in opt.imgsz))
+    device = select_device(opt.device)
+    print(f"torch {torch.__version__}, {device}, {opt.threads} threads, amp={opt.amp}, "
+          f"channels_last={opt.channels_last}, fused={not opt.no_fuse}")
+    header = "".join(f"{f'infer {s} ms':>14}" for s in opt.imgsz)
+    print(f"{'model':<20}{'train img/s':>12}{'loader img/s':>14}{header}{'GPU mem GB':>12}")
     for cfg in opt.models:
         if not (ROOT / "models" / cfg.replace("yolov8n", "yolov8")).exists():
             print(f"{cfg:<20} (no such model YAML yet)")
             continue
         train_imgsz = 96 if "-cls" in cfg else opt.train_imgsz
-        ips, loader = bench_train(cfg, train_imgsz, opt.batch, opt.steps, opt.amp, opt.channels_last, opt.workers)
-        inf = [bench_infer(cfg, 96 if "-cls" in cfg else s, opt.runs, opt.amp, opt.channels_last, not opt.no_fuse)
-               for s in opt.imgsz]
-        print(f"{cfg:<20}{ips:>12.1f}{loader:>14.1f}" + "".join(f"{t:>14.1f}" for t in inf), flush=True)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        ips, loader = bench_train(cfg, train_imgsz, opt.batch, opt.steps, opt.amp, opt.channels_last, opt.workers,
+                                  device)
+        inf = [bench_infer(cfg, 96 if "-cls" in cfg else s, opt.runs, opt.amp, opt.channels_last, device,
+                           not opt.no_fuse) for s in opt.imgsz]
+        mem = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else 0.0
+        print(f"{cfg:<20}{ips:>12.1f}{loader:>14.1f}" + "".join(f"{t:>14.1f}" for t in inf) + f"{mem:>12.2f}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# GPU acceptance: the CUDA paths that CI (CPU only) cannot run, in one command, with one summary table.
+#
+#   bash benchmarks/gpu_check.sh              # on a CUDA machine: device 0, fp16 AMP, NCCL, --half, 640 px
+#   DEVICE=cpu bash benchmarks/gpu_check.sh   # the same steps on CPU (bf16, gloo, no --half): checks the script
+#
+# Every step runs even if an earlier one failed; the exit status is non-zero if any failed. Outputs go under
+# $OUT (set by the device tool) or runs/gpu_check.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+DEVICE=${DEVICE:-0}
+OUT=${OUT:-runs/gpu_check}
+if [ "$DEVICE" = cpu ]; then
+    AMP=bf16; HALF=""; IMG=${IMG:-128}; BATCH=${BATCH:-8}; EPOCHS=1
+else
+    AMP=fp16; HALF=--half; IMG=${IMG:-640}; BATCH=${BATCH:-64}; EPOCHS=1
+fi
+P="$OUT/runs"
+mkdir -p "$OUT"
+SUMMARY=()
+FAILED=0
+
+step() {  # step NAME COMMAND...: run, time, record the outcome; output to $OUT/NAME.log
+    local name=$1; shift
+    local t0=$SECONDS
+    echo "=== $name: $*"
+    if "$@" >"$OUT/$name.log" 2>&1; then
+        SUMMARY+=("$(printf '%-22s %-6s %6ss' "$name" ok $((SECONDS - t0)))")
+    else
+        FAILED=1
+        SUMMARY+=("$(printf '%-22s %-6s %6ss  (see %s)' "$name" FAILED $((SECONDS - t0)) "$OUT/$name.log")")
+        tail -20 "$OUT/$name.log"
+    fi
+}
+
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
+
+COMMON=(--device "$DEVICE" --img "$IMG" --batch-size "$BATCH" --epochs "$EPOCHS" --project "$P" --exist-ok)
+step train-amp-v8 python train.py --cfg yolov8n.yaml --amp "$AMP" --name v8 "${COMMON[@]}"
+step train-amp-v5 python train.py --cfg yolov5n.yaml --amp "$AMP" --name v5 "${COMMON[@]}"
+step train-seg python segment/train.py --cfg yolov8n-seg.yaml --amp "$AMP" --name seg "${COMMON[@]}"
+step train-cls python classify/train.py --amp "$AMP" --name cls --device "$DEVICE" --img 96 \
+    --batch-size "$BATCH" --epochs 1 --project "$P" --exist-ok
+step torchrun-syncbn python -m torch.distributed.run --nproc_per_node 1 --master_port 29517 train.py \
+    --cfg yolov5n.yaml --sync-bn --name ddp "${COMMON[@]}"
+W="$P/v8/weights/best.pt"
+step val-half python val.py --weights "$W" --device "$DEVICE" --img "$IMG" $HALF --project "$P" --name val --exist-ok
+step detect-half python detect.py --weights "$W" --device "$DEVICE" --img "$IMG" $HALF --project "$P" --name det \
+    --exist-ok
+if [ -f export.py ]; then
+    step export python export.py --weights "$W" --device "$DEVICE" --img "$IMG" --include torchscript onnx $HALF
+fi
+step bench python benchmarks/bench.py --device "$DEVICE" --amp "$AMP" --imgsz "$IMG" --train-imgsz "$IMG" \
+    --batch "$BATCH" --models yolov5n.yaml yolov8n.yaml yolov8n-seg.yaml
+
+echo
+echo "=== benchmark (train img/s on prefetched batches, batch-1 inference ms with NMS, peak GPU memory)"
+grep -E "^(model|yolo)" "$OUT/bench.log" || true
+echo "=== GPU memory of the training runs (GPU_mem column of the last epoch line)"
+for name in train-amp-v8 train-amp-v5 train-seg; do
+    printf '%-22s %s\n' "$name" "$(grep -oE '[0-9.]+G' "$OUT/$name.log" | tail -1)"
+done
+echo "=== summary ($DEVICE, amp $AMP, img $IMG, batch $BATCH)"
+printf '%s\n' "${SUMMARY[@]}"
+exit $FAILED
