@@ -1,0 +1,96 @@
+"""Whole-process timings, as a user sees them: each job is a command started from scratch and timed to its exit
+(start-up, dataset scan, training, validation, saving), run alternately with a peer's command on the same data
+(A B A B ...), reported as medians and the time ratio. The machine is shared and noisy: trust ratios of medians,
+not single times.
+
+    python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0        # the benchmark data (256 / 64 images)
+    bash ../shared/peers/setup.sh && source /tmp/peers-venv/peer-env.sh      # the peers, in a venv of their own
+    python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 train-v5 predict --repeats 3
+    python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 --ours-args --amp bf16
+
+Without the peers' venv only our commands run.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from utils.files import ROOT
+
+# Ultralytics at 2 torch threads is its best configuration on a 2-core CPU (its default is cpu_count - 1 = 1).
+ULTRALYTICS_2_THREADS = (
+    "import sys, torch; from ultralytics import YOLO; m = YOLO('yolov8n.yaml'); "
+    "m.add_callback('on_train_start', lambda t: torch.set_num_threads(2)); "
+    "m.train(data=sys.argv[1], pretrained=False, epochs=int(sys.argv[2]), imgsz=int(sys.argv[3]), batch=16, "
+    "device='cpu', workers=2, plots=False, close_mosaic=0, project=sys.argv[4], exist_ok=True)"
+)
+
+
+def jobs(opt, out):
+    """name -> (our command, peer command or None)."""
+    py, peers = sys.executable, Path(opt.peers_venv) / "bin"
+    data, ep, img = opt.data, str(opt.epochs), str(opt.img)
+    ours_train = [py, str(ROOT / "train.py"), "--data", data, "--img", img, "--epochs", ep, "--batch-size", "16",
+                  "--device", "cpu", "--project", str(out / "ours"), "--exist-ok", *opt.ours_args]
+    images = str(Path(data).parent / "images" / "val")
+    return {
+        "train-v8": (ours_train + ["--cfg", "yolov8n.yaml", "--name", "v8"],
+                     [str(peers / "python"), "-c", ULTRALYTICS_2_THREADS, data, ep, img, str(out / "ultralytics")]),
+        "train-v5": (ours_train + ["--cfg", "yolov5n.yaml", "--name", "v5"],
+                     [str(peers / "yolov5"), "train", "--data", data, "--cfg", "yolov5n.yaml", "--weights", "",
+                      "--img", img, "--batch", "16", "--epochs", ep, "--workers", "2", "--device", "cpu",
+                      "--noplots", "--project", str(out / "yolov5"), "--exist-ok"]),
+        "predict": ([py, str(ROOT / "detect.py"), "--weights", str(out / "ours" / "v8" / "weights" / "best.pt"),
+                     "--source", images, "--img", img, "--device", "cpu", "--project", str(out / "ours"),
+                     "--name", "predict", "--exist-ok"],
+                    [str(peers / "yolo"), "detect", "predict",
+                     f"model={out / 'ultralytics' / 'train' / 'weights' / 'best.pt'}", f"source={images}",
+                     f"imgsz={img}", "device=cpu", f"project={out / 'ultralytics'}", "exist_ok=True"]),
+    }
+
+
+def timed(cmd, log):
+    t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "a") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc:
+        raise SystemExit(f"error: {cmd[:3]}... exited {rc}; see {log}")
+    return time.perf_counter() - t0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="dataset YAML (make_shapes.py's shapes-det.yaml)")
+    p.add_argument("--jobs", nargs="+", default=["train-v8", "train-v5", "predict"])
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--img", type=int, default=320)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--peers-venv", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers-venv"))
+    p.add_argument("--ours-args", nargs=argparse.REMAINDER, default=[], help="extra options for our commands")
+    p.add_argument("--out", default="runs/whole_run")
+    opt = p.parse_args()
+    out = Path(opt.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    have_peers = (Path(opt.peers_venv) / "bin" / "python").exists()
+    table = jobs(opt, out)
+    print(f"{'job':<10}{'ours s (median)':>17}{'peer s (median)':>17}{'ratio':>8}   runs")
+    for name in opt.jobs:
+        ours_cmd, peer_cmd = table[name]
+        ours, peer = [], []
+        for _ in range(opt.repeats):
+            ours.append(timed(ours_cmd, out / f"{name}-ours.log"))
+            if have_peers and peer_cmd:
+                peer.append(timed(peer_cmd, out / f"{name}-peer.log"))
+        mo = statistics.median(ours)
+        mp = statistics.median(peer) if peer else float("nan")
+        runs = " ".join(f"{a:.1f}" for a in ours) + (" | " + " ".join(f"{b:.1f}" for b in peer) if peer else "")
+        print(f"{name:<10}{mo:>17.1f}{mp:>17.1f}{mo / mp:>8.2f}   {runs}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
