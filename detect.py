@@ -4,6 +4,7 @@ Usage:
     $ python detect.py --weights runs/train/exp/weights/best.pt --source data/images
     $ python detect.py --weights best.pt --source 'path/*.jpg' --save-txt --conf-thres 0.4
     $ python detect.py --weights best.pt --source video.mp4
+    $ python detect.py --weights best.onnx --source data/images   # or best.torchscript (export.py)
 """
 
 from engine.tasks.detect import DetectionPredictor

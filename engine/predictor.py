@@ -1,4 +1,5 @@
-"""BasePredictor: load weights, read a source (image, folder, glob, video), run, draw and save results.
+"""BasePredictor: load weights (.pt, .onnx, .torchscript), read a source (image, folder, glob, video), run, draw and
+save results.
 
 Task subclasses implement `postprocess` (raw model output -> per-image results) and `write_result`
 (draw on the image, write the text file).
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 import cv2
 import torch
 
-from models.checkpoints import attempt_load
+from models.backend import InferenceBackend
 from utils import dist as du
 from utils.data.sources import LoadImages
 from utils.files import increment_path
@@ -24,12 +25,12 @@ class BasePredictor:
     def __init__(self, args):
         self.args = args if isinstance(args, SimpleNamespace) else SimpleNamespace(**vars(args))
         self.device = du.select_device(self.args.device)
-        self.model = attempt_load(self.args.weights, device=self.device, fuse=True)
-        self.half = bool(getattr(self.args, "half", False)) and self.device.type == "cuda"
-        if self.half:
-            self.model.half()
+        half = bool(getattr(self.args, "half", False)) and self.device.type == "cuda"
+        self.model = InferenceBackend(self.args.weights, device=self.device, half=half)
+        self.half = self.model.fp16
         self.names = self.model.names
-        self.stride = int(max(self.model.stride)) if hasattr(self.model, "stride") else 32
+        self.stride = self.model.stride
+        self.imgsz = self._input_size()
         project = Path(self.args.project or self.default_project)
         self.save_dir = increment_path(project / self.args.name, exist_ok=self.args.exist_ok)
         self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -37,8 +38,18 @@ class BasePredictor:
             (self.save_dir / "labels").mkdir(exist_ok=True)
         self.writers = {}
 
+    def _input_size(self):
+        """--imgsz, or the one size a static export takes (h, w)."""
+        if self.model.dynamic:
+            return self.args.imgsz
+        if (self.args.imgsz, self.args.imgsz) != self.model.imgsz:
+            LOGGER.warning(f"{self.args.weights} takes {self.model.imgsz[0]}x{self.model.imgsz[1]} images only "
+                           f"(exported without --dynamic): using that instead of --imgsz {self.args.imgsz}")
+        return self.model.imgsz
+
     def load_source(self):
-        return LoadImages(self.args.source, imgsz=self.args.imgsz, stride=self.stride, auto=True)
+        # a static export needs exactly its input size; otherwise pad only to the stride (less work)
+        return LoadImages(self.args.source, imgsz=self.imgsz, stride=self.stride, auto=self.model.dynamic)
 
     def preprocess(self, im):
         im = torch.from_numpy(im).to(self.device)

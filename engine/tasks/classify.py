@@ -125,7 +125,8 @@ class ClassificationPredictor(BasePredictor):
     default_project = "runs/predict-cls"
 
     def load_source(self):
-        return LoadImages(self.args.source, imgsz=self.args.imgsz, transforms=classify_val_transforms(self.args.imgsz))
+        size = self.imgsz if self.model.dynamic else self.imgsz[0]  # classifiers are exported square
+        return LoadImages(self.args.source, imgsz=size, transforms=classify_val_transforms(size))
 
     def preprocess(self, im):
         im = im.to(self.device) if isinstance(im, torch.Tensor) else torch.from_numpy(im).to(self.device)

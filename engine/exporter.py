@@ -1,0 +1,117 @@
+"""Exporter: a checkpoint (ours or official) -> ONNX and/or TorchScript files that run without this code.
+
+The exported graph is the fused inference model (BatchNorm folded, YOLOv7 RepConv and implicit layers
+re-parameterised) and returns the tensors of `model.eval()`, flattened to a tuple; the nesting, stride, names,
+task and image size go into the file's metadata so models/backend.py can run it as the `.pt`.
+"""
+
+import json
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
+from models.checkpoints import attempt_load
+from utils import dist as du
+from utils.loggers import LOGGER
+
+FORMATS = ("onnx", "torchscript")
+
+
+def _imgsz(imgsz, stride):
+    """--img h [w] -> (h, w), each a multiple of the model's largest stride."""
+    hw = tuple(imgsz) * 2 if len(imgsz) == 1 else tuple(imgsz)
+    if len(hw) != 2 or any(s <= 0 or s % stride for s in hw):
+        raise ValueError(f"--img {' '.join(map(str, imgsz))}: give one or two sizes, multiples of stride {stride}")
+    return hw
+
+
+def _forget_symbolic_shapes(model):
+    """Drop the exporter's symbolic shapes of intermediate values, and give each output dim its own name.
+
+    The TorchScript-based exporter names the height/width of every pyramid level alike (as if 8x8, 4x4 and 2x2 were
+    one size); onnxruntime trusts those names, reuses one level's buffer for another and fails at run time.
+    Without them onnxruntime infers the shapes itself.
+    """
+    del model.graph.value_info[:]
+    for o in model.graph.output:
+        for j, d in enumerate(o.type.tensor_type.shape.dim):
+            if d.dim_param and d.dim_param != "batch":
+                d.dim_param = f"{o.name}_dim{j}"
+
+
+class Exporter:
+    def __init__(self, opt):
+        self.opt = opt if isinstance(opt, SimpleNamespace) else SimpleNamespace(**vars(opt))
+        unknown = set(self.opt.include) - set(FORMATS)
+        if unknown:
+            raise ValueError(f"--include {' '.join(sorted(unknown))}: supported formats are {', '.join(FORMATS)}")
+
+    @torch.no_grad()
+    def __call__(self):
+        opt = self.opt
+        device = du.select_device(opt.device)
+        if opt.half and device.type != "cuda":
+            raise ValueError("--half export needs a CUDA device (--device 0)")
+        model = attempt_load(opt.weights, device=device, fuse=True)
+        imgsz = _imgsz(opt.imgsz, int(max(model.stride)))
+        model.info(imgsz=imgsz[0])
+        for p in model.parameters():
+            p.requires_grad_(False)
+        if opt.half:
+            model.half()
+        im = torch.zeros(opt.batch_size, 3, *imgsz, device=device, dtype=torch.half if opt.half else torch.float)
+        flat, structure = flatten_outputs(model(im))
+        meta = export_metadata(model, imgsz, opt.batch_size, opt.dynamic, opt.half, structure)
+        LOGGER.info(f"Exporting {opt.weights} with input {tuple(im.shape)} and {len(flat)} outputs "
+                    f"{[tuple(y.shape) for y in flat]}")
+        wrapper = ExportWrapper(model).eval()
+        files = []
+        for fmt in dict.fromkeys(opt.include):  # each format once, in the order given
+            f = Path(opt.weights).with_suffix(f".{fmt}")
+            with warnings.catch_warnings():
+                # the tracer's notes on Python ints taken from shapes, the deprecation notices of both exporters
+                warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+                warnings.simplefilter("ignore", category=DeprecationWarning)
+                warnings.simplefilter("ignore", category=FutureWarning)  # torch.jit.trace: we chose TorchScript
+                (self.export_onnx if fmt == "onnx" else self.export_torchscript)(wrapper, im, f, meta, len(flat))
+            LOGGER.info(f"{fmt}: saved {f} ({f.stat().st_size / 1e6:.1f} MB)")
+            files.append(f)
+        return files
+
+    def export_torchscript(self, wrapper, im, f, meta, n_out):
+        ts = torch.jit.trace(wrapper, im, strict=False)
+        ts.save(str(f), _extra_files={METADATA_KEY: json.dumps(meta)})
+
+    def export_onnx(self, wrapper, im, f, meta, n_out):
+        try:
+            import onnx
+        except ImportError as e:
+            raise ImportError("ONNX export needs the onnx package: pip install onnx") from e
+        outputs = [f"output{i}" for i in range(n_out)]
+        dynamic = None
+        if self.opt.dynamic:  # batch, height and width of the input; every output follows the batch
+            dynamic = {"images": {0: "batch", 2: "height", 3: "width"}, **{o: {0: "batch"} for o in outputs}}
+        # dynamo=False: the TorchScript-based exporter needs only torch and onnx (the dynamo one also onnxscript)
+        torch.onnx.export(wrapper, im, str(f), dynamo=False, opset_version=self.opt.opset, do_constant_folding=True,
+                          input_names=["images"], output_names=outputs, dynamic_axes=dynamic)
+        model = onnx.load(str(f))
+        if self.opt.dynamic:
+            _forget_symbolic_shapes(model)
+        onnx.checker.check_model(model)
+        if self.opt.simplify:
+            model = self._simplify(model)
+        entry = model.metadata_props.add()
+        entry.key, entry.value = METADATA_KEY, json.dumps(meta)
+        onnx.save(model, str(f))
+
+    @staticmethod
+    def _simplify(model):
+        try:
+            import onnxslim
+        except ImportError:
+            LOGGER.warning("--simplify needs onnxslim (pip install onnxslim): saving the graph unsimplified")
+            return model
+        return onnxslim.slim(model)

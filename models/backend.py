@@ -1,0 +1,183 @@
+"""One way to run a model file, whatever its format: our/official `.pt`, an exported `.onnx` or `.torchscript`.
+
+The predictors and validators call `InferenceBackend(weights, device)(im)` and get back the same nested tensors that
+`model.eval()` gives, so NMS and mask assembly never ask where the model came from. Exported files carry what the
+PyTorch model would have told (stride, names, task, nc, image size, output nesting) in their metadata
+(`export_metadata`), written by engine/exporter.py.
+"""
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from models.checkpoints import attempt_load
+from models.yolo import ClassificationModel, SegmentationModel
+
+FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
+METADATA_KEY = "yolo"  # ONNX metadata_props key / TorchScript extra-file name holding the JSON metadata
+
+
+def model_task(model):
+    if isinstance(model, ClassificationModel):
+        return "classify"
+    return "segment" if isinstance(model, SegmentationModel) else "detect"
+
+
+def flatten_outputs(out):
+    """Nested tuples/lists of tensors -> (flat tuple of tensors, structure with leaf indices), e.g.
+    (y, [x0, x1]) -> ((y, x0, x1), [0, [1, 2]]). The structure is JSON, so exported files can store it."""
+    flat = []
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            flat.append(o)
+            return len(flat) - 1
+        return [walk(v) for v in o]
+
+    structure = walk(out)
+    return tuple(flat), structure
+
+
+def unflatten_outputs(flat, structure):
+    """Inverse of flatten_outputs (lists come back as tuples, as the heads return them)."""
+    if isinstance(structure, int):
+        return flat[structure]
+    return tuple(unflatten_outputs(flat, s) for s in structure)
+
+
+def export_metadata(model, imgsz, batch, dynamic, half, structure):
+    head = model.model[-1]
+    return {
+        "task": model_task(model),
+        "stride": int(max(model.stride)),
+        "names": {int(k): str(v) for k, v in model.names.items()},
+        "nc": int(model.nc),
+        "nm": int(getattr(head, "nm", 0)),
+        "imgsz": list(imgsz),
+        "batch": int(batch),
+        "dynamic": bool(dynamic),
+        "half": bool(half),
+        "outputs": structure,
+    }
+
+
+def _weights_format(weights):
+    suffix = Path(weights).suffix.lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"unsupported weights format '{suffix or weights}': expected one of {sorted(FORMATS)}")
+    return FORMATS[suffix]
+
+
+class InferenceBackend:
+    """Load `weights` (.pt, .onnx, .torchscript) on `device`; call with a float image batch (B, 3, H, W).
+
+    Attributes every format sets: format, task, stride, names, nc, nm, dynamic (any batch and image size is
+    accepted), imgsz (the exported input size, for static exports), fp16 (inputs are cast to half), device.
+    `model` is the nn.Module for .pt files (None otherwise).
+    """
+
+    def __init__(self, weights, device=torch.device("cpu"), half=False, fuse=True):
+        self.weights, self.device = str(weights), torch.device(device)
+        self.format = _weights_format(weights)
+        self.model = None
+        if self.format == "pytorch":
+            self._load_pytorch(fuse, half)
+        else:
+            if not Path(weights).is_file():
+                raise FileNotFoundError(f"weights file not found: {weights}")
+            meta = self._load_onnx() if self.format == "onnx" else self._load_torchscript()
+            self._set_metadata(meta)
+
+    # ---------------------------------------------------------------- loading
+    def _load_pytorch(self, fuse, half):
+        self.model = attempt_load(self.weights, device=self.device, fuse=fuse)
+        self.fp16 = half and self.device.type == "cuda"
+        if self.fp16:
+            self.model.half()
+        self.task, self.names, self.nc = model_task(self.model), dict(self.model.names), self.model.nc
+        self.stride = int(max(self.model.stride))
+        self.nm = int(getattr(self.model.model[-1], "nm", 0))
+        self.dynamic, self.imgsz, self.batch = True, None, None
+
+    def _set_metadata(self, meta):
+        self.task, self.stride, self.nc, self.nm = meta["task"], meta["stride"], meta["nc"], meta["nm"]
+        self.names = {int(k): v for k, v in meta["names"].items()}
+        self.dynamic, self.imgsz, self.batch = meta["dynamic"], tuple(meta["imgsz"]), meta["batch"]
+        self.fp16, self.structure = meta["half"], meta["outputs"]
+        if self.fp16 and self.device.type != "cuda":
+            raise ValueError(f"{self.weights} was exported with --half, which runs on CUDA only")
+
+    def _load_onnx(self):
+        try:
+            import onnxruntime
+        except ImportError as e:
+            raise ImportError(f"running {self.weights} needs onnxruntime: pip install onnxruntime "
+                              "(onnxruntime-gpu for CUDA)") from e
+        providers = ["CPUExecutionProvider"]
+        if self.device.type == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": self.device.index or 0}))
+        self.session = onnxruntime.InferenceSession(self.weights, providers=providers)
+        self.input_name = self.session.get_inputs()[0].name
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        meta = self.session.get_modelmeta().custom_metadata_map
+        if METADATA_KEY not in meta:
+            raise ValueError(f"{self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
+        return json.loads(meta[METADATA_KEY])
+
+    def _load_torchscript(self):
+        extra = {METADATA_KEY: ""}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=FutureWarning)  # torch.jit.load's deprecation notice
+            self.jit = torch.jit.load(self.weights, map_location=self.device, _extra_files=extra)
+        self.jit.eval()
+        if not extra[METADATA_KEY]:
+            raise ValueError(f"{self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
+        return json.loads(extra[METADATA_KEY])
+
+    # ---------------------------------------------------------------- inference
+    def __call__(self, im):
+        """Outputs for im (B, 3, H, W) float on self.device, nested as model.eval() nests them."""
+        if self.format == "pytorch":
+            return self.model(im.half() if self.fp16 else im.float())
+        n = im.shape[0]
+        if not self.dynamic:
+            im = self._fit_static(im)
+        im = im.half() if self.fp16 else im.float()
+        if self.format == "onnx":
+            flat = self._run_onnx(im)
+        else:
+            flat = self.jit(im)
+        flat = [y[:n] for y in flat]  # drop the rows of a static batch's padding
+        return unflatten_outputs(flat, self.structure)
+
+    def _run_onnx(self, im):
+        x = im.cpu().numpy()
+        ys = self.session.run(self.output_names, {self.input_name: x})
+        return [torch.from_numpy(np.asarray(y)).to(self.device) for y in ys]
+
+    def _fit_static(self, im):
+        """A static export takes exactly its batch and image size: pad a smaller batch with zero images."""
+        if tuple(im.shape[2:]) != self.imgsz:
+            raise ValueError(f"{self.weights} was exported for {self.imgsz[0]}x{self.imgsz[1]} images, got "
+                             f"{im.shape[2]}x{im.shape[3]}: export with --dynamic or use --imgsz {self.imgsz[0]}")
+        if im.shape[0] > self.batch:
+            raise ValueError(f"{self.weights} was exported for batch {self.batch}, got {im.shape[0]}")
+        if im.shape[0] < self.batch:
+            pad = im.new_zeros((self.batch - im.shape[0], *im.shape[1:]))
+            im = torch.cat((im, pad))
+        return im
+
+
+class ExportWrapper(nn.Module):
+    """The model with its outputs flattened to a tuple of tensors (exporters take no nesting of lists)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return flatten_outputs(self.model(x))[0]

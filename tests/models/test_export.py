@@ -1,0 +1,132 @@
+"""export.py: ONNX and TorchScript files give the PyTorch outputs, and the predict scripts run them."""
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from models_testutil import randomise_bn, randomise_implicit
+
+from engine.exporter import Exporter
+from models.backend import InferenceBackend, flatten_outputs
+from models.checkpoints import attempt_load, model_to_ckpt
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = [
+    ("yolov5n.yaml", DetectionModel),
+    ("yolov7-tiny.yaml", DetectionModel),
+    ("yolov8n.yaml", DetectionModel),
+    ("yolov8n-seg.yaml", SegmentationModel),
+    ("yolov8n-cls.yaml", ClassificationModel),
+]
+NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
+
+
+def save_checkpoint(cfg, cls, path, seed=0):
+    """Our checkpoint of a model with BatchNorm / implicit layers away from their defaults (so fusing matters)."""
+    torch.manual_seed(seed)
+    model = randomise_implicit(randomise_bn(cls(cfg, nc=3), seed), seed)
+    model.names = dict(NAMES)
+    torch.save({"model": model_to_ckpt(model)}, path)
+    return path
+
+
+def export(weights, include, imgsz=(64,), batch=1, dynamic=True):
+    opt = SimpleNamespace(weights=str(weights), include=list(include), imgsz=list(imgsz), batch_size=batch,
+                          device="cpu", half=False, dynamic=dynamic, simplify=False, opset=17)
+    return Exporter(opt)()
+
+
+def assert_close_per_channel(out, ref, rtol=1e-4):
+    """|out - ref| <= rtol x the largest |ref| of the same channel, with channels along dim 1 and along the last dim
+    (the heads put their channels in one or the other)."""
+    assert out.shape == ref.shape
+    for axis in {1, ref.ndim - 1}:
+        dims = [d for d in range(ref.ndim) if d != axis]
+        err = (out - ref).abs().amax(dim=dims)
+        scale = ref.abs().amax(dim=dims)
+        assert (err <= rtol * scale + 1e-7).all(), f"axis {axis}: worst {(err / (scale + 1e-12)).max():.3g}"
+
+
+@pytest.mark.parametrize("cfg,cls", MODELS, ids=[m[0].removesuffix(".yaml") for m in MODELS])
+def test_onnx_and_torchscript_match_pytorch(cfg, cls, tmp_path):
+    weights = save_checkpoint(cfg, cls, tmp_path / "model.pt")
+    files = export(weights, ["onnx", "torchscript"])
+    assert [f.suffix for f in files] == [".onnx", ".torchscript"] and all(f.stat().st_size > 1e5 for f in files)
+    ref_model = attempt_load(weights, fuse=False)  # unfused: the export must also fold BatchNorm correctly
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.rand(1, 3, 64, 64, generator=g), torch.rand(2, 3, 96, 128, generator=g)]  # --dynamic
+    for f in files:
+        backend = InferenceBackend(f)
+        assert backend.names == NAMES and backend.nc == 3 and backend.dynamic
+        assert backend.stride == int(max(ref_model.stride)) and backend.task == InferenceBackend(weights).task
+        for x in inputs:
+            with torch.no_grad():
+                ref, ref_structure = flatten_outputs(ref_model(x))
+                out, structure = flatten_outputs(backend(x))
+            assert structure == ref_structure and len(out) == len(ref)
+            for o, r in zip(out, ref):
+                assert_close_per_channel(o, r)
+
+
+def test_static_export_pads_batch_and_rejects_other_sizes(tmp_path):
+    weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
+    (f,) = export(weights, ["onnx"], imgsz=(64,), batch=2, dynamic=False)
+    backend = InferenceBackend(f)
+    assert not backend.dynamic and backend.imgsz == (64, 64)
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        ref = attempt_load(weights)(x)
+    out = backend(x)  # one image fed to a batch-2 graph: padded, and the padding's rows dropped
+    assert out.shape == ref.shape
+    assert_close_per_channel(out, ref)
+    with pytest.raises(ValueError, match="exported for 64x64"):
+        backend(torch.rand(1, 3, 96, 96))
+
+
+def test_onnx_without_onnxruntime_says_what_to_install(tmp_path, monkeypatch):
+    weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
+    (f,) = export(weights, ["onnx"])
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
+    with pytest.raises(ImportError, match="pip install onnxruntime"):
+        InferenceBackend(f)
+
+
+def _labels(folder):
+    """{image stem: [(cls, cx, cy, w, h, conf)]} of a --save-txt --save-conf run."""
+    return {p.stem: [tuple(map(float, line.split())) for line in p.read_text().splitlines()]
+            for p in sorted(Path(folder).glob("*.txt"))}
+
+
+def test_detect_script_gives_the_pt_boxes_from_onnx_and_torchscript(shapes_detect, tmp_path):
+    import detect
+
+    weights = save_checkpoint("yolov5n.yaml", DetectionModel, tmp_path / "v5n.pt")
+    ckpt = torch.load(weights, weights_only=True)
+    for k, v in ckpt["model"]["state_dict"].items():  # spread the confidences so that boxes pass 0.25
+        if k.startswith("model.24.m.") and k.endswith("bias"):
+            v.copy_(torch.randn(v.shape, generator=torch.Generator().manual_seed(2)) * 2)
+    torch.save(ckpt, weights)
+    cmd = [sys.executable, str(ROOT / "export.py"), "--weights", str(weights), "--include", "onnx", "torchscript",
+           "--img", "96", "--dynamic"]
+    subprocess.run(cmd, check=True, timeout=300, cwd=tmp_path, capture_output=True)
+    source = Path(shapes_detect).parent / "images" / "val"
+    runs = {}
+    for suffix in (".pt", ".onnx", ".torchscript"):
+        opt = detect.parse_opt(["--weights", str(weights.with_suffix(suffix)), "--source", str(source), "--imgsz",
+                                "96", "--device", "cpu", "--save-txt", "--save-conf", "--nosave", "--project",
+                                str(tmp_path / "runs"), "--name", suffix[1:]])
+        detect.main(opt)
+        runs[suffix] = _labels(tmp_path / "runs" / suffix[1:] / "labels")
+    ref = runs[".pt"]
+    assert sum(len(v) for v in ref.values()) >= 8  # enough boxes for the comparison to mean something
+    for suffix in (".onnx", ".torchscript"):
+        assert runs[suffix].keys() == ref.keys()
+        for stem, rows in ref.items():
+            got = runs[suffix][stem]
+            assert len(got) == len(rows)
+            for a, b in zip(got, rows):
+                assert a[0] == b[0] and max(abs(x - y) for x, y in zip(a[1:], b[1:])) < 1e-4
