@@ -13,6 +13,7 @@ import argparse
 
 from engine.exporter import FORMATS, Exporter
 from utils.dist import get_rank
+from utils.errors import run_cli
 from utils.loggers import set_logging
 
 
@@ -37,4 +38,4 @@ def main(opt):
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    run_cli(main, parse_opt)

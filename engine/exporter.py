@@ -15,6 +15,7 @@ import torch
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
 from models.checkpoints import attempt_load
 from utils import dist as du
+from utils.errors import BadOption
 from utils.loggers import LOGGER
 
 FORMATS = ("onnx", "torchscript")
@@ -24,7 +25,7 @@ def _imgsz(imgsz, stride):
     """--img h [w] -> (h, w), each a multiple of the model's largest stride."""
     hw = tuple(imgsz) * 2 if len(imgsz) == 1 else tuple(imgsz)
     if len(hw) != 2 or any(s <= 0 or s % stride for s in hw):
-        raise ValueError(f"--img {' '.join(map(str, imgsz))}: give one or two sizes, multiples of stride {stride}")
+        raise BadOption(f"--img {' '.join(map(str, imgsz))}: give one or two sizes, multiples of stride {stride}")
     return hw
 
 
@@ -47,14 +48,14 @@ class Exporter:
         self.opt = opt if isinstance(opt, SimpleNamespace) else SimpleNamespace(**vars(opt))
         unknown = set(self.opt.include) - set(FORMATS)
         if unknown:
-            raise ValueError(f"--include {' '.join(sorted(unknown))}: supported formats are {', '.join(FORMATS)}")
+            raise BadOption(f"--include {' '.join(sorted(unknown))}: supported formats are {', '.join(FORMATS)}")
 
     @torch.no_grad()
     def __call__(self):
         opt = self.opt
         device = du.select_device(opt.device)
         if opt.half and device.type != "cuda":
-            raise ValueError("--half export needs a CUDA device (--device 0)")
+            raise BadOption("--half export needs a CUDA device (--device 0)")
         model = attempt_load(opt.weights, device=device, fuse=True)
         imgsz = _imgsz(opt.imgsz, int(max(model.stride)))
         model.info(imgsz=imgsz[0])
@@ -89,7 +90,7 @@ class Exporter:
         try:
             import onnx
         except ImportError as e:
-            raise ImportError("ONNX export needs the onnx package: pip install onnx") from e
+            raise BadOption("--include onnx needs the onnx package: pip install onnx") from e
         outputs = [f"output{i}" for i in range(n_out)]
         dynamic = None
         if self.opt.dynamic:  # batch, height and width of the input; every output follows the batch

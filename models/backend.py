@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from models.checkpoints import attempt_load
 from models.yolo import ClassificationModel, SegmentationModel
+from utils.errors import BadFile, BadOption
 
 FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
 METADATA_KEY = "yolo"  # ONNX metadata_props key / TorchScript extra-file name holding the JSON metadata
@@ -68,7 +69,7 @@ def export_metadata(model, imgsz, batch, dynamic, half, structure):
 def _weights_format(weights):
     suffix = Path(weights).suffix.lower()
     if suffix not in FORMATS:
-        raise ValueError(f"unsupported weights format '{suffix or weights}': expected one of {sorted(FORMATS)}")
+        raise BadFile(f"--weights {weights}: unsupported format '{suffix}', expected one of {sorted(FORMATS)}")
     return FORMATS[suffix]
 
 
@@ -88,7 +89,7 @@ class InferenceBackend:
             self._load_pytorch(fuse, half)
         else:
             if not Path(weights).is_file():
-                raise FileNotFoundError(f"weights file not found: {weights}")
+                raise BadFile(f"--weights {weights}: file not found")
             meta = self._load_onnx() if self.format == "onnx" else self._load_torchscript()
             self._set_metadata(meta)
 
@@ -109,14 +110,14 @@ class InferenceBackend:
         self.dynamic, self.imgsz, self.batch = meta["dynamic"], tuple(meta["imgsz"]), meta["batch"]
         self.fp16, self.structure = meta["half"], meta["outputs"]
         if self.fp16 and self.device.type != "cuda":
-            raise ValueError(f"{self.weights} was exported with --half, which runs on CUDA only")
+            raise BadOption(f"--weights {self.weights} was exported with --half, which runs on CUDA only")
 
     def _load_onnx(self):
         try:
             import onnxruntime
         except ImportError as e:
-            raise ImportError(f"running {self.weights} needs onnxruntime: pip install onnxruntime "
-                              "(onnxruntime-gpu for CUDA)") from e
+            raise BadOption(f"--weights {self.weights}: running ONNX models needs onnxruntime: pip install "
+                            "onnxruntime (onnxruntime-gpu for CUDA)") from e
         providers = ["CPUExecutionProvider"]
         if self.device.type == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": self.device.index or 0}))
@@ -125,7 +126,7 @@ class InferenceBackend:
         self.output_names = [o.name for o in self.session.get_outputs()]
         meta = self.session.get_modelmeta().custom_metadata_map
         if METADATA_KEY not in meta:
-            raise ValueError(f"{self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
+            raise BadFile(f"--weights {self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
         return json.loads(meta[METADATA_KEY])
 
     def _load_torchscript(self):
@@ -135,7 +136,7 @@ class InferenceBackend:
             self.jit = torch.jit.load(self.weights, map_location=self.device, _extra_files=extra)
         self.jit.eval()
         if not extra[METADATA_KEY]:
-            raise ValueError(f"{self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
+            raise BadFile(f"--weights {self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
         return json.loads(extra[METADATA_KEY])
 
     # ---------------------------------------------------------------- inference
@@ -162,10 +163,10 @@ class InferenceBackend:
     def _fit_static(self, im):
         """A static export takes exactly its batch and image size: pad a smaller batch with zero images."""
         if tuple(im.shape[2:]) != self.imgsz:
-            raise ValueError(f"{self.weights} was exported for {self.imgsz[0]}x{self.imgsz[1]} images, got "
+            raise BadOption(f"{self.weights} was exported for {self.imgsz[0]}x{self.imgsz[1]} images, got "
                              f"{im.shape[2]}x{im.shape[3]}: export with --dynamic or use --imgsz {self.imgsz[0]}")
         if im.shape[0] > self.batch:
-            raise ValueError(f"{self.weights} was exported for batch {self.batch}, got {im.shape[0]}")
+            raise BadOption(f"{self.weights} was exported for batch {self.batch}, got {im.shape[0]}")
         if im.shape[0] < self.batch:
             pad = im.new_zeros((self.batch - im.shape[0], *im.shape[1:]))
             im = torch.cat((im, pad))
