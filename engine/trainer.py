@@ -22,12 +22,18 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from models.checkpoints import attempt_load, model_to_ckpt
+from models.checkpoints import (
+    attempt_load,
+    from_safe,
+    load_checkpoint,
+    model_to_ckpt,
+    save_checkpoint,
+    to_safe,
+)
 from utils import dist as du
 from utils.data.loader import build_dataloader
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.files import (
-    atomic_save,
     find_file,
     increment_path,
     yaml_load,
@@ -184,7 +190,9 @@ class BaseTrainer:
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint(self, epoch):
-        return {
+        """What save() writes. to_safe converts what weights_only loading refuses (numpy RNG state and scalars,
+        Paths, namespaces), so anything added here is stored safely as long as it goes through it."""
+        return to_safe({
             "epoch": epoch,
             "best_fitness": self.best_fitness,
             "model": model_to_ckpt(self.model),
@@ -199,10 +207,10 @@ class BaseTrainer:
             "metrics": self.metrics,
             "date": datetime.now().isoformat(),
             "version": __version__,
-        }
+        })
 
     def _resume(self, path):
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = load_checkpoint(path)
         if ckpt.get("optimizer") is None:
             raise BadCheckpoint(f"{path}: has no optimizer state (a finished, stripped run): nothing to resume")
         start = ckpt["epoch"] + 1
@@ -216,19 +224,20 @@ class BaseTrainer:
             self.ema.ema.load_state_dict({k: v.float() for k, v in ckpt["ema"]["state_dict"].items()})
             self.ema.updates = ckpt["updates"]
         if self.main:
-            torch.set_rng_state(ckpt["rng"]["torch"])
-            np.random.set_state(ckpt["rng"]["numpy"])
-            random.setstate(ckpt["rng"]["python"])
+            rng = from_safe(ckpt["rng"])
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
         self.start_epoch, self.best_fitness = start, ckpt["best_fitness"]
         LOGGER.info(f"Resuming training from {path} at epoch {start} of {self.epochs}")
 
     def save(self, epoch, fitness):
         ckpt = self.checkpoint(epoch)
-        atomic_save(ckpt, self.last)
+        save_checkpoint(ckpt, self.last)
         if fitness == self.best_fitness:
-            atomic_save(ckpt, self.best)
+            save_checkpoint(ckpt, self.best)
         if self.opt.save_period > 0 and epoch % self.opt.save_period == 0:
-            atomic_save(ckpt, self.wdir / f"epoch{epoch}.pt")
+            save_checkpoint(ckpt, self.wdir / f"epoch{epoch}.pt")
 
     # ---------------------------------------------------------------- the loop
     def train(self):
@@ -374,12 +383,12 @@ class BaseTrainer:
 
 def strip_optimizer(path):
     """Keep only what inference and fine-tuning need: the EMA weights as `model`, no optimizer (smaller file)."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt = load_checkpoint(path)
     if ckpt.get("ema"):
         ckpt["model"] = ckpt["ema"]
     for k in ("ema", "optimizer", "scheduler", "scaler", "rng", "updates"):
         ckpt[k] = None
-    atomic_save(ckpt, path)
+    save_checkpoint(to_safe(ckpt), path)  # to_safe: a checkpoint of an earlier version may still hold numpy
 
 
 def to_float32(x):
@@ -409,7 +418,9 @@ def resume_opt(opt, default_project):
     path = Path(opt.resume) if isinstance(opt.resume, str) and opt.resume else find_last_run(search_dir)
     if not path.is_file():
         raise BadFile(f"--resume {path}: file not found")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt = load_checkpoint(path)
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("opt"), dict):
+        raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no options)")
     saved = dict(ckpt["opt"])
     saved.update(resume=False, device=opt.device, workers=opt.workers)
     return SimpleNamespace(**saved), path

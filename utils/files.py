@@ -1,7 +1,10 @@
 """Run folders, atomic saves and YAML I/O with errors that name the file."""
 
+import errno
 import os
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import torch
@@ -80,3 +83,64 @@ def atomic_save(obj, path):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _remove(path):
+    """Best-effort removal of a temporary file or folder: a read-only or vanished one is not an error."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def is_published(path):
+    """A file, or a folder with something in it (an empty folder is a placeholder a folder may be renamed over)."""
+    path = Path(path)
+    return path.is_file() or (path.is_dir() and any(path.iterdir()))
+
+
+def temp_sibling(target):
+    """A temporary name beside `target`, unique across processes and machines (pids repeat across nodes); it keeps
+    the target's suffix for writers that add their own (np.save)."""
+    target = Path(target)
+    return target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp{target.suffix}")
+
+
+def publish(target, build, replace=False):
+    """Make `target` (a file or a folder) exist: `build(tmp)` writes it under a temporary name beside the target,
+    then one rename publishes it. Returns True if this call published it, False if it was already there.
+
+    Safe when several processes, on one machine or on several sharing the filesystem (NFS, Lustre), do it at once:
+    each builds its own uniquely named copy, and rename within one folder is atomic there, so the target name only
+    ever points at a finished build and no reader sees a half-written one. A folder is renamed only onto a missing or
+    empty target: the process whose rename finds a published folder drops its copy and uses the one there. A file
+    rename replaces, which is harmless because concurrent builds of one target write the same content; with
+    `replace=True` a file is rebuilt even if it exists (a stale label cache).
+
+    No file lock on purpose: fcntl/flock locks are unreliable on some network filesystems (NFSv3 without lockd,
+    FUSE mounts) and a crashed holder leaves them stale. The cost is that processes racing for the same target may
+    each do the work once. A lock would be needed only for work that must happen exactly once or whose results
+    differ between processes, which nothing here does.
+    """
+    target = Path(target)
+    if not replace and is_published(target):
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(target)
+    try:
+        build(tmp)
+        if tmp.is_dir():
+            try:
+                os.rename(tmp, target)
+            except OSError as e:
+                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not is_published(target):
+                    raise
+                return False  # another process published it first
+        else:
+            os.replace(tmp, target)
+        return True
+    finally:
+        _remove(tmp)  # a no-op after a successful rename

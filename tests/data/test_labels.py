@@ -4,6 +4,7 @@ import cv2
 import numpy as np
 import pytest
 
+from utils.data import label_cache
 from utils.data import labels as labels_mod
 from utils.data.detect_dataset import YOLODataset
 from utils.data.image_files import img2label_paths, list_files
@@ -86,7 +87,7 @@ def test_read_only_cache_location_only_warns(det_copy, monkeypatch, yolo_log):
     def refuse(*args, **kwargs):
         raise PermissionError("read-only file system")
 
-    monkeypatch.setattr(labels_mod.np, "save", refuse)
+    monkeypatch.setattr(label_cache, "publish", refuse)
     ds = _dataset(det_copy)
     assert len(ds) == 16 and not (det_copy / "labels" / "train.cache").exists()
     assert any("not writeable" in m for m in yolo_log)

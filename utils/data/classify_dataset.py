@@ -12,15 +12,10 @@ from torch.utils.data import Dataset
 
 from utils.data.augment import ProcessRNG, augment_hsv
 from utils.data.image_files import IMG_FORMATS, files_hash, suffix
-from utils.data.labels import (
-    CACHE_VERSION,
-    MAX_WARNINGS,
-    load_cache,
-    read_image,
-    save_cache,
-    verify_image,
-)
+from utils.data.label_cache import load_cache, save_cache
+from utils.data.labels import CACHE_VERSION, MAX_WARNINGS, read_image, verify_image
 from utils.data.loader import rank_indices
+from utils.files import publish
 from utils.loggers import LOGGER
 
 
@@ -132,7 +127,7 @@ class ClassificationDataset(Dataset):
         files = [f for f, _ in candidates]
         cache_path = self.root.parent / f"{self.root.name}.cache"
         hash_ = files_hash(files, extra=f"{CACHE_VERSION} classify")
-        cache = load_cache(cache_path, hash_)
+        cache = load_cache(cache_path, hash_, self.prefix)
         cached = cache is not None
         if not cached:
             workers = min(8, os.cpu_count() or 1)
@@ -141,7 +136,7 @@ class ClassificationDataset(Dataset):
             msgs = [f"{f}: skipped, {e}" for f, e in zip(files, errors) if e]
             good = [i for i, e in enumerate(errors) if not e]
             cache = {"version": CACHE_VERSION, "hash": hash_, "good": good, "msgs": msgs}
-            save_cache(cache_path, cache, self.prefix)
+            save_cache(cache_path, cache, hash_, self.prefix)
         samples = [candidates[i] for i in cache["good"]]
         stats = {"images": len(samples), "corrupt": len(candidates) - len(samples), "cached": cached}
         LOGGER.info(
@@ -161,8 +156,8 @@ class ClassificationDataset(Dataset):
         return im
 
     def _save_npy(self, i):
-        if not self.npy_files[i].is_file():
-            np.save(self.npy_files[i], self._read(i))
+        # published by rename: another process (or node) reading this .npy never sees a half-written one
+        publish(self.npy_files[i], lambda tmp: np.save(tmp, self._read(i)))
 
     def _cache_images(self, mode):
         idx = self.cache_indices.tolist()

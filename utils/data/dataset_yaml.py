@@ -128,8 +128,10 @@ def _obtain(d, label, root, missing, autodownload):
         try:
             generate_dataset(root, **spec)
         except FileExistsError:
-            raise DatasetError(
-                f"{label}: {root} exists but lacks {', '.join(missing)}; remove it to regenerate") from None
+            if not _missing(d, ["train", "val"]):
+                return  # another node published it between our check and the generation: use that copy
+            lacks = ", ".join(missing)
+            raise DatasetError(f"{label}: {root} exists but lacks {lacks}; remove it to regenerate") from None
     elif d.get("download") and autodownload:
         LOGGER.info(f"{label}: dataset not found (missing {', '.join(missing)}), downloading...")
         run_download(d["download"], d, root)

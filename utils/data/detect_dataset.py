@@ -25,6 +25,7 @@ from utils.data.augment import (
 from utils.data.image_files import img2label_paths, list_files
 from utils.data.labels import cache_labels, read_image
 from utils.data.loader import rank_indices
+from utils.files import publish
 from utils.loggers import LOGGER
 from utils.ops import xyn2xy, xywhn2xyxy, xyxy2xywhn
 
@@ -145,8 +146,8 @@ class YOLODataset(Dataset):
         return im, (h0, w0), im.shape[:2]
 
     def _save_npy(self, i):
-        if not self.npy_files[i].is_file():
-            np.save(self.npy_files[i], self._read(i))
+        # published by rename: another process (or node) reading this .npy never sees a half-written one
+        publish(self.npy_files[i], lambda tmp: np.save(tmp, self._read(i)))
 
     def _cache_images(self, mode):
         idx = self.pool.tolist()

@@ -13,6 +13,7 @@ import cv2
 import numpy as np
 
 from utils.data.image_files import files_hash, suffix
+from utils.data.label_cache import load_cache, save_cache
 from utils.loggers import LOGGER
 
 CACHE_VERSION = "yolo-labels-1"
@@ -160,31 +161,6 @@ def _build(im_files, label_files, nc, workers):
     return labels, stats, msgs
 
 
-def load_cache(path, hash_):
-    """The cached scan at `path` if it exists, has our version and `hash_`; else None."""
-    try:
-        cache = np.load(str(path), allow_pickle=True).item()
-    except (OSError, ValueError, EOFError, AttributeError, ImportError):
-        return None
-    if not isinstance(cache, dict) or cache.get("version") != CACHE_VERSION or cache.get("hash") != hash_:
-        return None
-    return cache
-
-
-def save_cache(path, cache, prefix=""):
-    """Write atomically; a read-only dataset folder only costs a rescan next time."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.npy")
-    try:
-        np.save(str(tmp), cache)
-        os.replace(tmp, path)
-        return True
-    except OSError as e:
-        LOGGER.warning(f"{prefix}WARNING: cache dir {path.parent} is not writeable, labels not cached ({e})")
-        tmp.unlink(missing_ok=True)
-        return False
-
-
 def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=8):
     """Load the label cache or rebuild it; log one summary line plus warnings. Returns (labels, stats).
 
@@ -192,12 +168,12 @@ def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=
     segments (list of n polygons (k, 2) normalised, None for box-only lines).
     """
     hash_ = files_hash(list(im_files) + list(label_files), extra=f"{CACHE_VERSION} nc={nc}")
-    cache = load_cache(cache_path, hash_)
+    cache = load_cache(cache_path, hash_, prefix)
     cached = cache is not None
     if not cached:
         labels, stats, msgs = _build(im_files, label_files, nc, min(workers, os.cpu_count() or 1))
         cache = {"version": CACHE_VERSION, "hash": hash_, "labels": labels, "stats": stats, "msgs": msgs}
-        save_cache(cache_path, cache, prefix)
+        save_cache(cache_path, cache, hash_, prefix)
     s = cache["stats"]
     where = Path(cache_path).with_suffix("")
     LOGGER.info(

@@ -16,13 +16,13 @@ CLI:
 
 import argparse
 import math
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from utils.files import is_published, publish
 
 CLASS_NAMES = ("circle", "rectangle", "triangle")
 TASKS = ("detect", "segment", "classify")
@@ -194,32 +194,29 @@ def generate_dataset(out, task="detect", n_train=256, n_val=64, seed=0, min_side
     """Write a shapes dataset to `out` and return its Path.
 
     Counts are images per split (detect/segment) or images per class and split (classify). Side lengths default
-    to 256-480 px (96-128 px for classify). The data is written to a temporary sibling folder and renamed, so an
-    interrupted run never leaves a half-written dataset at `out`; an existing non-empty `out` is an error.
+    to 256-480 px (96-128 px for classify). The data is written to a temporary sibling folder and published with one
+    rename (utils.files.publish), so an interrupted run never leaves a half-written dataset at `out`, and processes
+    on several machines generating the same folder at once end with one copy. An existing non-empty `out` is an
+    error when this call starts; one that another process publishes while this call runs is used as it is.
     """
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task '{task}', expected one of {TASKS}")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
+    if is_published(out):
         raise FileExistsError(f"{out} already exists and is not empty; not overwriting it")
     default_sides = (96, 128) if task == "classify" else (256, 480)
     min_side, max_side = min_side or default_sides[0], max_side or default_sides[1]
     if not 16 <= min_side <= max_side:
         raise ValueError(f"need 16 <= min_side <= max_side, got {min_side}, {max_side}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+
+    def build(tmp):
         for split, n in zip(SPLITS, (n_train, n_val)):
             if task == "classify":
                 _write_classification_split(tmp, split, n, seed, min_side, max_side)
             else:
                 _write_detection_split(tmp, split, n, seed, task, min_side, max_side, max_objects)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    publish(out, build)
     return out
 
 
