@@ -178,14 +178,14 @@ def test_every_entry_point_refuses(tmp_path, shapes_detect):
 
 
 def test_script_exits_with_the_refusal(tmp_path):
-    """One whole process (the entry points above run in process): non-zero exit, the refusal line, no marker."""
+    """One whole process (the entry points above run in process): exit status 2, one error line, no marker."""
     marker = tmp_path / "pwned"
     path = write(our_checkpoint(date=payloads(marker)["os.system"][0]), tmp_path / "last.pt", "zip")
     cmd = [sys.executable, str(ROOT / "train.py"), "--resume", str(path), "--device", "cpu"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode != 0
-    line = rf"refusing {re.escape(str(path))}: it references (posix|nt)\.system, which no model checkpoint needs$"
-    assert re.search(line, r.stderr, re.M), r.stderr[-2000:]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    line = rf"^error: refusing {re.escape(str(path))}: it references (posix|nt)\.system, which no model checkpoint"
+    assert len(re.findall(line + " needs$", r.stderr, re.M)) == 1, r.stderr[-2000:]
     assert not marker.exists()
 
 
