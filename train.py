@@ -17,12 +17,13 @@ Usage:
 
 from engine.tasks.detect import DetectionTrainer
 from engine.trainer import run
-from utils.cli import train_parser
+from utils.cli import add_detect_train_args, train_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
     p = train_parser("Train a YOLO detector", "yolov5n.yaml", "data/shapes.yaml", 320, "runs/train")
+    add_detect_train_args(p)
     return p.parse_args(argv)
 
 

@@ -44,6 +44,7 @@ from utils.torch_utils import (
     EarlyStopping,
     ModelEMA,
     build_optimizer,
+    freeze_layers,
     init_seeds,
     lr_lambda,
     resolve_optimizer,
@@ -109,6 +110,9 @@ class BaseTrainer:
     def plot_training_batch(self, batch, ni):
         """Optional: save an image of the first training batches."""
 
+    def fit_model_to_data(self):
+        """Optional: adapt the model to the training set before training starts (AutoAnchor). Every rank calls it."""
+
     # ---------------------------------------------------------------- callbacks
     def add_callback(self, event, fn):
         self.callbacks[event].append(fn)
@@ -129,7 +133,10 @@ class BaseTrainer:
     def load_hyp(self, model):
         """The hyp file: --hyp if given, else the one the model YAML names, else YOLOv5 scratch-low."""
         name = self.opt.hyp or getattr(model, "default_hyp", None) or "hyp.scratch-low.yaml"
-        return yaml_load(find_file(name, "data/hyps"))
+        hyp = yaml_load(find_file(name, "data/hyps"))
+        if self.opt.label_smoothing is not None:
+            hyp = {**hyp, "label_smoothing": self.opt.label_smoothing}
+        return hyp
 
     def _setup(self):
         """Build everything the loop needs, in dependency order; every attribute not set in __init__ is set here."""
@@ -141,11 +148,13 @@ class BaseTrainer:
             model = self.build_model(self.nc, self.names)  # may download official weights: one rank per machine
         self.hyp = self.load_hyp(model)
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
+        freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
         self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn)
         stride = int(max(self.model.stride))
 
         with du.torch_distributed_zero_first(self.local_rank):
             self.train_set = self.build_dataset(self.data["train"], "train", stride)
+        self.fit_model_to_data()
         self.train_loader = self._build_train_loader()
         self.nb = len(self.train_loader)
         self.val_set = self.val_loader = self.validator = None
@@ -297,7 +306,7 @@ class BaseTrainer:
             ni = i + self.nb * epoch
             if ni <= nw:
                 self._warmup(ni, nw, epoch)
-            batch = self.preprocess_batch(batch)
+            batch = self.multi_scale(self.preprocess_batch(batch), ni)
             step_now = ni - last_step >= self.accumulate
             loss, items = self.forward_backward(batch, sync=step_now)
             if step_now:
@@ -316,6 +325,22 @@ class BaseTrainer:
         self.tloss = du.all_reduce_mean(mloss)
         self.lr = {f"lr/pg{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}
         self.scheduler.step()
+
+    def multi_scale(self, batch, ni):
+        """--multi-scale: resize step ni's images so the long side is a random multiple of the stride in
+        [0.5, 1.5] x imgsz (labels are normalised, so they stay). The size is drawn from a generator seeded by
+        (seed, ni): every rank draws the same one without communicating, so no rank waits on a larger batch."""
+        if not self.opt.multi_scale:
+            return batch
+        gs = max(int(self.model.stride.max()), 32)
+        lo, hi = max(math.ceil(self.opt.imgsz * 0.5 / gs), 1), max(math.floor(self.opt.imgsz * 1.5 / gs), 1)
+        size = random.Random(f"{self.opt.seed}-{ni}").randint(lo, hi) * gs
+        img = batch["img"]
+        sf = size / max(img.shape[2:])
+        if sf != 1:
+            shape = [math.ceil(x * sf / gs) * gs for x in img.shape[2:]]
+            batch["img"] = nn.functional.interpolate(img, size=shape, mode="bilinear", align_corners=False)
+        return batch
 
     def forward_backward(self, batch, sync=True):
         """One micro-step. On accumulation steps DDP skips the gradient all-reduce (no_sync); the step that

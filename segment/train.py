@@ -13,13 +13,14 @@ Usage:
 
 from engine.tasks.segment import SegmentationTrainer
 from engine.trainer import run
-from utils.cli import train_parser
+from utils.cli import add_detect_train_args, train_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
     p = train_parser("Train a YOLO segmentation model", "yolov5n-seg.yaml", "data/shapes-seg.yaml", 320,
                      "runs/train-seg")
+    add_detect_train_args(p)
     p.add_argument("--no-overlap", action="store_true", help="one mask per instance instead of one overlap map")
     return p.parse_args(argv)
 

@@ -40,6 +40,19 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
     p.add_argument("--amp", choices=["auto", "off", "fp16", "bf16"], default="auto",
                    help="mixed precision: auto = fp16 on CUDA, off on CPU; bf16 also runs on CPU")
+    p.add_argument("--freeze", nargs="+", type=int, default=[0],
+                   help="freeze layers: the first N (--freeze 10), or these indices (--freeze 0 1 2)")
+    p.add_argument("--multi-scale", action="store_true",
+                   help="each step at a random size in 0.5-1.5 x --imgsz (a multiple of the stride), same on all ranks")
+    p.add_argument("--label-smoothing", type=float, default=None,
+                   help="label smoothing epsilon, overrides the hyp's (v5/v7 and classification losses)")
+    return p
+
+
+def add_detect_train_args(p):
+    """Training options of the box tasks (detection, segmentation)."""
+    p.add_argument("--noautoanchor", action="store_true", help="keep the YAML's anchors even when they fit poorly")
+    p.add_argument("--single-cls", action="store_true", help="train every class as one class")
     return p
 
 
@@ -72,6 +85,7 @@ def val_parser(description, data_default, imgsz_default, project):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--save-txt", action="store_true", help="save predictions to labels/*.txt")
     p.add_argument("--save-json", action="store_true", help="save COCO-format predictions and run pycocotools")
+    p.add_argument("--single-cls", action="store_true", help="evaluate every class as one (a --single-cls model)")
     p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
     p.add_argument("--project", default=project)
     p.add_argument("--name", default="exp")

@@ -50,8 +50,10 @@ class ModelEMA:
         self.updates += 1
         d = self.decay_fn(self.updates)
         msd = model.state_dict()
+        # frozen parameters cannot change; averaging a constant would only add rounding to them
+        frozen = {k for k, p in model.named_parameters() if not p.requires_grad}
         for k, v in self.ema.state_dict().items():
-            if v.dtype.is_floating_point:
+            if v.dtype.is_floating_point and k not in frozen:
                 v.mul_(d).add_(msd[k].detach(), alpha=1 - d)
 
 
@@ -72,6 +74,21 @@ class EarlyStopping:
                 f"Early stop: no improvement in the last {self.patience} epochs; best at epoch {self.best_epoch}"
             )
         return stop
+
+
+def freeze_layers(model, freeze):
+    """Stop training some layers: `freeze` = [N] for the first N layers, or a list of layer indices. Their
+    parameters get requires_grad False, so the optimizer leaves them out and DDP (wrapped afterwards) neither
+    expects nor reduces their gradients. Returns the frozen parameter names."""
+    layers = range(freeze[0]) if len(freeze) == 1 else freeze
+    prefixes = tuple(f"model.{i}." for i in layers)
+    frozen = [name for name, p in model.named_parameters() if name.startswith(prefixes)]
+    for name, p in model.named_parameters():
+        if name.startswith(prefixes):
+            p.requires_grad_(False)
+    if frozen:
+        LOGGER.info(f"freezing layers {list(layers)}: {len(frozen)} parameter tensors")
+    return frozen
 
 
 def param_groups(model):

@@ -12,6 +12,7 @@ from engine.validator import BaseValidator
 from models.checkpoints import attempt_load, load_pretrained
 from models.yolo import DetectionModel
 from utils import ops
+from utils.autoanchor import check_anchors
 from utils.coco import box_to_coco_json, eval_coco_json, image_id_from_path, labels_to_coco_json
 from utils.data.dataset_yaml import check_det_dataset
 from utils.data.detect_dataset import YOLODataset
@@ -24,12 +25,20 @@ from utils.metrics import ConfusionMatrix, DetMetrics, process_batch
 from utils.plots import Annotator, colors, plot_images
 
 
+def single_class(data):
+    """The dataset dict for --single-cls: one class, named as the dataset's only class or else 'item' (YOLOv5's
+    name); `label_nc` keeps the class count the label files are checked against."""
+    names = data["names"] if data["nc"] == 1 else {0: "item"}
+    return {**data, "nc": 1, "names": names, "label_nc": data["nc"]}
+
+
 class DetectionTrainer(BaseTrainer):
     default_project = "runs/train"
     task = "detect"
 
     def get_data(self):
-        return check_det_dataset(self.opt.data)
+        data = check_det_dataset(self.opt.data)
+        return single_class(data) if self.opt.single_cls else data
 
     @staticmethod
     def model_class():
@@ -58,12 +67,17 @@ class DetectionTrainer(BaseTrainer):
             stride=stride,
             pad=0.0 if train else 0.5,
             prefix=f"{mode}: ",
-            nc=self.nc,
+            nc=self.data.get("label_nc", self.nc),  # the class ids the label files may hold
+            single_cls=self.opt.single_cls,
             rank=get_rank() if train else -1,
             world_size=get_world_size() if train else 1,
             seed=self.opt.seed,
             **self.dataset_kwargs(mode),
         )
+
+    def fit_model_to_data(self):
+        if not self.opt.noautoanchor:
+            check_anchors(self.model, self.train_set.labels, self.hyp, self.opt.imgsz)
 
     def build_validator(self, loader):
         return DetectionValidator(loader, self.save_dir, self.opt, self.names)
@@ -243,7 +257,8 @@ class DetectionPredictor(BasePredictor):
 
 def build_val_loader(opt, data, split, stride, task="detect"):
     ds = YOLODataset(data[split], imgsz=opt.imgsz, batch_size=opt.batch_size, augment=False, rect=True,
-                     stride=stride, pad=0.5, prefix=f"{split}: ", nc=data["nc"], task=task)
+                     stride=stride, pad=0.5, prefix=f"{split}: ", nc=data.get("label_nc", data["nc"]), task=task,
+                     single_cls=opt.single_cls)
     return build_dataloader(ds, opt.batch_size, opt.workers, shuffle=False)
 
 
@@ -253,6 +268,8 @@ def run_val(opt, validator_cls, task="detect"):
     device = select_device(opt.device)
     model = attempt_load(opt.weights, device=device, fuse=True)
     data = check_det_dataset(opt.data)
+    if opt.single_cls:
+        data = single_class(data)
     if data["nc"] != model.nc:
         raise BadCheckpoint(f"--weights {opt.weights} has {model.nc} classes but --data {opt.data} has {data['nc']}")
     if opt.task == "speed":

@@ -47,12 +47,12 @@ class YOLODataset(Dataset):
     cache: 'ram' (resized images in memory) or 'disk' (.npy beside each image), for `cache_indices` only when
     given, else for this rank's share `rank_indices(n, world_size, rank, seed)` when world_size > 1, else all.
     Mosaic partners are drawn from that same share, so a DDP rank never reads images outside it.
-    nc: class ids >= nc are dropped (and counted) while scanning.
+    nc: class ids >= nc are dropped (and counted) while scanning. single_cls: every label becomes class 0.
     """
 
     def __init__(self, img_path, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, cache=None,
                  stride=32, pad=0.0, prefix="", task="detect", overlap_mask=True, mask_ratio=4, nc=None,
-                 cache_indices=None, rank=-1, world_size=1, seed=0):
+                 cache_indices=None, rank=-1, world_size=1, seed=0, single_cls=False):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got '{task}'")
         if cache not in (None, False, "ram", "disk"):
@@ -76,6 +76,8 @@ class YOLODataset(Dataset):
         if not labels:
             raise FileNotFoundError(f"{prefix}no readable images in {img_path}")
         self.labels = [self._uniform_segments(lb) for lb in labels]
+        if single_cls:
+            self.labels = [dict(lb, cls=np.zeros_like(lb["cls"])) for lb in self.labels]
         self.im_files = [lb["im_file"] for lb in self.labels]
         if rect:
             self._set_rect_shapes(batch_size, stride, pad)

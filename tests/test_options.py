@@ -1,0 +1,133 @@
+"""The YOLOv5-style training options: AutoAnchor, --freeze, --single-cls, --label-smoothing, --multi-scale,
+single process and under a 2-rank torchrun (gloo, CPU)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import train
+import val
+from models.checkpoints import attempt_load
+from models.yolo import DetectionModel
+from tests.ddp_utils import free_port
+from utils.files import ROOT
+
+IMGSZ = 64
+DRIVER = Path(__file__).with_name("options_driver.py")
+
+
+def bars_dataset(root, n_train=8, n_val=4):
+    """Square 64 px images of thin bars (about 51 x 3 px, lying or standing): no default YOLOv5 anchor is within
+    a factor 4 of such a box in both sides, so the YAML anchors recall almost none of them."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", n_train), ("val", n_val)):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for i in range(n):
+            img = rng.integers(0, 60, (IMGSZ, IMGSZ, 3), dtype=np.uint8)
+            lines = []
+            for c in (0, 1):
+                long, thin = rng.uniform(0.7, 0.9), rng.uniform(0.04, 0.07)
+                w, h = (long, thin) if c == 0 else (thin, long)
+                cx, cy = rng.uniform(w / 2, 1 - w / 2), rng.uniform(h / 2, 1 - h / 2)
+                p1 = (int((cx - w / 2) * IMGSZ), int((cy - h / 2) * IMGSZ))
+                p2 = (int((cx + w / 2) * IMGSZ), int((cy + h / 2) * IMGSZ))
+                cv2.rectangle(img, p1, p2, (255, 255, 255) if c == 0 else (0, 200, 255), -1)
+                lines.append(f"{c} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")
+            cv2.imwrite(str(root / "images" / split / f"{i}.png"), img)
+            (root / "labels" / split / f"{i}.txt").write_text("\n".join(lines) + "\n")
+    f = root / "bars.yaml"
+    f.write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
+                                 "names": {0: "lying", 1: "standing"}}))
+    return f
+
+
+def label_wh_px(data_yaml, split="train", imgsz=IMGSZ):
+    root = Path(yaml.safe_load(Path(data_yaml).read_text())["path"])
+    rows = [np.loadtxt(f, ndmin=2) for f in sorted((root / "labels" / split).glob("*.txt"))]
+    return np.concatenate(rows)[:, 3:5] * imgsz  # square images: the long side is imgsz at training size
+
+
+def best_possible_recall(wh, anchors_px, thr=4.0):
+    """Share of labels with an anchor within a factor thr in both width and height."""
+    fits = [(np.maximum(wh / a, a / wh) < thr).all(1) for a in np.asarray(anchors_px).reshape(-1, 2)]
+    return float(np.any(fits, axis=0).mean())
+
+
+def head_anchors_px(model):
+    head = model.model[-1]
+    return (head.anchors * head.stride.view(-1, 1, 1)).view(-1, 2).double().numpy()
+
+
+def _args(data, project, *extra, imgsz=IMGSZ):
+    return ["--data", str(data), "--imgsz", str(imgsz), "--epochs", "1", "--workers", "0", "--device", "cpu",
+            "--project", str(project), "--name", "exp", "--cfg", "yolov5n.yaml", *extra]
+
+
+@pytest.fixture(scope="module")
+def bars(tmp_path_factory):
+    return bars_dataset(tmp_path_factory.mktemp("bars"))
+
+
+def test_autoanchor_single_cls_label_smoothing(bars, tmp_path):
+    wh = label_wh_px(bars)
+    default = head_anchors_px(DetectionModel("yolov5n.yaml", nc=1))
+    assert best_possible_recall(wh, default) < 0.98
+    trainer, _ = train.main(train.parse_opt(_args(bars, tmp_path / "runs", "--batch-size", "4", "--single-cls",
+                                                  "--label-smoothing", "0.1")))
+    best = trainer.save_dir / "weights" / "best.pt"
+    model = attempt_load(best, device=torch.device("cpu"), fuse=False)  # the loader val.py and detect.py use
+    fitted = head_anchors_px(model)
+    assert best_possible_recall(wh, fitted) >= 0.98
+    np.testing.assert_allclose(fitted, head_anchors_px(trainer.model), rtol=1e-3)  # fp16 in the checkpoint
+    assert model.yaml["anchors"] != DetectionModel("yolov5n.yaml").yaml["anchors"]
+    # --single-cls: one class in the model, the metrics and the loss; --label-smoothing reached the criterion
+    assert model.nc == 1 and model.names == {0: "item"}
+    assert len(trainer.validator.nt_per_class) == 1
+    assert trainer.validator.nt_per_class[0] == len(label_wh_px(bars, "val"))
+    assert trainer.hyp["label_smoothing"] == 0.1 and (trainer.criterion.cp, trainer.criterion.cn) == (0.95, 0.05)
+    stats = val.main(val.parse_opt(["--weights", str(best), "--data", str(bars), "--imgsz", str(IMGSZ),
+                                    "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "val"),
+                                    "--single-cls"]))
+    assert 0.0 <= stats["metrics/mAP50(B)"] <= 1.0
+
+
+def test_noautoanchor_keeps_yaml_anchors(bars, tmp_path):
+    trainer, _ = train.main(train.parse_opt(_args(bars, tmp_path / "runs", "--batch-size", "8", "--noautoanchor",
+                                                  "--noval")))
+    np.testing.assert_array_equal(head_anchors_px(trainer.model),
+                                  head_anchors_px(DetectionModel("yolov5n.yaml", nc=2)))
+
+
+def test_torchrun_autoanchor_freeze_multiscale(bars, tmp_path):
+    """2 ranks: identical refitted anchors right after set-up; --freeze 10 trains (no DDP unused-parameter error)
+    with the frozen weights bitwise unchanged and the others changed; --multi-scale gives both ranks the same size
+    at every step. At 96 px, as 1 image per rank at 64 * 0.5 px would leave BatchNorm a single value at P5."""
+    project = tmp_path / "runs"
+    args = _args(bars, project, "--batch-size", "2", "--freeze", "10", "--multi-scale", "--noval", imgsz=96)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(DRIVER), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rec = [json.loads((project / "exp" / f"record_rank{i}.json").read_text()) for i in range(2)]
+    assert rec[0]["anchors"] == rec[1]["anchors"]
+    anchors_px = np.array(rec[0]["anchors"]) * np.array([8, 16, 32])[:, None, None]
+    assert best_possible_recall(label_wh_px(bars, imgsz=96), anchors_px) >= 0.98
+    n_frozen_expected = sum(n.startswith(tuple(f"model.{i}." for i in range(10)))
+                            for n, _ in DetectionModel("yolov5n.yaml", nc=2).named_parameters())
+    for r_ in rec:
+        assert r_["n_frozen"] == n_frozen_expected
+        assert r_["frozen_start"] == r_["frozen_end"]
+        assert r_["trainable_start"] != r_["trainable_end"]
+    assert rec[0]["sizes"] == rec[1]["sizes"] and len(rec[0]["sizes"]) == 4
+    sizes = {s for hw in rec[0]["sizes"] for s in hw}
+    assert len(sizes) > 1 and all(s % 32 == 0 and 48 <= s <= 144 for s in sizes), rec[0]["sizes"]
