@@ -1,0 +1,54 @@
+"""torch.hub entry points for every model family and task this repository trains.
+
+    import torch
+    model = torch.hub.load('path/to/this/repo', 'yolov5s', source='local')           # official weights (download)
+    model = torch.hub.load('path/to/this/repo', 'yolov8n_seg', source='local', pretrained=False, classes=3)
+    model = torch.hub.load('path/to/this/repo', 'custom', path='runs/train/exp/weights/best.pt', source='local')
+    results = model('data/images/shapes1.jpg')    # also a numpy HWC RGB array, a PIL image, or a list of them
+    print(results); results.tolist()              # boxes in the image's pixels with class names
+"""
+
+dependencies = ["torch", "numpy", "cv2", "yaml"]
+
+
+def _wrap(model, autoshape, device):
+    import torch
+
+    from models.hub import HubModel
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return (HubModel(model) if autoshape else model.eval()).to(device)
+
+
+def custom(path, autoshape=True, device=None):
+    """A checkpoint of ours (best.pt / last.pt) or an official YOLOv5 / YOLOv7 / YOLOv8 `.pt` file."""
+    from models.checkpoints import attempt_load
+
+    return _wrap(attempt_load(path, device="cpu", fuse=True), autoshape, device)
+
+
+def _create(name, pretrained=True, channels=3, classes=80, autoshape=True, device=None):
+    """Official weights `name`.pt when pretrained (downloaded once), else the YAML `name` with `classes` classes."""
+    from models.checkpoints import attempt_load
+    from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+
+    if pretrained:
+        return _wrap(attempt_load(f"{name}.pt", device="cpu", fuse=True), autoshape, device)
+    cls = ClassificationModel if name.endswith("-cls") else SegmentationModel if name.endswith("-seg") else \
+        DetectionModel
+    return _wrap(cls(f"{name}.yaml", ch=channels, nc=classes), autoshape, device)
+
+
+def _entry(name):
+    def load(pretrained=True, channels=3, classes=80, autoshape=True, device=None):
+        return _create(name, pretrained, channels, classes, autoshape, device)
+
+    load.__name__ = name.replace("-", "_")
+    load.__doc__ = f"{name}: official weights when pretrained, else built from {name}.yaml with `classes` classes."
+    return load
+
+
+_NAMES = [f"yolov5{s}{t}" for t in ("", "-seg", "-cls") for s in "nsmlx"]
+_NAMES += [f"yolov8{s}{t}" for t in ("", "-seg", "-cls") for s in "nsmlx"]
+_NAMES += ["yolov7", "yolov7x", "yolov7-tiny"]
+globals().update({n.replace("-", "_"): _entry(n) for n in _NAMES})

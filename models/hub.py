@@ -1,0 +1,117 @@
+"""The model that `torch.hub.load` returns (see hubconf.py): any of our detectors, segmenters or classifiers behind
+one call that takes image paths, numpy arrays (HWC RGB, as PIL gives them), PIL images or a list of them, and
+returns results that carry the class names.
+
+    model = torch.hub.load('path/to/repo', 'custom', path='best.pt', source='local')
+    results = model(['bus.jpg', np.asarray(pil_image), pil_image], size=320)
+    results.xyxy[0]      # (n, 6) tensor: x1, y1, x2, y2, conf, class, in the image's own pixels
+    results.tolist()     # per image, a list of dicts {'box', 'conf', 'class', 'name'} (+ 'mask' for segmenters)
+"""
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+import torch.nn as nn
+
+from models.yolo import ClassificationModel
+from utils import ops
+from utils.data.augment import letterbox
+
+
+def _to_bgr(im):
+    """A path, PIL image or HWC RGB array -> (name, HWC BGR uint8 array)."""
+    if isinstance(im, (str, Path)):
+        bgr = cv2.imread(str(im))
+        if bgr is None:
+            raise FileNotFoundError(f"cannot read image {im}")
+        return Path(im).name, bgr
+    if hasattr(im, "convert"):  # PIL
+        im = np.asarray(im.convert("RGB"))
+    if not isinstance(im, np.ndarray) or im.ndim != 3 or im.shape[2] != 3:
+        raise TypeError(f"expected an image path, a PIL image or an HWC RGB array, got {type(im).__name__}")
+    return "array", np.ascontiguousarray(im[..., ::-1]).astype(np.uint8)
+
+
+class Results:
+    """Per-image results: `xyxy` (detections, original pixels) and `masks` (segmenters), or `probs` (classifiers)."""
+
+    def __init__(self, names, files, xyxy=None, masks=None, probs=None):
+        self.names, self.files, self.xyxy, self.masks, self.probs = names, files, xyxy, masks, probs
+
+    def __len__(self):
+        return len(self.files)
+
+    def tolist(self):
+        if self.probs is not None:
+            return [[{"class": int(i), "name": self.names[int(i)], "conf": float(p[i])} for i in p.argsort(0, True)[:5]]
+                    for p in self.probs]
+        out = []
+        for k, det in enumerate(self.xyxy):
+            rows = [{"box": d[:4].tolist(), "conf": float(d[4]), "class": int(d[5]), "name": self.names[int(d[5])]}
+                    for d in det]
+            if self.masks is not None:
+                for row, m in zip(rows, self.masks[k]):
+                    row["mask"] = m
+            out.append(rows)
+        return out
+
+    def __repr__(self):
+        lines = []
+        for f, rows in zip(self.files, self.tolist()):
+            counts = {}
+            for r in rows if self.probs is None else rows[:1]:
+                counts[r["name"]] = counts.get(r["name"], 0) + 1
+            lines.append(f"{f}: " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "(no detections)"))
+        return "\n".join(lines)
+
+
+class HubModel(nn.Module):
+    """Inference wrapper: letterbox (or resize for classifiers), forward in eval mode, NMS, back to the image's
+    pixels. `conf`, `iou`, `classes`, `max_det` are NMS settings the caller may change."""
+
+    conf, iou, classes, agnostic, max_det = 0.25, 0.45, None, False, 1000
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model.eval()
+        self.names = dict(model.names)
+        self.classify = isinstance(model, ClassificationModel)
+        self.nm = getattr(model.model[-1], "nm", 0)
+        self.stride = 32 if self.classify else int(max(model.stride))
+
+    @torch.no_grad()
+    def forward(self, ims, size=640):
+        ims = ims if isinstance(ims, (list, tuple)) else [ims]
+        files, im0s = zip(*(_to_bgr(im) for im in ims))
+        p = next(self.model.parameters())
+        if self.classify:
+            x = np.stack([cv2.resize(im, (size, size), interpolation=cv2.INTER_LINEAR)[..., ::-1] for im in im0s])
+            x = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(p.device, p.dtype) / 255
+            return Results(self.names, files, probs=self.model(x).cpu())
+        xyxy, masks = [], []
+        for im0 in im0s:  # one at a time: each image keeps its own minimum letterbox, as detect.py does
+            det, mask = self._one(im0, size, p)
+            xyxy.append(det)
+            masks.append(mask)
+        return Results(self.names, files, xyxy=xyxy, masks=masks if self.nm else None)
+
+    def _one(self, im0, size, p):
+        im = letterbox(im0, size, stride=self.stride, auto=True)[0]
+        x = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])).to(p.device, p.dtype)[None] / 255
+        preds = self.model(x)
+        out = preds[0]
+        det = ops.non_max_suppression(out, self.conf, self.iou, self.classes, self.agnostic, max_det=self.max_det,
+                                      nc=len(self.names), nm=self.nm)[0]
+        mask = None
+        if self.nm:
+            second = preds[1]
+            protos = second[-1] if isinstance(second, (list, tuple)) else second  # v8: (x, mc, proto); v5: proto
+            if len(det):
+                mask = ops.process_mask(protos[0], det[:, 6:], det[:, :4], x.shape[2:], upsample=True)
+                mask = ops.scale_masks(mask, im0.shape[:2]).gt(0.5).cpu()
+            else:
+                mask = torch.zeros((0, *im0.shape[:2]), dtype=torch.bool)
+        ops.scale_boxes(x.shape[2:], det[:, :4], im0.shape)
+        return det[:, :6].cpu(), mask

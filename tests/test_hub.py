@@ -1,0 +1,68 @@
+"""hubconf.py through torch.hub.load(..., source='local'), offline: local checkpoints of each task, YAML-built
+models, and every input type, checked against detect.py's predictor on the same image."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import detect
+import hubconf
+from models.checkpoints import model_to_ckpt
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from utils.files import ROOT
+
+IMAGE = ROOT / "data" / "images" / "shapes1.jpg"
+NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
+CONF = 1e-4  # an untrained model's scores are tiny; this keeps plenty of boxes to compare
+
+
+def checkpoint(tmp_path, model):
+    torch.manual_seed(0)
+    model.names = dict(NAMES)
+    f = tmp_path / "best.pt"
+    torch.save({"model": model_to_ckpt(model), "epoch": -1}, f)
+    return f
+
+
+def hub_load(*args, **kwargs):
+    return torch.hub.load(str(ROOT), *args, source="local", **kwargs)
+
+
+@pytest.mark.parametrize("cfg", ["yolov5n.yaml", "yolov8n.yaml"])
+def test_custom_matches_predictor_for_every_input_type(tmp_path, cfg):
+    weights = checkpoint(tmp_path, DetectionModel(cfg, nc=3))
+    model = hub_load("custom", path=str(weights), device="cpu")
+    model.conf = CONF
+    rgb = np.asarray(Image.open(IMAGE).convert("RGB"))
+    results = model([str(IMAGE), rgb, Image.open(IMAGE)], size=96)
+    assert len(results) == 3 and len(results.xyxy[0]) > 0
+    for det in results.xyxy[1:]:
+        torch.testing.assert_close(det, results.xyxy[0], atol=0.05, rtol=0)  # JPEG decoders may differ slightly
+    ref = detect.main(detect.parse_opt(["--weights", str(weights), "--source", str(IMAGE), "--imgsz", "96",
+                                        "--device", "cpu", "--conf-thres", str(CONF), "--nosave",
+                                        "--project", str(tmp_path / "det")]))[0]
+    torch.testing.assert_close(results.xyxy[0], ref[:, :6].cpu(), atol=1e-3, rtol=1e-4)
+    rows = results.tolist()[0]
+    assert {r["name"] for r in rows} <= set(NAMES.values()) and rows[0]["name"] == NAMES[rows[0]["class"]]
+
+
+def test_segment_and_classify_checkpoints(tmp_path):
+    seg = hub_load("custom", path=str(checkpoint(tmp_path, SegmentationModel("yolov8n-seg.yaml", nc=3))),
+                   device="cpu")
+    seg.conf = CONF
+    res = seg(str(IMAGE), size=96)
+    h, w = np.asarray(Image.open(IMAGE)).shape[:2]
+    assert res.masks[0].shape == (len(res.xyxy[0]), h, w) and len(res.xyxy[0]) > 0
+    (tmp_path / "cls").mkdir()
+    cls = hub_load("custom", path=str(checkpoint(tmp_path / "cls", ClassificationModel("yolov8n-cls.yaml", nc=3))),
+                   device="cpu")
+    top = cls(str(IMAGE), size=64).tolist()[0]
+    assert [r["name"] for r in top] and abs(sum(r["conf"] for r in top) - 1) < 1e-4  # 3 classes: all of them
+
+
+def test_named_entry_points_build_offline():
+    model = hub_load("yolov5n", pretrained=False, classes=3, device="cpu")
+    assert model.names == {i: str(i) for i in range(3)} and len(model(str(IMAGE), size=64)) == 1
+    for n in ("yolov7_tiny", "yolov8n_seg", "yolov5s_cls"):
+        assert callable(getattr(hubconf, n))
