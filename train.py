@@ -10,6 +10,8 @@ Usage:
     Several machines (run on each, with its --node_rank)
         $ python -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 8 \
               --master_addr 10.0.0.1 --master_port 29500 train.py --data coco.yaml --cfg yolov8s.yaml
+    Evolve hyperparameters (single process; evolve.csv and hyp_evolve.yaml in runs/evolve/expN)
+        $ python train.py --data data/shapes.yaml --epochs 10 --evolve 100
     Resume an interrupted run (same launch command as before, single process or torchrun)
         $ python train.py --resume                # the latest runs/**/last.pt
         $ python train.py --resume runs/train/exp/weights/last.pt
@@ -19,6 +21,7 @@ from engine.tasks.detect import DetectionTrainer
 from engine.trainer import run
 from utils.cli import add_detect_train_args, train_parser
 from utils.errors import run_cli
+from utils.evolve import evolve
 
 
 def parse_opt(argv=None):
@@ -28,6 +31,8 @@ def parse_opt(argv=None):
 
 
 def main(opt):
+    if opt.evolve:
+        return evolve(DetectionTrainer, opt, run)
     return run(DetectionTrainer, opt)
 
 

@@ -15,6 +15,7 @@ from engine.tasks.segment import SegmentationTrainer
 from engine.trainer import run
 from utils.cli import add_detect_train_args, train_parser
 from utils.errors import run_cli
+from utils.evolve import evolve
 
 
 def parse_opt(argv=None):
@@ -26,6 +27,8 @@ def parse_opt(argv=None):
 
 
 def main(opt):
+    if opt.evolve:
+        return evolve(SegmentationTrainer, opt, run)
     return run(SegmentationTrainer, opt)
 
 

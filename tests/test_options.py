@@ -1,6 +1,7 @@
 """The YOLOv5-style training options: AutoAnchor, --freeze, --single-cls, --label-smoothing, --multi-scale,
 single process and under a 2-rank torchrun (gloo, CPU)."""
 
+import csv
 import json
 import os
 import subprocess
@@ -18,6 +19,8 @@ import val
 from models.checkpoints import attempt_load
 from models.yolo import DetectionModel
 from tests.ddp_utils import free_port
+from utils.errors import BadOption
+from utils.evolve import META
 from utils.files import ROOT
 
 IMGSZ = 64
@@ -131,3 +134,23 @@ def test_torchrun_autoanchor_freeze_multiscale(bars, tmp_path):
     assert rec[0]["sizes"] == rec[1]["sizes"] and len(rec[0]["sizes"]) == 4
     sizes = {s for hw in rec[0]["sizes"] for s in hw}
     assert len(sizes) > 1 and all(s % 32 == 0 and 48 <= s <= 144 for s in sizes), rec[0]["sizes"]
+
+
+def test_evolve_two_generations(bars, tmp_path):
+    base = yaml.safe_load((ROOT / "data" / "hyps" / "hyp.scratch-low.yaml").read_text())
+    out = train.main(train.parse_opt(_args(bars, tmp_path / "evo", "--batch-size", "8", "--evolve", "2")))
+    rows = list(csv.DictReader(open(out.parent / "evolve.csv")))
+    assert len(rows) == 2
+    hyp = yaml.safe_load(out.read_text())
+    assert set(hyp) == set(base)
+    best = max(rows, key=lambda r: float(r["fitness"]))
+    for k in META.keys() & base.keys():
+        assert META[k][1] <= hyp[k] <= META[k][2] and hyp[k] == pytest.approx(float(best[k]))
+    assert any(float(rows[0][k]) != base[k] for k in META.keys() & base.keys())  # generation 0 was mutated
+    assert sorted(p.name for p in out.parent.glob("gen*") if p.is_dir()) == ["gen0", "gen1"]
+
+
+def test_evolve_refuses_ddp(bars, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(BadOption, match="single process"):
+        train.main(train.parse_opt(_args(bars, tmp_path / "evo", "--evolve", "2")))
