@@ -1,0 +1,141 @@
+"""The label cache (utils/data/label_cache.py): a format that cannot run code, rebuilt with one warning when it is
+corrupt, foreign or of another version, never written by a rank other than local rank 0, and a read-only dataset
+folder costs one warning, never a crash."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import train
+from utils.data import label_cache
+from utils.data.detect_dataset import YOLODataset
+from utils.data.label_cache import load_cache, save_cache
+
+
+class Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_round_trip_keeps_arrays_tuples_and_nesting(tmp_path):
+    rng = np.random.default_rng(0)
+    data = {"labels": [{"im_file": "a.jpg", "shape": (96, 128), "cls": rng.random((3, 1)).astype(np.float32),
+                        "bboxes": rng.random((3, 4)).astype(np.float32), "segments": [None, rng.random((5, 2)), None]}],
+            "stats": {"images": 1, "corrupt": 0}, "msgs": ["x: bad line"], "good": [0, 2], "empty": np.zeros((0, 4))}
+    assert save_cache(tmp_path / "t.cache", data, "h1")
+    back = load_cache(tmp_path / "t.cache", "h1")
+    lb, ref = back["labels"][0], data["labels"][0]
+    assert lb["shape"] == (96, 128) and isinstance(lb["shape"], tuple)
+    for k in ("cls", "bboxes"):
+        assert lb[k].dtype == ref[k].dtype and lb[k].flags.writeable
+        np.testing.assert_array_equal(lb[k], ref[k])
+    assert lb["segments"][0] is None and lb["segments"][1].dtype == np.float64
+    np.testing.assert_array_equal(lb["segments"][1], ref["segments"][1])
+    assert back["stats"] == data["stats"] and back["msgs"] == data["msgs"] and back["empty"].shape == (0, 4)
+    assert load_cache(tmp_path / "t.cache", "other files") is None  # the files changed: rebuilt, no warning
+    assert json.loads((tmp_path / "t.cache").read_text())["version"] == label_cache.VERSION
+
+
+def _bad_caches(marker):
+    good = json.dumps({"format": label_cache.FORMAT, "version": label_cache.VERSION, "hash": "h", "data": {}})
+    return {
+        "random bytes": np.random.default_rng(1).bytes(2048),
+        "truncated": good[: len(good) // 2].encode(),
+        "text": b"{this is not json}",
+        "other version": good.replace(f'"version": {label_cache.VERSION}', '"version": 99').encode(),
+        "other program": json.dumps({"format": "someone else", "data": {}}).encode(),
+        "object array": good.replace('"data": {}', '"data": {"a": {"__ndarray__": ["|O", [1], "AA=="]}}').encode(),
+        "official pickle": None,  # written below with np.save, a payload inside
+    }
+
+
+@pytest.mark.parametrize("kind", list(_bad_caches("m")))
+def test_unusable_cache_is_rebuilt_with_one_warning(det_copy, yolo_log, kind, tmp_path):
+    marker = tmp_path / "pwned"
+    cache = det_copy / "labels" / "train.cache"
+    content = _bad_caches(marker)[kind]
+    if content is None:
+        np.save(str(cache) + ".npy", {"version": "0.6", "labels": [Payload(marker)]}, allow_pickle=True)
+        os.replace(str(cache) + ".npy", cache)
+    else:
+        cache.write_bytes(content)
+    ds = YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3)
+    assert len(ds) == 16 and not ds.stats["cached"] and not marker.exists()
+    warnings = [m for m in yolo_log if "ignoring label cache" in m]
+    assert len(warnings) == 1 and str(cache) in warnings[0]
+    assert YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3).stats["cached"]  # rewritten, usable
+
+
+def test_only_local_rank_zero_writes(det_copy, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3)
+    assert not (det_copy / "labels" / "train.cache").exists()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3)
+    assert (det_copy / "labels" / "train.cache").exists()
+
+
+def _bind_read_only(folder):
+    """A read-only bind mount of `folder`, or None where this process may not mount (not root, no privilege)."""
+    ro = folder.with_name(folder.name + "-ro")
+    ro.mkdir()
+    try:
+        subprocess.run(["mount", "--bind", str(folder), str(ro)], check=True, capture_output=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    r = subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], capture_output=True, timeout=20)
+    if r.returncode != 0:
+        subprocess.run(["umount", "-l", str(ro)], capture_output=True, timeout=20)
+        return None
+    return ro
+
+
+@pytest.fixture
+def read_only_data(det_copy, tmp_path, monkeypatch):
+    """(read-only dataset root, payload marker): the train cache corrupt, the val cache an official pickled one
+    with a payload. A real read-only bind mount where we may mount (root); else file modes (non-root; root ignores
+    them); else writes into it fail as on a read-only filesystem."""
+    marker = tmp_path / "pwned"
+    (det_copy / "labels" / "train.cache").write_bytes(b"\x00" * 100)
+    np.save(det_copy / "labels" / "val.npy", {"labels": [Payload(marker)]}, allow_pickle=True)
+    os.replace(det_copy / "labels" / "val.npy", det_copy / "labels" / "val.cache")
+    ro = _bind_read_only(det_copy) if os.geteuid() == 0 else None
+    if ro is not None:
+        with pytest.raises(OSError):
+            (ro / "probe").touch()
+        yield ro, marker
+        subprocess.run(["umount", "-l", str(ro)], capture_output=True, timeout=20)
+    elif os.geteuid() != 0:
+        dirs = [det_copy, *(p for p in det_copy.rglob("*") if p.is_dir())]
+        for d in dirs:
+            d.chmod(0o555)
+        yield det_copy, marker
+        for d in dirs:
+            d.chmod(0o755)
+    else:
+        def refuse(path, *a, **k):
+            raise OSError(30, "Read-only file system", str(path))
+
+        monkeypatch.setattr(label_cache, "publish", refuse)
+        yield det_copy, marker
+
+
+def test_training_runs_on_read_only_data_with_corrupt_and_foreign_caches(read_only_data, tmp_path, yolo_log):
+    root, marker = read_only_data
+    data = tmp_path / "data.yaml"
+    data.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: [circle, rectangle, triangle]\n")
+    trainer, metrics = train.main(train.parse_opt([
+        "--data", str(data), "--cfg", "yolov5n.yaml", "--imgsz", "64", "--batch-size", "8", "--epochs", "1",
+        "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"), "--name", "exp"]))
+    assert "fitness" in metrics and (trainer.save_dir / "weights" / "best.pt").is_file()
+    assert (root / "labels" / "train.cache").read_bytes() == b"\x00" * 100  # nothing could be written there
+    assert not marker.exists()
+    ignored = [m for m in yolo_log if "ignoring label cache" in m]
+    assert any("train.cache" in m for m in ignored) and any("val.cache" in m for m in ignored)
+    assert len([m for m in yolo_log if "not writeable" in m]) == 1  # one folder, one warning

@@ -1,0 +1,173 @@
+"""Several processes preparing the same path at the same instant (as several nodes on one shared filesystem do):
+synthetic generation, a `download:` archive (a local file URL), an official weights download, the label cache and
+`--cache disk` files. Each ends with one complete result, no error, and no temporary file left behind.
+
+Four processes are started once (spawn: the way separate nodes share nothing in memory) and run every scenario in
+turn, meeting at a barrier before each so that they really start it together.
+"""
+
+import multiprocessing as mp
+import shutil
+import traceback
+import zipfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from utils.files import publish
+
+N = 4
+SCENARIOS = ("generate", "download", "weights", "label_cache", "cache_disk")
+SYNTH = {"task": "detect", "n_train": 6, "n_val": 2, "seed": 3, "min_side": 64, "max_side": 96}
+
+
+def _scenario(name, root):
+    """One process's part of scenario `name`; returns a picklable summary of what it saw."""
+    if name == "generate":
+        from utils.data.synthetic import generate_dataset
+
+        generate_dataset(root / "gen" / "shapes", **SYNTH)
+        return sorted(p.name for p in (root / "gen" / "shapes" / "images" / "train").iterdir())
+    if name == "download":
+        from utils.data.downloads import download
+
+        download((root / "src" / "pack.zip").as_uri(), dir=root / "dl")
+        return sorted(str(p.relative_to(root / "dl")) for p in (root / "dl").rglob("*"))
+    if name == "weights":
+        import models.checkpoints as mc
+
+        mc.official_url = lambda name: (root / "src" / "yolov5s.pt").as_uri()  # no network: a local release
+        return str(mc.attempt_download("yolov5s.pt", root / "weights"))
+    from utils.data.detect_dataset import YOLODataset
+
+    data = root / "data" / "images" / "train"
+    ds = YOLODataset(str(data), imgsz=64, nc=3, cache="disk" if name == "cache_disk" else None)
+    return [(lb["im_file"], lb["cls"].tolist(), lb["bboxes"].tolist()) for lb in ds.labels]
+
+
+def _worker(root, barrier, queue):
+    for name in SCENARIOS:
+        barrier.wait(timeout=120)
+        try:
+            queue.put((name, "ok", _scenario(name, root)))
+        except Exception:
+            queue.put((name, "error", traceback.format_exc()))
+
+
+@pytest.fixture(scope="module")
+def race(tmp_path_factory):
+    """{scenario: [result of each process]} after N processes ran every scenario together."""
+    from utils.data.synthetic import generate_dataset
+
+    root = tmp_path_factory.mktemp("race")
+    src = root / "src"
+    generate_dataset(src / "pack" / "part", **SYNTH)  # archive content for the download scenario
+    shutil.make_archive(str(src / "pack"), "zip", src / "pack")
+    (src / "yolov5s.pt").write_bytes(np.random.default_rng(0).bytes(300_000))
+    generate_dataset(root / "data", **SYNTH)  # a dataset without label cache or .npy files
+    generate_dataset(root / "reference", **SYNTH)  # what one process alone writes
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(N), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(root, barrier, queue)) for _ in range(N)]
+    for p in procs:
+        p.start()
+    results = {name: [] for name in SCENARIOS}
+    try:
+        for _ in range(N * len(SCENARIOS)):
+            name, status, value = queue.get(timeout=240)
+            results[name].append((status, value))
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+    return root, results
+
+
+def _all_ok(results):
+    errors = [v for status, v in results if status != "ok"]
+    assert not errors, errors[0]
+    assert len(results) == N
+    return [v for _, v in results]
+
+
+def _no_temporaries(folder):
+    left = [str(p) for p in Path(folder).rglob(".*")]
+    assert not left, f"temporary files left behind: {left[:5]}"
+
+
+def test_generation_race_ends_with_one_complete_dataset(race):
+    root, results = race
+    listings = _all_ok(results["generate"])
+    assert all(x == listings[0] for x in listings) and len(listings[0]) == SYNTH["n_train"]
+    assert [p.name for p in (root / "gen").iterdir()] == ["shapes"]  # one copy, no temporary sibling
+    ref, got = root / "reference", root / "gen" / "shapes"
+    files = sorted(p.relative_to(ref) for p in ref.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(got) for p in got.rglob("*") if p.is_file())
+    assert all((ref / f).read_bytes() == (got / f).read_bytes() for f in files)
+
+
+def test_download_race_ends_with_one_unpacked_copy(race):
+    root, results = race
+    listings = _all_ok(results["download"])
+    with zipfile.ZipFile(root / "src" / "pack.zip") as z:
+        files = [m for m in z.namelist() if not m.endswith("/")]
+        for m in files:
+            assert (root / "dl" / m).read_bytes() == z.read(m), m
+    assert all(set(files) <= set(seen) for seen in listings)  # complete for every process when it returned
+    assert sorted(str(p.relative_to(root / "dl")) for p in (root / "dl").rglob("*") if p.is_file()) == sorted(files)
+    _no_temporaries(root / "dl")  # and the archive itself is gone (unpacked, then deleted)
+
+
+def test_weights_download_race(race):
+    root, results = race
+    paths = _all_ok(results["weights"])
+    assert set(paths) == {str(root / "weights" / "yolov5s.pt")}
+    assert (root / "weights" / "yolov5s.pt").read_bytes() == (root / "src" / "yolov5s.pt").read_bytes()
+    _no_temporaries(root / "weights")
+
+
+def test_label_cache_race(race):
+    from utils.data.image_files import files_hash, img2label_paths, list_files
+    from utils.data.label_cache import load_cache
+    from utils.data.labels import CACHE_VERSION
+
+    root, results = race
+    labels = _all_ok(results["label_cache"])
+    assert all(x == labels[0] for x in labels) and len(labels[0]) == SYNTH["n_train"]
+    for im_file, cls, boxes in labels[0]:  # the labels are the files' own lines
+        lines = Path(img2label_paths([im_file])[0]).read_text().split("\n")
+        rows = np.array([[float(v) for v in ln.split()] for ln in lines if ln.strip()], np.float32)
+        np.testing.assert_array_equal(np.array(cls, np.float32)[:, 0], rows[:, 0])
+        np.testing.assert_allclose(np.array(boxes, np.float32), rows[:, 1:], atol=2e-6)
+    ims = list_files(str(root / "data" / "images" / "train"))
+    hash_ = files_hash(ims + img2label_paths(ims), extra=f"{CACHE_VERSION} nc=3")
+    assert load_cache(root / "data" / "labels" / "train.cache", hash_) is not None  # one complete, current cache
+    _no_temporaries(root / "data")
+
+
+def test_cache_disk_race(race):
+    root, results = race
+    _all_ok(results["cache_disk"])
+    images = sorted((root / "data" / "images" / "train").glob("*.jpg"))
+    for im in images:
+        np.testing.assert_array_equal(np.load(im.with_suffix(".npy")), cv2.imread(str(im)))
+    _no_temporaries(root / "data")
+
+
+def test_publish_leaves_nothing_when_the_build_fails(tmp_path):
+    def broken(tmp):
+        Path(tmp).mkdir()
+        (Path(tmp) / "half").write_text("x")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        publish(tmp_path / "out", broken)
+    assert list(tmp_path.iterdir()) == []
+    assert publish(tmp_path / "f.txt", lambda t: Path(t).write_text("1"))
+    assert not publish(tmp_path / "f.txt", lambda t: Path(t).write_text("2"))  # published: used as it is
+    assert (tmp_path / "f.txt").read_text() == "1"
+    assert publish(tmp_path / "f.txt", lambda t: Path(t).write_text("3"), replace=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"] and (tmp_path / "f.txt").read_text() == "3"
