@@ -31,6 +31,7 @@ from models.checkpoints import (
     to_safe,
 )
 from utils import dist as du
+from utils.charts import RunPlots
 from utils.data.loader import build_dataloader
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.files import (
@@ -465,6 +466,8 @@ def run(trainer_cls, opt, callbacks=None):
         opt, resume_from = resume_opt(opt, trainer_cls.default_project)
     try:
         trainer = trainer_cls(deepcopy(opt), device, resume_from=resume_from)
+        if not opt.noplots:
+            RunPlots().attach(trainer)
         for event, fns in (callbacks or {}).items():
             for fn in fns:
                 trainer.add_callback(event, fn)

@@ -48,6 +48,12 @@ class BaseValidator:
     def print_results(self, final=False):
         raise NotImplementedError
 
+    def plot_val_batch(self, batch, preds, bi):
+        """Optional: save val_batch{bi}_labels.jpg and val_batch{bi}_pred.jpg."""
+
+    def plot_metrics(self):
+        """Optional: save the run's metric charts (curves, confusion matrices) to save_dir."""
+
     def finalize(self, stats):
         """Hook after the stats (e.g. COCO JSON evaluation); may update and return them."""
         return stats
@@ -64,8 +70,10 @@ class BaseValidator:
         self.init_metrics(model)
         self.seen = 0
         dt = [0.0, 0.0, 0.0]
+        final = final or trainer is None
+        plots = final and not getattr(self.args, "noplots", False)  # the final or stand-alone run, not each epoch
         bar = tqdm(self.dataloader, desc=self.description(), bar_format="{l_bar}{bar:10}{r_bar}")
-        for batch in bar:
+        for bi, batch in enumerate(bar):
             t0 = time_sync()
             batch = self.preprocess(batch, device, half)
             t1 = time_sync()
@@ -74,6 +82,8 @@ class BaseValidator:
             preds = self.postprocess(preds)
             t3 = time_sync()
             self.update_metrics(preds, batch)
+            if plots and bi < 3:
+                self.plot_val_batch(batch, preds, bi)
             dt[0], dt[1], dt[2] = dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2
         if half:
             model.float()
@@ -81,7 +91,9 @@ class BaseValidator:
         n = max(self.seen, 1)
         self.speed = {k: v * 1e3 / n for k, v in zip(self.speed, dt)}
         stats = self.finalize(self.get_stats())
-        self.print_results(final=final or trainer is None)
+        self.print_results(final=final)
+        if plots:
+            self.plot_metrics()
         return stats
 
     def description(self):

@@ -23,6 +23,7 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
                    help="resume the latest run, or the given last.pt")
     p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
     p.add_argument("--noval", action="store_true", help="only validate the final epoch")
+    p.add_argument("--noplots", action="store_true", help="save no plots (results.png, labels.jpg, curves, ...)")
     p.add_argument("--cache", type=str, nargs="?", const="ram", default=None, choices=["ram", "disk"],
                    help="cache images in RAM (this rank's share only under DDP) or on disk")
     p.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")

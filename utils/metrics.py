@@ -11,9 +11,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from utils.charts import draw_confusion_matrix
 from utils.loggers import LOGGER
 from utils.ops import box_iou
-from utils.plots import draw_confusion_matrix
 
 _trapezoid = getattr(np, "trapezoid", None) or np.trapz  # renamed in numpy 2.0
 
@@ -104,22 +104,28 @@ def instance_masks(overlap_mask, n):
     return overlap_mask[None] == ids
 
 
-def compute_ap(recall, precision):
-    """AP of one precision-recall curve (points in descending-confidence order), official YOLOv5 convention."""
+def _pr_envelope(recall, precision):
+    """Recall and precision with the sentinels (0, 1) and (1, 0), precision made non-increasing in recall."""
     mrec = np.concatenate(([0.0], recall, [1.0]))
     mpre = np.concatenate(([1.0], precision, [0.0]))
-    mpre = np.flip(np.maximum.accumulate(np.flip(mpre)))  # precision envelope
+    return mrec, np.flip(np.maximum.accumulate(np.flip(mpre)))
+
+
+def compute_ap(recall, precision):
+    """AP of one precision-recall curve (points in descending-confidence order), official YOLOv5 convention."""
+    mrec, mpre = _pr_envelope(recall, precision)
     x = np.linspace(0, 1, 101)
     return float(_trapezoid(np.interp(x, mrec, mpre), x))
 
 
-def ap_per_class(tp, conf, pred_cls, target_cls, eps=1e-16):
+def ap_per_class(tp, conf, pred_cls, target_cls, eps=1e-16, curves=False):
     """AP per class from all predictions of a dataset.
 
     tp: bool (n, t) matches per IoU threshold, conf (n,), pred_cls (n,), target_cls (m,) numpy arrays.
     Classes are those present in target_cls (a class with labels and no predictions gets AP 0).
     Returns (p, r, f1, ap, classes): p, r, f1 (nc,) at the confidence that maximises the smoothed mean F1,
-    ap (nc, t), classes (nc,) int.
+    ap (nc, t), classes (nc,) int. With curves=True a dict of the curves for plotting follows: `px` the grid,
+    `p`, `r`, `f1` (nc, 1000) by confidence, `pr` (nc, 1000) precision by recall at IoU 0.5, `ap50`, `classes`.
     """
     tp = np.asarray(tp, dtype=float)
     tp = tp[:, None] if tp.ndim == 1 else tp
@@ -129,6 +135,7 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps=1e-16):
     px = np.linspace(0, 1, 1000)  # confidence grid for P, R, F1
     ap = np.zeros((len(classes), tp.shape[1]))
     p_curve, r_curve = np.zeros((len(classes), len(px))), np.zeros((len(classes), len(px)))
+    pr_curve = np.zeros((len(classes), len(px)))
     for ci, c in enumerate(classes):
         sel = pred_cls == c
         if not sel.any():
@@ -142,9 +149,14 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps=1e-16):
         p_curve[ci] = np.interp(-px, -conf[sel], precision[:, 0], left=1)
         for j in range(tp.shape[1]):
             ap[ci, j] = compute_ap(recall[:, j], precision[:, j])
+        pr_curve[ci] = np.interp(px, *_pr_envelope(recall[:, 0], precision[:, 0]))
     f1_curve = 2 * p_curve * r_curve / (p_curve + r_curve + eps)
     i = int(smooth(f1_curve.mean(0), 0.1).argmax()) if len(classes) else 0
-    return p_curve[:, i], r_curve[:, i], f1_curve[:, i], ap, classes.astype(int)
+    out = (p_curve[:, i], r_curve[:, i], f1_curve[:, i], ap, classes.astype(int))
+    if not curves:
+        return out
+    return *out, {"px": px, "p": p_curve, "r": r_curve, "f1": f1_curve, "pr": pr_curve, "ap50": ap[:, 0],
+                  "classes": classes.astype(int)}
 
 
 class Metric:
@@ -154,9 +166,11 @@ class Metric:
         self.p, self.r, self.f1 = np.zeros(0), np.zeros(0), np.zeros(0)
         self.all_ap = np.zeros((0, len(IOU_THRESHOLDS)))
         self.ap_class_index = np.zeros(0, dtype=int)
+        self.curves = None  # ap_per_class's curves, for the plots
 
-    def update(self, p, r, f1, ap, classes):
+    def update(self, p, r, f1, ap, classes, curves=None):
         self.p, self.r, self.f1, self.all_ap, self.ap_class_index = p, r, f1, ap, classes
+        self.curves = curves
 
     def _mean(self, x):
         return float(x.mean()) if len(x) else 0.0
@@ -219,7 +233,7 @@ class DetMetrics:
         self.box = Metric()
 
     def process(self, tp, conf, pred_cls, target_cls):
-        self.box.update(*ap_per_class(tp, conf, pred_cls, target_cls))
+        self.box.update(*ap_per_class(tp, conf, pred_cls, target_cls, curves=True))
 
     @property
     def keys(self):
@@ -255,8 +269,8 @@ class SegmentMetrics:
         self.box, self.seg = Metric(), Metric()
 
     def process(self, tp_box, tp_mask, conf, pred_cls, target_cls):
-        self.box.update(*ap_per_class(tp_box, conf, pred_cls, target_cls))
-        self.seg.update(*ap_per_class(tp_mask, conf, pred_cls, target_cls))
+        self.box.update(*ap_per_class(tp_box, conf, pred_cls, target_cls, curves=True))
+        self.seg.update(*ap_per_class(tp_mask, conf, pred_cls, target_cls, curves=True))
 
     @property
     def keys(self):
@@ -370,7 +384,7 @@ class ConfusionMatrix:
         return (tp[:-1], fp[:-1]) if self.task == "detect" else (tp, fp)
 
     def plot(self, save_dir, names=(), normalize=True):
-        """Draw the matrix as a PNG with OpenCV; returns the file path."""
+        """Draw the matrix as a PNG (counts, or fractions of each true class); returns the file path."""
         array = self.matrix.astype(float)
         if normalize:
             array = array / (array.sum(0, keepdims=True) + 1e-9)  # fraction of each true class

@@ -1,5 +1,5 @@
-"""Drawing with OpenCV only (no matplotlib, no font files): palette, box/mask annotation, batch mosaics and the
-confusion-matrix image. Images handed to the Annotator are BGR uint8, as cv2 reads and writes them."""
+"""Drawing on images with OpenCV: palette, box/mask annotation and batch mosaics. Images handed to the Annotator are
+BGR uint8, as cv2 reads and writes them. Charts (curves, histograms, confusion matrices) are in utils/charts.py."""
 
 import math
 from pathlib import Path
@@ -147,61 +147,3 @@ def plot_images(images, targets, paths=None, fname="images.jpg", names=None, mas
             ann.box_label(b, label, colors(c, bgr=True))
     cv2.imwrite(str(fname), ann.result())
     return Path(fname)
-
-
-def _blues(v):
-    """Map v in [0, 1] to a BGR colour from near-white to dark blue."""
-    lo, hi = np.array([255, 251, 247.0]), np.array([107, 48, 8.0])
-    return tuple(int(c) for c in (lo + (hi - lo) * float(np.clip(v, 0, 1))).round())
-
-
-def _vertical_text(text, scale, thickness):
-    """Black text on white, rotated to read bottom-to-top."""
-    (tw, th), base = cv2.getTextSize(text, _FONT, scale, thickness)
-    img = np.full((th + base + 4, tw + 4, 3), 255, dtype=np.uint8)
-    cv2.putText(img, text, (2, th + 2), _FONT, scale, (0, 0, 0), thickness, cv2.LINE_AA)
-    return cv2.rotate(img, cv2.ROTATE_90_COUNTERCLOCKWISE)
-
-
-def _paste_min(canvas, patch, x, y):
-    """Paste a white-background patch by darkest-pixel blending, clipped to the canvas."""
-    ph, pw = min(patch.shape[0], canvas.shape[0] - y), min(patch.shape[1], canvas.shape[1] - x)
-    if ph > 0 and pw > 0:
-        region = canvas[y : y + ph, x : x + pw]
-        canvas[y : y + ph, x : x + pw] = np.minimum(region, patch[:ph, :pw])
-
-
-def draw_confusion_matrix(array, labels, path, normalize=True):
-    """Draw a square matrix [predicted, true] with class names on both axes; writes a PNG at path."""
-    n = len(labels)
-    cell = int(np.clip(900 // max(n, 1), 14, 60))
-    fs, tf = max(cell / 110, 0.3), 1
-    name_w = max(cv2.getTextSize(s, _FONT, fs, tf)[0][0] for s in labels) + 10
-    left, top = name_w + 40, 50
-    bottom = name_w + 40
-    canvas = np.full((top + n * cell + bottom, left + n * cell + 20, 3), 255, dtype=np.uint8)
-    vmax = 1.0 if normalize else max(float(array.max()), 1.0)
-    for r in range(n):
-        for c in range(n):
-            v = array[r, c] / vmax
-            x, y = left + c * cell, top + r * cell
-            cv2.rectangle(canvas, (x, y), (x + cell, y + cell), _blues(v), -1)
-            if n < 30 and array[r, c] >= 0.005:  # numbers only where they fit, blanks for ~0
-                s = f"{array[r, c]:.2f}" if normalize else str(int(array[r, c]))
-                (tw, th), _ = cv2.getTextSize(s, _FONT, fs, tf)
-                color = (255, 255, 255) if v > 0.5 else (0, 0, 0)
-                cv2.putText(canvas, s, (x + (cell - tw) // 2, y + (cell + th) // 2), _FONT, fs, color, tf, cv2.LINE_AA)
-    cv2.rectangle(canvas, (left, top), (left + n * cell, top + n * cell), (0, 0, 0), 1)
-    for i, s in enumerate(labels):
-        (tw, th), _ = cv2.getTextSize(s, _FONT, fs, tf)
-        cy = top + i * cell + (cell + th) // 2
-        cv2.putText(canvas, s, (left - tw - 6, cy), _FONT, fs, (0, 0, 0), tf, cv2.LINE_AA)
-        patch = _vertical_text(s, fs, tf)
-        _paste_min(canvas, patch, left + i * cell + (cell - patch.shape[1]) // 2, top + n * cell + 6)
-    title = "Confusion Matrix" + (" (normalized)" if normalize else "")
-    cv2.putText(canvas, title, (left, 32), _FONT, 0.8, (0, 0, 0), 2, cv2.LINE_AA)
-    cv2.putText(canvas, "True", (left + n * cell // 2 - 20, canvas.shape[0] - 12), _FONT, 0.6, (0, 0, 0), 1)
-    ylabel = _vertical_text("Predicted", 0.6, 1)
-    _paste_min(canvas, ylabel, 6, top + n * cell // 2 - ylabel.shape[0] // 2)
-    cv2.imwrite(str(path), canvas)
-    return Path(path)

@@ -35,6 +35,17 @@ def build_classifier(model_arg, nc, names):
     return model
 
 
+def whole_image_targets(cls, conf=None):
+    """plot_images rows for a classification batch: one whole-image box per image carrying its class (and the
+    confidence of a prediction)."""
+    n = len(cls)
+    whole = torch.tensor([[0.5, 0.5, 1.0, 1.0]]).expand(n, 4)
+    cols = [torch.arange(n)[:, None].float(), cls.cpu()[:, None].float(), whole]
+    if conf is not None:
+        cols.append(conf.cpu()[:, None].float())
+    return torch.cat(cols, 1)
+
+
 class ClassificationTrainer(BaseTrainer):
     default_project = "runs/train-cls"
 
@@ -67,11 +78,8 @@ class ClassificationTrainer(BaseTrainer):
 
     def plot_training_batch(self, batch, ni):
         if ni < 3:
-            # one whole-image box per image carries its class name
-            n = len(batch["img"])
-            whole = torch.tensor([0.5, 0.5, 1.0, 1.0]).expand(n, 4)
-            targets = torch.cat([torch.arange(n)[:, None], batch["cls"].cpu()[:, None], whole], 1).float()
-            plot_images(batch["img"], targets, fname=self.save_dir / f"train_batch{ni}.jpg", names=self.names)
+            plot_images(batch["img"], whole_image_targets(batch["cls"]), fname=self.save_dir / f"train_batch{ni}.jpg",
+                        names=self.names)
 
     def build_validator(self, loader):
         return ClassificationValidator(loader, self.save_dir, self.opt, self.names)
@@ -118,7 +126,18 @@ class ClassificationValidator(BaseValidator):
                 if m[:, c].sum():
                     LOGGER.info(("%22s" + "%11.3g") % (name, m[c, c] / m[:, c].sum()))
             self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
-            self.confusion.plot(save_dir=self.save_dir, names=list(self.names.values()))
+
+    def plot_metrics(self):
+        for normalize in (False, True):
+            self.confusion.plot(save_dir=self.save_dir, names=list(self.names.values()), normalize=normalize)
+
+    def plot_val_batch(self, batch, probs, bi):
+        """The labels, and the top-1 predictions with their probabilities, as image grids."""
+        plot_images(batch["img"], whole_image_targets(batch["cls"]), fname=self.save_dir / f"val_batch{bi}_labels.jpg",
+                    names=self.names)
+        conf, top1 = probs.float().max(1)
+        plot_images(batch["img"], whole_image_targets(top1, conf), fname=self.save_dir / f"val_batch{bi}_pred.jpg",
+                    names=self.names)
 
 
 class ClassificationPredictor(BasePredictor):

@@ -13,6 +13,7 @@ from models.checkpoints import attempt_load, load_pretrained
 from models.yolo import DetectionModel
 from utils import ops
 from utils.autoanchor import check_anchors
+from utils.charts import plot_metric_curves
 from utils.coco import box_to_coco_json, eval_coco_json, image_id_from_path, labels_to_coco_json
 from utils.data.dataset_yaml import check_det_dataset
 from utils.data.detect_dataset import YOLODataset
@@ -23,6 +24,15 @@ from utils.files import increment_path
 from utils.loggers import LOGGER, set_logging
 from utils.metrics import ConfusionMatrix, DetMetrics, process_batch
 from utils.plots import Annotator, colors, plot_images
+
+MAX_PLOTTED_PREDS = 30  # per image in val_batch*_pred.jpg: the most confident, enough to judge a tile
+
+
+def prediction_targets(preds):
+    """Per-image NMS outputs (n, 6+) xyxy conf cls -> plot_images rows (N, 7): image, cls, xywh pixels, conf."""
+    rows = [torch.cat((torch.full_like(p[:, :1], i), p[:, 5:6], ops.xyxy2xywh(p[:, :4]), p[:, 4:5]), 1)
+            for i, p in enumerate(preds)]
+    return torch.cat(rows).float() if rows else torch.zeros((0, 7))
 
 
 def single_class(data):
@@ -202,7 +212,29 @@ class DetectionValidator(BaseValidator):
                 LOGGER.info(pf % (self.names[c], self.seen, self.nt_per_class[c], *self.metrics.class_result(i)))
         if final:
             self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
-            self.confusion.plot(save_dir=self.save_dir, names=list(self.names.values()))
+
+    def plot_metrics(self):
+        names = list(self.names.values())
+        for normalize in (False, True):
+            self.confusion.plot(save_dir=self.save_dir, names=names, normalize=normalize)
+        for prefix, metric in self.curve_metrics():
+            if metric.curves is not None:  # None when no image had a prediction
+                plot_metric_curves(metric.curves, self.names, self.save_dir, prefix)
+
+    def curve_metrics(self):
+        """(file prefix, Metric) pairs whose curves are plotted."""
+        return [("", self.metrics.box)]
+
+    def plot_val_batch(self, batch, preds, bi):
+        plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"val_batch{bi}_labels.jpg",
+                    self.names, masks=batch.get("masks"))
+        preds = [p[:MAX_PLOTTED_PREDS] for p in preds]
+        plot_images(batch["img"], prediction_targets(preds), batch["paths"], self.save_dir / f"val_batch{bi}_pred.jpg",
+                    self.names, masks=self.plotted_pred_masks(preds, batch))
+
+    def plotted_pred_masks(self, preds, batch):
+        """Masks of the plotted predictions (segmentation); None for boxes only."""
+        return None
 
     def finalize(self, stats):
         if not (getattr(self.args, "save_json", False) and self.jdict):

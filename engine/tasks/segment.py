@@ -82,6 +82,16 @@ class SegmentationValidator(DetectionValidator):
         rles = masks_to_rle(self._native_masks.gt(0.5).cpu().numpy())
         self.jdict += box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map(), rles=rles)
 
+    def curve_metrics(self):
+        return [("", self.metrics.box), ("Mask", self.metrics.seg)]
+
+    def plotted_pred_masks(self, preds, batch):
+        """Per-prediction masks (N, H, W) in the order of prediction_targets."""
+        shape = batch["img"].shape[2:]
+        masks = [ops.process_mask(self.protos[i], p[:, 6:].float(), p[:, :4].float(), shape, upsample=True)
+                 for i, p in enumerate(preds) if len(p)]
+        return torch.cat(masks).float() if masks else None
+
     def _concat_stats(self):
         out = super()._concat_stats()
         out["tp_box"], out["tp_mask"] = out.pop("tp"), out.pop("tp_m")  # the names SegmentMetrics.process takes

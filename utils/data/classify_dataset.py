@@ -169,6 +169,10 @@ class ClassificationDataset(Dataset):
                     self.ims[i] = im
         LOGGER.info(f"{self.prefix}Cached {len(idx)}/{len(self.samples)} images ({mode})")
 
+    def label_arrays(self):
+        """(classes (n,), None): one label per image and no boxes, for the labels plot."""
+        return np.array([c for _, c in self.samples], dtype=int), None
+
     def __len__(self):
         return len(self.samples)
 

@@ -100,6 +100,12 @@ class YOLODataset(Dataset):
             segs = None
         return dict(lb, segments=segs)
 
+    def label_arrays(self):
+        """(classes (n,), normalised xywh boxes (n, 4)) of every label, for the labels plot."""
+        cls = np.concatenate([lb["cls"].reshape(-1) for lb in self.labels]) if self.labels else np.zeros(0)
+        boxes = np.concatenate([lb["bboxes"].reshape(-1, 4) for lb in self.labels]) if self.labels else np.zeros((0, 4))
+        return cls, boxes
+
     def __len__(self):
         return len(self.labels)
 

@@ -1,0 +1,223 @@
+"""Charts of a run, drawn with matplotlib: results.png, labels.jpg, the P/R/F1/PR curves and the confusion matrices.
+
+Figures are built with `matplotlib.figure.Figure` and saved directly (no pyplot): no global backend switch, no
+window, and safe to call from any thread.
+"""
+
+import contextlib
+import copy
+import csv
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from utils.plots import colors
+
+MAX_CLASS_LINES = 20  # beyond this many classes a curve plot shows only the mean
+
+
+def _rgb(i):
+    return tuple(c / 255 for c in colors(i))
+
+
+def _save(fig, path, dpi=150):
+    fig.savefig(path, dpi=dpi)
+    return Path(path)
+
+
+def _smooth(y, f=0.1):
+    """Box filter over a fraction f of the points (the mean curve is noisy at a few hundred detections)."""
+    nf = round(len(y) * f * 2) // 2 + 1
+    p = np.ones(nf // 2)
+    return np.convolve(np.concatenate((p * y[0], y, p * y[-1])), np.ones(nf) / nf, mode="valid")
+
+
+def read_results(csv_path):
+    """results.csv -> (column names, float array (epochs, columns))."""
+    with open(csv_path, newline="") as f:
+        rows = list(csv.reader(f))
+    header = [h.strip() for h in rows[0]]
+    return header, np.array([[float(v) for v in r] for r in rows[1:]], dtype=float).reshape(-1, len(header))
+
+
+def plot_results(csv_path, path=None):
+    """One panel per results.csv column (losses, precision, recall, mAPs; not the learning rates) by epoch."""
+    header, data = read_results(csv_path)
+    cols = [i for i, h in enumerate(header) if h != "epoch" and not h.startswith("lr/")]
+    ncol = min(5, len(cols))
+    nrow = -(-len(cols) // ncol)
+    fig = Figure(figsize=(3.2 * ncol, 2.8 * nrow), tight_layout=True)
+    epochs = data[:, header.index("epoch")] + 1 if "epoch" in header else np.arange(1, len(data) + 1)
+    for k, i in enumerate(cols):
+        ax = fig.add_subplot(nrow, ncol, k + 1)
+        ax.plot(epochs, data[:, i], marker=".", linewidth=2, markersize=8, label="results")
+        if len(data) > 4:
+            ax.plot(epochs, _smooth(data[:, i], 0.05), ":", linewidth=2, label="smooth")
+        ax.set_title(header[i], fontsize=11)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{Path(csv_path).parent.name}: {len(data)} epochs")
+    return _save(fig, path or Path(csv_path).with_name("results.png"))
+
+
+def plot_labels(cls, boxes, names, path):
+    """Class histogram, box centres, box sizes and box outlines of a dataset's labels.
+
+    cls (n,) ints; boxes (n, 4) normalised xywh, or None for classification (histogram only).
+    """
+    cls = np.asarray(cls, dtype=int).reshape(-1)
+    nc = len(names)
+    panels = 1 if boxes is None else 4
+    fig = Figure(figsize=(4 * min(panels, 2), 4 * (1 + (panels > 2))), tight_layout=True)
+    ax = fig.add_subplot(1 + (panels > 2), min(panels, 2), 1)
+    counts = np.bincount(cls, minlength=nc)
+    ax.bar(range(nc), counts, color=[_rgb(i) for i in range(nc)])
+    ax.set_ylabel("instances")
+    ax.set_title(f"{len(cls)} labels, {nc} classes")
+    ax.set_xticks(range(nc), [names[i] for i in range(nc)], rotation=90 if nc > 8 else 0, fontsize=8)
+    if boxes is not None:
+        boxes = np.asarray(boxes, dtype=float).reshape(-1, 4)
+        for k, (a, b, label) in enumerate(((0, 1, ("x", "y")), (2, 3, ("width", "height"))), start=2):
+            ax = fig.add_subplot(2, 2, k)
+            ax.hist2d(boxes[:, a], boxes[:, b], bins=50, range=((0, 1), (0, 1)), cmap="Blues")
+            ax.set_xlabel(label[0])
+            ax.set_ylabel(label[1])
+            ax.set_title("box centres" if a == 0 else "box sizes")
+        ax = fig.add_subplot(2, 2, 4)
+        for c, (_, _, w, h) in list(zip(cls, boxes))[:1000]:
+            ax.add_patch(Rectangle((0.5 - w / 2, 0.5 - h / 2), w, h, fill=False, color=_rgb(c), alpha=0.3))
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_aspect("equal")
+        ax.set_title("box outlines (centred)")
+    return _save(fig, path, dpi=120)
+
+
+def plot_curve(x, curves, names, path, xlabel, ylabel, summary):
+    """Per-class curves (rows of `curves`, in the order of `names`) and their mean, thick, labelled `summary(mean)`."""
+    fig = Figure(figsize=(9, 6), tight_layout=True)
+    ax = fig.add_subplot(1, 1, 1)
+    curves = np.asarray(curves).reshape(-1, len(x))
+    if len(curves) <= MAX_CLASS_LINES:
+        for i, (y, name) in enumerate(zip(curves, names)):
+            ax.plot(x, y, linewidth=1, label=str(name), color=_rgb(i))
+    else:
+        ax.plot(x, curves.T, linewidth=1, color="grey")
+    mean = curves.mean(0) if len(curves) else np.zeros_like(x)
+    ax.plot(x, mean, linewidth=3, color="blue", label=f"all classes {summary(mean)}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left")
+    ax.set_title(f"{ylabel}-{xlabel} curve" if xlabel == "Recall" else f"{ylabel}-Confidence curve")
+    return _save(fig, path)
+
+
+def plot_metric_curves(curves, names, save_dir, prefix=""):
+    """PR, F1, P and R curve PNGs from `ap_per_class` curves (`prefix` 'Mask' for the mask metrics)."""
+    px, labels = curves["px"], [names[int(c)] for c in curves["classes"]]
+    ap50 = curves["ap50"]
+    save_dir = Path(save_dir)
+    files = [plot_curve(px, curves["pr"], labels, save_dir / f"{prefix}PR_curve.png", "Recall", "Precision",
+                        lambda m: f"{ap50.mean() if len(ap50) else 0:.3f} mAP@0.5")]
+    for key, ylabel in (("f1", "F1"), ("p", "Precision"), ("r", "Recall")):
+        def best(m):
+            i = int(_smooth(m, 0.1).argmax()) if m.any() else 0
+            return f"{m[i]:.2f} at {px[i]:.3f}"
+
+        f = save_dir / f"{prefix}{key.upper()}_curve.png"
+        files.append(plot_curve(px, curves[key], labels, f, "Confidence", ylabel, best))
+    return files
+
+
+def draw_confusion_matrix(array, labels, path, normalize=True):
+    """A square matrix [predicted, true] with class names on both axes, counts or column fractions in the cells."""
+    n = len(labels)
+    size = min(max(6, 0.5 * n + 3), 24)
+    fig = Figure(figsize=(size, size * 0.85), tight_layout=True)
+    ax = fig.add_subplot(1, 1, 1)
+    shown = np.where(array < 0.005, np.nan, array) if normalize else np.where(array == 0, np.nan, array)
+    im = ax.imshow(shown, cmap="Blues", vmin=0, vmax=1 if normalize else None)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if n < 30:
+        vmax = 1.0 if normalize else max(float(np.nanmax(array)), 1.0)
+        for r in range(n):
+            for c in range(n):
+                if np.isnan(shown[r, c]):
+                    continue
+                text = f"{array[r, c]:.2f}" if normalize else str(int(array[r, c]))
+                ax.text(c, r, text, ha="center", va="center", fontsize=8,
+                        color="white" if array[r, c] / vmax > 0.5 else "black")
+    ax.set_xticks(range(n), labels, rotation=90, fontsize=9)
+    ax.set_yticks(range(n), labels, fontsize=9)
+    ax.set_xlabel("True")
+    ax.set_ylabel("Predicted")
+    ax.set_title("Confusion Matrix" + (" (normalized by true class)" if normalize else " (counts)"))
+    return _save(fig, path)
+
+
+class RunPlots:
+    """Trainer callbacks that draw a run's pictures on rank 0: labels.jpg and the TensorBoard model graph at the start,
+    results.png at the end (a second or more of matplotlib per call: too slow for every epoch of small runs), then
+    every image of the run folder to TensorBoard.
+
+    The validator draws its own charts (val batches, curves, confusion matrices) on the final validation.
+    """
+
+    EVENTS = ("on_train_start", "on_train_end")
+
+    def attach(self, trainer):
+        for event in self.EVENTS:
+            trainer.add_callback(event, getattr(self, event))
+        return self
+
+    def on_train_start(self, trainer):
+        if not trainer.main:
+            return
+        cls, boxes = trainer.train_set.label_arrays()
+        plot_labels(cls, boxes, trainer.names, trainer.save_dir / "labels.jpg")
+        with _tensorboard(trainer.save_dir) as writer:
+            if writer is not None:
+                _add_graph(writer, trainer.model, int(max(trainer.model.stride)))
+
+    def on_train_end(self, trainer):
+        if not trainer.main:
+            return
+        plot_results(trainer.save_dir / "results.csv")
+        with _tensorboard(trainer.save_dir) as writer:
+            if writer is not None:
+                for f in sorted([*trainer.save_dir.glob("*.png"), *trainer.save_dir.glob("*.jpg")]):
+                    im = cv2.imread(str(f))
+                    if im is not None:
+                        writer.add_image(f.stem, im[..., ::-1].copy(), 0, dataformats="HWC")
+
+
+@contextlib.contextmanager
+def _tensorboard(log_dir):
+    """A SummaryWriter on the run folder (TensorBoard reads every event file there), or None without tensorboard."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        yield None
+        return
+    writer = SummaryWriter(str(log_dir))
+    try:
+        yield writer
+    finally:
+        writer.close()
+
+
+def _add_graph(writer, model, stride):
+    """The inference graph of a copy of the model (tracing must not touch the training model's mode or state)."""
+    net = copy.deepcopy(model).float().cpu().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on Python values taken from tensors
+        # non-strict: the heads return lists of level outputs
+        writer.add_graph(net, torch.zeros(1, 3, 2 * stride, 2 * stride), use_strict_trace=False)
