@@ -86,6 +86,7 @@ def evolve(trainer_cls, opt, run):
     for g in range(opt.evolve):
         gen_opt = deepcopy(opt)
         gen_opt.evolve, gen_opt.noval, gen_opt.nosave = None, True, True  # validate and save the last epoch only
+        gen_opt.noplots = True  # a generation is judged by its fitness row, not by pictures
         gen_opt.project, gen_opt.name, gen_opt.exist_ok = str(save_dir), f"gen{g}", False
         rows = read_rows(csv_file)
         parent = {**base, **select_parent(rows, keys, rng)} if rows else base
