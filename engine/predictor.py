@@ -1,5 +1,5 @@
-"""BasePredictor: load weights (.pt, .onnx, .torchscript), read a source (image, folder, glob, video), run, draw and
-save results.
+"""BasePredictor: load weights (.pt, .onnx, .torchscript), read a source (image, folder, glob, video, URL, webcam,
+stream), run, draw and save results.
 
 Task subclasses implement `postprocess` (raw model output -> per-image results) and `write_result`
 (draw on the image, write the text file).
@@ -13,7 +13,7 @@ import torch
 
 from models.backend import InferenceBackend
 from utils import dist as du
-from utils.data.sources import LoadImages
+from utils.data.streams import open_source
 from utils.files import increment_path
 from utils.loggers import LOGGER
 from utils.torch_utils import time_sync
@@ -49,7 +49,8 @@ class BasePredictor:
 
     def load_source(self):
         # a static export needs exactly its input size; otherwise pad only to the stride (less work)
-        return LoadImages(self.args.source, imgsz=self.imgsz, stride=self.stride, auto=self.model.dynamic)
+        return open_source(self.args.source, imgsz=self.imgsz, stride=self.stride, auto=self.model.dynamic,
+                           vid_stride=self.args.vid_stride)
 
     def preprocess(self, im):
         im = torch.from_numpy(im).to(self.device)

@@ -62,7 +62,9 @@ def add_detect_train_args(p):
 def predict_parser(description, weights_default, imgsz_default, project):
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--weights", type=str, default=weights_default, help="model weights")
-    p.add_argument("--source", type=str, default="data/images", help="image, folder, glob or video")
+    p.add_argument("--source", type=str, default="data/images",
+                   help="image, folder, glob, video, URL, webcam index (0), rtsp/rtmp/http stream or .streams file")
+    p.add_argument("--vid-stride", type=int, default=1, help="process every n-th frame of videos and streams")
     p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default)
     p.add_argument("--device", default="", help="cuda device, i.e. 0 or cpu")
     p.add_argument("--view-img", action="store_true", help="show results in a window")

@@ -9,7 +9,7 @@ from models.checkpoints import attempt_load, load_pretrained, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel
 from utils.data.classify_dataset import ClassificationDataset, classify_val_transforms
 from utils.data.dataset_yaml import check_cls_dataset
-from utils.data.sources import LoadImages
+from utils.data.streams import open_source
 from utils.dist import get_rank, get_world_size
 from utils.files import find_file, yaml_load
 from utils.loggers import LOGGER
@@ -145,7 +145,8 @@ class ClassificationPredictor(BasePredictor):
 
     def load_source(self):
         size = self.imgsz if self.model.dynamic else self.imgsz[0]  # classifiers are exported square
-        return LoadImages(self.args.source, imgsz=size, transforms=classify_val_transforms(size))
+        return open_source(self.args.source, imgsz=size, transforms=classify_val_transforms(size),
+                           vid_stride=self.args.vid_stride)
 
     def preprocess(self, im):
         im = im.to(self.device) if isinstance(im, torch.Tensor) else torch.from_numpy(im).to(self.device)

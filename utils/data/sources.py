@@ -15,15 +15,17 @@ class LoadImages:
     Yields (path, im, im0, description): im0 is the original BGR image/frame; im is `transforms(im0)` when
     transforms is given, else im0 letterboxed to imgsz (padded to a stride multiple with auto=True) as a
     contiguous RGB (3, H, W) uint8 array. `mode` is 'image' or 'video'; for videos `frame` is the 1-based
-    index of the frame just read and `frames` the frame count the container reports.
+    index of the frame just read and `frames` the frame count the container reports; only every vid_stride-th
+    frame is read (1, 1 + vid_stride, ...).
     Unreadable images are skipped with a warning; a missing or empty source raises FileNotFoundError naming it.
     """
 
-    def __init__(self, source, imgsz=640, stride=32, auto=True, transforms=None):
+    def __init__(self, source, imgsz=640, stride=32, auto=True, transforms=None, vid_stride=1):
         self.files = list_files(source, IMG_FORMATS | VID_FORMATS)
         self.video_flag = [suffix(f) in VID_FORMATS for f in self.files]
         self.nf = len(self.files)
         self.imgsz, self.stride, self.auto, self.transforms = imgsz, stride, auto, transforms
+        self.vid_stride = max(int(vid_stride), 1)
         self.mode, self.frame, self.frames, self.cap = "image", 0, 0, None
         self.count = 0
 
@@ -55,9 +57,12 @@ class LoadImages:
             if self.video_flag[self.count]:
                 if self.cap is None:
                     self._open_video(path)
+                if self.frame:  # skip the frames between strides (grab does not decode them)
+                    for _ in range(self.vid_stride - 1):
+                        self.cap.grab()
                 ok, im0 = self.cap.read()
                 if ok:
-                    self.frame += 1
+                    self.frame += 1 if self.frame == 0 else self.vid_stride
                     return path, im0, f"video {self.count + 1}/{self.nf} ({self.frame}/{self.frames}) {path}: "
                 self._release()
                 self.count += 1

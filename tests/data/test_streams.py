@@ -1,0 +1,147 @@
+"""Live sources served by a loopback HTTP server: an MJPEG stream, a stream that stalls, a video file URL."""
+
+import http.server
+import logging
+import threading
+import time
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from utils.data.sources import LoadImages
+from utils.data.streams import LoadStreams, open_source
+from utils.errors import BadFile
+
+N_FRAMES = 12
+STALL_AFTER = 6  # frames the stalling stream sends (enough for the reader to open it)
+
+
+def frame(k, size=64):
+    """Frame k: uniform grey level 20 * k, so a decoded frame tells which one it is."""
+    return np.full((size, size, 3), 20 * k, np.uint8)
+
+
+def frame_index(im):
+    return int(round(float(im.mean()) / 20))
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def _handler(video_bytes, release, hits):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            hits.append(self.path)
+            if self.path == "/clip.mp4":
+                self.send_response(200)
+                self.send_header("Content-Type", "video/mp4")
+                self.send_header("Content-Length", str(len(video_bytes)))
+                self.end_headers()
+                self.wfile.write(video_bytes)
+                return
+            stall = self.path.startswith("/stall")
+            self.send_response(200)
+            self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+            self.end_headers()
+            for k in range(STALL_AFTER if stall else N_FRAMES):
+                jpg = cv2.imencode(".jpg", frame(k))[1].tobytes()
+                self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(jpg))
+                self.wfile.write(jpg + b"\r\n")
+                self.wfile.flush()
+                # a pause after the first frame lets the reader finish opening the stream; then 5 fps, slower than
+                # inference on any machine, so that no frame is skipped and the counts are exact
+                time.sleep(1.0 if k == 0 else 0.2)
+            if stall:
+                release.wait(30)  # connection open, nothing sent: the reader blocks in the network read
+
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    video = tmp_path_factory.mktemp("video") / "clip.mp4"
+    w = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10, (64, 64))
+    for k in range(N_FRAMES):
+        w.write(frame(k))
+    w.release()
+    release, hits = threading.Event(), []
+    srv = _Server(("127.0.0.1", 0), _handler(video.read_bytes(), release, hits))
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", hits
+    release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+def _frames(loader):
+    return [(path, frame_index(im0)) for path, im, im0, _ in loader]
+
+
+def test_mjpeg_stream_with_vid_stride_then_it_ends(server, caplog):
+    url, _ = server
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="yolo"):
+        got = _frames(open_source(f"{url}/live", imgsz=64, vid_stride=2))
+    assert [k for _, k in got] == list(range(0, N_FRAMES, 2))  # frames 1, 3, 5, ... (1-based): grey 0, 2, 4, ...
+    assert time.monotonic() - t0 < 20
+    assert any("ended or was lost after 6 frames" in r.message for r in caplog.records)
+
+
+def test_a_stalled_stream_is_given_up_and_the_other_goes_on(server, tmp_path, caplog):
+    url, _ = server
+    listing = tmp_path / "cams.streams"
+    listing.write_text(f"{url}/stall\n{url}/live\n")
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="yolo"):
+        loader = LoadStreams(listing.read_text().split(), imgsz=64, timeout=3.0)
+        got = _frames(loader)
+    assert time.monotonic() - t0 < 25
+    per_source = {p: [k for q, k in got if q == p] for p in loader.sources}
+    stalled = per_source[f"{url}/stall"]  # sent while the other stream was still opening: older ones are skipped
+    assert stalled and stalled == sorted(set(stalled)) and stalled[-1] == STALL_AFTER - 1
+    assert per_source[f"{url}/live"] == list(range(N_FRAMES))
+    assert any(f"stall ended or was lost after {STALL_AFTER} frames" in r.message for r in caplog.records)
+
+
+def test_video_url_is_downloaded_once(server, tmp_path, monkeypatch):
+    url, hits = server
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        loader = open_source(f"{url}/clip.mp4", imgsz=64, vid_stride=2)
+        assert isinstance(loader, LoadImages)
+        got = [(loader.frame, frame_index(im0)) for _, _, im0, _ in loader]
+        assert [f for f, _ in got] == [1, 3, 5, 7, 9, 11]
+        assert [abs(k - (f - 1)) <= 1 for f, k in got] == [True] * 6  # mp4v is lossy: grey levels within one step
+    assert hits.count("/clip.mp4") == 1 and (tmp_path / "clip.mp4").is_file()
+
+
+def test_missing_webcam_and_streams_file_are_user_errors(tmp_path):
+    with pytest.raises(BadFile, match="cannot open"):
+        open_source("7", imgsz=64)  # no /dev/video7 here
+    with pytest.raises(BadFile, match="not found"):
+        open_source(str(tmp_path / "none.streams"))
+    (tmp_path / "empty.streams").write_text("# no streams\n")
+    assert isinstance(pytest.raises(BadFile, open_source, str(tmp_path / "empty.streams")).value, BadFile)
+
+
+def test_detect_script_processes_every_second_stream_frame(server, tmp_path):
+    import detect
+    from models.checkpoints import model_to_ckpt
+    from models.yolo import DetectionModel
+
+    url, _ = server
+    weights = tmp_path / "v5n.pt"
+    torch.save({"model": model_to_ckpt(DetectionModel("yolov5n.yaml", nc=3))}, weights)
+    opt = detect.parse_opt(["--weights", str(weights), "--source", f"{url}/live", "--imgsz", "64", "--vid-stride",
+                            "2", "--device", "cpu", "--project", str(tmp_path / "runs"), "--name", "exp"])
+    results = detect.main(opt)
+    assert len(results) == N_FRAMES // 2
+    out = cv2.VideoCapture(str(tmp_path / "runs" / "exp" / "live.mp4"))
+    assert int(out.get(cv2.CAP_PROP_FRAME_COUNT)) == N_FRAMES // 2

@@ -1,0 +1,169 @@
+"""Live prediction inputs: webcams, rtsp/rtmp/http streams and `.streams` list files, each read by its own thread;
+and `open_source`, which picks the loader for a --source (image/video URLs are downloaded once, then read as files).
+"""
+
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from utils.data.augment import letterbox
+from utils.data.downloads import download
+from utils.data.image_files import IMG_FORMATS, VID_FORMATS, suffix
+from utils.data.sources import LoadImages
+from utils.errors import BadFile
+from utils.loggers import LOGGER
+
+STREAM_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://")
+
+
+def _is_url(s):
+    return s.lower().startswith(STREAM_SCHEMES)
+
+
+def _url_file(url):
+    """The media file a URL names (image or video suffix), or None for a stream."""
+    path = urllib.parse.urlparse(url).path
+    return Path(path).name if suffix(path) in IMG_FORMATS | VID_FORMATS else None
+
+
+def open_source(source, imgsz=640, stride=32, auto=True, transforms=None, vid_stride=1):
+    """LoadStreams for a webcam index ('0'), a stream URL or a .streams file; LoadImages for everything else.
+
+    A URL of an image or video file is downloaded into the working directory once (kept for the next run) and then
+    read as a file, so every frame is processed; streams are read live and may skip frames to stay current.
+    """
+    s = str(source)
+    kwargs = {"imgsz": imgsz, "stride": stride, "auto": auto, "transforms": transforms, "vid_stride": vid_stride}
+    if s.endswith(".streams"):
+        if not Path(s).is_file():
+            raise BadFile(f"--source {s}: file not found")
+        lines = [x.strip() for x in Path(s).read_text().splitlines() if x.strip() and not x.startswith("#")]
+        if not lines:
+            raise BadFile(f"--source {s}: lists no streams")
+        return LoadStreams(lines, **kwargs)
+    if s.isnumeric() or (_is_url(s) and _url_file(s) is None):
+        return LoadStreams([s], **kwargs)
+    if _is_url(s):
+        name = _url_file(s)
+        if not Path(name).is_file():
+            download(s, dir=".", unzip=False)
+        s = name
+    return LoadImages(s, **kwargs)
+
+
+class LoadStreams:
+    """Frames of several live sources, each read by a background thread so inference never waits on the network.
+
+    A reader keeps only the newest unprocessed frame of its source (every vid_stride-th frame is decoded): when
+    inference is slower than the stream, older frames are skipped, as a live view should. Iteration yields
+    (source, im, im0, description) like LoadImages, from whichever source has a new frame, in turn. A source that
+    ends or errors is reported with a warning and the others go on; one silent for `timeout` seconds is given up.
+    Iteration stops when no source is left.
+    """
+
+    mode = "stream"
+    cap = None  # no container to ask for a frame rate: saved stream videos use 30 fps
+
+    def __init__(self, sources, imgsz=640, stride=32, auto=True, transforms=None, vid_stride=1, timeout=10.0):
+        self.sources = [str(s) for s in sources]
+        self.imgsz, self.stride, self.auto, self.transforms = imgsz, stride, auto, transforms
+        self.vid_stride, self.timeout = max(int(vid_stride), 1), timeout
+        n = len(self.sources)
+        self.cond = threading.Condition()
+        self.pending = [None] * n  # (frame number, BGR image) not yet handed out, per source
+        self.alive, self.reported = [True] * n, [False] * n
+        self.read, self.skipped = [0] * n, [0] * n  # frames decoded and frames replaced before inference took them
+        self.last = [time.monotonic()] * n
+        self.next_source, self.frame = 0, 0
+        self.threads = []
+        for i, s in enumerate(self.sources):
+            ms = int(self.timeout * 1000)  # FFmpeg backends give up on a silent source instead of blocking for 30 s
+            params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms]
+            cap = cv2.VideoCapture(int(s) if s.isnumeric() else s, cv2.CAP_ANY, params)
+            if not cap.isOpened():
+                raise BadFile(f"--source {s}: cannot open the stream")
+            LOGGER.info(f"stream {i + 1}/{n}: {s} {int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))}x"
+                        f"{int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))} at {cap.get(cv2.CAP_PROP_FPS):.0f} fps")
+            t = threading.Thread(target=self._reader, args=(i, cap), daemon=True, name=f"stream-{i}")
+            t.start()
+            self.threads.append(t)
+
+    def __len__(self):
+        return len(self.sources)
+
+    def _reader(self, i, cap):
+        """Grab every frame (so the decoder keeps up with the source), decode every vid_stride-th one."""
+        n, error = 0, None
+        try:
+            while cap.grab():
+                n += 1
+                if (n - 1) % self.vid_stride:
+                    continue
+                ok, im = cap.retrieve()
+                if not ok:
+                    break
+                with self.cond:
+                    self.skipped[i] += self.pending[i] is not None
+                    self.pending[i] = (n, im)
+                    self.read[i] += 1
+                    self.last[i] = time.monotonic()
+                    self.cond.notify_all()
+        except cv2.error as e:
+            error = e
+        finally:
+            cap.release()
+            with self.cond:
+                self.alive[i] = False
+                self.cond.notify_all()
+        if error is not None:
+            LOGGER.warning(f"stream {self.sources[i]}: read error ({error})")
+
+    def _report_ended(self):
+        for i, s in enumerate(self.sources):
+            if not self.alive[i] and self.pending[i] is None and not self.reported[i]:
+                self.reported[i] = True
+                LOGGER.warning(f"WARNING: stream {s} ended or was lost after {self.read[i]} frames "
+                               f"({self.skipped[i]} skipped to keep up); {sum(self.alive)} stream(s) left")
+
+    def _take(self):
+        """(source index, frame number, image) of the next new frame, waiting for one; None when all are gone."""
+        with self.cond:
+            while True:
+                self._report_ended()
+                n = len(self.sources)
+                order = [(self.next_source + k) % n for k in range(n)]
+                ready = [i for i in order if self.pending[i] is not None]
+                if ready:
+                    i = ready[0]
+                    (frame, im), self.pending[i] = self.pending[i], None
+                    self.next_source = (i + 1) % n
+                    return i, frame, im
+                now = time.monotonic()
+                for i in range(n):
+                    if self.alive[i] and now - self.last[i] > self.timeout:
+                        self.alive[i] = False  # its thread may stay blocked in the network read: it is a daemon
+                        LOGGER.warning(f"WARNING: stream {self.sources[i]} sent nothing for {self.timeout:.0f}s")
+                if not any(self.alive):
+                    self._report_ended()
+                    return None
+                self.cond.wait(timeout=min(1.0, self.timeout))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._take()
+        if item is None:
+            raise StopIteration
+        i, self.frame, im0 = item
+        if self.transforms is not None:
+            im = self.transforms(im0)
+        else:
+            im = letterbox(im0, self.imgsz, stride=self.stride, auto=self.auto)[0]
+            im = np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])  # HWC BGR -> CHW RGB
+        desc = f"stream {i + 1}/{len(self.sources)} {self.sources[i]} (frame {self.frame}): "
+        return self.sources[i], im, im0, desc
