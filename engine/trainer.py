@@ -111,6 +111,9 @@ class BaseTrainer:
     def plot_training_batch(self, batch, ni):
         """Optional: save an image of the first training batches."""
 
+    def train_sampler(self):
+        """Optional: a sampler for the training loader (--image-weights); None for the default shuffle/DDP split."""
+
     def fit_model_to_data(self):
         """Optional: adapt the model to the training set before training starts (AutoAnchor). Every rank calls it."""
 
@@ -370,7 +373,7 @@ class BaseTrainer:
     def _build_train_loader(self):
         return build_dataloader(
             self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
-            world_size=self.world_size, seed=self.opt.seed,
+            world_size=self.world_size, seed=self.opt.seed, sampler=self.train_sampler(),
         )
 
     def end_epoch(self, epoch):

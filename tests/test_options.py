@@ -103,11 +103,14 @@ def test_autoanchor_single_cls_label_smoothing(bars, tmp_path):
     assert 0.0 <= stats["metrics/mAP50(B)"] <= 1.0
 
 
-def test_noautoanchor_keeps_yaml_anchors(bars, tmp_path):
+def test_noautoanchor_keeps_yaml_anchors_and_image_weights(bars, tmp_path):
+    from utils.data.image_weights import ImageWeightSampler
+
     trainer, _ = train.main(train.parse_opt(_args(bars, tmp_path / "runs", "--batch-size", "8", "--noautoanchor",
-                                                  "--noval")))
+                                                  "--noval", "--image-weights")))
     np.testing.assert_array_equal(head_anchors_px(trainer.model),
                                   head_anchors_px(DetectionModel("yolov5n.yaml", nc=2)))
+    assert isinstance(trainer.train_loader.sampler, ImageWeightSampler) and trainer.train_loader.sampler.weights.all()
 
 
 def test_torchrun_autoanchor_freeze_multiscale(bars, tmp_path):
@@ -154,3 +157,26 @@ def test_evolve_refuses_ddp(bars, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(BadOption, match="single process"):
         train.main(train.parse_opt(_args(bars, tmp_path / "evo", "--evolve", "2")))
+
+
+def test_image_weights_rank0_weights_and_shares(tmp_path):
+    from tests.ddp_utils import spawn
+    from tests.image_weights_worker import weighted_shares
+    from utils.data.image_weights import ImageWeightSampler
+
+    spawn(weighted_shares, 2, str(tmp_path))
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # independent arithmetic: label counts per class 0: 16, 1: 4, 2: 4 -> 1/count normalised, times (1 - mAP)^2 / nc
+    inv = np.array([1 / 16, 1 / 4, 1 / 4])
+    cw = inv / inv.sum() * (1 - np.array([0.5, 0.0, 0.2])) ** 2 / 3
+    expected = [cw[0], 2 * cw[0], cw[1], cw[2] + cw[0], 0.0] * 4
+    for g in got:
+        np.testing.assert_allclose(g["weights"], expected, rtol=1e-12)
+    assert len(got[0]["idx"]) == len(got[1]["idx"]) == 10
+    labels = [np.array([0.0]), np.array([0.0, 0.0]), np.array([1.0]), np.array([2.0, 0.0]), np.zeros(0)] * 4
+    single = ImageWeightSampler(labels, 3, 1, -1, seed=3, maps_fn=lambda: np.array([0.5, 0.0, 0.2]))
+    single.set_epoch(1)
+    merged = [None] * 20
+    merged[0::2], merged[1::2] = got[0]["idx"], got[1]["idx"]
+    assert merged == list(single)  # the two shares are one weighted draw split between the ranks
+    assert all(i % 5 != 4 for i in merged)  # images without labels have weight 0

@@ -54,6 +54,8 @@ def add_detect_train_args(p):
     """Training options of the box tasks (detection, segmentation)."""
     p.add_argument("--noautoanchor", action="store_true", help="keep the YAML's anchors even when they fit poorly")
     p.add_argument("--single-cls", action="store_true", help="train every class as one class")
+    p.add_argument("--image-weights", action="store_true",
+                   help="draw training images weighted by class rarity and the last validation's per-class mAP")
     p.add_argument("--evolve", type=int, nargs="?", const=300, default=None,
                    help="evolve hyperparameters for N generations (default 300); single process only")
     return p

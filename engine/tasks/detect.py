@@ -17,9 +17,10 @@ from utils.charts import plot_metric_curves
 from utils.coco import box_to_coco_json, eval_coco_json, image_id_from_path, labels_to_coco_json
 from utils.data.dataset_yaml import check_det_dataset
 from utils.data.detect_dataset import YOLODataset
+from utils.data.image_weights import ImageWeightSampler
 from utils.data.loader import build_dataloader
 from utils.dist import get_rank, get_world_size, select_device
-from utils.errors import BadCheckpoint
+from utils.errors import BadCheckpoint, BadOption
 from utils.files import increment_path
 from utils.loggers import LOGGER, set_logging
 from utils.metrics import ConfusionMatrix, DetMetrics, process_batch
@@ -88,6 +89,19 @@ class DetectionTrainer(BaseTrainer):
     def fit_model_to_data(self):
         if not self.opt.noautoanchor:
             check_anchors(self.model, self.train_set.labels, self.hyp, self.opt.imgsz)
+
+    def train_sampler(self):
+        if not self.opt.image_weights:
+            return None
+        if self.opt.rect:
+            raise BadOption("--image-weights cannot be combined with --rect (rect batches are fixed neighbours)")
+        return ImageWeightSampler([lb["cls"] for lb in self.train_set.labels], self.nc, self.world_size, self.rank,
+                                  self.opt.seed, maps_fn=self._class_maps)
+
+    def _class_maps(self):
+        """Per-class mAP50-95 of the last validation (rank 0), zeros before the first one."""
+        metrics = getattr(self.validator, "metrics", None)
+        return metrics.maps(self.nc) if metrics is not None else np.zeros(self.nc)
 
     def build_validator(self, loader):
         return DetectionValidator(loader, self.save_dir, self.opt, self.names)

@@ -66,7 +66,7 @@ def seed_worker(worker_id):
     cv2.setNumThreads(0)  # the workers already run in parallel; OpenCV's own threads would oversubscribe the CPU
 
 
-def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_size=1, seed=0):
+def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_size=1, seed=0, sampler=None):
     """A DataLoader with the dataset's `collate_fn`, a SmartDistributedSampler when world_size > 1, and a
     generator seeded with seed + rank.
 
@@ -77,7 +77,8 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
     if getattr(dataset, "rect", False) and shuffle:
         shuffle = False  # rect batches are built from aspect-ratio-sorted neighbours; shuffling would break them
     nw = min((os.cpu_count() or 1) // max(world_size, 1), batch_size if batch_size > 1 else 0, workers)
-    sampler = SmartDistributedSampler(dataset, world_size, rank, shuffle, seed) if world_size > 1 else None
+    if sampler is None and world_size > 1:  # a given sampler (--image-weights) splits the ranks' shares itself
+        sampler = SmartDistributedSampler(dataset, world_size, rank, shuffle, seed)
     generator = torch.Generator().manual_seed(seed + max(rank, 0))
     return DataLoader(
         dataset,
