@@ -23,8 +23,11 @@ class bodies), `yolov5.models.*` / `yolov5.utils.*` (the pip yolov5 package) and
 from the stub tree's `yaml` and loaded with its `state_dict()`.
 """
 
+import pickle
 import pickletools
 import re
+import types
+import warnings
 import zipfile
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from pathlib import Path, PurePath
@@ -195,6 +198,28 @@ def _safe_globals(names):
     return pairs + [(t, f"numpy.dtypes.{t.__name__}") for t in _NUMPY_DTYPE_TYPES]
 
 
+class _AllowListUnpickler(pickle.Unpickler):
+    """For pre-1.6 (non-zip) torch files, which torch's weights_only unpickler cannot read (they record the classes of
+    nn.Modules as persistent ids): the same allow-list, enforced on every global the unpickler resolves."""
+
+    def find_class(self, module, name):
+        module, name = NAME_MAPPING.get((module, name), (IMPORT_MAPPING.get(module, module), name))
+        path = f"{module}.{name}"
+        if not allowed_global(path):
+            raise pickle.UnpicklingError(f"it references {path}, which no model checkpoint needs")
+        if path.startswith(OFFICIAL_PREFIXES):
+            return _stub_class(path)
+        return NN_LAYERS.get(path) or NUMPY_GLOBALS.get(path) or super().find_class(module, name)  # torch's own
+
+
+def _allow_list_pickle_module():
+    """A pickle-module look-alike for torch.load(pickle_module=...)."""
+    mod = types.ModuleType("allow_list_pickle")
+    mod.Unpickler = _AllowListUnpickler
+    mod.load = lambda f, **kwargs: _AllowListUnpickler(f, **kwargs).load()
+    return mod
+
+
 def load_checkpoint(path):
     """Read any checkpoint file (ours or official) without running code from it. Returns what it holds.
 
@@ -208,8 +233,12 @@ def load_checkpoint(path):
         raise BadCheckpoint(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
     _refuse_unsafe(path, names)
     try:
-        with torch.serialization.safe_globals(_safe_globals(names)):
-            return torch.load(path, map_location="cpu", weights_only=True)
+        if zipfile.is_zipfile(path):
+            with torch.serialization.safe_globals(_safe_globals(names)):
+                return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # stub classes have no source for torch to compare with the saved one
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", pickle_module=_allow_list_pickle_module(), weights_only=False)
     except Exception as e:  # torch raises many types for damaged files; none of them is our bug
         raise BadCheckpoint(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
 

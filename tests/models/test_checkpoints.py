@@ -3,6 +3,7 @@
 import copy
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -112,15 +113,19 @@ def v8_where(name):
     return "ultralytics.nn.modules.head" if name in ("AnchorFreeDetect", "Classify") else "ultralytics.nn.modules.block"
 
 
-def save_official(monkeypatch, tmp_path, model, paths, where, top_name, key="model", edit=None):
-    """Pickle `model` as an official checkpoint would (whole fp16 module tree), then drop the fake modules."""
+def save_official(monkeypatch, tmp_path, model, paths, where, top_name, key="model", edit=None, legacy=False):
+    """Pickle `model` as an official checkpoint would (whole fp16 module tree), then drop the fake modules.
+    legacy: the pre-1.6 torch format (not a zip) of the oldest official releases."""
     with monkeypatch.context() as mp:
         _fake_modules(mp, paths)
         tree = as_official(model, where, top_name).half()
         if edit:
             edit(tree)
         path = tmp_path / "official.pt"
-        torch.save({"epoch": -1, "model": None, "ema": None, key: tree, "optimizer": None}, path)
+        ckpt = {"epoch": -1, "model": None, "ema": None, key: tree, "optimizer": None}
+        with warnings.catch_warnings():  # the legacy format looks for the classes' source, these have none
+            warnings.simplefilter("ignore")
+            torch.save(ckpt, path, _use_new_zipfile_serialization=not legacy)
     assert type(sys.modules["models.yolo"].DetectionModel) is type  # the real module is back
     return path
 

@@ -24,9 +24,11 @@ import segment.predict
 import train
 import val
 from engine.trainer import resume_opt, strip_optimizer
+from models import checkpoints
 from models.checkpoints import (
     BadCheckpoint,
     UnsafeCheckpoint,
+    allowed_global,
     attempt_load,
     from_safe,
     load_checkpoint,
@@ -94,6 +96,17 @@ def test_payloads_refused_before_anything_runs(tmp_path, kind, fmt, no_unpicklin
     with pytest.raises(UnsafeCheckpoint) as e:
         attempt_load(path)
     assert str(e.value) == f"refusing {path}: it references {name}, which no model checkpoint needs"
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+def test_unpickler_refuses_what_the_scan_would_miss(tmp_path, fmt, monkeypatch):
+    """Second line: with the static scan switched off, the unpickler itself still refuses the payload."""
+    marker = tmp_path / "pwned"
+    path = write(our_checkpoint(date=payloads(marker)["os.system"][0]), tmp_path / "best.pt", fmt)
+    monkeypatch.setattr(checkpoints, "checkpoint_globals", lambda path: [])
+    with pytest.raises(BadCheckpoint, match="system"):
+        attempt_load(path)
     assert not marker.exists()
 
 
@@ -254,6 +267,24 @@ def test_official_formats_load_with_the_same_outputs(monkeypatch, tmp_path, fami
         a, b = loaded(X), model(X)
         torch.testing.assert_close(a[0] if isinstance(a, tuple) else a, b[0] if isinstance(b, tuple) else b,
                                    atol=0, rtol=0)
+
+
+def test_pre_zip_official_file_loads(monkeypatch, tmp_path):
+    model = fp16_exact(DetectionModel("yolov5n.yaml", nc=3))
+    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model", legacy=True)
+    with torch.no_grad():
+        torch.testing.assert_close(attempt_load(path, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", [
+    "builtins.getattr", "builtins.eval", "builtins.exec", "builtins.__import__", "builtins.open", "builtins.compile",
+    "functools.partial", "functools.reduce", "subprocess.Popen", "subprocess.run", "os.system", "posix.system",
+    "nt.system", "sys.modules", "runpy.run_path", "importlib.import_module", "pickle.loads", "shutil.rmtree",
+    "webbrowser.open", "operator.attrgetter", "torch.load", "torch.hub.load", "numpy.load", "numpy.frombuffer",
+    "collections.namedtuple", "yolov5.helpers.load_model", "ultralyticsx.evil", "modelsx.evil",
+])
+def test_payload_routes_are_not_on_the_allow_list(name):
+    assert not allowed_global(name)
 
 
 def test_pip_and_github_files_of_one_model_agree(monkeypatch, tmp_path):
