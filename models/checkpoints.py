@@ -79,9 +79,13 @@ NN_LAYERS = {  # every torch.nn class in official YOLOv5/v7/v8 detect/segment/cl
         "linear.Linear": nn.Linear, "dropout.Dropout": nn.Dropout, "pooling.MaxPool2d": nn.MaxPool2d,
         "pooling.AdaptiveAvgPool2d": nn.AdaptiveAvgPool2d, "upsampling.Upsample": nn.Upsample,
         "container.Sequential": nn.Sequential, "container.ModuleList": nn.ModuleList,
+        # later Ultralytics versions keep the criterion on the model (the stubbed v8DetectionLoss holds this)
+        "loss.BCEWithLogitsLoss": nn.BCEWithLogitsLoss,
     }.items()
 }
-_np_core = np._core.multiarray
+# torch >= 2.6 can allow named extra globals in its weights_only unpickler; older ones use ours for every file
+TORCH_SAFE_GLOBALS = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 6)
+_np_core = (np._core if hasattr(np, "_core") else np.core).multiarray
 NUMPY_GLOBALS = {  # numpy 1.x pickles name numpy.core, numpy 2.x numpy._core: the same functions
     **{f"numpy.{core}.multiarray.{f}": getattr(_np_core, f) for core in ("core", "_core") for f in ("_reconstruct",
                                                                                                     "scalar")},
@@ -200,7 +204,8 @@ def _safe_globals(names):
 
 class _AllowListUnpickler(pickle.Unpickler):
     """For pre-1.6 (non-zip) torch files, which torch's weights_only unpickler cannot read (they record the classes of
-    nn.Modules as persistent ids): the same allow-list, enforced on every global the unpickler resolves."""
+    nn.Modules as persistent ids), and for every file under torch < 2.6: the same allow-list, enforced on every
+    global the unpickler resolves."""
 
     def find_class(self, module, name):
         module, name = NAME_MAPPING.get((module, name), (IMPORT_MAPPING.get(module, module), name))
@@ -233,7 +238,7 @@ def load_checkpoint(path):
         raise BadCheckpoint(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
     _refuse_unsafe(path, names)
     try:
-        if zipfile.is_zipfile(path):
+        if TORCH_SAFE_GLOBALS and zipfile.is_zipfile(path):
             with torch.serialization.safe_globals(_safe_globals(names)):
                 return torch.load(path, map_location="cpu", weights_only=True)
         with warnings.catch_warnings():  # stub classes have no source for torch to compare with the saved one

@@ -99,9 +99,16 @@ def test_payloads_refused_before_anything_runs(tmp_path, kind, fmt, no_unpicklin
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("fmt", ["zip", "legacy"])
-def test_unpickler_refuses_what_the_scan_would_miss(tmp_path, fmt, monkeypatch):
-    """Second line: with the static scan switched off, the unpickler itself still refuses the payload."""
+@pytest.mark.parametrize("fmt,torch_allowlist", [("zip", True), ("zip", False), ("legacy", True)])
+def test_unpickler_refuses_what_the_scan_would_miss(monkeypatch, tmp_path, fmt, torch_allowlist):
+    """Second line: with the static scan switched off, the unpickler itself still refuses the payload (torch's
+    weights_only one, or ours for pre-zip files and torch < 2.6), and a legitimate official file still loads."""
+    monkeypatch.setattr(checkpoints, "TORCH_SAFE_GLOBALS", torch_allowlist)
+    model = fp16_exact(DetectionModel("yolov5n.yaml", nc=3))
+    official = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model", legacy=fmt == "legacy",
+                             edit=_extras)
+    with torch.no_grad():
+        torch.testing.assert_close(attempt_load(official, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
     marker = tmp_path / "pwned"
     path = write(our_checkpoint(date=payloads(marker)["os.system"][0]), tmp_path / "best.pt", fmt)
     monkeypatch.setattr(checkpoints, "checkpoint_globals", lambda path: [])
