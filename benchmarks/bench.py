@@ -109,9 +109,8 @@ def bench_infer(cfg, imgsz, runs, amp, channels_last, device, fuse=True):
         with autocast(device, amp):
             y = model(x)
         if "-cls" not in cfg:
-            det = y[0] if isinstance(y, (list, tuple)) else y
-            nm = 32 if "-seg" in cfg else 0
-            ops.non_max_suppression(det.float(), 0.25, 0.45, nc=3, nm=nm)
+            layout = model.output_layout
+            ops.non_max_suppression(layout.split(y)[0].float(), 0.25, 0.45, layout=layout)
         sync(device)
         if i >= 2:
             times.append(time.perf_counter() - t0)

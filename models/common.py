@@ -2,6 +2,14 @@
 
 Attribute names follow the official implementations so that official state_dicts load by key. Every BatchNorm uses
 the official eps=0.001, momentum=0.03.
+
+Blocks declare how `models.yolo.parse_model` builds them from a YAML row, as class attributes:
+- `channel_rule`: "width" - args[0] is the output channel count, scaled by the width multiple and capped at
+  max_channels; the input channel count is prepended. "fixed" - the same, unscaled (Classify). "concat" - the output
+  has the inputs' channels summed. "levels" - a head: the list of its inputs' channels is appended to the args.
+  None (the default, also for torch modules such as nn.Upsample) - the output keeps the input's channels.
+- `repeat_arg = True`: the block takes the depth-scaled repeat count as its third argument instead of being stacked.
+- a `fuse()` method: `BaseModel.fuse()` calls it on every module that has one (BatchNorm folding, re-parameterising).
 """
 
 import torch
@@ -63,6 +71,8 @@ def fuse_conv_and_bn(conv, bn):
 class Conv(nn.Module):
     """Conv2d (no bias) + BatchNorm2d + activation."""
 
+    channel_rule = "width"
+
     def __init__(self, c1, c2, k=1, s=1, p=None, g=1, d=1, act=True):
         super().__init__()
         self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p, d), groups=g, dilation=d, bias=False)
@@ -86,6 +96,8 @@ class Conv(nn.Module):
 class Bottleneck(nn.Module):
     """Two convolutions with an optional residual; v5 uses kernels (1, 3), v8's C2f uses (3, 3)."""
 
+    channel_rule = "width"
+
     def __init__(self, c1, c2, shortcut=True, g=1, k=(1, 3), e=0.5):
         super().__init__()
         c_ = int(c2 * e)
@@ -101,6 +113,9 @@ class Bottleneck(nn.Module):
 class C3(nn.Module):
     """CSP block with 3 convolutions (YOLOv5)."""
 
+    channel_rule = "width"
+    repeat_arg = True
+
     def __init__(self, c1, c2, n=1, shortcut=True, g=1, e=0.5):
         super().__init__()
         c_ = int(c2 * e)
@@ -115,6 +130,9 @@ class C3(nn.Module):
 
 class C2f(nn.Module):
     """CSP block with 2 convolutions whose every bottleneck output is concatenated (YOLOv8)."""
+
+    channel_rule = "width"
+    repeat_arg = True
 
     def __init__(self, c1, c2, n=1, shortcut=False, g=1, e=0.5):
         super().__init__()
@@ -132,6 +150,8 @@ class C2f(nn.Module):
 class SPPF(nn.Module):
     """Spatial pyramid pooling, fast: three chained k x k max-pools equal SPP's k, 2k-1, 3k-2 pools."""
 
+    channel_rule = "width"
+
     def __init__(self, c1, c2, k=5):
         super().__init__()
         c_ = c1 // 2
@@ -146,6 +166,8 @@ class SPPF(nn.Module):
 
 
 class Concat(nn.Module):
+    channel_rule = "concat"
+
     def __init__(self, dimension=1):
         super().__init__()
         self.d = dimension
@@ -210,6 +232,8 @@ class SP(nn.Module):
 class SPPCSPC(nn.Module):
     """CSP spatial pyramid pooling (YOLOv7)."""
 
+    channel_rule = "width"
+
     def __init__(self, c1, c2, n=1, shortcut=False, g=1, e=0.5, k=(5, 9, 13)):
         super().__init__()
         c_ = int(2 * c2 * e)
@@ -233,6 +257,8 @@ class RepConv(nn.Module):
 
     `fuse()` re-parameterises the three branches into the single biased conv `rbr_reparam`.
     """
+
+    channel_rule = "width"
 
     def __init__(self, c1, c2, k=3, s=1, p=None, g=1, act=True):
         super().__init__()

@@ -1,8 +1,11 @@
 """Output heads: anchor-based (YOLOv5, YOLOv7), anchor-free DFL (YOLOv8), their segmentation variants, classification.
 
-Output layouts are the official ones (docs/design.md, "Model outputs"). Each head names the criterion that trains
-it in `default_loss`, and the model sets `stride` (a non-persistent buffer, so it follows `.to()` but stays out of
-the state_dict, as in the official key lists) before calling `bias_init()`.
+Output layouts are the official ones (docs/design.md, "Model outputs"); each detection head declares its eval output
+as `output_layout` (a `utils.ops.OutputLayout`), which NMS, validators and predictors read instead of guessing. Each
+head also names the criterion that trains it (`default_loss`) and tells the parser how to build it: `channel_rule`
+(models/common.py), `anchor_based`, and for segment heads `proto_arg`, the index of the width-scaled prototype channel
+count in its args. The model sets `stride` (a non-persistent buffer, so it follows `.to()` but stays out of the
+state_dict, as in the official key lists) before calling `bias_init()`.
 """
 
 import math
@@ -11,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from models.common import DFL, Conv, ImplicitA, ImplicitM, Proto
-from utils.ops import dist2bbox, make_anchors
+from utils.ops import OutputLayout, dist2bbox, make_anchors
 
 
 class Detect(nn.Module):
@@ -19,6 +22,7 @@ class Detect(nn.Module):
 
     default_loss = "v5"
     anchor_based = True
+    channel_rule = "levels"
 
     def __init__(self, nc=80, anchors=(), ch=(), nm=0):
         super().__init__()
@@ -58,6 +62,11 @@ class Detect(nn.Module):
         wh = (wh.sigmoid() * 2) ** 2 * anchor_grid
         return torch.cat((xy, wh, conf.sigmoid(), mask), 4).view(bs, -1, self.no)
 
+    @property
+    def output_layout(self):
+        """Eval output `(y, x)`: y (B, anchors, 5 + nc + nm) rows with objectness."""
+        return OutputLayout(self.nc, self.nm, objectness=True, channels_last=True)
+
     @torch.no_grad()
     def bias_init(self):
         """Objectness prior of ~8 objects per 640 px image, class prior 0.6 / nc (YOLOv5)."""
@@ -71,6 +80,7 @@ class Segment(Detect):
     """YOLOv5 segmentation head: Detect with nm mask coefficients per anchor plus a nearest-upsampling Proto."""
 
     default_loss = "v5seg"
+    proto_arg = 3
 
     def __init__(self, nc=80, anchors=(), nm=32, npr=256, ch=()):
         super().__init__(nc, anchors, ch, nm=nm)
@@ -81,6 +91,11 @@ class Segment(Detect):
         p = self.proto(x[0])
         out = super().forward(x)
         return (out, p) if self.training else (out[0], p, out[1])
+
+    @property
+    def output_layout(self):
+        """Eval output `(y, proto, x)`."""
+        return OutputLayout(self.nc, self.nm, objectness=True, channels_last=True, proto=(1,))
 
 
 class IDetect(Detect):
@@ -123,6 +138,7 @@ class AnchorFreeDetect(nn.Module):
 
     default_loss = "v8"
     anchor_based = False
+    channel_rule = "levels"
     reg_max = 16
 
     def __init__(self, nc=80, ch=()):
@@ -154,6 +170,11 @@ class AnchorFreeDetect(nn.Module):
         dbox = dist2bbox(self.dfl(box), anchors.unsqueeze(0), xywh=True, dim=1) * strides
         return torch.cat((dbox, cls.sigmoid()), 1)
 
+    @property
+    def output_layout(self):
+        """Eval output `(y, x)`: y (B, 4 + nc, anchors), no objectness."""
+        return OutputLayout(self.nc, objectness=False, channels_last=False)
+
     @torch.no_grad()
     def bias_init(self):
         """Box logits start at 1.0; class prior ~5 objects per 640 px image over nc classes (YOLOv8)."""
@@ -166,6 +187,7 @@ class AnchorFreeSegment(AnchorFreeDetect):
     """YOLOv8 segmentation head: AnchorFreeDetect + mask-coefficient branch cv4 + transposed-conv Proto."""
 
     default_loss = "v8seg"
+    proto_arg = 2
 
     def __init__(self, nc=80, nm=32, npr=256, ch=()):
         super().__init__(nc, ch)
@@ -183,11 +205,17 @@ class AnchorFreeSegment(AnchorFreeDetect):
             return out, mc, p
         return torch.cat((out[0], mc), 1), (out[1], mc, p)
 
+    @property
+    def output_layout(self):
+        """Eval output `(cat(y, mc), (x, mc, proto))`: y (B, 4 + nc + nm, anchors)."""
+        return OutputLayout(self.nc, self.nm, objectness=False, channels_last=False, proto=(1, 2))
+
 
 class Classify(nn.Module):
     """Conv to 1280 channels, global average pool, dropout, linear: logits in train, softmax in eval."""
 
     default_loss = "cls"
+    channel_rule = "fixed"
 
     def __init__(self, c1, c2, k=1, s=1, p=None, g=1, dropout=0.0):
         super().__init__()

@@ -71,10 +71,6 @@ ACTIVATIONS = {
     "Sigmoid": nn.Sigmoid,
     "Identity": nn.Identity,
 }
-CHANNEL_BLOCKS = (Conv, Bottleneck, C3, C2f, SPPF, SPPCSPC, RepConv)  # args start with c2, scaled by width
-REPEAT_BLOCKS = (C3, C2f)  # take the depth-scaled repeat count as their third argument
-DETECT_HEADS = (Detect, Segment, IDetect, AnchorFreeDetect, AnchorFreeSegment)
-PROTO_ARG = {Segment: 3, AnchorFreeSegment: 2}  # position of the width-scaled prototype channels in the args
 _ACTIVATION_RE = re.compile(r"^nn\.(\w+)\(([^()]*)\)$")
 
 
@@ -170,27 +166,29 @@ def _resolve_arg(a, d, section, index):
 
 
 def _layer_args(m, f, n, args, ch, width, max_channels):
-    """Final constructor args, repeat count and output channels of one layer (official scaling rules)."""
-    if m in CHANNEL_BLOCKS:
-        c2 = make_divisible(min(args[0], max_channels) * width, 8)
+    """Final constructor args, repeat count and output channels of one layer, by the block's declared
+    `channel_rule`, `repeat_arg` and `proto_arg` (models/common.py) under the official scaling rules."""
+    rule = getattr(m, "channel_rule", None)
+    if rule in ("width", "fixed"):
+        c2 = make_divisible(min(args[0], max_channels) * width, 8) if rule == "width" else args[0]
         args = [ch[f], c2, *args[1:]]
-        if m in REPEAT_BLOCKS:
+        if getattr(m, "repeat_arg", False):
             args.insert(2, n)
             n = 1
-    elif m is Classify:
-        c2 = args[0]
-        args = [ch[f], *args]
-    elif m is Concat:
+    elif rule == "concat":
         c2 = sum(ch[x] for x in f)
-    elif m in DETECT_HEADS:
+    elif rule == "levels":
         c2 = None  # the head is the last layer
         args = [*args, [ch[x] for x in f]]
         if m.anchor_based and isinstance(args[1], int):  # an anchor count: placeholders for autoanchor
             args[1] = [list(range(args[1] * 2))] * len(f)
-        if m in PROTO_ARG and len(args) > PROTO_ARG[m] + 1:
-            args[PROTO_ARG[m]] = make_divisible(min(args[PROTO_ARG[m]], max_channels) * width, 8)
-    else:
+        k = getattr(m, "proto_arg", None)
+        if k is not None and len(args) > k + 1:
+            args[k] = make_divisible(min(args[k], max_channels) * width, 8)
+    elif rule is None:
         c2 = ch[f]
+    else:
+        raise NotImplementedError(f"{m.__name__}.channel_rule = {rule!r}: parse_model knows 'width', 'fixed', 'concat', 'levels'")
     return args, n, c2
 
 
@@ -279,7 +277,7 @@ class BaseModel(nn.Module):
     def fuse(self):
         """Fold BatchNorm into convs, re-parameterise RepConv, fold YOLOv7 implicit layers; for inference."""
         for m in list(self.modules()):
-            if isinstance(m, (Conv, RepConv, IDetect)):
+            if m is not self and callable(getattr(m, "fuse", None)):
                 m.fuse()
         return self
 
@@ -343,6 +341,11 @@ class DetectionModel(BaseModel):
     @property
     def stride(self):
         return self.model[-1].stride
+
+    @property
+    def output_layout(self):
+        """The head's declaration of its eval output (`utils.ops.OutputLayout`), for NMS and the task code."""
+        return self.model[-1].output_layout
 
     @torch.no_grad()
     def _init_head(self, ch, s=256):

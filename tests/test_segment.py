@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from engine.tasks.segment import SegmentationValidator
+from models.heads import Segment
 from utils.data.dataset_yaml import check_det_dataset
 
 NC = 3
@@ -22,8 +23,7 @@ class _Replay(nn.Module):
         super().__init__()
         self.outputs = list(outputs)
         self.anchor = nn.Parameter(torch.zeros(1))  # the validator takes the device from the parameters
-        self.model = nn.ModuleList([nn.Identity()])
-        self.model[-1].nm = nm
+        self.output_layout = Segment(nc=NC, anchors=([0, 0],), nm=nm, npr=8, ch=(8,)).output_layout
 
     def forward(self, x):
         y, proto = self.outputs.pop(0)

@@ -6,6 +6,7 @@ Every function accepts torch tensors; the box conversions also accept numpy arra
 
 import math
 import time
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
@@ -223,23 +224,45 @@ def bbox2dist(anchor_points, bbox, reg_max):
     return torch.cat((anchor_points - x1y1, x2y2 - anchor_points), -1).clamp_(0, reg_max - 0.01)
 
 
-def _to_anchor_rows(prediction, nc, nm):
-    """Bring either head layout to (B, A, 4 + 1 + nc + nm) rows with a confidence column 4.
+@dataclass(frozen=True)
+class OutputLayout:
+    """What a detection head's decoded eval output holds; each head declares it (`head.output_layout`).
 
-    Anchor-based heads give (B, A, 5 + nc + nm) with objectness; anchor-free heads give (B, 4 + nc + nm, A)
-    without it. The row confidence of an anchor-free output is taken as 1 so that conf = class score.
+    Every anchor's row is, in order: the box as xywh input pixels, an objectness column if `objectness`, `nc` class
+    scores, `nm` mask coefficients. `channels_last`: rows are (B, anchors, C) (v5/v7) rather than (B, C, anchors)
+    (v8). The eval output is either the prediction tensor alone or a tuple starting with it; `proto` is the index
+    path of the mask prototypes in that tuple (empty when the head has none).
     """
-    anchor_based = prediction.shape[-1] == 5 + nc + nm
-    anchor_free = prediction.shape[1] == 4 + nc + nm
-    if anchor_based == anchor_free:
-        raise ValueError(
-            f"cannot tell the head layout of a prediction of shape {tuple(prediction.shape)} for nc={nc}, nm={nm}"
-        )
-    if anchor_based:
-        return prediction
-    p = prediction.transpose(1, 2)
-    ones = torch.ones_like(p[..., :1])
-    return torch.cat((p[..., :4], ones, p[..., 4:]), -1)
+
+    nc: int
+    nm: int = 0
+    objectness: bool = False
+    channels_last: bool = True
+    proto: tuple = ()
+
+    @property
+    def cls(self):
+        """Slice of the class-score columns."""
+        start = 5 if self.objectness else 4
+        return slice(start, start + self.nc)
+
+    @property
+    def mask(self):
+        """Slice of the mask-coefficient columns."""
+        return slice(self.cls.stop, self.cls.stop + self.nm)
+
+    def rows(self, prediction):
+        """The prediction tensor as (B, anchors, C) rows."""
+        return prediction if self.channels_last else prediction.transpose(1, 2)
+
+    def split(self, output):
+        """(prediction tensor, prototypes or None) from the eval output, or from the prediction tensor alone."""
+        if isinstance(output, torch.Tensor):
+            return output, None
+        proto = output
+        for i in self.proto:
+            proto = proto[i]
+        return output[0], proto if self.proto else None
 
 
 def non_max_suppression(
@@ -250,34 +273,34 @@ def non_max_suppression(
     agnostic=False,
     multi_label=False,
     max_det=300,
-    nc=None,
-    nm=0,
+    *,
+    layout,
     max_nms=30000,
     max_wh=7680,
     time_limit=None,
 ):
     """NMS for every head: returns per image a tensor (n, 6 + nm) = xyxy, conf, cls, mask coefficients.
 
-    `prediction` is a head's decoded eval output, either layout (see `_to_anchor_rows`); `nc` defaults to what
-    the anchor-based layout implies. Boxes are offset by class (max_wh) so one batched NMS call is class-aware.
+    `prediction` is a head's eval output (or its prediction tensor) and `layout` the head's `OutputLayout`. The
+    confidence is the class score, times the objectness where the head has one. Boxes are offset by class (max_wh)
+    so one batched NMS call is class-aware.
     """
-    if isinstance(prediction, (list, tuple)):
-        prediction = prediction[0]
-    if nc is None:
-        nc = prediction.shape[-1] - 5 - nm
-    prediction = _to_anchor_rows(prediction, nc, nm)
-    bs = prediction.shape[0]
+    prediction = layout.rows(layout.split(prediction)[0])
+    bs, nc, nm = prediction.shape[0], layout.nc, layout.nm
+    if prediction.shape[-1] != layout.mask.stop:
+        raise ValueError(f"prediction rows have {prediction.shape[-1]} columns, the layout {layout} says "
+                         f"{layout.mask.stop}")
     multi_label &= nc > 1
-    mi = 5 + nc  # first mask column
     t0 = time.time()
     output = [torch.zeros((0, 6 + nm), device=prediction.device, dtype=prediction.dtype) for _ in range(bs)]
     for xi, x in enumerate(prediction):
-        x = x[x[:, 4] > conf_thres]
+        if layout.objectness:
+            x = x[x[:, 4] > conf_thres]
         if not x.shape[0]:
             continue
-        scores = x[:, 5:mi] * x[:, 4:5]
+        scores = x[:, layout.cls] * x[:, 4:5] if layout.objectness else x[:, layout.cls]
         box = xywh2xyxy(x[:, :4])
-        mask = x[:, mi:]
+        mask = x[:, layout.mask]
         if multi_label:
             i, j = (scores > conf_thres).nonzero(as_tuple=False).T
             x = torch.cat((box[i], scores[i, j, None], j[:, None].float(), mask[i]), 1)
@@ -293,7 +316,9 @@ def non_max_suppression(
         keep = torchvision.ops.nms(x[:, :4] + offsets, x[:, 4], iou_thres)[:max_det]
         output[xi] = x[keep]
         if time_limit is not None and time.time() - t0 > time_limit:
-            LOGGER.warning(f"NMS time limit {time_limit:.2f}s exceeded: images after {xi + 1} of {bs} get no detections")
+            LOGGER.warning(
+                f"NMS time limit {time_limit:.2f}s exceeded: images after {xi + 1} of {bs} get no detections"
+            )
             break  # a safety valve for untrained models that emit thousands of boxes
     return output
 

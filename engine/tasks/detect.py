@@ -131,7 +131,7 @@ class DetectionValidator(BaseValidator):
         self.confusion = ConfusionMatrix(nc=self.nc)  # at its own conf 0.25: val's 0.001 floods the background row
         self.stats = {"tp": [], "conf": [], "pred_cls": [], "target_cls": []}
         self.jdict = []
-        self.nm = getattr(model.model[-1], "nm", 0) if hasattr(model, "model") else 0
+        self.layout = model.output_layout
 
     def description(self):
         return ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
@@ -143,8 +143,7 @@ class DetectionValidator(BaseValidator):
             iou_thres=getattr(self.args, "iou_thres", 0.6),
             multi_label=True,
             max_det=getattr(self.args, "max_det", 300),
-            nc=self.nc,
-            nm=self.nm,
+            layout=self.layout,
         )  # no time limit: dropping the images left when it runs out would bias mAP (max_nms bounds the work)
 
     def _labels_native(self, batch, si):
@@ -278,7 +277,7 @@ class DetectionPredictor(BasePredictor):
     def postprocess(self, preds, im, im0):
         det = ops.non_max_suppression(
             preds, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
-            max_det=self.args.max_det, nc=len(self.names),
+            max_det=self.args.max_det, layout=self.model.output_layout,
         )[0]
         ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
         return det

@@ -10,15 +10,6 @@ from utils.metrics import SegmentMetrics, instance_masks, process_mask_batch
 from utils.plots import Annotator, colors
 
 
-def split_seg_output(preds):
-    """(detections, prototypes) from either segment head's eval output.
-
-    v5: (y, proto, x); v8: (cat(y, mc), (x, mc, proto)) - the prototypes are the last tensor of the second item.
-    """
-    second = preds[1]
-    return preds[0], second[-1] if isinstance(second, (list, tuple)) else second
-
-
 class SegmentationTrainer(DetectionTrainer):
     default_project = "runs/train-seg"
 
@@ -53,7 +44,7 @@ class SegmentationValidator(DetectionValidator):
         )
 
     def postprocess(self, preds):
-        det, self.protos = split_seg_output(preds)
+        det, self.protos = self.layout.split(preds)
         return super().postprocess(det)
 
     def _gt_masks(self, batch, si, n):
@@ -108,10 +99,11 @@ class SegmentationPredictor(DetectionPredictor):
     default_project = "runs/predict-seg"
 
     def postprocess(self, preds, im, im0):
-        det_out, protos = split_seg_output(preds)
+        layout = self.model.output_layout
+        det_out, protos = layout.split(preds)
         det = ops.non_max_suppression(
             det_out, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
-            max_det=self.args.max_det, nc=len(self.names), nm=protos.shape[1],
+            max_det=self.args.max_det, layout=layout,
         )[0]
         if len(det):
             masks = ops.process_mask(protos[0], det[:, 6:].float(), det[:, :4].float(), im.shape[2:], upsample=True)

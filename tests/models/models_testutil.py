@@ -26,7 +26,8 @@ def randomise_implicit(module, seed=0):
     g = torch.Generator().manual_seed(seed)
     for name, p in module.named_parameters():
         if name.endswith("implicit"):
-            p.data = torch.randn(p.shape, generator=g) * 0.5 + (1.0 if ".im." in name or name.startswith("im.") else 0.0)
+            centre = 1.0 if ".im." in name or name.startswith("im.") else 0.0
+            p.data = torch.randn(p.shape, generator=g) * 0.5 + centre
     return module
 
 

@@ -172,3 +172,35 @@ def test_classify(as_list):
     assert logits.shape == probs.shape == (3, 5)
     torch.testing.assert_close(probs.sum(1), torch.ones(3))
     torch.testing.assert_close(probs, m.linear(m.pool(m.conv(torch.cat(x, 1) if as_list else x)).flatten(1)).softmax(1))
+
+
+@pytest.mark.parametrize("cls", [Detect, IDetect, Segment, AnchorFreeDetect, AnchorFreeSegment])
+def test_output_layout_locates_boxes_scores_masks_and_protos(cls):
+    """Each head's declared layout, applied to its real eval output, finds the columns its decode formula wrote."""
+    seg = cls in (Segment, AnchorFreeSegment)
+    kw = dict(nm=4, npr=16) if seg else {}
+    m = (anchor_head if cls.anchor_based else free_head)(cls, **kw).eval()
+    out = m(feats())
+    layout = m.output_layout
+    pred, proto = layout.split(out)
+    rows = layout.rows(pred)
+    if cls.anchor_based:
+        raw = out[-1]
+        expected = torch.cat([manual_anchor_decode(r, m, i) for i, r in enumerate(raw)], 1)
+        torch.testing.assert_close(rows[..., 4], expected[..., 4])  # objectness column
+    else:
+        raw = out[1][0] if seg else out[1]
+        expected = manual_free_decode(raw, m).transpose(1, 2)
+        assert not layout.objectness
+    assert rows.shape[-1] == layout.mask.stop and layout.nc == 3
+    torch.testing.assert_close(rows[..., :4], expected[..., :4], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rows[..., layout.cls], expected[..., layout.cls], atol=1e-4, rtol=1e-4)
+    if seg:
+        assert proto.shape == (2, 4, 8, 12) and layout.nm == 4
+        if cls is AnchorFreeSegment:
+            torch.testing.assert_close(rows[..., layout.mask], out[1][1].transpose(1, 2))
+        else:
+            torch.testing.assert_close(rows[..., layout.mask], expected[..., layout.mask])
+        torch.testing.assert_close(proto, m.proto(feats()[0]))
+    else:
+        assert proto is None and layout.nm == 0

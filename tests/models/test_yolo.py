@@ -268,3 +268,43 @@ def test_parse_model_returns_layers_and_save():
     layers, save = parse_model(d, 3)
     assert isinstance(layers, nn.Sequential) and len(layers) == 23 and save == [4, 6, 9, 12, 15, 18, 21]
     assert isinstance(layers[0], Conv)
+
+
+class _Widen(nn.Module):
+    """A block defined outside models/: it declares its parser rules and a fuse step, and is only registered."""
+
+    channel_rule = "width"
+    repeat_arg = True
+
+    def __init__(self, c1, c2, n=1):
+        super().__init__()
+        self.m = nn.Sequential(*(nn.Conv2d(c1 if i == 0 else c2, c2, 1) for i in range(n)))
+        self.fused = False
+
+    def forward(self, x):
+        return self.m(x)
+
+    def fuse(self):
+        self.fused = True
+
+
+def test_blocks_declare_their_parser_rules(monkeypatch):
+    monkeypatch.setitem(yolo.REGISTRY, "Widen", _Widen)
+    d = yaml_model_load("yolov8n.yaml")  # scale n: depth 0.33, width 0.25
+    d["backbone"][1] = [-1, 6, "Widen", [128]]
+    m = DetectionModel(d)
+    w = m.model[1]
+    # width 0.25 -> 32 channels after the 16 of layer 0; depth 0.33 -> 2 repeats passed as the third argument
+    assert isinstance(w, _Widen) and len(w.m) == 2
+    assert (w.m[0].in_channels, w.m[0].out_channels) == (16, 32)
+    m.fuse()
+    assert w.fused and not any(isinstance(x, nn.BatchNorm2d) for x in m.modules())
+    monkeypatch.setattr(_Widen, "channel_rule", "sideways")
+    with pytest.raises(NotImplementedError, match="channel_rule"):  # a bug in the block, not a YAML mistake
+        DetectionModel(d)
+
+
+def test_output_layout_comes_from_the_head():
+    for m in (DetectionModel("yolov5n.yaml", nc=3), DetectionModel("yolov8n.yaml", nc=3),
+              SegmentationModel("yolov5n-seg.yaml", nc=3), SegmentationModel("yolov8n-seg.yaml", nc=3)):
+        assert m.output_layout == m.model[-1].output_layout and m.output_layout.nc == 3

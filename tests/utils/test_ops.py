@@ -74,11 +74,13 @@ def test_nms_matches_brute_force(layout, kw):
     if layout == "anchor_free":
         rows[..., 4] = 1.0  # anchor-free heads have no objectness: conf is the class score
         pred = torch.cat((rows[..., :4], rows[..., 5:]), -1).transpose(1, 2)  # (B, 4 + nc + nm, A)
+        head_layout = ops.OutputLayout(nc, nm, objectness=False, channels_last=False)
     else:
         pred = rows
+        head_layout = ops.OutputLayout(nc, nm, objectness=True, channels_last=True)
     args = dict(conf_thres=0.25, iou_thres=0.45, classes=None, agnostic=False, multi_label=False, max_det=300)
     args.update(kw)
-    out = ops.non_max_suppression(pred, nc=nc, nm=nm, **args)
+    out = ops.non_max_suppression(pred, layout=head_layout, **args)
     assert len(out) == b
     for i in range(b):
         ref = _reference_nms(rows[i], nc, nm, **args)
@@ -89,13 +91,41 @@ def test_nms_matches_brute_force(layout, kw):
 
 def test_nms_empty_and_tuple_input():
     pred = torch.zeros(2, 10, 5 + 3)  # every objectness 0: nothing passes
-    out = ops.non_max_suppression((pred, None), conf_thres=0.25)
+    layout = ops.OutputLayout(3, objectness=True, channels_last=True)
+    out = ops.non_max_suppression((pred, None), conf_thres=0.25, layout=layout)
     assert [o.shape for o in out] == [(0, 6), (0, 6)]
 
 
-def test_nms_rejects_unknown_layout():
-    with pytest.raises(ValueError, match="layout"):
-        ops.non_max_suppression(torch.rand(1, 7, 11), nc=80)
+def test_nms_reads_the_layout_not_the_shape():
+    """A v8 tensor whose shape also fits the v5 layout (4 + nc rows, 5 + nc anchors) is read as the layout says."""
+    gen = torch.Generator().manual_seed(5)
+    nc = 3
+    rows = _random_rows(gen, 1, 5 + nc, nc, 0)
+    rows[..., 4] = 1.0
+    rows[0, :3, :4] = torch.tensor([20.0, 20.0, 10.0, 10.0])  # three overlapping boxes so suppression happens
+    pred = torch.cat((rows[..., :4], rows[..., 5:]), -1).transpose(1, 2)  # (1, 4 + nc, 5 + nc)
+    out = ops.non_max_suppression(pred, conf_thres=0.1, layout=ops.OutputLayout(nc, channels_last=False))[0]
+    ref = _reference_nms(rows[0], nc, 0, 0.1, 0.45, None, False, False, 300)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_nms_rejects_a_prediction_that_does_not_fit_the_layout():
+    with pytest.raises(ValueError, match="columns"):
+        ops.non_max_suppression(torch.rand(1, 7, 11), layout=ops.OutputLayout(80, objectness=True))
+
+
+def test_output_layout_columns_and_split():
+    v5 = ops.OutputLayout(3, 2, objectness=True, channels_last=True, proto=(1,))
+    v8 = ops.OutputLayout(3, 2, objectness=False, channels_last=False, proto=(1, 2))
+    assert (v5.cls, v5.mask) == (slice(5, 8), slice(8, 10))
+    assert (v8.cls, v8.mask) == (slice(4, 7), slice(7, 9))
+    y, proto, mc = torch.rand(2, 9, 6), torch.rand(2, 2, 4, 4), torch.rand(2, 2, 6)
+    assert v8.rows(y).shape == (2, 6, 9) and torch.equal(v8.rows(y)[0, 5], y[0, :, 5])
+    got_y, got_p = v8.split((y, ([], mc, proto)))
+    assert got_y is y and got_p is proto
+    got_y, got_p = v5.split((y, proto, []))
+    assert got_y is y and got_p is proto
+    assert ops.OutputLayout(3).split((y, [])) == (y, None) and ops.OutputLayout(3).split(y) == (y, None)
 
 
 def test_box_conversions_by_hand():
