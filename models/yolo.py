@@ -188,7 +188,8 @@ def _layer_args(m, f, n, args, ch, width, max_channels):
     elif rule is None:
         c2 = ch[f]
     else:
-        raise NotImplementedError(f"{m.__name__}.channel_rule = {rule!r}: parse_model knows 'width', 'fixed', 'concat', 'levels'")
+        known = "'width', 'fixed', 'concat', 'levels'"
+        raise NotImplementedError(f"{m.__name__}.channel_rule = {rule!r}: parse_model knows {known}")
     return args, n, c2
 
 
