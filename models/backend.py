@@ -6,6 +6,7 @@ PyTorch model would have told (stride, names, task, nc, image size, output nesti
 (`export_metadata`), written by engine/exporter.py.
 """
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch.nn as nn
 from models.checkpoints import attempt_load
 from models.yolo import ClassificationModel, SegmentationModel
 from utils.errors import BadFile, BadOption
+from utils.ops import OutputLayout
 
 FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
 METADATA_KEY = "yolo"  # ONNX metadata_props key / TorchScript extra-file name holding the JSON metadata
@@ -58,6 +60,7 @@ def export_metadata(model, imgsz, batch, dynamic, half, structure):
         "names": {int(k): str(v) for k, v in model.names.items()},
         "nc": int(model.nc),
         "nm": int(getattr(head, "nm", 0)),
+        "layout": dataclasses.asdict(head.output_layout) if hasattr(head, "output_layout") else None,
         "imgsz": list(imgsz),
         "batch": int(batch),
         "dynamic": bool(dynamic),
@@ -76,7 +79,8 @@ def _weights_format(weights):
 class InferenceBackend:
     """Load `weights` (.pt, .onnx, .torchscript) on `device`; call with a float image batch (B, 3, H, W).
 
-    Attributes every format sets: format, task, stride, names, nc, nm, dynamic (any batch and image size is
+    Attributes every format sets: format, task, stride, names, nc, nm, output_layout (the head's declaration of
+    its eval output, None for classifiers), dynamic (any batch and image size is
     accepted), imgsz (the exported input size, for static exports), fp16 (inputs are cast to half), device.
     `model` is the nn.Module for .pt files (None otherwise).
     """
@@ -102,10 +106,14 @@ class InferenceBackend:
         self.task, self.names, self.nc = model_task(self.model), dict(self.model.names), self.model.nc
         self.stride = int(max(self.model.stride))
         self.nm = int(getattr(self.model.model[-1], "nm", 0))
+        self.output_layout = getattr(self.model, "output_layout", None)
         self.dynamic, self.imgsz, self.batch = True, None, None
 
     def _set_metadata(self, meta):
         self.task, self.stride, self.nc, self.nm = meta["task"], meta["stride"], meta["nc"], meta["nm"]
+        if self.task != "classify" and not meta.get("layout"):
+            raise BadFile(f"--weights {self.weights} has no output layout in its metadata: export it again")
+        self.output_layout = OutputLayout(**meta["layout"]) if meta.get("layout") else None
         self.names = {int(k): v for k, v in meta["names"].items()}
         self.dynamic, self.imgsz, self.batch = meta["dynamic"], tuple(meta["imgsz"]), meta["batch"]
         self.fp16, self.structure = meta["half"], meta["outputs"]

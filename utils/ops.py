@@ -240,6 +240,9 @@ class OutputLayout:
     channels_last: bool = True
     proto: tuple = ()
 
+    def __post_init__(self):
+        object.__setattr__(self, "proto", tuple(self.proto))  # a list after a JSON round trip (export metadata)
+
     @property
     def cls(self):
         """Slice of the class-score columns."""

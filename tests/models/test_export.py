@@ -64,6 +64,8 @@ def test_onnx_and_torchscript_match_pytorch(cfg, cls, tmp_path):
         backend = InferenceBackend(f)
         assert backend.names == NAMES and backend.nc == 3 and backend.dynamic
         assert backend.stride == int(max(ref_model.stride)) and backend.task == InferenceBackend(weights).task
+        layout = getattr(ref_model, "output_layout", None)  # None for classifiers
+        assert backend.output_layout == layout == InferenceBackend(weights).output_layout
         for x in inputs:
             with torch.no_grad():
                 ref, ref_structure = flatten_outputs(ref_model(x))
