@@ -78,7 +78,7 @@ class HubModel(nn.Module):
         self.model = model.eval()
         self.names = dict(model.names)
         self.classify = isinstance(model, ClassificationModel)
-        self.nm = getattr(model.model[-1], "nm", 0)
+        self.layout = None if self.classify else model.output_layout
         self.stride = 32 if self.classify else int(max(model.stride))
 
     @torch.no_grad()
@@ -95,19 +95,16 @@ class HubModel(nn.Module):
             det, mask = self._one(im0, size, p)
             xyxy.append(det)
             masks.append(mask)
-        return Results(self.names, files, xyxy=xyxy, masks=masks if self.nm else None)
+        return Results(self.names, files, xyxy=xyxy, masks=masks if self.layout.proto else None)
 
     def _one(self, im0, size, p):
         im = letterbox(im0, size, stride=self.stride, auto=True)[0]
         x = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])).to(p.device, p.dtype)[None] / 255
-        preds = self.model(x)
-        out = preds[0]
+        out, protos = self.layout.split(self.model(x))
         det = ops.non_max_suppression(out, self.conf, self.iou, self.classes, self.agnostic, max_det=self.max_det,
-                                      nc=len(self.names), nm=self.nm)[0]
+                                      layout=self.layout)[0]
         mask = None
-        if self.nm:
-            second = preds[1]
-            protos = second[-1] if isinstance(second, (list, tuple)) else second  # v8: (x, mc, proto); v5: proto
+        if protos is not None:
             if len(det):
                 mask = ops.process_mask(protos[0], det[:, 6:], det[:, :4], x.shape[2:], upsample=True)
                 mask = ops.scale_masks(mask, im0.shape[:2]).gt(0.5).cpu()
