@@ -106,4 +106,5 @@ def add_nms_args(p, conf=0.25, iou=0.45, max_det=1000):
     p.add_argument("--max-det", type=int, default=max_det, help="maximum detections per image")
     p.add_argument("--classes", nargs="+", type=int, help="keep only these class ids")
     p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
+    p.add_argument("--augment", action="store_true", help="test-time augmentation: 3 scales, one flipped, one NMS")
     return p

@@ -10,6 +10,7 @@ from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator
 from models.checkpoints import attempt_load, load_pretrained
+from models.tta import TTAModel, augment_backend
 from models.yolo import DetectionModel
 from utils import ops
 from utils.autoanchor import check_anchors
@@ -274,6 +275,11 @@ class DetectionValidator(BaseValidator):
 class DetectionPredictor(BasePredictor):
     default_project = "runs/detect"
 
+    def __init__(self, args):
+        super().__init__(args)
+        if self.args.augment:
+            augment_backend(self.model)
+
     def postprocess(self, preds, im, im0):
         det = ops.non_max_suppression(
             preds, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
@@ -317,6 +323,8 @@ def run_val(opt, validator_cls, task="detect"):
         data = single_class(data)
     if data["nc"] != model.nc:
         raise BadCheckpoint(f"--weights {opt.weights} has {model.nc} classes but --data {opt.data} has {data['nc']}")
+    if opt.augment:
+        model = TTAModel(model)
     if opt.task == "speed":
         opt.conf_thres, opt.iou_thres, opt.save_json = 0.25, 0.45, False
     split = "test" if opt.task == "test" and data.get("test") else "val"
