@@ -5,10 +5,14 @@ Task subclasses implement `postprocess` (raw model output -> per-image results) 
 (draw on the image, write the text file).
 """
 
+import csv
+import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import cv2
+import numpy as np
 import torch
 
 from models.backend import InferenceBackend
@@ -16,6 +20,7 @@ from utils import dist as du
 from utils.data.streams import open_source
 from utils.files import increment_path
 from utils.loggers import LOGGER
+from utils.plots import Annotator, save_one_box
 from utils.torch_utils import time_sync
 
 
@@ -36,6 +41,10 @@ class BasePredictor:
         self.save_dir.mkdir(parents=True, exist_ok=True)
         if self.args.save_txt:
             (self.save_dir / "labels").mkdir(exist_ok=True)
+        self.csv_path = self.save_dir / "predictions.csv"
+        if self.args.save_csv:
+            self._csv(["image", "class", "confidence", "x1", "y1", "x2", "y2"])
+        self.show = self.args.view_img and can_show_windows()
         self.writers = {}
 
     def _input_size(self):
@@ -60,6 +69,33 @@ class BasePredictor:
     def postprocess(self, preds, im, im0):
         raise NotImplementedError
 
+    def annotator(self, im0):
+        return Annotator(im0, line_width=self.args.line_thickness)
+
+    def label(self, c, conf):
+        """The text drawn beside a box or on an image: name and confidence, as --hide-labels/--hide-conf allow."""
+        if self.args.hide_labels:
+            return ""
+        return self.names[c] if self.args.hide_conf else f"{self.names[c]} {conf:.2f}"
+
+    def boxes(self, result):
+        """(xyxy in original-image pixels, class, confidence) of each result, for --save-crop and --save-csv; a
+        classifier's result is one whole-image row."""
+        raise NotImplementedError
+
+    def _csv(self, row):
+        with open(self.csv_path, "a", newline="") as f:
+            csv.writer(f).writerow(row)
+
+    def save_extras(self, result, imc, name):
+        """--save-crop (from the undrawn image imc) and --save-csv rows of one image or frame."""
+        for xyxy, c, conf in self.boxes(result):
+            if self.args.save_crop and xyxy is not None:
+                save_one_box(xyxy, imc, self.save_dir / "crops" / self.names[c] / f"{Path(name).stem}.jpg")
+            if self.args.save_csv:
+                coords = [f"{v:.1f}" for v in xyxy] if xyxy is not None else [""] * 4
+                self._csv([name, self.names[c], f"{conf:.4f}", *coords])
+
     def write_result(self, result, im, im0, path, txt_path):
         """Draw `result` on im0 (in place) and write its text line(s); return a summary string."""
         raise NotImplementedError
@@ -81,9 +117,11 @@ class BasePredictor:
             p = Path(path)
             stem = p.stem if dataset.mode == "image" else f"{p.stem}_{dataset.frame}"
             txt_path = self.save_dir / "labels" / f"{stem}.txt" if self.args.save_txt else None
+            imc = im0.copy() if self.args.save_crop else im0
             summary = self.write_result(result, x, im0, path, txt_path)
+            self.save_extras(result, imc, p.name if dataset.mode == "image" else f"{stem}{p.suffix or '.jpg'}")
             self.save(dataset, path, im0)
-            if self.args.view_img:
+            if self.show:
                 cv2.imshow(str(p), im0)
                 cv2.waitKey(1)
             LOGGER.info(f"{desc}{summary}, {(t2 - t1) * 1e3:.1f}ms")
@@ -114,3 +152,19 @@ class BasePredictor:
             out = str((self.save_dir / p.name).with_suffix(".mp4"))
             self.writers[path] = cv2.VideoWriter(out, cv2.VideoWriter_fourcc(*"mp4v"), fps or 30, (w, h))
         self.writers[path].write(im0)
+
+
+def can_show_windows():
+    """Whether cv2.imshow can open a window here; warns once (per run) when it cannot, instead of failing later."""
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        reason = "no display (DISPLAY is not set)"
+    else:
+        try:
+            cv2.imshow("test", np.zeros((8, 8, 3), dtype=np.uint8))
+            cv2.waitKey(1)
+            cv2.destroyAllWindows()
+            return True
+        except cv2.error:
+            reason = "this OpenCV build cannot open windows (opencv-python-headless: pip install opencv-python)"
+    LOGGER.warning(f"WARNING: --view-img: {reason}; results are saved but not shown")
+    return False

@@ -56,7 +56,7 @@ def plot_results(csv_path, path=None):
     for k, i in enumerate(cols):
         ax = fig.add_subplot(nrow, ncol, k + 1)
         ax.plot(epochs, data[:, i], marker=".", linewidth=2, markersize=8, label="results")
-        if len(data) > 4:
+        if len(data) >= 20:  # a trend line only where there are enough epochs to average
             ax.plot(epochs, _smooth(data[:, i], 0.05), ":", linewidth=2, label="smooth")
         ax.set_title(header[i], fontsize=11)
         ax.set_xlabel("epoch")

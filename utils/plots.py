@@ -147,3 +147,21 @@ def plot_images(images, targets, paths=None, fname="images.jpg", names=None, mas
             ann.box_label(b, label, colors(c, bgr=True))
     cv2.imwrite(str(fname), ann.result())
     return Path(fname)
+
+
+def save_one_box(xyxy, im, file, gain=1.02, pad=10):
+    """Save the crop of box xyxy from BGR image im, enlarged by `gain` and `pad` pixels, as `file` (file2.jpg, ...
+    when taken); returns the path."""
+    x1, y1, x2, y2 = (float(v) for v in xyxy)
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    w, h = (x2 - x1) * gain + pad, (y2 - y1) * gain + pad
+    h0, w0 = im.shape[:2]
+    x1, x2 = int(np.clip(cx - w / 2, 0, w0)), int(np.clip(cx + w / 2, 0, w0))
+    y1, y2 = int(np.clip(cy - h / 2, 0, h0)), int(np.clip(cy + h / 2, 0, h0))
+    file = Path(file)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    n, path = 2, file
+    while path.exists():
+        path, n = file.with_name(f"{file.stem}{n}{file.suffix}"), n + 1
+    cv2.imwrite(str(path), im[y1:y2, x1:x2])
+    return path

@@ -14,7 +14,7 @@ from utils.dist import get_rank, get_world_size
 from utils.files import find_file, yaml_load
 from utils.loggers import LOGGER
 from utils.metrics import ClassifyMetrics, ConfusionMatrix
-from utils.plots import Annotator, plot_images
+from utils.plots import plot_images
 
 
 def build_classifier(model_arg, nc, names):
@@ -157,10 +157,14 @@ class ClassificationPredictor(BasePredictor):
         probs = preds[0] if isinstance(preds, (list, tuple)) else preds
         return probs[0]
 
+    def boxes(self, probs):
+        conf, c = probs.max(0)
+        return [(None, int(c), float(conf))]  # the whole image: no box to crop
+
     def write_result(self, probs, im, im0, path, txt_path):
         top5 = probs.argsort(0, descending=True)[:5].tolist()
         lines = [f"{probs[j]:.2f} {self.names[j]}" for j in top5]
-        annotator = Annotator(im0)
+        annotator = self.annotator(im0)
         annotator.text((4 * annotator.lw, 4 * annotator.lw), "\n".join(lines))
         im0[:] = annotator.result()
         if txt_path is not None:

@@ -25,7 +25,7 @@ from utils.errors import BadCheckpoint, BadOption
 from utils.files import increment_path
 from utils.loggers import LOGGER, set_logging
 from utils.metrics import ConfusionMatrix, DetMetrics, process_batch
-from utils.plots import Annotator, colors, plot_images
+from utils.plots import colors, plot_images
 
 MAX_PLOTTED_PREDS = 30  # per image in val_batch*_pred.jpg: the most confident, enough to judge a tile
 
@@ -288,13 +288,16 @@ class DetectionPredictor(BasePredictor):
         ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
         return det
 
+    def boxes(self, det):
+        return [(xyxy, int(c), conf) for *xyxy, conf, c in det[:, :6].tolist()]
+
     def write_result(self, det, im, im0, path, txt_path):
-        annotator = Annotator(im0)
+        annotator = self.annotator(im0)
         counts = {}
         for *xyxy, conf, c in reversed(det.tolist()):
             c = int(c)
             counts[c] = counts.get(c, 0) + 1
-            annotator.box_label(xyxy, f"{self.names[c]} {conf:.2f}", color=colors(c, True))
+            annotator.box_label(xyxy, self.label(c, conf), color=colors(c, True))
             if txt_path is not None:
                 h, w = im0.shape[:2]
                 cx, cy, bw, bh = ((xyxy[0] + xyxy[2]) / 2 / w, (xyxy[1] + xyxy[3]) / 2 / h,

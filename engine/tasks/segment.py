@@ -7,7 +7,7 @@ from models.yolo import SegmentationModel
 from utils import ops
 from utils.coco import box_to_coco_json, image_id_from_path, masks_to_rle
 from utils.metrics import SegmentMetrics, instance_masks, process_mask_batch
-from utils.plots import Annotator, colors
+from utils.plots import colors
 
 
 class SegmentationTrainer(DetectionTrainer):
@@ -113,10 +113,13 @@ class SegmentationPredictor(DetectionPredictor):
         ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
         return det[:, :6], masks
 
+    def boxes(self, result):
+        return super().boxes(result[0])
+
     def write_result(self, result, im, im0, path, txt_path):
         det, masks = result
         if len(det):
-            annotator = Annotator(im0)
+            annotator = self.annotator(im0)
             annotator.masks(masks, [colors(int(c), True) for c in det[:, 5]])
             im0[:] = annotator.result()
         summary = super().write_result(det, im, im0, path, None)

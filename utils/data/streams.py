@@ -79,24 +79,46 @@ class LoadStreams:
         self.read, self.skipped = [0] * n, [0] * n  # frames decoded and frames replaced before inference took them
         self.last = [time.monotonic()] * n
         self.next_source, self.frame = 0, 0
-        self.threads = []
-        for i, s in enumerate(self.sources):
-            ms = int(self.timeout * 1000)  # FFmpeg backends give up on a silent source instead of blocking for 30 s
-            params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms]
-            cap = cv2.VideoCapture(int(s) if s.isnumeric() else s, cv2.CAP_ANY, params)
-            if not cap.isOpened():
-                raise BadFile(f"--source {s}: cannot open the stream")
-            LOGGER.info(f"stream {i + 1}/{n}: {s} {int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))}x"
-                        f"{int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))} at {cap.get(cv2.CAP_PROP_FPS):.0f} fps")
-            t = threading.Thread(target=self._reader, args=(i, cap), daemon=True, name=f"stream-{i}")
+        # each source is opened in its own thread, all at once: a slow one does not hold back the others' frames
+        self.opened = [threading.Event() for _ in range(n)]
+        self.info = [None] * n  # (width, height, fps), read by the reader thread: a capture is not thread-safe
+        self.threads = [threading.Thread(target=self._reader, args=(i,), daemon=True, name=f"stream-{i}")
+                        for i in range(n)]
+        for t in self.threads:
             t.start()
-            self.threads.append(t)
+        for i, s in enumerate(self.sources):
+            self.opened[i].wait()
+            if self.info[i] is None:
+                raise BadFile(f"--source {s}: cannot open the stream")
+            w, h, fps = self.info[i]
+            LOGGER.info(f"stream {i + 1}/{n}: {s} {w}x{h} at {fps:.0f} fps")
 
     def __len__(self):
         return len(self.sources)
 
-    def _reader(self, i, cap):
-        """Grab every frame (so the decoder keeps up with the source), decode every vid_stride-th one."""
+    def _open(self, i):
+        s = self.sources[i]
+        ms = int(self.timeout * 1000)  # FFmpeg backends give up on a silent source instead of blocking for 30 s
+        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms]
+        cap = cv2.VideoCapture(int(s) if s.isnumeric() else s, cv2.CAP_ANY, params)
+        if not cap.isOpened():
+            return None
+        self.info[i] = (int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+                        cap.get(cv2.CAP_PROP_FPS))
+        return cap
+
+    def _reader(self, i):
+        """Open the source, then grab every frame (so the decoder keeps up with it), decode every vid_stride-th."""
+        try:
+            cap = self._open(i)
+        finally:
+            self.opened[i].set()
+        if cap is None:
+            with self.cond:
+                self.alive[i], self.reported[i] = False, True  # the constructor reports it
+            return
+        with self.cond:
+            self.last[i] = time.monotonic()
         n, error = 0, None
         try:
             while cap.grab():
