@@ -153,6 +153,8 @@ class BaseTrainer:
         self.hyp = self.load_hyp(model)
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
+        if self.main:
+            model.info(imgsz=self.opt.imgsz)  # layers, parameters, gradients, GFLOPs at the training size
         self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn)
         stride = int(max(self.model.stride))
 

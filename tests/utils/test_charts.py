@@ -1,5 +1,7 @@
 """The pictures of a run: every plot written by a short segmentation run, readable and not blank, and in TensorBoard."""
 
+import logging
+import re
 from types import SimpleNamespace
 
 import cv2
@@ -8,6 +10,8 @@ import pytest
 import torch
 import yaml
 
+from models.yolo import SegmentationModel
+from utils.loggers import LOGGER
 from utils.metrics import ap_per_class
 
 EXPECTED = [
@@ -40,18 +44,27 @@ def seg_run(tmp_path_factory):
             "--workers", "0", "--device", "cpu", "--project", str(tmp_path_factory.mktemp("plots")), "--name", "exp"]
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    trainer, _ = seg_train.main(seg_train.parse_opt(args))
-    torch.set_num_threads(n)
-    return trainer.save_dir
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    LOGGER.addHandler(handler)
+    try:
+        trainer, _ = seg_train.main(seg_train.parse_opt(args))
+    finally:
+        LOGGER.removeHandler(handler)
+        torch.set_num_threads(n)
+    return trainer.save_dir, records
 
 
 def test_run_writes_every_plot(seg_run):
+    seg_run, _ = seg_run
     for name in EXPECTED:
         assert (seg_run / name).is_file(), f"missing {name}"
         assert_picture(seg_run / name, min_side=64 if name.startswith("val_batch") else 200)
 
 
 def test_tensorboard_holds_the_images_and_the_graph(seg_run):
+    seg_run, _ = seg_run
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(seg_run), size_guidance={"images": 0})
@@ -90,3 +103,18 @@ def test_classification_val_batch_grid(tmp_path):
     labels = assert_picture(tmp_path / "val_batch0_labels.jpg", min_side=100)
     pred = assert_picture(tmp_path / "val_batch0_pred.jpg", min_side=100)
     assert labels.shape == pred.shape and np.abs(labels.astype(int) - pred).max() > 50, "captions differ"
+
+
+def test_model_summary_printed_once_before_training(seg_run):
+    _, records = seg_run
+    pattern = r"SegmentationModel: (\d+) layers, (\d+) parameters, (\d+) gradients, ([\d.]+) GFLOPs"
+    found = [(i, re.match(pattern, m)) for i, m in enumerate(records) if re.match(pattern, m)]
+    assert len(found) == 1, "one summary, at the start"
+    i, m = found[0]
+    first_epoch = next(j for j, r in enumerate(records) if r.strip().startswith("Epoch"))
+    assert i < first_epoch
+    model = SegmentationModel("yolov8n-seg.yaml", nc=3)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_grads = sum(p.numel() for p in model.parameters() if p.requires_grad)  # the fixed DFL conv has none
+    assert int(m.group(1)) == len(model.model) and int(m.group(2)) == n_params and int(m.group(3)) == n_grads
+    assert 0 < float(m.group(4)) < 1.0  # yolov8n-seg: 12.6 GFLOPs at 640, so ~0.1 at 64 px
