@@ -8,10 +8,13 @@ Nothing a file holds may run code. Every file goes through `load_checkpoint`, in
 The allow-list (`allowed_global`): torch's own tensor/storage rebuilders and value types (`TORCH_GLOBALS`), the
 `torch.nn` layer classes of official YOLO trees (`NN_LAYERS`), numpy's array/scalar reconstructors with numeric dtypes
 (`NUMPY_GLOBALS`: official YOLOv7 and old YOLOv5 files store `best_fitness` as numpy, and checkpoints of earlier
-versions of this project the numpy RNG state), and any class of the official packages (`OFFICIAL_PREFIXES`), which
-is replaced by an empty nn.Module stub that only keeps the state the pickle gives it, so none of their code is needed
-or run. Refused: everything else, in particular builtins (getattr, eval, exec, __import__), functools, os/posix/nt,
-sys, subprocess, runpy, importlib, pickle, shutil and webbrowser.
+versions of this project the numpy RNG state), the torchvision transforms Ultralytics classifiers keep
+(`TORCHVISION_GLOBALS`), and any class of the official packages (`OFFICIAL_PREFIXES`), which is replaced by an empty
+nn.Module stub that only keeps the state the pickle gives it, so none of their code is needed or run.
+`builtins.getattr` is admitted only as a stand-in that accepts a stubbed class and returns a placeholder (YOLOv5 and
+early YOLOv8 segmentation files pickle `Detect.forward` that way). Refused: everything else, in particular builtins
+(eval, exec, __import__, open), functools, os/posix/nt, sys, subprocess, runpy, importlib, pickle, shutil and
+webbrowser.
 
 Our format (saved by the trainer through `save_checkpoint`): a dict with `epoch, best_fitness, model, ema, updates,
 optimizer, scheduler, scaler, rng, opt, hyp, metrics, date, version`, where `model` and `ema` are `model_to_ckpt`
@@ -36,6 +39,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.nn as nn
+import torchvision.transforms as T
 
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils.data.downloads import fetch
@@ -82,6 +86,12 @@ NN_LAYERS = {  # every torch.nn class in official YOLOv5/v7/v8 detect/segment/cl
         # later Ultralytics versions keep the criterion on the model (the stubbed v8DetectionLoss holds this)
         "loss.BCEWithLogitsLoss": nn.BCEWithLogitsLoss,
     }.items()
+}
+# the preprocessing Ultralytics classifiers keep on the model (`model.transforms`): plain torchvision objects
+TORCHVISION_GLOBALS = {
+    **{f"torchvision.transforms.transforms.{n}": getattr(T, n) for n in ("Compose", "Resize", "CenterCrop", "ToTensor",
+                                                                          "Normalize")},
+    "torchvision.transforms.functional.InterpolationMode": T.InterpolationMode,
 }
 # torch >= 2.6 can allow named extra globals in its weights_only unpickler; older ones use ours for every file
 TORCH_SAFE_GLOBALS = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 6)
@@ -134,9 +144,28 @@ def _stub_class(path):
     return _STUBS[path]
 
 
+class _Refused(pickle.UnpicklingError):
+    """Raised while unpickling for what the static scan cannot see (the arguments of a call)."""
+
+
+def _stub_getattr(obj, name):
+    """`builtins.getattr` as official pickles use it: protocol 2 writes a function kept as a class attribute, such
+    as YOLOv5's `Segment.detect = Detect.forward`, as getattr(Detect, 'forward'). Only a stubbed official class is
+    accepted and the result is a placeholder string, so getattr cannot reach any real object (the payload route)."""
+    if isinstance(obj, type) and issubclass(obj, _Stub) and isinstance(name, str):
+        return f"{obj.official_path}.{name}"
+    what = obj if isinstance(obj, type) else type(obj)
+    raise _Refused(f"it calls getattr on {what.__module__}.{what.__qualname__}, which no model checkpoint needs")
+
+
+# globals resolved to something else than what they name: restricted stand-ins
+_RESTRICTED = {"builtins.getattr": _stub_getattr}
+
+
 def allowed_global(path):
     """True if a checkpoint may reference the global `module.name`."""
-    return path in TORCH_GLOBALS or path in NN_LAYERS or path in NUMPY_GLOBALS or path.startswith(OFFICIAL_PREFIXES)
+    return (path in TORCH_GLOBALS or path in NN_LAYERS or path in NUMPY_GLOBALS or path in TORCHVISION_GLOBALS
+            or path in _RESTRICTED or path.startswith(OFFICIAL_PREFIXES))
 
 
 _STRING_OPS = {"UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING", "SHORT_BINSTRING"}
@@ -198,7 +227,7 @@ def _refuse_unsafe(path, names):
 def _safe_globals(names):
     """The (object, name) pairs torch's weights_only unpickler needs beyond its defaults for these globals."""
     pairs = [(_stub_class(g), g) for g in names if g.startswith(OFFICIAL_PREFIXES)]
-    pairs += [(obj, g) for g, obj in {**NN_LAYERS, **NUMPY_GLOBALS}.items()]
+    pairs += [(obj, g) for g, obj in {**NN_LAYERS, **NUMPY_GLOBALS, **TORCHVISION_GLOBALS, **_RESTRICTED}.items()]
     return pairs + [(t, f"numpy.dtypes.{t.__name__}") for t in _NUMPY_DTYPE_TYPES]
 
 
@@ -211,10 +240,11 @@ class _AllowListUnpickler(pickle.Unpickler):
         module, name = NAME_MAPPING.get((module, name), (IMPORT_MAPPING.get(module, module), name))
         path = f"{module}.{name}"
         if not allowed_global(path):
-            raise pickle.UnpicklingError(f"it references {path}, which no model checkpoint needs")
+            raise _Refused(f"it references {path}, which no model checkpoint needs")
         if path.startswith(OFFICIAL_PREFIXES):
             return _stub_class(path)
-        return NN_LAYERS.get(path) or NUMPY_GLOBALS.get(path) or super().find_class(module, name)  # torch's own
+        extra = {**NN_LAYERS, **NUMPY_GLOBALS, **TORCHVISION_GLOBALS, **_RESTRICTED}
+        return extra[path] if path in extra else super().find_class(module, name)  # torch's own
 
 
 def _allow_list_pickle_module():
@@ -245,7 +275,17 @@ def load_checkpoint(path):
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", pickle_module=_allow_list_pickle_module(), weights_only=False)
     except Exception as e:  # torch raises many types for damaged files; none of them is our bug
+        refused = next((c for c in _exception_chain(e) if isinstance(c, _Refused)), None)
+        if refused is not None:
+            raise UnsafeCheckpoint(f"refusing {path}: {refused}") from None
         raise BadCheckpoint(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+
+
+def _exception_chain(e):
+    """`e` and the exceptions it was raised from or during (torch re-raises unpickling errors with a new type)."""
+    while e is not None:
+        yield e
+        e = e.__cause__ or e.__context__
 
 
 _SAFE_LEAVES = (type(None), bool, int, float, str, bytes, torch.Tensor, nn.Parameter, torch.Size,

@@ -5,6 +5,7 @@ point must refuse every file with one line naming the file and the offending glo
 """
 
 import builtins
+import collections
 import functools
 import os
 import pickle
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torchvision.transforms as T
 from test_checkpoints import V5_PATHS, V8_PATHS, X, fp16_exact, save_official, v5_where, v8_where
 
 import classify.predict
@@ -63,7 +65,7 @@ def payloads(marker):
         "eval": (Call(builtins.eval, py), "builtins.eval"),
         "Popen": (Call(subprocess.Popen, ["touch", str(marker)]), "subprocess.Popen"),
         "getattr": (Call(Call(builtins.getattr, Call(builtins.__import__, "os"), "system"), f"touch {marker}"),
-                    "builtins.getattr"),
+                    "builtins.__import__"),
         "partial": (Call(functools.partial(os.system, f"touch {marker}")), "functools.partial"),
     }
 
@@ -115,6 +117,33 @@ def test_unpickler_refuses_what_the_scan_would_miss(monkeypatch, tmp_path, fmt, 
     with pytest.raises(BadCheckpoint, match="system"):
         attempt_load(path)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+def test_getattr_reaches_only_official_stubs(monkeypatch, tmp_path, fmt):
+    """Protocol-2 pickles write a function kept on a class (YOLOv5's `Segment.detect = Detect.forward`) as
+    getattr(Detect, 'forward'): that loads. getattr on anything real is refused while unpickling."""
+    model = fp16_exact(SegmentationModel("yolov5n-seg.yaml", nc=3))
+
+    def detect_forward_attribute(tree):
+        detect_cls = type(tree.model[-1])
+
+        def forward(self, x):
+            raise AssertionError("never called")
+
+        forward.__module__, forward.__qualname__ = detect_cls.__module__, f"{detect_cls.__name__}.forward"
+        detect_cls.forward = forward
+        tree.model[-1].detect = detect_cls.forward
+
+    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "SegmentationModel",
+                         edit=detect_forward_attribute, legacy=fmt == "legacy")
+    assert "builtins.getattr" in checkpoints.checkpoint_globals(path)
+    with torch.no_grad():
+        torch.testing.assert_close(attempt_load(path, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
+    evil = write({"model": Call(Call(builtins.getattr, collections.OrderedDict, "fromkeys"), ["a"])},
+                 tmp_path / "evil.pt", fmt)
+    with pytest.raises(UnsafeCheckpoint, match=r"it calls getattr on collections\.OrderedDict"):
+        attempt_load(evil)
 
 
 @pytest.mark.parametrize("fmt", ["zip", "legacy"])
@@ -252,8 +281,11 @@ def pip_where(name):
 
 
 def _extras(tree):
-    """What real official files carry besides the tree: numpy best_fitness (YOLOv7), options, git info, a date."""
+    """What real official files carry besides the tree: numpy best_fitness (YOLOv7), options, git info, and the
+    preprocessing Ultralytics classifiers keep as `model.transforms`."""
     tree.extras = {"best_fitness": np.array([0.5]), "opt": {"hyp": {"lr0": 0.01}}, "git": {"branch": "master"}}
+    tree.transforms = T.Compose([T.Resize(64, interpolation=T.InterpolationMode.BILINEAR), T.CenterCrop(64),
+                                 T.ToTensor(), T.Normalize((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))])
 
 
 @pytest.mark.parametrize("family,make,paths,where,top", [
@@ -264,6 +296,7 @@ def _extras(tree):
      "ClassificationModel"),
     ("yolov7", lambda: DetectionModel("yolov7-tiny.yaml", nc=3), V7_PATHS, v5_where, "Model"),
     ("yolov8", lambda: DetectionModel("yolov8n.yaml", nc=3), V8_PATHS, v8_where, "DetectionModel"),
+    ("yolov8", lambda: ClassificationModel("yolov8n-cls.yaml", nc=3), V8_PATHS, v8_where, "ClassificationModel"),
 ])
 def test_official_formats_load_with_the_same_outputs(monkeypatch, tmp_path, family, make, paths, where, top):
     model = fp16_exact(make())
@@ -284,7 +317,7 @@ def test_pre_zip_official_file_loads(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("name", [
-    "builtins.getattr", "builtins.eval", "builtins.exec", "builtins.__import__", "builtins.open", "builtins.compile",
+    "builtins.eval", "builtins.exec", "builtins.__import__", "builtins.open", "builtins.compile",
     "functools.partial", "functools.reduce", "subprocess.Popen", "subprocess.run", "os.system", "posix.system",
     "nt.system", "sys.modules", "runpy.run_path", "importlib.import_module", "pickle.loads", "shutil.rmtree",
     "webbrowser.open", "operator.attrgetter", "torch.load", "torch.hub.load", "numpy.load", "numpy.frombuffer",
