@@ -17,6 +17,7 @@ import torch
 
 from models.backend import InferenceBackend
 from utils import dist as du
+from utils.cli import check_imgsz
 from utils.data.streams import open_source
 from utils.files import increment_path
 from utils.loggers import LOGGER
@@ -50,7 +51,7 @@ class BasePredictor:
     def _input_size(self):
         """--imgsz, or the one size a static export takes (h, w)."""
         if self.model.dynamic:
-            return self.args.imgsz
+            return check_imgsz(self.args.imgsz, self.stride)
         if (self.args.imgsz, self.args.imgsz) != self.model.imgsz:
             LOGGER.warning(f"{self.args.weights} takes {self.model.imgsz[0]}x{self.model.imgsz[1]} images only "
                            f"(exported without --dynamic): using that instead of --imgsz {self.args.imgsz}")

@@ -32,6 +32,8 @@ from models.checkpoints import (
 )
 from utils import dist as du
 from utils.charts import RunPlots
+from utils.cli import check_imgsz
+from utils.data.labels import write_problems
 from utils.data.loader import build_dataloader
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.files import (
@@ -52,6 +54,34 @@ from utils.torch_utils import (
 )
 
 __version__ = "0.1.0"
+
+# Every hyperparameter something reads, by reader; a hyp file with any other key is refused, so that a value the
+# user sets is never silently ignored (official files carry `iou_t`, which no YOLO code reads).
+HYP_KEYS = {
+    "optimizer and schedule (engine/trainer.py, utils/torch_utils.py)": (
+        "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr", "nbs",
+        "close_mosaic"),
+    "criteria (utils/loss/)": (
+        "loss", "box", "cls", "obj", "dfl", "cls_pw", "obj_pw", "anchor_t", "fl_gamma", "label_smoothing"),
+    "augmentation (utils/data/)": (
+        "hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud", "fliplr",
+        "mosaic", "mixup", "copy_paste"),
+}
+
+
+RUN_FILES = ("results.csv", "weights/last.pt", "weights/best.pt")  # a folder holding any of these is a run
+
+
+def read_hyp(name):
+    """The hyp YAML `name` (a path or a file in data/hyps); a key nothing reads is a BadOption naming it."""
+    path = find_file(name, "data/hyps")
+    hyp = yaml_load(path)
+    known = {k for keys in HYP_KEYS.values() for k in keys}
+    unknown = sorted(set(hyp) - known)
+    if unknown:
+        raise BadOption(f"--hyp {path}: {', '.join(map(repr, unknown))} is read by nothing in this project "
+                        f"(remove it); known keys: {', '.join(sorted(known))}")
+    return hyp
 NBS = 64  # default nominal batch size: gradients are accumulated to about this many images per optimizer step
 
 
@@ -130,14 +160,21 @@ class BaseTrainer:
         if self.resume_from:
             return Path(self.resume_from).parent.parent
         project = Path(self.opt.project or self.default_project)
-        path = increment_path(project / self.opt.name, exist_ok=self.opt.exist_ok) if self.main else None
-        # every rank must agree on one folder; only rank 0 looks at the disk to choose it
-        return Path(du.broadcast_object(str(path) if path else None))
+        path, found = None, []
+        if self.main:
+            path = increment_path(project / self.opt.name, exist_ok=self.opt.exist_ok)
+            found = [f for f in RUN_FILES if (path / f).exists()]
+        # every rank must agree on one folder (and on refusing it); only rank 0 looks at the disk
+        path, found = du.broadcast_object((str(path), found) if self.main else None)
+        if found:  # appending to its results.csv or replacing its weights would mix two runs
+            raise BadOption(f"--exist-ok: {path} holds another run ({', '.join(found)}); choose a new --name, "
+                            f"or continue that run with --resume {Path(path) / 'weights' / 'last.pt'}")
+        return Path(path)
 
     def load_hyp(self, model):
         """The hyp file: --hyp if given, else the one the model YAML names, else YOLOv5 scratch-low."""
         name = self.opt.hyp or getattr(model, "default_hyp", None) or "hyp.scratch-low.yaml"
-        hyp = yaml_load(find_file(name, "data/hyps"))
+        hyp = read_hyp(name)
         if self.opt.label_smoothing is not None:
             hyp = {**hyp, "label_smoothing": self.opt.label_smoothing}
         return hyp
@@ -150,6 +187,7 @@ class BaseTrainer:
         self.nc, self.names = self.data["nc"], self.data["names"]
         with du.torch_distributed_zero_first(self.local_rank):
             model = self.build_model(self.nc, self.names)  # may download official weights: one rank per machine
+        self.opt.imgsz = check_imgsz(self.opt.imgsz, int(max(model.stride)))
         self.hyp = self.load_hyp(model)
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
@@ -184,8 +222,15 @@ class BaseTrainer:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             yaml_save(self.save_dir / "opt.yaml", vars(self.opt))
             yaml_save(self.save_dir / "hyp.yaml", self.hyp)
+            self._write_data_problems()
             self.csv = CSVLogger(self.save_dir / "results.csv")
             self.tb = TensorBoardLogger(self.save_dir)
+
+    def _write_data_problems(self):
+        """All skipped images and notes of both splits go to the run folder; the scan printed only the first."""
+        path = self.save_dir / "data_problems.txt"
+        if write_problems(path, {"train": self.train_set.problems, "val": self.val_set.problems}):
+            LOGGER.warning(f"WARNING: every skipped image and data note is listed in {path}")
 
     def _setup_optimizer(self):
         """Accumulation, scaled weight decay, optimizer, warmup settings and the LR schedule."""

@@ -44,7 +44,7 @@ import torchvision.transforms as T
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils.data.downloads import fetch
 from utils.dist import de_parallel
-from utils.errors import BadCheckpoint
+from utils.errors import BadCheckpoint, BadFile
 from utils.files import atomic_save
 from utils.loggers import LOGGER
 
@@ -357,7 +357,7 @@ def attempt_download(name, dest_dir="."):
     """
     url = official_url(name)
     if url is None:
-        raise FileNotFoundError(f"weights '{name}' not found and not an official release name")
+        raise BadFile(f"weights '{name}' not found and not an official release name")
     dst = Path(dest_dir) / name
     LOGGER.info(f"downloading {url} to {dst}")
     fetch(url, dst)
@@ -370,7 +370,7 @@ def _resolve_weights(weights):
         return path
     if path.name == str(weights) and official_url(path.name):
         return attempt_download(path.name)
-    raise FileNotFoundError(f"weights file not found: {weights}")
+    raise BadFile(f"weights file not found: {weights}")
 
 
 def _match_classifier(state):

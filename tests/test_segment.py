@@ -89,11 +89,12 @@ def rectangles(tmp_path_factory):
 
 def _validate(data, save_dir, mask_fn, pad=0.0, overlap=True):
     from utils.data.detect_dataset import YOLODataset
+    from utils.data.label_formats import SegmentLabels
     from utils.data.loader import build_dataloader
 
     # the val.py loader (rect batches, pad 0.5), with either mask layout
-    dataset = YOLODataset(data["val"], imgsz=128, batch_size=4, rect=True, stride=32, pad=0.5, task="segment",
-                          overlap_mask=overlap)
+    dataset = YOLODataset(data["val"], imgsz=128, batch_size=4, rect=True, stride=32, pad=0.5,
+                          task=SegmentLabels(overlap=overlap))
     loader = build_dataloader(dataset, 4, 0, shuffle=False)
     gen = torch.Generator().manual_seed(0)
     nm = 8  # more than the most labels of an image

@@ -156,3 +156,24 @@ def test_yolov8_learns_in_a_few_epochs(learnable, tmp_path):
     rows = list(csv.DictReader(open(trainer.save_dir / "results.csv")))
     first, best = float(rows[0]["metrics/mAP50(B)"]), max(float(r["metrics/mAP50(B)"]) for r in rows)
     assert best > first + 0.05, f"mAP50 went from {first:.3f} to at best {best:.3f}"
+
+
+def test_img_not_a_stride_multiple_is_rounded_up_with_one_warning(shapes_detect, tmp_path):
+    import logging
+
+    from utils.loggers import LOGGER
+
+    seen = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    LOGGER.addHandler(handler)
+    try:
+        args = _train_args(shapes_detect, tmp_path, "--cfg", "yolov5n.yaml", "--imgsz", "100", "--epochs", "1")
+        trainer, _ = train.main(train.parse_opt(args))
+    finally:
+        LOGGER.removeHandler(handler)
+    assert [m for m in seen if "--img 100" in m] == ["WARNING: --img 100 is not a multiple of the model's largest "
+                                                      "stride 32: using 128"]
+    assert trainer.opt.imgsz == trainer.train_set.imgsz == 128
+    assert len(list(csv.DictReader(open(trainer.save_dir / "results.csv")))) == 1
+    assert "imgsz: 128" in (trainer.save_dir / "opt.yaml").read_text()

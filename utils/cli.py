@@ -1,6 +1,10 @@
 """Command-line options shared by the task scripts (train, val, predict), so the three tasks cannot drift apart."""
 
 import argparse
+import math
+
+from utils.errors import BadOption
+from utils.loggers import LOGGER
 
 
 def str2bool_or_path(v):
@@ -113,3 +117,14 @@ def add_nms_args(p, conf=0.25, iou=0.45, max_det=1000):
     p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
     p.add_argument("--augment", action="store_true", help="test-time augmentation: 3 scales, one flipped, one NMS")
     return p
+
+
+def check_imgsz(imgsz, stride):
+    """--img rounded up to a multiple of the model's largest stride (every level's feature map must tile the image,
+    or the head's concatenations fail), with one warning when it changes."""
+    if imgsz <= 0:
+        raise BadOption(f"--img {imgsz}: must be a positive number of pixels")
+    new = max(math.ceil(imgsz / stride), 1) * stride
+    if new != imgsz:
+        LOGGER.warning(f"WARNING: --img {imgsz} is not a multiple of the model's largest stride {stride}: using {new}")
+    return new

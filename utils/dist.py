@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from utils.errors import BadOption
+from utils.errors import BadOption, UserError
 from utils.loggers import LOGGER
 
 # Rank 0 may scan labels, cache images or validate while the others wait in a barrier; a short timeout kills
@@ -113,7 +113,14 @@ def torch_distributed_zero_first(local_rank):
     initialized = dist.is_available() and dist.is_initialized()
     if initialized and local_rank not in (-1, 0):
         barrier()
-    yield
+    try:
+        yield
+    except UserError:
+        # release the waiting ranks before leaving: they then meet the same mistake and report it themselves,
+        # instead of failing inside the barrier when this process exits
+        if initialized and local_rank == 0:
+            barrier()
+        raise
     if initialized and local_rank == 0:
         barrier()
 

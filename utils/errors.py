@@ -7,7 +7,14 @@ keeps its traceback. Each subclass is also a ValueError, so callers that catch V
 """
 
 import os
+import signal
 import sys
+import time
+
+import torch.distributed as dist
+
+PEER_GRACE_S = 5.0  # how long a rank that met a user error waits for the others to meet it too
+_ERROR_KEY = "yolo/user_error_ranks"
 
 
 class UserError(Exception):
@@ -39,21 +46,38 @@ def report_user_error(e, file=None):
     print(f"error: {e}", file=file or sys.stderr, flush=True)
 
 
+def _grace_for_peers(seconds=PEER_GRACE_S):
+    """Under torchrun, count this rank in the launcher's key-value store and wait, at most `seconds`, until every
+    rank has: a mistake in the options or the data is usually met by all ranks at once, and the launcher stops every
+    rank as soon as one exits, which would cut off the others' own `error:` line and exit status."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    # this rank has reported its mistake: when the launcher stops it (SIGTERM) because a peer left first, its exit
+    # status is still the user error's
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(2))
+    try:
+        store = dist.distributed_c10d._get_default_store()  # no public accessor; the store outlives rank 0
+        deadline, n = time.monotonic() + seconds, store.add(_ERROR_KEY, 1)
+        while n < dist.get_world_size() and time.monotonic() < deadline:
+            time.sleep(0.05)
+            n = store.add(_ERROR_KEY, 0)
+    except (RuntimeError, ValueError):  # the store may already be gone with the launcher: leave anyway
+        pass
+
+
 def run_cli(main, parse_opt):
     """`main(parse_opt())`, turning a UserError into `error: ...` and exit status 2.
 
-    Under torchrun the process leaves at once with os._exit: a clean exit would destroy the process group and run
-    atexit handlers, which can wait on peers that are blocked in a collective (or already gone). The launcher then
-    stops the remaining ranks, so none hangs.
+    Under torchrun the process then leaves with os._exit after a bounded grace period: a clean exit would destroy
+    the process group and run atexit handlers, which can wait on peers blocked in a collective (or gone). The
+    launcher stops any rank still running, so none hangs.
     """
     try:
         return main(parse_opt())
     except UserError as e:
         report_user_error(e)
-        # utils.dist raises BadOption itself, so it is imported here, not at the top (an import cycle otherwise)
-        from utils.dist import get_world_size
-
-        if get_world_size() > 1:
+        if dist.is_available() and dist.is_initialized():
+            _grace_for_peers()
             sys.stdout.flush()
             os._exit(2)
         sys.exit(2)

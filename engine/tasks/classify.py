@@ -3,7 +3,7 @@
 import torch
 
 from engine.predictor import BasePredictor
-from engine.trainer import BaseTrainer
+from engine.trainer import BaseTrainer, read_hyp
 from engine.validator import BaseValidator
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel
@@ -11,7 +11,6 @@ from utils.data.classify_dataset import ClassificationDataset, classify_val_tran
 from utils.data.dataset_yaml import check_cls_dataset
 from utils.data.streams import open_source
 from utils.dist import get_rank, get_world_size
-from utils.files import find_file, yaml_load
 from utils.loggers import LOGGER
 from utils.metrics import ClassifyMetrics, ConfusionMatrix
 from utils.plots import plot_images
@@ -62,7 +61,7 @@ class ClassificationTrainer(BaseTrainer):
         """--hyp, else the model YAML's, else hyp.cls.yaml (an official classifier's YAML names no hyp file, and
         the detection default would bring detection crop scales)."""
         name = self.opt.hyp or getattr(model, "default_hyp", None) or "hyp.cls.yaml"
-        return yaml_load(find_file(name, "data/hyps"))
+        return read_hyp(name)
 
     def build_dataset(self, path, mode, stride):
         train = mode == "train"

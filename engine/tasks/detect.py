@@ -15,6 +15,7 @@ from models.yolo import DetectionModel
 from utils import ops
 from utils.autoanchor import check_anchors
 from utils.charts import plot_metric_curves
+from utils.cli import check_imgsz
 from utils.coco import box_to_coco_json, eval_coco_json, image_id_from_path, labels_to_coco_json
 from utils.data.dataset_yaml import check_det_dataset
 from utils.data.detect_dataset import YOLODataset
@@ -326,6 +327,7 @@ def run_val(opt, validator_cls, task="detect"):
         data = single_class(data)
     if data["nc"] != model.nc:
         raise BadCheckpoint(f"--weights {opt.weights} has {model.nc} classes but --data {opt.data} has {data['nc']}")
+    opt.imgsz = check_imgsz(opt.imgsz, int(max(model.stride)))
     if opt.augment:
         model = TTAModel(model)
     if opt.task == "speed":

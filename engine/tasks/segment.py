@@ -6,6 +6,7 @@ from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionV
 from models.yolo import SegmentationModel
 from utils import ops
 from utils.coco import box_to_coco_json, image_id_from_path, masks_to_rle
+from utils.data.label_formats import SegmentLabels
 from utils.metrics import SegmentMetrics, instance_masks, process_mask_batch
 from utils.plots import colors
 
@@ -18,7 +19,7 @@ class SegmentationTrainer(DetectionTrainer):
         return SegmentationModel
 
     def dataset_kwargs(self, mode):
-        return {"task": "segment", "overlap_mask": not self.opt.no_overlap, "mask_ratio": 4}
+        return {"task": SegmentLabels(overlap=not self.opt.no_overlap, mask_ratio=4)}
 
     def preprocess_batch(self, batch):
         batch = super().preprocess_batch(batch)

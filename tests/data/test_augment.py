@@ -5,6 +5,7 @@ import pytest
 from utils.data.augment import (
     Instances,
     augment_hsv,
+    copy_paste,
     letterbox,
     mixup,
     polygons_to_masks,
@@ -98,3 +99,23 @@ def test_polygons_to_masks_overlap_order():
     assert sep[0].sum() == 25 and sep[1].sum() == 225
     empty, _ = polygons_to_masks([], (64, 64), ratio=4, overlap=False)
     assert empty.shape == (0, 16, 16)
+
+
+def test_copy_paste_mirrors_instances_that_do_not_hide_others():
+    img = np.zeros((64, 80, 3), np.uint8)
+    square = np.array([[8, 10], [24, 10], [24, 30], [8, 30]], np.float32)  # left side: its mirror is free
+    centre = np.array([[36, 40], [44, 40], [44, 50], [36, 50]], np.float32)  # its mirror is itself: refused
+    img[10:30, 8:24] = (10, 200, 30)
+    img[40:50, 36:44] = (250, 0, 0)
+    inst = Instances(np.array([1.0, 2.0], np.float32), np.array([[8, 10, 24, 30], [36, 40, 44, 50]], np.float32),
+                     [square, centre])
+    before = img.copy()
+    out, res = copy_paste(img, inst, 1.0, np.random.default_rng(0))
+    assert res.cls.tolist() == [1.0, 2.0, 1.0]
+    np.testing.assert_allclose(res.boxes[2], [80 - 24, 10, 80 - 8, 30])
+    np.testing.assert_allclose(res.segments[2][:, 0], 80 - square[:, 0])
+    assert (out[11:29, 57:71] == (10, 200, 30)).all()  # the copy's pixels are the square's
+    changed = (out != before).any(2)
+    assert changed.sum() == changed[10:31, 56:73].sum() > 0  # nothing else moved
+    same, kept = copy_paste(before.copy(), inst, 0.0, np.random.default_rng(0))
+    assert kept is inst and (same == before).all()

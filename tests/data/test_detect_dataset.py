@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from utils.data.detect_dataset import YOLODataset
+from utils.data.label_formats import SegmentLabels
 from utils.data.loader import rank_indices
+from utils.errors import BadDataset
 
 STRONG = {"degrees": 15.0, "shear": 5.0, "perspective": 0.0005, "translate": 0.1, "scale": 0.5, "mixup": 0.5,
           "flipud": 0.5, "fliplr": 0.5, "mosaic": 1.0}
@@ -17,7 +19,7 @@ def _labels_px(path, w, h):
 
 def test_collate_detect_batch(shapes_det):
     ds = YOLODataset(str(shapes_det / "images" / "train"), imgsz=128, augment=True, nc=3, hyp=STRONG)
-    batch = YOLODataset.collate_fn([ds[i] for i in range(4)])
+    batch = ds.collate_fn([ds[i] for i in range(4)])
     assert batch["img"].shape == (4, 3, 128, 128) and batch["img"].dtype == torch.uint8
     t = batch["targets"]
     assert t.dtype == torch.float32 and t.shape[1] == 6 and len(t) > 0
@@ -29,7 +31,7 @@ def test_collate_detect_batch(shapes_det):
 def test_val_letterbox_maps_back_to_the_labels(shapes_det):
     """Targets + shapes of a rect val batch must map back onto the label files' boxes in original pixels."""
     ds = YOLODataset(str(shapes_det / "images" / "val"), imgsz=96, batch_size=4, rect=True, pad=0.5, stride=32, nc=3)
-    batch = YOLODataset.collate_fn([ds[i] for i in range(len(ds))])
+    batch = ds.collate_fn([ds[i] for i in range(len(ds))])
     H, W = batch["img"].shape[2:]
     assert H % 32 == 0 and W % 32 == 0
     for i, (path, ((h0, w0), ((rh, rw), (pw, ph)))) in enumerate(zip(batch["paths"], batch["shapes"])):
@@ -43,8 +45,8 @@ def test_val_letterbox_maps_back_to_the_labels(shapes_det):
 
 
 def test_mosaic_perspective_boxes_inside_and_match_masks(shapes_seg):
-    ds = YOLODataset(str(shapes_seg / "images" / "train"), imgsz=128, augment=True, task="segment", nc=3, hyp=STRONG,
-                     overlap_mask=False, seed=5)
+    ds = YOLODataset(str(shapes_seg / "images" / "train"), imgsz=128, augment=True,
+                     task=SegmentLabels(overlap=False), nc=3, hyp={**STRONG, "copy_paste": 0.5}, seed=5)
     checked = 0
     for i in range(len(ds)):
         s = ds[i]
@@ -67,9 +69,9 @@ def test_mosaic_perspective_boxes_inside_and_match_masks(shapes_seg):
 
 
 def test_overlap_mask_indices_follow_targets(shapes_seg):
-    kw = dict(imgsz=128, augment=True, task="segment", nc=3, hyp=STRONG, seed=9)
-    over = YOLODataset(str(shapes_seg / "images" / "train"), overlap_mask=True, **kw)
-    sep = YOLODataset(str(shapes_seg / "images" / "train"), overlap_mask=False, **kw)
+    kw = dict(imgsz=128, augment=True, nc=3, hyp=STRONG, seed=9)
+    over = YOLODataset(str(shapes_seg / "images" / "train"), task=SegmentLabels(overlap=True), **kw)
+    sep = YOLODataset(str(shapes_seg / "images" / "train"), task=SegmentLabels(overlap=False), **kw)
     for i in range(6):  # same seed and process: both draw identical augmentations
         a, b = over[i], sep[i]
         assert torch.equal(a["img"], b["img"]) and len(a["cls"]) == len(b["cls"])
@@ -89,7 +91,7 @@ def test_overlap_mask_indices_follow_targets(shapes_seg):
 
 def test_segment_collate_and_masks_on_polygons(shapes_seg):
     ds = YOLODataset(str(shapes_seg / "images" / "val"), imgsz=128, task="segment", nc=3, batch_size=4)
-    batch = YOLODataset.collate_fn([ds[i] for i in range(4)])
+    batch = ds.collate_fn([ds[i] for i in range(4)])
     assert batch["masks"].shape == (4, 32, 32) and batch["masks"].dtype == torch.uint8
     for i, (path, ((h0, w0), ((rh, rw), (pw, ph)))) in enumerate(zip(batch["paths"], batch["shapes"])):
         n = int((batch["targets"][:, 0] == i).sum())
@@ -101,8 +103,8 @@ def test_segment_collate_and_masks_on_polygons(shapes_seg):
         small = cv2.resize(union.astype(np.float32), (32, 32), interpolation=cv2.INTER_AREA) >= 0.5
         got = batch["masks"][i].numpy() > 0
         assert (got & small).sum() / max((got | small).sum(), 1) > 0.9
-    sep = YOLODataset(str(shapes_seg / "images" / "val"), imgsz=128, task="segment", nc=3, overlap_mask=False)
-    b2 = YOLODataset.collate_fn([sep[i] for i in range(4)])
+    sep = YOLODataset(str(shapes_seg / "images" / "val"), imgsz=128, task=SegmentLabels(overlap=False), nc=3)
+    b2 = sep.collate_fn([sep[i] for i in range(4)])
     assert b2["masks"].shape == (len(b2["targets"]), 32, 32) and b2["masks"].dtype == torch.float32
 
 
@@ -145,7 +147,7 @@ def test_rect_batches_share_a_shape(shapes_det):
     ars = [lb["shape"][0] / lb["shape"][1] for lb in ds.labels]
     assert ars == sorted(ars)
     for start in range(0, 16, 4):
-        batch = YOLODataset.collate_fn([ds[i] for i in range(start, start + 4)])
+        batch = ds.collate_fn([ds[i] for i in range(start, start + 4)])
         h, w = batch["img"].shape[2:]
         assert h % 32 == 0 and w % 32 == 0 and max(h, w) == 128
 
@@ -153,5 +155,5 @@ def test_rect_batches_share_a_shape(shapes_det):
 def test_bad_arguments(shapes_det, tmp_path):
     with pytest.raises(ValueError, match="task"):
         YOLODataset(str(shapes_det / "images" / "val"), task="pose")
-    with pytest.raises(FileNotFoundError, match="val: .*missing"):
+    with pytest.raises(BadDataset, match="val: .*missing"):
         YOLODataset(str(tmp_path / "missing"), prefix="val: ")

@@ -34,7 +34,7 @@ def test_label_cache_built_once_reused_and_rebuilt(det_copy, yolo_log):
     np.testing.assert_allclose(changed.labels[i]["bboxes"], [[0.5, 0.5, 0.2, 0.2]])
 
 
-def test_bad_files_and_lines_are_skipped_and_counted(det_copy, yolo_log):
+def test_an_image_with_any_bad_line_is_skipped_whole(det_copy, yolo_log):
     img_dir, lb_dir = det_copy / "images" / "train", det_copy / "labels" / "train"
     (img_dir / "00000.jpg").write_bytes(b"\xff\xd8 this is not a jpeg")
     (lb_dir / "00001.txt").write_text("0 0.5 0.5 0.2\n1 0.5 0.5 0.2 0.2\nx 0.1 0.1 0.1 0.1\n2 0.5 1.8 0.2 0.2\n")
@@ -43,22 +43,21 @@ def test_bad_files_and_lines_are_skipped_and_counted(det_copy, yolo_log):
     (lb_dir / "00005.txt").unlink()  # a background image
     ds = _dataset(det_copy)
     s = ds.stats
-    assert (s["images"], s["corrupt"], s["bad_lines"], s["bad_class"], s["duplicates"]) == (15, 1, 3, 1, 1)
-    assert s["backgrounds"] == 1
+    assert (s["images"], s["skipped"], s["duplicates"], s["backgrounds"]) == (13, 3, 1, 1)
     by_name = {os.path.basename(lb["im_file"]): lb for lb in ds.labels}
-    assert "00000.jpg" not in by_name
-    assert by_name["00001.jpg"]["cls"].ravel().tolist() == [1]
-    assert by_name["00002.jpg"]["cls"].ravel().tolist() == [0]
+    assert not {"00000.jpg", "00001.jpg", "00002.jpg"} & set(by_name)
     assert by_name["00004.jpg"]["cls"].ravel().tolist() == [2, 0]
     assert len(by_name["00005.jpg"]["cls"]) == 0
     summary = [m for m in yolo_log if "Scanning" in m]
-    assert summary and "15 images, 1 backgrounds, 1 corrupt, 4 bad label lines, 1 duplicates" in summary[0]
+    assert summary and "13 images (1 backgrounds), 3 skipped, 1 duplicate rows removed" in summary[0]
     warnings = [m for m in yolo_log if "WARNING" in m]
-    assert any("00000.jpg" in m and "decoded" in m for m in warnings)
-    assert any("00001.txt" in m and "line 1" in m and "line 3" in m and "line 4" in m for m in warnings)
-    assert any("00002.txt" in m and "class 7 >= nc 3" in m for m in warnings)
-    assert any("00004.txt" in m and "duplicate" in m for m in warnings)
-    assert len(warnings) == 4  # one line per bad file
+    assert any("3 images skipped" in m for m in warnings)
+    assert any("00000.jpg: skipped" in m and "decoded" in m for m in warnings)
+    assert any("00001.jpg: skipped" in m and "00001.txt line 1" in m and "line 3" in m and "line 4" in m
+               for m in warnings)
+    assert any("00002.jpg: skipped" in m and "class 7 >= nc 3" in m for m in warnings)
+    assert any("00004.jpg: kept" in m and "duplicate" in m for m in warnings)
+    assert len(ds.problems) == 4
 
 
 def test_polygon_and_tolerance_rules(tmp_path):
@@ -69,18 +68,19 @@ def test_polygon_and_tolerance_rules(tmp_path):
     lb.parent.mkdir()
     lb.write_text(
         "0 0.1 0.1 0.5 0.1 0.3 0.6\n"  # triangle
-        "1 0.1 0.1 0.5 0.1 0.2 0.2 0.3\n"  # odd number of coordinates
-        "1 0.1 0.1 0.5 0.1 0.3\n"  # odd number of coordinates
         "2 1.005 0.5 0.2 0.2\n"  # inside the tolerance: clipped
-        "2 -0.5 0.5 0.2 0.2\n"  # negative
-        "0 0.5 0.5 0 0.2\n"  # zero width
     )
     rec = labels_mod.verify_image_label(str(im), str(lb), nc=3)
-    assert rec["shape"] == (40, 50) and rec["bad_lines"] == 4 and rec["bad_class"] == 0
+    assert rec["shape"] == (40, 50) and not rec["skipped"] and rec["clipped"] == 1
     np.testing.assert_allclose(rec["bboxes"][0], [0.3, 0.35, 0.4, 0.5], atol=1e-6)
     assert rec["segments"][0].shape == (3, 2) and rec["segments"][1] is None and len(rec["cls"]) == 2
     x1, x2 = rec["bboxes"][1][0] - rec["bboxes"][1][2] / 2, rec["bboxes"][1][0] + rec["bboxes"][1][2] / 2
     assert x2 == pytest.approx(1.0) and x1 == pytest.approx(0.905)
+    for line, why in [("1 0.1 0.1 0.5 0.1 0.2 0.2 0.3", "8 values"), ("1 0.1 0.1 0.5 0.1 0.3", "6 values"),
+                      ("2 -0.5 0.5 0.2 0.2", "outside [0, 1]"), ("0 0.5 0.5 0 0.2", "width or height <= 0")]:
+        lb.write_text("0 0.1 0.1 0.5 0.1 0.3 0.6\n" + line + "\n")
+        rec = labels_mod.verify_image_label(str(im), str(lb), nc=3)
+        assert why in rec["skipped"] and "line 2" in rec["skipped"] and "cls" not in rec, line
 
 
 def test_read_only_cache_location_only_warns(det_copy, monkeypatch, yolo_log):

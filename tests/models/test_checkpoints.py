@@ -18,6 +18,7 @@ from models.checkpoints import (
     official_url,
 )
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from utils.errors import BadFile
 
 X = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
 
@@ -188,9 +189,9 @@ def test_unknown_official_class(monkeypatch, tmp_path):
 
 def test_missing_weights(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="nowhere/yolov5s.pt"):
+    with pytest.raises(BadFile, match="nowhere/yolov5s.pt"):
         attempt_load("nowhere/yolov5s.pt")  # a path, not a bare name: never downloaded
-    with pytest.raises(FileNotFoundError, match="yolov5q.pt"):
+    with pytest.raises(BadFile, match="yolov5q.pt"):
         attempt_load("yolov5q.pt")  # not an official name
     calls = []
 

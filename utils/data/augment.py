@@ -19,8 +19,9 @@ PAD_VALUE = 114
 # YOLOv5 hyp.scratch-low.yaml augmentation values: used for keys a hyp dict does not give
 DEFAULT_AUG = {
     "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0, "translate": 0.1, "scale": 0.5, "shear": 0.0,
-    "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.0,
+    "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.0, "copy_paste": 0.0,
 }
+COPY_PASTE_MAX_IOA = 0.30  # a pasted copy may hide at most this fraction of any box already in the image
 
 
 class ProcessRNG:
@@ -189,6 +190,38 @@ def mixup(img1, inst1, img2, inst2, rng):
     r = rng.beta(32.0, 32.0)
     img = (img1.astype(np.float32) * r + img2.astype(np.float32) * (1 - r)).astype(np.uint8)
     return img, Instances.concat([inst1, inst2])
+
+
+def _ioa(box, boxes, eps=1e-7):
+    """Intersection of one xyxy box with each of `boxes` (n, 4), over the area of each of `boxes`."""
+    iw = (np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0])).clip(0)
+    ih = (np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1])).clip(0)
+    return iw * ih / ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) + eps)
+
+
+def copy_paste(img, inst, p, rng):
+    """Segment copy-paste within one image (Ghiasi et al. 2021, in YOLOv5's same-image form): a random fraction p
+    of the instances is mirrored left-right and pasted, pixels and outline, wherever the copy hides less than 30 %
+    of every box already there. Needs outlines (`inst.segments`); changes `img` in place; returns (img, inst)."""
+    n = len(inst)
+    if not p or not n or inst.segments is None:
+        return img, inst
+    w = img.shape[1]
+    paste = np.zeros(img.shape[:2], np.uint8)
+    cls, boxes, segs = list(inst.cls), list(inst.boxes), list(inst.segments)
+    for j in rng.choice(n, size=round(p * n), replace=False):
+        x1, y1, x2, y2 = inst.boxes[j]
+        mirrored = np.array([w - x2, y1, w - x1, y2], np.float32)
+        if (_ioa(mirrored, np.stack(boxes)) < COPY_PASTE_MAX_IOA).all():
+            seg = inst.segments[j].copy()
+            seg[:, 0] = w - seg[:, 0]
+            cls.append(inst.cls[j])
+            boxes.append(mirrored)
+            segs.append(seg)
+            cv2.fillPoly(paste, [np.round(inst.segments[j]).astype(np.int32)], 1)
+    where = paste[:, ::-1].astype(bool)  # the instances' pixels land where their mirrored copies are
+    img[where] = img[:, ::-1][where]
+    return img, Instances(np.array(cls, dtype=inst.cls.dtype), np.stack(boxes).astype(np.float32), segs)
 
 
 def polygon_mask(polygon, shape, ratio=1):

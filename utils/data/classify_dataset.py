@@ -13,8 +13,9 @@ from torch.utils.data import Dataset
 from utils.data.augment import ProcessRNG, augment_hsv
 from utils.data.image_files import IMG_FORMATS, files_hash, suffix
 from utils.data.label_cache import load_cache, save_cache
-from utils.data.labels import CACHE_VERSION, MAX_WARNINGS, read_image, verify_image
+from utils.data.labels import CACHE_VERSION, log_problems, read_image, verify_image
 from utils.data.loader import rank_indices
+from utils.errors import BadDataset
 from utils.files import publish
 from utils.loggers import LOGGER
 
@@ -97,10 +98,10 @@ class ClassificationDataset(Dataset):
             raise ValueError(f"cache must be 'ram', 'disk' or None, got '{cache}'")
         self.root, self.prefix = Path(root), prefix
         if not self.root.is_dir():
-            raise FileNotFoundError(f"{prefix}{root} is not a folder")
+            raise BadDataset(f"{prefix}{root} is not a folder")
         classes = sorted(p.name for p in self.root.iterdir() if p.is_dir())
         if not classes:
-            raise FileNotFoundError(f"{prefix}{root} has no class folders")
+            raise BadDataset(f"{prefix}{root} has no class folders")
         self.names = dict(enumerate(classes))
         candidates = [
             (str(f), c)
@@ -108,9 +109,9 @@ class ClassificationDataset(Dataset):
             for f in sorted((self.root / name).rglob("*"))
             if f.is_file() and suffix(f) in IMG_FORMATS
         ]
-        self.samples, self.stats = self._verify(candidates)
+        self.samples, self.stats, self.problems = self._verify(candidates)
         if not self.samples:
-            raise FileNotFoundError(f"{prefix}no readable images in {root}")
+            raise BadDataset(f"{prefix}no readable images in {root}")
         self.train_transform = ClassifyTrainTransforms(imgsz, hyp) if augment else None
         self.val_transform = classify_val_transforms(imgsz)
         self.rng = ProcessRNG(seed)
@@ -138,14 +139,18 @@ class ClassificationDataset(Dataset):
             cache = {"version": CACHE_VERSION, "hash": hash_, "good": good, "msgs": msgs}
             save_cache(cache_path, cache, hash_, self.prefix)
         samples = [candidates[i] for i in cache["good"]]
-        stats = {"images": len(samples), "corrupt": len(candidates) - len(samples), "cached": cached}
+        present = {c for _, c in samples}
+        empty = [f"{self.root / name}: skipped, class folder has no readable image"
+                 for c, name in self.names.items() if c not in present]
+        stats = {"images": len(samples), "skipped": len(candidates) - len(samples), "empty_classes": len(empty),
+                 "cached": cached}
         LOGGER.info(
-            f"{self.prefix}Scanning {self.root}... {stats['images']} images, {stats['corrupt']} corrupt, "
-            f"{len(self.names)} classes" + (" (cached)" if cached else "")
+            f"{self.prefix}Scanning {self.root}... {stats['images']} images, {stats['skipped']} skipped, "
+            f"{len(self.names)} classes ({len(empty)} without images)" + (" (cached)" if cached else "")
         )
-        for m in cache["msgs"][:MAX_WARNINGS]:
-            LOGGER.warning(f"{self.prefix}WARNING: {m}")
-        return samples, stats
+        problems = empty + cache["msgs"]
+        log_problems(problems, stats["skipped"], self.prefix)
+        return samples, stats, problems
 
     def _read(self, i):
         if self.npy_files[i].is_file():

@@ -1,5 +1,5 @@
 """YOLO-format detection / instance-segmentation dataset: verified labels (cached), image caching, mosaic,
-random perspective, mixup, HSV, flips, letterbox/rect shapes, polygon masks, and the batch collate of
+copy-paste, random perspective, mixup, HSV, flips, letterbox/rect shapes, polygon masks, and the batch collate of
 docs/design.md."""
 
 import math
@@ -17,67 +17,72 @@ from utils.data.augment import (
     Instances,
     ProcessRNG,
     augment_hsv,
+    copy_paste,
     letterbox,
     mixup,
-    polygons_to_masks,
     random_perspective,
 )
 from utils.data.image_files import img2label_paths, list_files
+from utils.data.label_formats import get_format
 from utils.data.labels import cache_labels, read_image
 from utils.data.loader import rank_indices
+from utils.errors import BadDataset
 from utils.files import publish
 from utils.loggers import LOGGER
 from utils.ops import xyn2xy, xywhn2xyxy, xyxy2xywhn
 
-TASKS = ("detect", "segment")
+MAX_SUBSTITUTES = 16  # images tried in place of one that vanished during training before giving up
 
 
-def _box_polygon(box):
-    """The rectangle of a normalised xywh box as a polygon: the mask of a label that has no outline."""
-    cx, cy, w, h = box
-    x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
-    return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32)
+class ImageGone(FileNotFoundError):
+    """An image that was readable when the labels were scanned can no longer be read."""
 
 
 class YOLODataset(Dataset):
     """Images + YOLO label files. `dataset[i]` is a dict (img uint8 (3, H, W) RGB, cls (n, 1), bboxes (n, 4)
-    normalised xywh, path, shape, masks for segment); `YOLODataset.collate_fn` makes the batch of docs/design.md.
+    normalised xywh, path, shape, and what the label format adds, e.g. masks); `collate_fn` makes the batch of
+    docs/design.md.
 
+    task: the label format (utils/data/label_formats.py) or its name, 'detect' or 'segment'.
     img_path: folder(s), glob(s) or list .txt file(s) of images; labels follow the /images/ -> /labels/ rule.
     cache: 'ram' (resized images in memory) or 'disk' (.npy beside each image), for `cache_indices` only when
     given, else for this rank's share `rank_indices(n, world_size, rank, seed)` when world_size > 1, else all.
     Mosaic partners are drawn from that same share, so a DDP rank never reads images outside it.
-    nc: class ids >= nc are dropped (and counted) while scanning. single_cls: every label becomes class 0.
+    nc: an image with a class id >= nc is skipped while scanning (see utils/data/labels.verify_image_label);
+    `problems` lists every skipped image and every note, `stats` counts them. single_cls: every label becomes
+    class 0 (after the scan).
     """
 
     def __init__(self, img_path, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, cache=None,
-                 stride=32, pad=0.0, prefix="", task="detect", overlap_mask=True, mask_ratio=4, nc=None,
-                 cache_indices=None, rank=-1, world_size=1, seed=0, single_cls=False):
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got '{task}'")
+                 stride=32, pad=0.0, prefix="", task="detect", nc=None, cache_indices=None, rank=-1, world_size=1,
+                 seed=0, single_cls=False):
         if cache not in (None, False, "ram", "disk"):
             raise ValueError(f"cache must be 'ram', 'disk' or None, got '{cache}'")
         self.imgsz, self.augment, self.rect, self.stride, self.prefix = imgsz, augment, rect, stride, prefix
-        self.task, self.overlap_mask, self.mask_ratio = task, overlap_mask, mask_ratio
+        self.format = get_format(task)
         self.hyp = {**DEFAULT_AUG, **(hyp or {})}  # a merged copy: the caller's dict is never modified
         self.mosaic = augment and not rect  # rect batches need each image's own aspect ratio
         self.rng = ProcessRNG(seed)
         try:
             im_files = list_files(img_path)
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"{prefix}{e}") from None
+            raise BadDataset(f"{prefix}{e}") from None
         label_files = img2label_paths(im_files)
         p = Path(img_path) if isinstance(img_path, (str, Path)) else None
         if p is not None and p.is_file():  # a list file: train.txt -> train.cache
             cache_path = p.with_suffix(".cache")
         else:  # labels/train -> labels/train.cache
             cache_path = Path(label_files[0]).parent.parent / f"{Path(label_files[0]).parent.name}.cache"
-        labels, self.stats = cache_labels(im_files, label_files, cache_path, nc, prefix)
+        labels, self.stats = cache_labels(im_files, label_files, cache_path, nc, prefix, fmt=self.format)
+        self.problems = self.stats.pop("problems")
         if not labels:
-            raise FileNotFoundError(f"{prefix}no readable images in {img_path}")
-        self.labels = [self._uniform_segments(lb) for lb in labels]
+            raise BadDataset(f"{prefix}no usable images in {img_path} ({self.stats['skipped']} skipped, see above)")
+        self.labels = [self.format.finish(lb) for lb in labels]
         if single_cls:
             self.labels = [dict(lb, cls=np.zeros_like(lb["cls"])) for lb in self.labels]
+        if augment and self.hyp["copy_paste"] and all(lb["segments"] is None for lb in self.labels):
+            LOGGER.warning(f"{prefix}WARNING: copy_paste {self.hyp['copy_paste']} has no effect: it pastes outlines, "
+                           "and these labels have none (segment labels, or a polygon on every detection line)")
         self.im_files = [lb["im_file"] for lb in self.labels]
         if rect:
             self._set_rect_shapes(batch_size, stride, pad)
@@ -89,16 +94,6 @@ class YOLODataset(Dataset):
         self.npy_files = [Path(f).with_suffix(".npy") for f in self.im_files]
         if cache:
             self._cache_images(cache)
-
-    def _uniform_segments(self, lb):
-        """Segment task: every instance needs an outline (a box-only line gets its rectangle). Detect task: keep
-        outlines only when every instance has one, as they then give better boxes under random perspective."""
-        segs = lb["segments"]
-        if self.task == "segment":
-            segs = [s if s is not None else _box_polygon(b) for s, b in zip(segs, lb["bboxes"])]
-        elif not segs or any(s is None for s in segs):
-            segs = None
-        return dict(lb, segments=segs)
 
     def label_arrays(self):
         """(classes (n,), normalised xywh boxes (n, 4)) of every label, for the labels plot."""
@@ -136,7 +131,7 @@ class YOLODataset(Dataset):
             return np.load(self.npy_files[i])
         im = read_image(self.im_files[i])
         if im is None:
-            raise FileNotFoundError(f"{self.prefix}image not found or unreadable: {self.im_files[i]}")
+            raise ImageGone(self.im_files[i])
         return im
 
     def load_image(self, i):
@@ -196,6 +191,7 @@ class YOLODataset(Dataset):
         if inst.segments is not None:
             for seg in inst.segments:
                 np.clip(seg, 0, 2 * s, out=seg)
+        canvas, inst = copy_paste(canvas, inst, self.hyp["copy_paste"], rng)
         return self._perspective(canvas, inst, rng, border=(-s // 2, -s // 2))
 
     def _perspective(self, img, inst, rng, border=(0, 0)):
@@ -214,7 +210,18 @@ class YOLODataset(Dataset):
         return img, inst, shapes
 
     def __getitem__(self, index):
-        rng, hyp = self.rng(), self.hyp
+        """Sample `index`; if an image it needs vanished since the scan, warn and use another image."""
+        rng = self.rng()
+        for _ in range(MAX_SUBSTITUTES):
+            try:
+                return self._sample(index, rng)
+            except ImageGone as e:
+                LOGGER.warning(f"{self.prefix}WARNING: {e}: image missing or unreadable since the scan, skipped")
+                index = int(rng.choice(self.pool))
+        raise BadDataset(f"{self.prefix}{MAX_SUBSTITUTES} images in a row are missing or unreadable since the scan")
+
+    def _sample(self, index, rng):
+        hyp = self.hyp
         if self.mosaic and rng.random() < hyp["mosaic"]:
             img, inst = self.load_mosaic(index, rng)
             shapes = None
@@ -232,19 +239,15 @@ class YOLODataset(Dataset):
                 img = np.fliplr(img)
                 inst.flip(width=w)
         sample = {"path": self.im_files[index], "shape": shapes}
-        if self.task == "segment":
-            masks, order = polygons_to_masks(inst.segments, (h, w), self.mask_ratio, self.overlap_mask)
-            inst = inst.select(order)
-            sample["masks"] = torch.from_numpy(masks)
+        inst = self.format.add_to_sample(sample, inst, (h, w))
         sample["cls"] = torch.from_numpy(inst.cls.reshape(-1, 1).astype(np.float32))
         sample["bboxes"] = torch.from_numpy(xyxy2xywhn(inst.boxes, w, h, clip=True, eps=1e-3).astype(np.float32))
         sample["img"] = torch.from_numpy(np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1)))  # BGR HWC -> RGB CHW
         return sample
 
-    @staticmethod
-    def collate_fn(batch):
-        """Samples -> {'img' (B, 3, H, W) uint8, 'targets' (N, 6) [image index, cls, xywhn], 'paths', 'shapes',
-        'masks' (B, H/r, W/r) overlap maps or (N, H/r, W/r) per-instance masks}."""
+    def collate_fn(self, batch):
+        """Samples -> {'img' (B, 3, H, W) uint8, 'targets' (N, 6) [image index, cls, xywhn], 'paths', 'shapes'}
+        plus the label format's entries ('masks' (B, H/r, W/r) overlap maps or (N, H/r, W/r) for segment)."""
         targets = [torch.cat([torch.full((len(b["cls"]), 1), float(i)), b["cls"], b["bboxes"]], 1)
                    for i, b in enumerate(batch)]
         out = {
@@ -253,11 +256,5 @@ class YOLODataset(Dataset):
             "paths": tuple(b["path"] for b in batch),
             "shapes": tuple(b["shape"] for b in batch),
         }
-        if "masks" in batch[0]:
-            masks = [b["masks"] for b in batch]
-            if masks[0].ndim == 2:  # overlap maps: one per image; >= 255 instances in one image need int32
-                dtype = torch.int32 if any(m.dtype == torch.int32 for m in masks) else torch.uint8
-                out["masks"] = torch.stack([m.to(dtype) for m in masks])
-            else:
-                out["masks"] = torch.cat(masks, 0)
+        self.format.collate(batch, out)
         return out

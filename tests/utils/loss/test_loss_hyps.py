@@ -12,7 +12,7 @@ TRAIN_KEYS = {"lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup
               "label_smoothing", "hsv_h", "hsv_s", "hsv_v", "fliplr", "flipud", "scale"}
 DETECT_KEYS = TRAIN_KEYS | {"box", "cls", "degrees", "translate", "shear", "perspective", "mosaic", "mixup",
                             "copy_paste", "close_mosaic"}
-ANCHOR_KEYS = DETECT_KEYS | {"obj", "obj_pw", "cls_pw", "iou_t", "anchor_t", "fl_gamma"}
+ANCHOR_KEYS = DETECT_KEYS | {"obj", "obj_pw", "cls_pw", "anchor_t", "fl_gamma"}
 ANCHOR_FILES = ["hyp.scratch-low.yaml", "hyp.scratch-high.yaml", "hyp.v7.yaml", "hyp.v7-tiny.yaml"]
 
 
