@@ -132,6 +132,7 @@ def test_weights_download_race(race):
 def test_label_cache_race(race):
     from utils.data.image_files import files_hash, img2label_paths, list_files
     from utils.data.label_cache import load_cache
+    from utils.data.label_formats import DetectLabels
     from utils.data.labels import CACHE_VERSION
 
     root, results = race
@@ -143,7 +144,7 @@ def test_label_cache_race(race):
         np.testing.assert_array_equal(np.array(cls, np.float32)[:, 0], rows[:, 0])
         np.testing.assert_allclose(np.array(boxes, np.float32), rows[:, 1:], atol=2e-6)
     ims = list_files(str(root / "data" / "images" / "train"))
-    hash_ = files_hash(ims + img2label_paths(ims), extra=f"{CACHE_VERSION} nc=3")
+    hash_ = files_hash(ims + img2label_paths(ims), extra=f"{CACHE_VERSION} nc=3 {DetectLabels.line_format}")
     assert load_cache(root / "data" / "labels" / "train.cache", hash_) is not None  # one complete, current cache
     _no_temporaries(root / "data")
 
