@@ -241,3 +241,26 @@ def test_images_with_a_bad_line_never_reach_a_batch(tmp_path, monkeypatch):
     assert len(list(csv.DictReader(open(trainer.save_dir / "results.csv")))) == 2
     assert set(loaded) & train_images == train_images - bad_images  # every good image was used, no bad one
     assert len(trainer.train_set) == 7
+
+
+def test_an_image_deleted_during_training_is_replaced_with_a_warning(det_copy, yolo_log):
+    ds = YOLODataset(str(det_copy / "images" / "train"), imgsz=64, augment=True, nc=3)
+    gone = ds.im_files[3]
+    os.remove(gone)
+    samples = [ds[i] for i in range(len(ds))]  # mosaic: the lost image is also drawn as a partner
+    assert len(samples) == len(ds) and gone not in [s["path"] for s in samples]
+    warnings = [m for m in yolo_log if gone in m]
+    assert len(warnings) == 1 and "missing or unreadable since the scan, skipped" in warnings[0]
+
+
+def test_a_class_folder_without_readable_images_is_named(shapes_cls, tmp_path):
+    from utils.data.classify_dataset import ClassificationDataset
+
+    root = tmp_path / "cls"
+    shutil.copytree(shapes_cls, root)
+    for f in (root / "train" / "triangle").iterdir():
+        f.write_bytes(b"")
+    ds = ClassificationDataset(root / "train", imgsz=32)
+    assert ds.stats["empty_classes"] == 1 and ds.stats["skipped"] == 4 and ds.names[2] == "triangle"
+    assert ds.problems[0] == f"{root / 'train' / 'triangle'}: skipped, class folder has no readable image"
+    assert {c for _, c in ds.samples} == {0, 1}

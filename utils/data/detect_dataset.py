@@ -92,6 +92,7 @@ class YOLODataset(Dataset):
         self.pool = np.arange(n) if cache_indices is None else np.unique(np.asarray(cache_indices, dtype=np.int64))
         self.ims = [None] * n
         self.npy_files = [Path(f).with_suffix(".npy") for f in self.im_files]
+        self.gone = set()  # images found missing after the scan (warned about once)
         if cache:
             self._cache_images(cache)
 
@@ -216,7 +217,9 @@ class YOLODataset(Dataset):
             try:
                 return self._sample(index, rng)
             except ImageGone as e:
-                LOGGER.warning(f"{self.prefix}WARNING: {e}: image missing or unreadable since the scan, skipped")
+                if str(e) not in self.gone:  # once per image and process
+                    self.gone.add(str(e))
+                    LOGGER.warning(f"{self.prefix}WARNING: {e}: image missing or unreadable since the scan, skipped")
                 index = int(rng.choice(self.pool))
         raise BadDataset(f"{self.prefix}{MAX_SUBSTITUTES} images in a row are missing or unreadable since the scan")
 
