@@ -133,3 +133,16 @@ def test_detect_script_gives_the_pt_boxes_from_onnx_and_torchscript(shapes_detec
             assert len(got) == len(rows)
             for a, b in zip(got, rows):
                 assert a[0] == b[0] and max(abs(x - y) for x, y in zip(a[1:], b[1:])) < 1e-4
+
+
+def test_simplified_onnx_matches_pytorch(tmp_path):
+    pytest.importorskip("onnxslim")
+    weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8n.pt")
+    opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=False,
+                          dynamic=True, simplify=True, opset=17)
+    (f,) = Exporter(opt)()
+    ref_model, backend = attempt_load(weights), InferenceBackend(f)
+    x = torch.rand(2, 3, 96, 64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for o, r in zip(flatten_outputs(backend(x))[0], flatten_outputs(ref_model(x))[0]):
+            assert_close_per_channel(o, r)
