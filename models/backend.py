@@ -76,8 +76,11 @@ def _weights_format(weights):
     return FORMATS[suffix]
 
 
-class InferenceBackend:
+class InferenceBackend(nn.Module):
     """Load `weights` (.pt, .onnx, .torchscript) on `device`; call with a float image batch (B, 3, H, W).
+
+    A module, so the validators take it where they take a model (eval(), half(), its device from its parameters).
+    Exported files keep the precision they were exported with: half() and float() change only a `.pt` model.
 
     Attributes every format sets: format, task, stride, names, nc, nm, output_layout (the head's declaration of
     its eval output, None for classifiers), dynamic (any batch and image size is
@@ -86,6 +89,7 @@ class InferenceBackend:
     """
 
     def __init__(self, weights, device=torch.device("cpu"), half=False, fuse=True):
+        super().__init__()
         self.weights, self.device = str(weights), torch.device(device)
         self.format = _weights_format(weights)
         self.model = None
@@ -94,8 +98,11 @@ class InferenceBackend:
         else:
             if not Path(weights).is_file():
                 raise BadFile(f"--weights {weights}: file not found")
+            # an empty parameter on the device: `next(model.parameters()).device` works for an ONNX session too
+            self.device_anchor = nn.Parameter(torch.empty(0, device=self.device), requires_grad=False)
             meta = self._load_onnx() if self.format == "onnx" else self._load_torchscript()
             self._set_metadata(meta)
+        self.eval()  # for inference only; also what a validator restores when it is done
 
     # ---------------------------------------------------------------- loading
     def _load_pytorch(self, fuse, half):
@@ -148,7 +155,7 @@ class InferenceBackend:
         return json.loads(extra[METADATA_KEY])
 
     # ---------------------------------------------------------------- inference
-    def __call__(self, im):
+    def forward(self, im):
         """Outputs for im (B, 3, H, W) float on self.device, nested as model.eval() nests them."""
         if self.format == "pytorch":
             return self.model(im.half() if self.fp16 else im.float())
@@ -179,6 +186,19 @@ class InferenceBackend:
             pad = im.new_zeros((self.batch - im.shape[0], *im.shape[1:]))
             im = torch.cat((im, pad))
         return im
+
+
+    def half(self):
+        if self.model is not None:
+            self.model.half()
+            self.fp16 = True
+        return self
+
+    def float(self):
+        if self.model is not None:
+            self.model.float()
+            self.fp16 = False
+        return self
 
 
 class ExportWrapper(nn.Module):
