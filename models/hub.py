@@ -3,7 +3,7 @@ one call that takes image paths, numpy arrays (HWC RGB, as PIL gives them), PIL 
 returns results that carry the class names.
 
     model = torch.hub.load('path/to/repo', 'custom', path='best.pt', source='local')
-    results = model(['bus.jpg', np.asarray(pil_image), pil_image], size=320)
+    results = model(['bus.jpg', np.asarray(pil_image), pil_image], size=320)   # augment=True: test-time aug.
     results.xyxy[0]      # (n, 6) tensor: x1, y1, x2, y2, conf, class, in the image's own pixels
     results.tolist()     # per image, a list of dicts {'box', 'conf', 'class', 'name'} (+ 'mask' for segmenters)
 """
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from models.tta import TTAModel
 from models.yolo import ClassificationModel
 from utils import ops
 from utils.data.augment import letterbox
@@ -82,7 +83,8 @@ class HubModel(nn.Module):
         self.stride = 32 if self.classify else int(max(model.stride))
 
     @torch.no_grad()
-    def forward(self, ims, size=640):
+    def forward(self, ims, size=640, augment=False):
+        """`augment`: test-time augmentation (models/tta.py) for detectors and segmenters."""
         ims = ims if isinstance(ims, (list, tuple)) else [ims]
         files, im0s = zip(*(_to_bgr(im) for im in ims))
         p = next(self.model.parameters())
@@ -92,17 +94,19 @@ class HubModel(nn.Module):
             return Results(self.names, files, probs=self.model(x).cpu())
         xyxy, masks = [], []
         for im0 in im0s:  # one at a time: each image keeps its own minimum letterbox, as detect.py does
-            det, mask = self._one(im0, size, p)
+            det, mask = self._one(im0, size, p, augment)
             xyxy.append(det)
             masks.append(mask)
         return Results(self.names, files, xyxy=xyxy, masks=masks if self.layout.proto else None)
 
-    def _one(self, im0, size, p):
+    def _one(self, im0, size, p, augment=False):
         im = letterbox(im0, size, stride=self.stride, auto=True)[0]
         x = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])).to(p.device, p.dtype)[None] / 255
-        out, protos = self.layout.split(self.model(x))
+        model = TTAModel(self.model) if augment else self.model
+        layout = model.output_layout
+        out, protos = layout.split(model(x))
         det = ops.non_max_suppression(out, self.conf, self.iou, self.classes, self.agnostic, max_det=self.max_det,
-                                      layout=self.layout)[0]
+                                      layout=layout)[0]
         mask = None
         if protos is not None:
             if len(det):
