@@ -72,7 +72,7 @@ def head_anchors_px(model):
 
 def _args(data, project, *extra, imgsz=IMGSZ):
     return ["--data", str(data), "--imgsz", str(imgsz), "--epochs", "1", "--workers", "0", "--device", "cpu",
-            "--project", str(project), "--name", "exp", "--cfg", "yolov5n.yaml", *extra]
+            "--project", str(project), "--name", "exp", "--cfg", "yolov5n.yaml", "--noplots", *extra]
 
 
 @pytest.fixture(scope="module")

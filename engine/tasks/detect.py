@@ -89,7 +89,8 @@ class DetectionTrainer(BaseTrainer):
         )
 
     def fit_model_to_data(self):
-        if not self.opt.noautoanchor:
+        # a resumed run's anchors come with its weights (refitting them would desynchronise the YAML copy)
+        if not (self.opt.noautoanchor or self.resume_from):
             check_anchors(self.model, self.train_set.labels, self.hyp, self.opt.imgsz)
 
     def train_sampler(self):
