@@ -146,3 +146,28 @@ def test_simplified_onnx_matches_pytorch(tmp_path):
     with torch.no_grad():
         for o, r in zip(flatten_outputs(backend(x))[0], flatten_outputs(ref_model(x))[0]):
             assert_close_per_channel(o, r)
+
+
+def test_val_script_gives_the_pt_metrics_from_onnx_and_torchscript(shapes_detect, tmp_path):
+    import val
+
+    weights = save_checkpoint("yolov5n.yaml", DetectionModel, tmp_path / "v5n.pt")
+    ckpt = torch.load(weights, weights_only=True)
+    for k, v in ckpt["model"]["state_dict"].items():  # objectness raised, class scores spread: detections to score
+        if k.startswith("model.24.m.") and k.endswith("bias"):
+            b = v.view(3, -1)
+            b[:, 4] = 0.0
+            b[:, 5:] = torch.randn(b[:, 5:].shape, generator=torch.Generator().manual_seed(2)).half() * 2
+    torch.save(ckpt, weights)
+    export(weights, ["onnx", "torchscript"], imgsz=(96,))
+    stats = {}
+    for suffix in (".pt", ".onnx", ".torchscript"):
+        opt = val.parse_opt(["--weights", str(weights.with_suffix(suffix)), "--data", str(shapes_detect), "--imgsz",
+                             "96", "--batch-size", "4", "--device", "cpu", "--workers", "0", "--project",
+                             str(tmp_path / "val"), "--name", suffix[1:]])
+        stats[suffix] = val.main(opt)
+    ref = stats[".pt"]
+    assert ref["metrics/mAP50(B)"] > 0 and ref["metrics/recall(B)"] > 0
+    for suffix in (".onnx", ".torchscript"):
+        for k, v in ref.items():
+            assert stats[suffix][k] == pytest.approx(v, abs=1e-4), (suffix, k)
