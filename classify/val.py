@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from engine.tasks.classify import ClassificationValidator
-from models.checkpoints import attempt_load
+from models.backend import validation_model
 from utils.data.classify_dataset import ClassificationDataset
 from utils.data.dataset_yaml import check_cls_dataset
 from utils.data.loader import build_dataloader
@@ -36,7 +36,7 @@ def parse_opt(argv=None):
 def main(opt):
     set_logging(get_rank())
     device = select_device(opt.device)
-    model = attempt_load(opt.weights, device=device, fuse=True)
+    model, _ = validation_model(opt.weights, device, opt.imgsz)
     data = check_cls_dataset(opt.data)
     if model.nc != data["nc"]:
         raise BadCheckpoint(f"{opt.weights} predicts {model.nc} classes but {opt.data} has {data['nc']}")

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from models.checkpoints import attempt_load
 from models.yolo import ClassificationModel, SegmentationModel
+from utils.dist import is_main_process
 from utils.errors import BadFile, BadOption
 from utils.ops import OutputLayout
 
@@ -210,3 +211,17 @@ class ExportWrapper(nn.Module):
 
     def forward(self, x):
         return flatten_outputs(self.model(x))[0]
+
+
+def validation_model(weights, device, imgsz):
+    """(model, largest stride) for a val script: the `.pt` module itself (summary printed by rank 0), or the backend
+    of a dynamic export (validation batches are letterboxed to each batch's own rectangle)."""
+    backend = InferenceBackend(weights, device=device)
+    if backend.model is not None:
+        if is_main_process():
+            backend.model.info(imgsz=imgsz)
+        return backend.model, backend.stride
+    if not backend.dynamic:
+        raise BadOption(f"--weights {weights}: validation needs an export made with --dynamic (its batches are "
+                        "rectangles of varying size)")
+    return backend, backend.stride

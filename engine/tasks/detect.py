@@ -9,7 +9,8 @@ import torch
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator
-from models.checkpoints import attempt_load, load_pretrained
+from models.backend import InferenceBackend, validation_model
+from models.checkpoints import load_pretrained
 from models.tta import TTAModel, augment_backend
 from models.yolo import DetectionModel
 from utils import ops
@@ -322,19 +323,21 @@ def run_val(opt, validator_cls, task="detect"):
     """Stand-alone validation of a weights file, shared by the detection and segmentation val scripts."""
     set_logging(get_rank())
     device = select_device(opt.device)
-    model = attempt_load(opt.weights, device=device, fuse=True)
+    model, stride = validation_model(opt.weights, device, opt.imgsz)
     data = check_det_dataset(opt.data)
     if opt.single_cls:
         data = single_class(data)
     if data["nc"] != model.nc:
         raise BadCheckpoint(f"--weights {opt.weights} has {model.nc} classes but --data {opt.data} has {data['nc']}")
-    opt.imgsz = check_imgsz(opt.imgsz, int(max(model.stride)))
+    opt.imgsz = check_imgsz(opt.imgsz, stride)
     if opt.augment:
+        if isinstance(model, InferenceBackend):
+            raise BadOption(f"--augment needs .pt weights: {opt.weights} takes one input size per pass")
         model = TTAModel(model)
     if opt.task == "speed":
         opt.conf_thres, opt.iou_thres, opt.save_json = 0.25, 0.45, False
     split = "test" if opt.task == "test" and data.get("test") else "val"
     save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
-    loader = build_val_loader(opt, data, split, int(max(model.stride)), task)
+    loader = build_val_loader(opt, data, split, stride, task)
     validator = validator_cls(loader, save_dir, opt, data["names"])
     return validator(model=model)
