@@ -174,10 +174,7 @@ class BaseTrainer:
     def load_hyp(self, model):
         """The hyp file: --hyp if given, else the one the model YAML names, else YOLOv5 scratch-low."""
         name = self.opt.hyp or getattr(model, "default_hyp", None) or "hyp.scratch-low.yaml"
-        hyp = read_hyp(name)
-        if self.opt.label_smoothing is not None:
-            hyp = {**hyp, "label_smoothing": self.opt.label_smoothing}
-        return hyp
+        return read_hyp(name)
 
     def _setup(self):
         """Build everything the loop needs, in dependency order; every attribute not set in __init__ is set here."""
@@ -189,6 +186,8 @@ class BaseTrainer:
             model = self.build_model(self.nc, self.names)  # may download official weights: one rank per machine
         self.opt.imgsz = check_imgsz(self.opt.imgsz, int(max(model.stride)))
         self.hyp = self.load_hyp(model)
+        if self.opt.label_smoothing is not None:  # the flag wins over the hyp file (a new dict, files stay as read)
+            self.hyp = {**self.hyp, "label_smoothing": self.opt.label_smoothing}
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
         if self.main:

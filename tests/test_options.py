@@ -180,3 +180,31 @@ def test_image_weights_rank0_weights_and_shares(tmp_path):
     merged[0::2], merged[1::2] = got[0]["idx"], got[1]["idx"]
     assert merged == list(single)  # the two shares are one weighted draw split between the ranks
     assert all(i % 5 != 4 for i in merged)  # images without labels have weight 0
+
+
+def test_set_anchors_keeps_v7_anchor_grid_and_yaml_in_step():
+    from copy import deepcopy
+
+    from utils.autoanchor import set_anchors
+
+    model = DetectionModel("yolov7-tiny.yaml", nc=2)
+    new = np.array([[4 + 3 * i, 50 - 4 * i] for i in range(9)], dtype=float)
+    new = new[np.argsort(new.prod(1))]
+    set_anchors(model, new)
+    head = model.model[-1]
+    np.testing.assert_allclose(head.anchor_grid.view(-1, 2).numpy(), new, rtol=1e-6)  # finest stride first
+    np.testing.assert_allclose(head_anchors_px(model), new, rtol=1e-6)
+    np.testing.assert_allclose(head_anchors_px(DetectionModel(deepcopy(model.yaml))), new, atol=0.01)
+
+
+def test_classifier_freeze_label_smoothing_multiscale(shapes_classify, tmp_path):
+    from classify import train as cls_train
+
+    trainer, _ = cls_train.main(cls_train.parse_opt([
+        "--data", str(shapes_classify), "--imgsz", "64", "--epochs", "1", "--batch-size", "4", "--workers", "0",
+        "--device", "cpu", "--project", str(tmp_path), "--noplots", "--noval", "--freeze", "3",
+        "--label-smoothing", "0.2", "--multi-scale"]))
+    assert trainer.criterion.label_smoothing == 0.2  # the flag wins over hyp.cls.yaml's 0.1
+    frozen = {n for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    first3 = {n for n, _ in trainer.model.named_parameters() if n.startswith(("model.0.", "model.1.", "model.2."))}
+    assert frozen == first3 and first3
