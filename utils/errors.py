@@ -13,7 +13,8 @@ import time
 
 import torch.distributed as dist
 
-PEER_GRACE_S = 5.0  # how long a rank that met a user error waits for the others to meet it too
+PEER_GRACE_S = 30.0  # at most this long a rank that met a user error waits for the others to meet it too (they
+# may first have to build the model, slow on a loaded machine); all ranks usually arrive within seconds
 _ERROR_KEY = "yolo/user_error_ranks"
 
 
