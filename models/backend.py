@@ -60,7 +60,6 @@ def export_metadata(model, imgsz, batch, dynamic, half, structure):
         "stride": int(max(model.stride)),
         "names": {int(k): str(v) for k, v in model.names.items()},
         "nc": int(model.nc),
-        "nm": int(getattr(head, "nm", 0)),
         "layout": dataclasses.asdict(head.output_layout) if hasattr(head, "output_layout") else None,
         "imgsz": list(imgsz),
         "batch": int(batch),
@@ -83,7 +82,7 @@ class InferenceBackend(nn.Module):
     A module, so the validators take it where they take a model (eval(), half(), its device from its parameters).
     Exported files keep the precision they were exported with: half() and float() change only a `.pt` model.
 
-    Attributes every format sets: format, task, stride, names, nc, nm, output_layout (the head's declaration of
+    Attributes every format sets: format, task, stride, names, nc, output_layout (the head's declaration of
     its eval output, None for classifiers), dynamic (any batch and image size is
     accepted), imgsz (the exported input size, for static exports), fp16 (inputs are cast to half), device.
     `model` is the nn.Module for .pt files (None otherwise).
@@ -113,12 +112,11 @@ class InferenceBackend(nn.Module):
             self.model.half()
         self.task, self.names, self.nc = model_task(self.model), dict(self.model.names), self.model.nc
         self.stride = int(max(self.model.stride))
-        self.nm = int(getattr(self.model.model[-1], "nm", 0))
         self.output_layout = getattr(self.model, "output_layout", None)
         self.dynamic, self.imgsz, self.batch = True, None, None
 
     def _set_metadata(self, meta):
-        self.task, self.stride, self.nc, self.nm = meta["task"], meta["stride"], meta["nc"], meta["nm"]
+        self.task, self.stride, self.nc = meta["task"], meta["stride"], meta["nc"]
         if self.task != "classify" and not meta.get("layout"):
             raise BadFile(f"--weights {self.weights} has no output layout in its metadata: export it again")
         self.output_layout = OutputLayout(**meta["layout"]) if meta.get("layout") else None
