@@ -150,7 +150,10 @@ class BasePredictor:
             cap = getattr(dataset, "cap", None)
             fps = cap.get(cv2.CAP_PROP_FPS) if cap is not None else 30
             h, w = im0.shape[:2]
-            out = str((self.save_dir / p.name).with_suffix(".mp4"))
+            name = p.name
+            if dataset.mode == "stream" and len(dataset) > 1:  # rtsp://cam1/live and rtsp://cam2/live: two files
+                name = f"{dataset.sources.index(path)}_{name}"
+            out = str((self.save_dir / name).with_suffix(".mp4"))
             self.writers[path] = cv2.VideoWriter(out, cv2.VideoWriter_fourcc(*"mp4v"), fps or 30, (w, h))
         self.writers[path].write(im0)
 
