@@ -4,11 +4,11 @@ Usage:
     $ python classify/val.py --weights runs/train-cls/exp/weights/best.pt --data data/shapes-cls
 """
 
-import argparse
 from pathlib import Path
 
 from engine.tasks.classify import ClassificationValidator
 from models.backend import validation_model
+from utils.cli import Parser
 from utils.data.classify_dataset import ClassificationDataset
 from utils.data.dataset_yaml import check_cls_dataset
 from utils.data.loader import build_dataloader
@@ -19,7 +19,7 @@ from utils.loggers import set_logging
 
 
 def parse_opt(argv=None):
-    p = argparse.ArgumentParser(description="Validate a YOLO classifier")
+    p = Parser("Validate a YOLO classifier")
     p.add_argument("--data", type=str, default="data/shapes-cls", help="dataset folder or YAML")
     p.add_argument("--weights", type=str, required=True)
     p.add_argument("--batch-size", type=int, default=64)

@@ -22,9 +22,16 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from engine.resume import (
+    forget_run_dir,
+    plan_run,
+    record_run_dir,
+    rng_state,
+    set_rng_state,
+    sigterm_deferred,
+)
 from models.checkpoints import (
     attempt_load,
-    from_safe,
     load_checkpoint,
     model_to_ckpt,
     save_checkpoint,
@@ -34,8 +41,8 @@ from utils import dist as du
 from utils.charts import RunPlots
 from utils.cli import check_imgsz
 from utils.data.labels import write_problems
-from utils.data.loader import build_dataloader
-from utils.errors import BadCheckpoint, BadFile, BadOption
+from utils.data.loader import build_dataloader, set_loader_epoch
+from utils.errors import BadCheckpoint, BadOption
 from utils.files import (
     find_file,
     increment_path,
@@ -101,12 +108,14 @@ class BaseTrainer:
 
     default_project = "runs/train"
 
-    def __init__(self, opt, device, resume_from=None):
+    def __init__(self, opt, device, resume_from=None, save_dir=None):
         """Configuration only: what the options and the launch environment decide. Everything built from data,
-        model and hyp is assigned in `_setup`, in one place and one order."""
+        model and hyp is assigned in `_setup`, in one place and one order. `save_dir` continues a known run folder
+        (a resume, a torchrun restart); None chooses a new one."""
         self.opt = SimpleNamespace(**vars(opt)) if not isinstance(opt, SimpleNamespace) else opt
         self.device = device
         self.resume_from = resume_from
+        self.save_interval = parse_save_interval(self.opt.save_interval)
         self.rank, self.local_rank, self.world_size = du.get_rank(), du.get_local_rank(), du.get_world_size()
         self.main = self.rank in (-1, 0)
         self.callbacks = defaultdict(list)
@@ -114,7 +123,7 @@ class BaseTrainer:
         if self.opt.batch_size % self.world_size:
             raise BadOption(f"--batch-size {self.opt.batch_size} must be a multiple of WORLD_SIZE {self.world_size}")
         self.batch_size = self.opt.batch_size // self.world_size  # per rank
-        self.save_dir = self._make_save_dir()
+        self.save_dir = self._make_save_dir(save_dir)
         self.wdir = self.save_dir / "weights"
         self.last, self.best = self.wdir / "last.pt", self.wdir / "best.pt"
         self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
@@ -156,14 +165,15 @@ class BaseTrainer:
             fn(self)
 
     # ---------------------------------------------------------------- set-up
-    def _make_save_dir(self):
-        if self.resume_from:
-            return Path(self.resume_from).parent.parent
+    def _make_save_dir(self, save_dir):
         project = Path(self.opt.project or self.default_project)
         path, found = None, []
         if self.main:
-            path = increment_path(project / self.opt.name, exist_ok=self.opt.exist_ok)
-            found = [f for f in RUN_FILES if (path / f).exists()]
+            path = save_dir or increment_path(project / self.opt.name, exist_ok=self.opt.exist_ok)
+            # a known folder (a resume, a torchrun restart) is continued, not refused
+            found = [] if save_dir else [f for f in RUN_FILES if (path / f).exists()]
+            if not found:
+                record_run_dir(path)  # a torchrun restart continues in this folder
         # every rank must agree on one folder (and on refusing it); only rank 0 looks at the disk
         path, found = du.broadcast_object((str(path), found) if self.main else None)
         if found:  # appending to its results.csv or replacing its weights would mix two runs
@@ -209,13 +219,16 @@ class BaseTrainer:
         self._setup_optimizer()
         self.ema = ModelEMA(self.model) if self.main else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp and self.amp_dtype == torch.float16)
-        # loop state; _resume may overwrite it
-        self.start_epoch, self.epoch, self.last_opt_step = 0, 0, -1
+        # loop state; _resume may overwrite it. start_batch > 0: resume inside epoch start_epoch, with the running
+        # mean of its losses so far (mloss)
+        self.start_epoch, self.start_batch, self.epoch, self.last_opt_step = 0, 0, 0, -1
+        self.mloss = torch.zeros(len(self.criterion.loss_names), device=self.device)
         self.best_fitness, self.metrics = 0.0, {}
         self.tloss, self.lr = None, {}
+        self.stopper = EarlyStopping(self.opt.patience, 0.0, 0)
+        self.last_save = (time.monotonic(), -1)  # (time, ni) of the last checkpoint, for --save-interval
         if self.resume_from:
             self._resume(self.resume_from)
-        self.stopper = EarlyStopping(self.opt.patience, self.best_fitness, max(self.start_epoch - 1, 0))
         self.csv = self.tb = None
         if self.main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -248,19 +261,23 @@ class BaseTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
 
     # ---------------------------------------------------------------- checkpoints
-    def checkpoint(self, epoch):
-        """What save() writes. to_safe converts what weights_only loading refuses (numpy RNG state and scalars,
-        Paths, namespaces), so anything added here is stored safely as long as it goes through it."""
+    def checkpoint(self, epoch, batch=0, ranks=None):
+        """Everything a run needs to continue exactly: after `batch` batches of epoch `epoch` + 1 (batch 0: at the
+        end of `epoch`), with every rank's own state (`ranks`: `rank_state()` of each, gathered on rank 0).
+        to_safe converts what weights_only loading refuses, so anything added here is stored safely."""
         return to_safe({
             "epoch": epoch,
+            "batch": batch,
+            "last_opt_step": self.last_opt_step,
+            "ranks": ranks,
             "best_fitness": self.best_fitness,
-            "model": model_to_ckpt(self.model),
-            "ema": model_to_ckpt(self.ema.ema),
+            "best_epoch": self.stopper.best_epoch,
+            "model": model_to_ckpt(self.model, half=False),
+            "ema": model_to_ckpt(self.ema.ema, half=False),
             "updates": self.ema.updates,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
             "opt": vars(self.opt),
             "hyp": self.hyp,
             "metrics": self.metrics,
@@ -269,10 +286,9 @@ class BaseTrainer:
         })
 
     def _resume(self, path):
-        ckpt = load_checkpoint(path)
-        if ckpt.get("optimizer") is None:
-            raise BadCheckpoint(f"{path}: has no optimizer state (a finished, stripped run): nothing to resume")
-        start = ckpt["epoch"] + 1
+        """Every rank continues from rank 0's copy of `path` (the other ranks may be on machines without it)."""
+        ckpt = du.broadcast_object(load_checkpoint(path) if self.main else None)
+        start, batch = ckpt["epoch"] + 1, ckpt["batch"]
         if start >= self.epochs:
             raise BadCheckpoint(f"{path}: training to {self.epochs} epochs is finished, nothing to resume")
         self.model.load_state_dict({k: v.float() for k, v in ckpt["model"]["state_dict"].items()})
@@ -282,21 +298,49 @@ class BaseTrainer:
         if self.ema is not None:
             self.ema.ema.load_state_dict({k: v.float() for k, v in ckpt["ema"]["state_dict"].items()})
             self.ema.updates = ckpt["updates"]
-        if self.main:
-            rng = from_safe(ckpt["rng"])
-            torch.set_rng_state(rng["torch"])
-            np.random.set_state(rng["numpy"])
-            random.setstate(rng["python"])
-        self.start_epoch, self.best_fitness = start, ckpt["best_fitness"]
-        LOGGER.info(f"Resuming training from {path} at epoch {start} of {self.epochs}")
+        ranks = ckpt["ranks"]
+        if len(ranks) == max(self.world_size, 1):
+            set_rng_state(ranks[max(self.rank, 0)]["rng"])
+            self.mloss = ranks[max(self.rank, 0)]["mloss"].to(self.device)
+        else:
+            LOGGER.warning(f"{path} holds the state of {len(ranks)} ranks, this run has {self.world_size}: "
+                           f"continuing with fresh random states, from the start of epoch {start}")
+            batch = 0  # another world size shards the epoch differently
+        self.start_epoch, self.start_batch, self.last_opt_step = start, batch, ckpt["last_opt_step"]
+        self.best_fitness, self.metrics = ckpt["best_fitness"], ckpt["metrics"]
+        self.stopper = EarlyStopping(self.opt.patience, self.best_fitness, ckpt["best_epoch"])
+        self.last_save = (time.monotonic(), start * self.nb + batch - 1)
+        at = f"batch {batch}/{self.nb} of epoch {start}" if batch else f"epoch {start}"
+        LOGGER.info(f"Resuming training from {path} at {at} of {self.epochs}")
 
-    def save(self, epoch, fitness):
-        ckpt = self.checkpoint(epoch)
+    def rank_state(self):
+        """What differs between ranks and must survive a restart: the RNG states, the epoch's running mean loss."""
+        return {"rng": rng_state(), "mloss": self.mloss.cpu()}
+
+    def save(self, epoch, fitness, ranks):
+        ckpt = self.checkpoint(epoch, ranks=ranks)
         save_checkpoint(ckpt, self.last)
         if fitness == self.best_fitness:
             save_checkpoint(ckpt, self.best)
         if self.opt.save_period > 0 and epoch % self.opt.save_period == 0:
             save_checkpoint(ckpt, self.wdir / f"epoch{epoch}.pt")
+
+    def _save_due(self, ni):
+        """--save-interval: whether to checkpoint now (after an optimizer step). Rank 0's clock decides for all."""
+        kind, every = self.save_interval
+        t, last_ni = self.last_save
+        if kind == "it":
+            return ni - last_ni >= every
+        return kind == "s" and du.any_rank(self.main and time.monotonic() - t >= every)
+
+    def save_inside_epoch(self, epoch, i):
+        """last.pt after batch i of `epoch`; every rank takes part (each one's RNG states go to rank 0)."""
+        with sigterm_deferred():
+            ranks = du.gather_objects(self.rank_state())
+            if self.main:
+                save_checkpoint(self.checkpoint(epoch - 1, batch=i + 1, ranks=ranks), self.last)
+            du.barrier()  # the checkpoint is on disk before any rank goes on (and may die)
+        self.last_save = (time.monotonic(), i + self.nb * epoch)
 
     # ---------------------------------------------------------------- the loop
     def train(self):
@@ -310,7 +354,7 @@ class BaseTrainer:
         t0 = time.time()
         for epoch in range(self.start_epoch, self.epochs):
             self.epoch = epoch
-            self.train_epoch(epoch)
+            self.train_epoch(epoch, self.start_batch if epoch == self.start_epoch else 0)
             stop = self.end_epoch(epoch)
             # every rank must leave the loop together, or the ones that stay block forever in the next collective
             if du.broadcast_object(stop):
@@ -318,6 +362,7 @@ class BaseTrainer:
         if self.main:
             LOGGER.info(f"{epoch - self.start_epoch + 1} epochs completed in {(time.time() - t0) / 3600:.3f} hours.")
             self.final_eval()
+            forget_run_dir()
         du.barrier()
         self.run_callbacks("on_train_end")
         return self.metrics
@@ -334,45 +379,47 @@ class BaseTrainer:
             elif "betas" in g:
                 g["betas"] = (float(np.interp(ni, [0, nw], [self.hyp["warmup_momentum"], self.momentum])), 0.999)
 
-    def train_epoch(self, epoch):
+    def train_epoch(self, epoch, start_batch=0):
+        """One epoch, from batch `start_batch` when resuming inside it."""
         self.train_model.train()
-        if epoch == self.epochs - self.hyp.get("close_mosaic", 0) and hasattr(self.train_set, "close_mosaic"):
+        close = self.hyp.get("close_mosaic", 0)
+        if close and epoch >= self.epochs - close and getattr(self.train_set, "mosaic", False):
             LOGGER.info("Closing mosaic augmentation for the last epochs")
             self.train_set.close_mosaic()
-            self.train_loader = self._build_train_loader()
-        if hasattr(self.train_loader.sampler, "set_epoch"):
-            # seeds the shuffle with the epoch: without it every epoch would repeat the same order on each rank
-            self.train_loader.sampler.set_epoch(epoch)
+        # the order, the augmentations and the worker seeds of this epoch, from (seed, epoch, rank) alone
+        set_loader_epoch(self.train_loader, epoch, start_batch)
         nw = max(round(self.hyp["warmup_epochs"] * self.nb), 100) if self.hyp["warmup_epochs"] > 0 else -1
         names = self.criterion.loss_names
-        mloss = torch.zeros(len(names), device=self.device)
-        pbar = enumerate(self.train_loader)
+        if not start_batch:
+            self.mloss = torch.zeros(len(names), device=self.device)
+        pbar = enumerate(self.train_loader, start_batch)
         if self.main:
             LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "GPU_mem", *names, "Instances", "Size"))
-            pbar = tqdm(pbar, total=self.nb, bar_format="{l_bar}{bar:10}{r_bar}")
+            pbar = tqdm(pbar, total=self.nb, initial=start_batch, bar_format="{l_bar}{bar:10}{r_bar}")
         self.optimizer.zero_grad()
-        last_step = self.last_opt_step
         for i, batch in pbar:
             ni = i + self.nb * epoch
             if ni <= nw:
                 self._warmup(ni, nw, epoch)
             batch = self.multi_scale(self.preprocess_batch(batch), ni)
-            step_now = ni - last_step >= self.accumulate
+            step_now = ni - self.last_opt_step >= self.accumulate
             loss, items = self.forward_backward(batch, sync=step_now)
+            self.mloss = (self.mloss * i + items) / (i + 1)
             if step_now:
                 self.optimizer_step()
-                last_step = ni
-            mloss = (mloss * i + items) / (i + 1)
+                self.last_opt_step = ni
+                # only right after a step: no accumulated gradient is lost with the process
+                if i + 1 < self.nb and self._save_due(ni):
+                    self.save_inside_epoch(epoch, i)
             if self.main:
                 mem = f"{torch.cuda.memory_reserved() / 1e9 if self.device.type == 'cuda' else 0:.3g}G"
                 n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
                 pbar.set_description(
                     ("%11s" * 2 + "%11.4g" * (2 + len(names)))
-                    % (f"{epoch + 1}/{self.epochs}", mem, *mloss, n_inst, batch["img"].shape[-1])
+                    % (f"{epoch + 1}/{self.epochs}", mem, *self.mloss, n_inst, batch["img"].shape[-1])
                 )
                 self.plot_training_batch(batch, ni)
-        self.last_opt_step = last_step
-        self.tloss = du.all_reduce_mean(mloss)
+        self.tloss = du.all_reduce_mean(self.mloss)
         self.lr = {f"lr/pg{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}
         self.scheduler.step()
 
@@ -425,6 +472,7 @@ class BaseTrainer:
     def end_epoch(self, epoch):
         """Rank 0 validates, logs and saves; the others wait at the barrier. Returns the stop decision."""
         stop = False
+        ranks = du.gather_objects(self.rank_state())  # for the checkpoint
         if self.main:
             self.run_callbacks("on_train_epoch_end")
             final = epoch + 1 == self.epochs
@@ -436,9 +484,10 @@ class BaseTrainer:
             row = {**losses, **{k: float(v) for k, v in self.metrics.items()}, **self.lr}
             self.csv.log(epoch, row)
             self.tb.log(row, epoch)
-            if not self.opt.nosave or final:
-                self.save(epoch, fitness)
             stop = self.stopper(epoch, fitness)
+            if not self.opt.nosave or final:
+                with sigterm_deferred():
+                    self.save(epoch, fitness, ranks)
             self.run_callbacks("on_fit_epoch_end")
         du.barrier()
         return stop
@@ -457,11 +506,14 @@ class BaseTrainer:
 
 
 def strip_optimizer(path):
-    """Keep only what inference and fine-tuning need: the EMA weights as `model`, no optimizer (smaller file)."""
+    """Keep only what inference and fine-tuning need: the EMA weights in fp16 as `model`, no optimizer, no training
+    position (smaller file; a bare --resume then knows the run has finished)."""
     ckpt = load_checkpoint(path)
     if ckpt.get("ema"):
         ckpt["model"] = ckpt["ema"]
-    for k in ("ema", "optimizer", "scheduler", "scaler", "rng", "updates"):
+    sd = ckpt["model"]["state_dict"]
+    ckpt["model"]["state_dict"] = {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
+    for k in ("ema", "optimizer", "scheduler", "scaler", "ranks", "updates"):
         ckpt[k] = None
     save_checkpoint(to_safe(ckpt), path)  # to_safe: a checkpoint of an earlier version may still hold numpy
 
@@ -475,46 +527,22 @@ def to_float32(x):
     return x
 
 
-def find_last_run(search_dir="runs"):
-    """The most recently written last.pt under `search_dir` (for a bare --resume)."""
-    candidates = list(Path(search_dir).rglob("last.pt"))
-    if not candidates:
-        raise BadOption(f"--resume: no last.pt found under {Path(search_dir).resolve()}")
-    return max(candidates, key=lambda p: p.stat().st_mtime)
-
-
-def resume_opt(opt, default_project):
-    """For --resume [path]: the original run's options, plus where to resume from and this launch's device/workers.
-
-    A bare --resume searches where this command writes its runs (--project, else the task's default project).
-    Rank and world size are never taken from the saved options: they come from this launch's environment.
-    """
-    search_dir = opt.project or default_project
-    path = Path(opt.resume) if isinstance(opt.resume, str) and opt.resume else find_last_run(search_dir)
-    if not path.is_file():
-        raise BadFile(f"--resume {path}: file not found")
-    ckpt = load_checkpoint(path)
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("opt"), dict):
-        raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no options)")
-    saved = dict(ckpt["opt"])
-    saved.update(resume=False, device=opt.device, workers=opt.workers)
-    return SimpleNamespace(**saved), path
-
-
 def run(trainer_cls, opt, callbacks=None):
     """Entry point shared by every task's train.py: device, process group, resume, train, clean exit.
 
     `callbacks` maps event names ('on_train_start', 'on_train_epoch_end', 'on_fit_epoch_end', 'on_train_end')
-    to lists of functions taking the trainer.
+    to lists of functions taking the trainer. Under torchrun, a restarted worker group continues the run it belongs
+    to (engine/resume.py).
     """
     set_logging(du.get_rank())
     device = du.select_device(opt.device, opt.batch_size)
     du.setup_ddp(device)
-    resume_from = None
-    if opt.resume:
-        opt, resume_from = resume_opt(opt, trainer_cls.default_project)
+    opt = deepcopy(opt)
+    given = vars(opt).pop("given", ())  # the options on the command line, which --resume may refuse
     try:
-        trainer = trainer_cls(deepcopy(opt), device, resume_from=resume_from)
+        # rank 0 reads the disk and decides; a user error there is raised on every rank
+        opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given)
+        trainer = trainer_cls(opt, device, resume_from=resume_from, save_dir=save_dir)
         if not opt.noplots:
             RunPlots().attach(trainer)
         for event, fns in (callbacks or {}).items():
@@ -524,3 +552,16 @@ def run(trainer_cls, opt, callbacks=None):
     finally:
         du.cleanup_ddp()
     return trainer, metrics
+
+
+def parse_save_interval(value):
+    """--save-interval: '10m', '90s', '2h' -> ('s', seconds); '500it' -> ('it', iterations); '0' or '' -> off."""
+    text = str(value or "0").strip().lower()
+    units = {"it": ("it", 1), "s": ("s", 1), "m": ("s", 60), "h": ("s", 3600)}
+    for suffix, (kind, scale) in units.items():
+        number = text[: -len(suffix)]
+        if text.endswith(suffix) and number.replace(".", "", 1).isdigit():
+            return (kind, float(number) * scale) if float(number) > 0 else ("off", 0)
+    if text.replace(".", "", 1).isdigit() and float(text) == 0:
+        return "off", 0
+    raise BadOption(f"--save-interval {value}: expected minutes, seconds, hours or iterations, e.g. 10m, 90s, 500it")

@@ -109,11 +109,13 @@ class UnsafeCheckpoint(BadCheckpoint):
     """A file that references a global no model checkpoint needs: refused before anything in it runs."""
 
 
-def model_to_ckpt(model):
-    """Portable dict of an (unfused) model: class name, YAML dict, fp16 CPU state_dict, names."""
+def model_to_ckpt(model, half=True):
+    """Portable dict of an (unfused) model: class name, YAML dict, CPU state_dict (fp16 unless half=False: a resumable
+    checkpoint keeps fp32 so that training continues exactly), names."""
     model = de_parallel(model)
     state = {
-        k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu() for k, v in model.state_dict().items()
+        k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu()
+        for k, v in model.state_dict().items()
     }
     return {"class": type(model).__name__, "yaml": model.yaml, "state_dict": state, "names": dict(model.names)}
 

@@ -2,7 +2,9 @@
 
 import argparse
 import math
+import sys
 
+from utils import dist as du
 from utils.errors import BadOption
 from utils.loggers import LOGGER
 
@@ -12,8 +14,43 @@ def str2bool_or_path(v):
     return True if v in (None, "", "True", "true") else v
 
 
+class Parser(argparse.ArgumentParser):
+    """The scripts' parser. It accepts the `--local-rank=N` / `--local_rank N` that the older launcher
+    `python -m torch.distributed.launch` passes, used only where LOCAL_RANK is not set. With `record_given`, the
+    namespace also holds `given`: the options this command line named (--resume refuses those that would change
+    the run)."""
+
+    def __init__(self, description, record_given=False):
+        super().__init__(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        self.record_given = record_given
+        self.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
+                          help="set by torch.distributed.launch; torchrun sets LOCAL_RANK instead")
+
+    def parse_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        opt = super().parse_args(args, namespace)
+        if opt.local_rank >= 0:
+            du.use_launcher_local_rank(opt.local_rank)
+        if self.record_given:
+            opt.given = self.named_options(args)
+        return opt
+
+    def named_options(self, args):
+        """dest of every option in `args`, abbreviations included (argparse accepts unique prefixes)."""
+        names = set()
+        for tok in args:
+            flag = tok.split("=", 1)[0]
+            if not flag.startswith("--"):
+                continue
+            acts = self._option_string_actions
+            found = {acts[flag].dest} if flag in acts else {a.dest for s, a in acts.items() if s.startswith(flag)}
+            if len(found) == 1:
+                names |= found
+        return sorted(names)
+
+
 def train_parser(description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",)):
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description, record_given=True)
     p.add_argument(*cfg_flags, dest="cfg", type=str, default=cfg_default,
                    help="model YAML (name under models/ or a path)")
     p.add_argument("--weights", type=str, default="", help="initial weights: our .pt or an official one; '' = scratch")
@@ -41,6 +78,8 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
     p.add_argument("--patience", type=int, default=100, help="early stopping patience in epochs (0 = off)")
     p.add_argument("--save-period", type=int, default=-1, help="also save a checkpoint every N epochs")
+    p.add_argument("--save-interval", default="0",
+                   help="also save last.pt inside epochs, every 10m / 90s / 2h or 500it (iterations); 0 = off")
     p.add_argument("--seed", type=int, default=0, help="global seed (each rank uses seed + 1 + RANK)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
     p.add_argument("--amp", choices=["auto", "off", "fp16", "bf16"], default="auto",
@@ -66,7 +105,7 @@ def add_detect_train_args(p):
 
 
 def predict_parser(description, weights_default, imgsz_default, project):
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description)
     p.add_argument("--weights", type=str, default=weights_default, help="model weights")
     p.add_argument("--source", type=str, default="data/images",
                    help="image, folder, glob, video, URL, webcam index (0), rtsp/rtmp/http stream or .streams file")
@@ -91,7 +130,7 @@ def predict_parser(description, weights_default, imgsz_default, project):
 
 def val_parser(description, data_default, imgsz_default, project):
     """Options of the detection and segmentation val scripts."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description)
     p.add_argument("--data", type=str, default=data_default, help="dataset YAML")
     p.add_argument("--weights", type=str, required=True, help="model weights")
     p.add_argument("--batch-size", type=int, default=32)

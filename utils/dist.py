@@ -8,6 +8,9 @@ a module imported before the launcher's environment is complete still sees the r
 import contextlib
 import datetime
 import os
+import socket
+import time
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -17,9 +20,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from utils.errors import BadOption, UserError
 from utils.loggers import LOGGER
 
-# Rank 0 may scan labels, cache images or validate while the others wait in a barrier; a short timeout kills
-# long jobs for nothing (the official repos went 60 s -> none -> 3 h), so allow three hours.
-DDP_TIMEOUT = datetime.timedelta(hours=3)
+
+def _env_minutes(name, default):
+    return datetime.timedelta(minutes=float(os.environ.get(name) or default))
+
+
+# Joining the group: every worker of a (re)started group starts within seconds of the others, so a peer missing
+# after this long is dead and the launcher should restart the group rather than wait.
+SETUP_TIMEOUT = _env_minutes("YOLO_DDP_SETUP_TIMEOUT", 5)
+# Any one collective: the longest legitimate wait is rank 0 (or each machine's local rank 0) scanning labels or
+# caching images while the others wait in a barrier, then a validation pass; a dead peer blocks a collective until
+# this expires (the official repos went 60 s -> none -> 3 h; 3 h meant a kill cost 3 hours of every GPU).
+DDP_TIMEOUT = _env_minutes("YOLO_DDP_TIMEOUT", 30)
 
 
 def _env_int(name, default):
@@ -37,6 +49,11 @@ def get_rank():
 def get_local_rank():
     """Rank within this machine (selects the GPU); -1 when single process."""
     return _env_int("LOCAL_RANK", -1)
+
+
+def use_launcher_local_rank(local_rank):
+    """`--local-rank` from torch.distributed.launch: the local rank, unless the environment already gives one."""
+    os.environ.setdefault("LOCAL_RANK", str(local_rank))
 
 
 def get_world_size():
@@ -89,13 +106,83 @@ def select_device(device="", batch_size=None):
     return torch.device("cuda", index)
 
 
+def get_restart_count():
+    """How many times torchrun has restarted this worker group (0 on the first start and outside torchrun)."""
+    return _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+
+
 def setup_ddp(device):
-    """Join the process group once, from a script's main(): NCCL for CUDA, gloo for CPU. No-op when single process."""
+    """Join the process group once, from a script's main(): NCCL for CUDA, gloo for CPU. No-op when single process.
+
+    The group is built on a store that holds no keys from an earlier worker group (`_fresh_store`): torchrun keeps
+    its own store alive across restarts, and a restarted group that reads the dead group's keys fails to connect
+    (static rendezvous) or waits forever (c10d).
+    """
     if get_world_size() == 1 or (dist.is_available() and dist.is_initialized()):
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, timeout=DDP_TIMEOUT)
-    LOGGER.info(f"DDP: rank {get_rank()}/{get_world_size()} (local {get_local_rank()}) backend={backend}")
+    # lets a hung NCCL collective raise after DDP_TIMEOUT instead of blocking, so torchrun can restart the group
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    store = _fresh_store(rank, world_size)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=DDP_TIMEOUT)
+    LOGGER.info(f"DDP: rank {get_rank()}/{get_world_size()} (local {get_local_rank()}) backend={backend}"
+                + (f", restart {get_restart_count()}" if get_restart_count() else ""))
+
+
+def _fresh_store(rank, world_size):
+    """A TCPStore for this group alone.
+
+    Outside torchrun's agent store (plain env launch, or torchrun handing out a new MASTER_PORT per round), rank 0
+    hosts it at MASTER_ADDR:MASTER_PORT. Under the agent store, which outlives restarts, rank 0 hosts a new store
+    on a free port and publishes `host:port:token` there; the others connect, and a stale entry (the dead group's
+    rank 0) fails to connect or carries another token, so they read it again until rank 0 has written the new one.
+    A prefix from TORCHELASTIC_RESTART_COUNT is not enough: with c10d a healthy node restarts for a new peer without
+    counting, so the counts of different machines can differ.
+    """
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=SETUP_TIMEOUT)
+    agent = dist.TCPStore(addr, port, world_size, is_master=False, timeout=SETUP_TIMEOUT)
+    key = "yolo/process_group_store"
+    if rank == 0:
+        host = _reachable_addr(addr)
+        store = dist.TCPStore(host, 0, world_size, is_master=True, timeout=SETUP_TIMEOUT, wait_for_workers=False)
+        token = f"{host}:{store.port}:{uuid.uuid4().hex}"
+        store.set(key, token)
+        agent.set(key, token)
+        return store
+    deadline = time.monotonic() + SETUP_TIMEOUT.total_seconds()
+    while True:
+        token = agent.get(key).decode()  # blocks until the first group's rank 0 has written it
+        host, port, _ = token.rsplit(":", 2)
+        if _listening(host, int(port)):  # a plain socket first: a dead store fails at once, and quietly
+            with contextlib.suppress(RuntimeError):  # DistStoreError, DistNetworkError: not (or no longer) ours
+                store = dist.TCPStore(host, int(port), world_size, is_master=False,
+                                      timeout=datetime.timedelta(seconds=10))
+                if store.get(key).decode() == token:
+                    store.set_timeout(SETUP_TIMEOUT)
+                    return store
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"DDP: rank 0's store {token} unreachable after {SETUP_TIMEOUT}")
+        time.sleep(0.5)
+
+
+def _listening(host, port):
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _reachable_addr(master_addr):
+    """The address other machines reach this one by: MASTER_ADDR when it is this machine's, else its FQDN."""
+    with contextlib.suppress(OSError):
+        ip = socket.gethostbyname(master_addr)
+        if ip.startswith("127.") or ip in socket.gethostbyname_ex(socket.gethostname())[2]:
+            return master_addr
+    return socket.getfqdn()
 
 
 def cleanup_ddp():
@@ -222,6 +309,21 @@ def de_parallel(model):
     return model.module if isinstance(model, (nn.DataParallel, DDP)) else model
 
 
+def on_main(fn, *args):
+    """fn(*args) run on rank 0 alone (reads the disk, decides), its result on every rank; a user error it raises
+    is raised on every rank too, so each ends with the same one-line message instead of waiting for rank 0."""
+    result = error = None
+    if is_main_process():
+        try:
+            result = fn(*args)
+        except UserError as e:
+            error = e
+    result, error = broadcast_object((result, error))
+    if error is not None:
+        raise error
+    return result
+
+
 def broadcast_object(obj, src=0):
     """Send a picklable object from rank `src` to all ranks (used for the stop flag); identity when single."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -229,6 +331,24 @@ def broadcast_object(obj, src=0):
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def gather_objects(obj, dst=0):
+    """Every rank's picklable `obj`, as a list in rank order on rank `dst` (None on the others); [obj] when single."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * get_world_size() if get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out
+
+
+def any_rank(flag):
+    """True on every rank if `flag` is true on any (a decision all ranks must take together)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return bool(flag)
+    t = torch.tensor([float(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def all_reduce_mean(tensor):

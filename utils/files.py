@@ -83,6 +83,9 @@ def atomic_save(obj, path):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    # temp files of saves killed before their rename (a SIGKILL runs no except clause); one writer per file
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def _remove(path):

@@ -3,6 +3,7 @@ that the trainer calls on rank 0."""
 
 import csv
 import logging
+import os
 import sys
 
 LOGGER = logging.getLogger("yolo")
@@ -21,18 +22,29 @@ def set_logging(rank=-1, verbose=True):
 
 
 class CSVLogger:
-    """results.csv: one row per epoch, header written with the first row."""
+    """results.csv: one row per epoch, keyed by epoch. A resumed run that repeats an epoch (killed after the row,
+    before the checkpoint) replaces that epoch's row; the file is rewritten whole and renamed into place, so a kill
+    mid-write leaves the previous version."""
 
     def __init__(self, path):
         self.path = path
 
+    def rows(self):
+        if not self.path.exists():
+            return {}
+        with open(self.path, newline="") as f:
+            return {int(r["epoch"]): r for r in csv.DictReader(f)}
+
     def log(self, epoch, values):
-        new = not self.path.exists()
-        with open(self.path, "a", newline="") as f:
-            writer = csv.writer(f)
-            if new:
-                writer.writerow(["epoch", *values.keys()])
-            writer.writerow([epoch, *(f"{float(v):.6g}" for v in values.values())])
+        rows = self.rows()
+        rows[epoch] = {"epoch": epoch, **{k: f"{float(v):.6g}" for k, v in values.items()}}
+        columns = list(dict.fromkeys(k for r in rows.values() for k in r))
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows[e] for e in sorted(rows))
+        os.replace(tmp, self.path)
 
 
 class TensorBoardLogger:

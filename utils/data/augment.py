@@ -1,16 +1,14 @@
 """Image + label augmentations for detection and segmentation: letterbox, random perspective, HSV, flips, mixup,
 and the polygon -> mask rasterisation. Labels travel as `Instances` in pixel coordinates of the image they go with.
 
-Every random draw comes from an explicit numpy Generator (`ProcessRNG` gives each DataLoader worker its own).
+Every random draw comes from an explicit numpy Generator (`SampleRNG`: one per sample, from seed, epoch and index).
 """
 
 import math
-import os
 from dataclasses import dataclass
 
 import cv2
 import numpy as np
-import torch
 
 from utils.ops import resample_segments, segment2box
 
@@ -24,25 +22,23 @@ DEFAULT_AUG = {
 COPY_PASTE_MAX_IOA = 0.30  # a pasted copy may hide at most this fraction of any box already in the image
 
 
-class ProcessRNG:
-    """A numpy Generator owned by the current process.
+class SampleRNG:
+    """The augmentation RNG: a numpy Generator per sample, derived from (seed, epoch, dataset index).
 
-    DataLoader workers receive a copy of the dataset; a Generator created before the copy would make every worker
-    repeat the same augmentations. This one is recreated in each new process from torch's per-process seed (which
-    the DataLoader derives from its seeded generator, the worker id and the epoch), so runs stay reproducible.
+    A sample's augmentation therefore does not depend on which process or DataLoader worker draws it, nor on what
+    that worker drew before, so a run resumed at any batch of any epoch repeats the draws of an uninterrupted one,
+    with any number of workers, and there is no generator state to save. The trainer calls `set_epoch` before each
+    epoch's workers start (they receive a copy of the dataset, epoch included).
     """
 
     def __init__(self, seed=0):
-        self.seed = seed
-        self._pid, self._rng = None, None
+        self.seed, self.epoch = seed, 0
 
-    def __call__(self):
-        if self._pid != os.getpid():
-            self._pid, self._rng = os.getpid(), np.random.default_rng([self.seed, torch.initial_seed()])
-        return self._rng
+    def set_epoch(self, epoch):
+        self.epoch = epoch
 
-    def __getstate__(self):
-        return {"seed": self.seed, "_pid": None, "_rng": None}
+    def __call__(self, index):
+        return np.random.default_rng([self.seed, self.epoch, int(index)])
 
 
 @dataclass

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from utils.data.augment import ProcessRNG, augment_hsv
+from utils.data.augment import SampleRNG, augment_hsv
 from utils.data.image_files import IMG_FORMATS, files_hash, suffix
 from utils.data.label_cache import load_cache, save_cache
 from utils.data.labels import CACHE_VERSION, log_problems, read_image, verify_image
@@ -114,7 +114,7 @@ class ClassificationDataset(Dataset):
             raise BadDataset(f"{prefix}no readable images in {root}")
         self.train_transform = ClassifyTrainTransforms(imgsz, hyp) if augment else None
         self.val_transform = classify_val_transforms(imgsz)
-        self.rng = ProcessRNG(seed)
+        self.rng = SampleRNG(seed)
         n = len(self.samples)
         if cache_indices is None and world_size > 1:
             cache_indices = rank_indices(n, world_size, rank, seed)
@@ -183,7 +183,7 @@ class ClassificationDataset(Dataset):
 
     def __getitem__(self, i):
         im = self.ims[i] if self.ims[i] is not None else self._read(i)
-        img = self.train_transform(im, self.rng()) if self.train_transform else self.val_transform(im)
+        img = self.train_transform(im, self.rng(i)) if self.train_transform else self.val_transform(im)
         return {"img": img, "cls": self.samples[i][1]}
 
     @staticmethod

@@ -15,7 +15,7 @@ from utils.data.augment import (
     DEFAULT_AUG,
     PAD_VALUE,
     Instances,
-    ProcessRNG,
+    SampleRNG,
     augment_hsv,
     copy_paste,
     letterbox,
@@ -62,7 +62,7 @@ class YOLODataset(Dataset):
         self.format = get_format(task)
         self.hyp = {**DEFAULT_AUG, **(hyp or {})}  # a merged copy: the caller's dict is never modified
         self.mosaic = augment and not rect  # rect batches need each image's own aspect ratio
-        self.rng = ProcessRNG(seed)
+        self.rng = SampleRNG(seed)
         try:
             im_files = list_files(img_path)
         except FileNotFoundError as e:
@@ -212,7 +212,7 @@ class YOLODataset(Dataset):
 
     def __getitem__(self, index):
         """Sample `index`; if an image it needs vanished since the scan, warn and use another image."""
-        rng = self.rng()
+        rng = self.rng(index)
         for _ in range(MAX_SUBSTITUTES):
             try:
                 return self._sample(index, rng)

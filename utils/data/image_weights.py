@@ -42,15 +42,16 @@ class ImageWeightSampler(Sampler):
         self.num_replicas, self.rank, self.seed = num_replicas, max(rank, 0), seed
         self.maps_fn = maps_fn or (lambda: np.zeros(nc))
         self.num_samples = math.ceil(len(self.counts) / num_replicas)
-        self.epoch, self.weights = 0, None
+        self.epoch, self.skip, self.weights = 0, 0, None
 
-    def set_epoch(self, epoch):
-        self.epoch = epoch
+    def set_epoch(self, epoch, skip=0):
+        """`skip`: samples of the epoch already done (a run resumed inside the epoch)."""
+        self.epoch, self.skip = epoch, min(skip, self.num_samples)
         w = image_weights(self.counts, self.cw, np.asarray(self.maps_fn())) if du.is_main_process() else None
         self.weights = du.broadcast_object(w)
 
     def __len__(self):
-        return self.num_samples
+        return self.num_samples - self.skip
 
     def __iter__(self):
         if self.weights is None:
@@ -60,4 +61,4 @@ class ImageWeightSampler(Sampler):
             w = torch.ones_like(w)
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         idx = torch.multinomial(w, self.num_samples * self.num_replicas, replacement=True, generator=g)
-        return iter(idx[self.rank :: self.num_replicas].tolist())
+        return iter(idx[self.rank :: self.num_replicas][self.skip :].tolist())

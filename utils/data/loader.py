@@ -25,13 +25,15 @@ def rank_indices(n, num_replicas, rank, seed=0):
 
 
 class SmartDistributedSampler(Sampler):
-    """DDP sampler over a fixed per-rank subset (see `rank_indices`), reshuffled every epoch by seed + epoch.
+    """Training sampler over a fixed per-rank subset (see `rank_indices`), reshuffled every epoch by seed + epoch.
 
     Unlike torch's DistributedSampler, which deals a new global permutation every epoch (so each rank would
     touch every image over a run), a rank here only ever reads its own share: `--cache ram` needs to hold just
     1/world_size of the images per rank. Every rank yields the same count, ceil(n / num_replicas), padding
     its own subset by repeating its first samples, so the ranks run the same number of steps.
-    Call `set_epoch(epoch)` before each epoch, or every epoch repeats the same order.
+    The order is a function of (seed, epoch) only, never of a generator's history, so a resumed run sees the same
+    order; `set_epoch(epoch, skip)` also drops the first `skip` samples, to resume inside an epoch. Single-process
+    training uses it too (one replica), for the same reasons.
     """
 
     def __init__(self, dataset, num_replicas, rank, shuffle=True, seed=0):
@@ -39,13 +41,13 @@ class SmartDistributedSampler(Sampler):
         self.num_replicas, self.rank, self.shuffle, self.seed = num_replicas, rank, shuffle, seed
         self.indices = rank_indices(self.n, num_replicas, rank, seed)
         self.num_samples = math.ceil(self.n / num_replicas)
-        self.epoch = 0
+        self.epoch, self.skip = 0, 0
 
-    def set_epoch(self, epoch):
-        self.epoch = epoch
+    def set_epoch(self, epoch, skip=0):
+        self.epoch, self.skip = epoch, min(skip, self.num_samples)
 
     def __len__(self):
-        return self.num_samples
+        return self.num_samples - self.skip
 
     def __iter__(self):
         idx = self.indices
@@ -54,41 +56,56 @@ class SmartDistributedSampler(Sampler):
             idx = idx[torch.randperm(len(idx), generator=g).numpy()]
         if len(idx) < self.num_samples:
             idx = np.resize(idx, self.num_samples)  # repeats from the start
-        return iter(idx.tolist())
+        return iter(idx[self.skip:].tolist())
 
 
 def seed_worker(worker_id):
-    """Seed python/numpy from torch's per-worker seed (the loader's generator + worker id), so augmentations
-    differ across workers and ranks yet repeat from run to run."""
+    """Seed python/numpy from torch's per-worker seed (the loader's generator + worker id), so anything drawing from
+    them differs across workers and ranks yet repeats from run to run."""
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
     cv2.setNumThreads(0)  # the workers already run in parallel; OpenCV's own threads would oversubscribe the CPU
 
 
+def worker_base_seed(seed, epoch, rank):
+    """The loader generator's seed for one epoch of one rank; worker w's torch seed is then derived from it and w."""
+    return int(np.random.SeedSequence([seed, epoch, max(rank, 0)]).generate_state(1)[0])
+
+
+def set_loader_epoch(loader, epoch, start_batch=0):
+    """Before a training epoch: the sampler's order, the augmentation RNG's epoch and the worker seeds, all derived
+    from (seed, epoch, rank[, worker]); `start_batch` batches are skipped when resuming inside the epoch."""
+    sampler = loader.sampler
+    sampler.set_epoch(epoch, skip=start_batch * loader.batch_size)
+    if hasattr(loader.dataset, "rng"):
+        loader.dataset.rng.set_epoch(epoch)
+    loader.generator.manual_seed(worker_base_seed(sampler.seed, epoch, sampler.rank))
+
+
 def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_size=1, seed=0, sampler=None):
-    """A DataLoader with the dataset's `collate_fn`, a SmartDistributedSampler when world_size > 1, and a
-    generator seeded with seed + rank.
+    """A DataLoader with the dataset's `collate_fn` and seeded per-worker RNGs; for training (shuffle=True) a
+    SmartDistributedSampler unless `sampler` is given, and then `set_loader_epoch` must be called before each epoch.
 
     A plain DataLoader, not an 'infinite' one that keeps one iterator alive: that design reads the sampler
-    before `set_epoch` takes effect, and so repeats the first epoch's order (yolov5 issue #6741). Persistent
-    workers still avoid re-forking every epoch.
+    before `set_epoch` takes effect, and so repeats the first epoch's order (yolov5 issue #6741). Training workers
+    are not persistent: each epoch starts new ones, which receive the dataset as it is then (its augmentation
+    epoch, a closed mosaic); evaluation loaders keep theirs.
     """
+    train = shuffle
     if getattr(dataset, "rect", False) and shuffle:
         shuffle = False  # rect batches are built from aspect-ratio-sorted neighbours; shuffling would break them
     nw = min((os.cpu_count() or 1) // max(world_size, 1), batch_size if batch_size > 1 else 0, workers)
-    if sampler is None and world_size > 1:  # a given sampler (--image-weights) splits the ranks' shares itself
-        sampler = SmartDistributedSampler(dataset, world_size, rank, shuffle, seed)
-    generator = torch.Generator().manual_seed(seed + max(rank, 0))
+    if sampler is None and (train or world_size > 1):  # a given sampler (--image-weights) splits the shares itself
+        sampler = SmartDistributedSampler(dataset, max(world_size, 1), max(rank, 0), shuffle, seed)
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=shuffle and sampler is None,
         sampler=sampler,
         num_workers=nw,
         pin_memory=torch.cuda.is_available(),
         collate_fn=getattr(dataset, "collate_fn", None),
         worker_init_fn=seed_worker,
-        persistent_workers=nw > 0,
-        generator=generator,
+        persistent_workers=nw > 0 and not train,
+        generator=torch.Generator().manual_seed(worker_base_seed(seed, 0, rank)),
     )

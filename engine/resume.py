@@ -1,0 +1,175 @@
+"""Where a run continues: --resume by hand, torchrun's automatic restarts, and the random states of every rank.
+
+Rules (README "Long runs and failures"):
+- A bare `--resume` continues the newest *unfinished* run (its last.pt still holds an optimizer) under the runs
+  folder this command writes to (--project, else the task's default).
+- Options given with `--resume` that would change the run are refused, naming them; `--epochs` extends the run.
+- Under torchrun, global rank 0 records the run folder it chose in a file in the system's temp folder, named for
+  the torchrun agent that started it (host, agent pid and its start time). When the agent restarts the worker group
+  (TORCHELASTIC_RESTART_COUNT > 0), rank 0 reads the record back: the group continues in the same folder, from its
+  last.pt if one was written, with no flag from the user. The record is removed when the run ends.
+"""
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from models.checkpoints import load_checkpoint
+from utils import dist as du
+from utils.errors import BadCheckpoint, BadFile, BadOption
+from utils.loggers import LOGGER
+
+# options that may come with --resume: this launch's hardware, where to look for runs, and the run's length
+RESUME_MAY_SET = {"resume", "device", "workers", "project", "epochs", "save_interval", "local_rank"}
+
+
+def is_unfinished(ckpt):
+    """A run that can continue: final_eval strips the optimizer from last.pt when training ends."""
+    return isinstance(ckpt, dict) and ckpt.get("optimizer") is not None
+
+
+def find_unfinished_run(search_dir):
+    """The most recently written last.pt under `search_dir` whose run has not finished (for a bare --resume)."""
+    candidates = sorted(Path(search_dir).rglob("last.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for p in candidates:
+        if is_unfinished(load_checkpoint(p)):
+            return p
+    where = Path(search_dir).resolve()
+    if candidates:
+        raise BadOption(f"--resume: every run under {where} has finished ({len(candidates)} found); to train one "
+                        f"further, give its last.pt with --epochs N or start a new run with --weights")
+    raise BadOption(f"--resume: no last.pt found under {where}")
+
+
+def resume_opt(opt, default_project, given=()):
+    """For --resume [path]: (the run's saved options with this launch's device/workers and any --epochs, path).
+
+    `given` names the options on the command line; any outside RESUME_MAY_SET is refused.
+    """
+    refused = sorted(set(given) - RESUME_MAY_SET)
+    if refused:
+        flags = ", ".join("--" + k.replace("_", "-") for k in refused)
+        raise BadOption(f"--resume continues a run with its own options; {flags} would change it (start a new run "
+                        f"with --weights PATH to train with other options)")
+    path = Path(opt.resume) if isinstance(opt.resume, str) else find_unfinished_run(opt.project or default_project)
+    if not path.is_file():
+        raise BadFile(f"--resume {path}: file not found")
+    ckpt = load_checkpoint(path)
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("opt"), dict):
+        raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no options)")
+    if not is_unfinished(ckpt):
+        raise BadCheckpoint(f"--resume {path}: the run has finished (no optimizer state): nothing to resume")
+    saved = dict(ckpt["opt"])
+    if "epochs" in given and opt.epochs != saved["epochs"]:
+        done = ckpt["epoch"] + 1
+        if opt.epochs <= done:
+            raise BadOption(f"--epochs {opt.epochs}: {path} has already trained {done} epochs")
+        LOGGER.info(f"--epochs {opt.epochs}: extending the run from {saved['epochs']} epochs")
+        saved["epochs"] = opt.epochs
+    saved.update(resume=False, device=opt.device, workers=opt.workers)
+    for k in ("save_interval", "local_rank"):
+        if k in given:
+            saved[k] = getattr(opt, k)
+    return SimpleNamespace(**saved), path
+
+
+def _launch_record():
+    """`<tmp>/yolo-elastic/<host>-<agent pid>-<agent start>`, or None outside torchrun."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return None
+    agent = os.getppid()
+    try:  # the start time tells this agent from an earlier process that had the same pid
+        start = Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "0"
+    return Path(tempfile.gettempdir()) / "yolo-elastic" / f"{socket.gethostname()}-{agent}-{start}"
+
+
+def elastic_run_dir():
+    """Rank 0, after a torchrun restart: the run folder this launch recorded, or None."""
+    record = _launch_record()
+    # not keyed on TORCHELASTIC_RESTART_COUNT: with c10d a healthy machine restarts for a new peer without counting
+    if record is None or not record.is_file():
+        return None
+    return Path(record.read_text().strip())
+
+
+def record_run_dir(save_dir):
+    record = _launch_record()
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(str(Path(save_dir).resolve()))
+
+
+def forget_run_dir():
+    record = _launch_record()
+    if record is not None:
+        record.unlink(missing_ok=True)
+
+
+def plan_run(opt, default_project, given=()):
+    """Rank 0: (options, checkpoint to resume from or None, run folder or None for a new one)."""
+    run_dir = elastic_run_dir()
+    if run_dir is not None:
+        last = run_dir / "weights" / "last.pt"
+        if last.is_file() and is_unfinished(load_checkpoint(last)):
+            LOGGER.info(f"torchrun restart {du.get_restart_count()}: resuming {last}")
+            saved, _ = resume_opt(SimpleNamespace(**{**vars(opt), "resume": str(last)}), default_project)
+            return saved, last, run_dir
+        LOGGER.info(f"torchrun restart {du.get_restart_count()}: no checkpoint yet, starting over in {run_dir}")
+        return opt, None, run_dir
+    if opt.resume:
+        saved, path = resume_opt(opt, default_project, given)
+        return saved, path, path.parent.parent
+    return opt, None, None
+
+
+@contextlib.contextmanager
+def sigterm_deferred():
+    """Finish a checkpoint before dying of SIGTERM: when a peer dies, torchrun sends SIGTERM to the survivors, and
+    rank 0 is then often in the middle of saving the state the restart needs. Re-raised when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if received:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+# ------------------------------------------------------------------------------------------------ random states
+# Stored as tensors, ints, floats and lists, which torch.load(weights_only=True) accepts.
+def rng_state():
+    """This process's global RNG states (torch, CUDA, numpy, python)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "gauss": float(gauss)},
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss_next},
+    }
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"].tolist()), p["gauss"]))

@@ -1,0 +1,271 @@
+"""Fault tolerance: a SIGKILLed worker under torchrun --max-restarts 1 costs a restart, not the run.
+
+Every killed run must finish in its own folder, with each epoch once in results.csv, after resuming from the
+checkpoint that was on disk when the worker died, and (with --deterministic) end with exactly the weights of an
+uninterrupted run: augmentations, sample order and worker seeds are functions of (seed, epoch, rank, index), and
+every rank's RNG states travel in the checkpoint.
+"""
+
+import csv
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.ddp_utils import free_port
+from utils.files import ROOT
+
+DRIVER = Path(__file__).with_name("elastic_driver.py")
+EPOCHS, NB = 2, 4  # 16 images, 2 per rank and step: 4 batches per epoch
+
+
+def _env(**extra):
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
+
+
+def _train_args(data, project, name, workers):
+    return ["--data", str(data), "--imgsz", "64", "--batch-size", "4", "--epochs", str(EPOCHS), "--workers",
+            str(workers), "--device", "cpu", "--cfg", "yolov5n.yaml", "--deterministic", "--noval",
+            "--save-interval", "1it", "--project", str(project), "--name", name]
+
+
+def _launch(launcher, args, env, timeout=400):
+    cmd = [sys.executable, "-m", *launcher, str(DRIVER), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _max_diff(a, b):
+    return max((a[k][n] - b[k][n]).abs().max().item() for k in a for n in a[k])
+
+
+def _check_run(run_dir, reference, expected_starts):
+    """One folder, each epoch once, the restart began where the last checkpoint was, the reference's weights."""
+    assert not run_dir.with_name(f"{run_dir.name}2").exists(), "the restart opened a new run folder"
+    epochs = [int(r["epoch"]) for r in csv.DictReader(open(run_dir / "results.csv"))]
+    assert epochs == list(range(EPOCHS))
+    for rank in (0, 1):
+        # "restart epoch batch"; with c10d, a machine whose own worker did not fail may restart without counting
+        lines = (run_dir / f"starts_rank{rank}.txt").read_text().splitlines()
+        starts = [" ".join(line.split()[1:3]) for line in lines]
+        assert starts == ["0 0", expected_starts], (rank, starts)
+    assert not list(run_dir.rglob("*.tmp")), "a temp file survived the next save"
+    assert torch.load(run_dir / "weights" / "last.pt", weights_only=False)["optimizer"] is None  # finished
+    diff = _max_diff(torch.load(run_dir / "final_weights.pt"), reference)
+    assert diff <= 1e-6, f"resumed run ends {diff:.3g} away from the uninterrupted one"
+
+
+@pytest.fixture(scope="module")
+def elastic_setup(tmp_path_factory):
+    """The data, and the uninterrupted reference run, launched with the older torch.distributed.launch (which
+    passes --local-rank to the script)."""
+    from tests.conftest import write_yaml
+    from utils.data.synthetic import generate_dataset
+
+    root = tmp_path_factory.mktemp("elastic")
+    generate_dataset(root / "data", task="detect", n_train=16, n_val=4, seed=0, min_side=64, max_side=96)
+    data = write_yaml(root / "data", "detect")
+    project = root / "runs"
+    r = _launch(["torch.distributed.launch", "--nproc_per_node", "2", "--master_port", str(free_port())],
+                _train_args(data, project, "ref", 0), _env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = list(csv.DictReader(open(project / "ref" / "results.csv")))
+    assert [int(row["epoch"]) for row in rows] == list(range(EPOCHS))
+    return data, project, torch.load(project / "ref" / "final_weights.pt")
+
+
+@pytest.mark.parametrize("rdzv,kill,workers,expected", [
+    # rank 1 dies before batch 2 of epoch 1: the checkpoint after batch 1 is the one to continue from
+    ("static", {"KILL_RANK": "1", "KILL_AT": "1:2"}, 2, "1 2"),
+    # rank 0 dies inside the first checkpoint write at or after batch 1 of epoch 1, leaving a partial temp file:
+    # the last good checkpoint is the end of epoch 0
+    ("c10d", {"KILL_RANK": "0", "KILL_AT": "1:1", "KILL_IN_SAVE": "1"}, 0, "1 0"),
+])
+def test_killed_worker_restarts_where_the_run_was(elastic_setup, rdzv, kill, workers, expected):
+    data, project, reference = elastic_setup
+    port = free_port()
+    launcher = ["torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1"]
+    launcher += ["--master_port", str(port)] if rdzv == "static" else ["--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                                                        f"127.0.0.1:{port}"]
+    name = f"{rdzv}{kill['KILL_RANK']}"
+    t0 = time.time()
+    r = _launch(launcher, _train_args(data, project, name, workers), _env(**kill))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    print(f"{name}: {time.time() - t0:.1f} s with one restart")
+    at = f"batch {expected.split()[1]}/{NB} of epoch 1" if expected != "1 0" else "epoch 1"
+    assert f"at {at} of {EPOCHS}" in r.stdout
+    _check_run(project / name, reference, expected)
+
+
+def test_multi_node_loopback_recovers_a_killed_worker(elastic_setup):
+    """Two launchers on one machine (one process each, c10d rendezvous); the worker of global rank 1 dies."""
+    data, project, reference = elastic_setup
+    port = free_port()
+    args = _train_args(data, project, "nodes", 0)
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+               "--node_rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "--max-restarts", "1", str(DRIVER), *args]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(KILL_RANK="1", KILL_AT="0:2"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outs = [p.communicate(timeout=400)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    _check_run(project / "nodes", reference, "0 2")
+
+
+def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tmp_path):
+    """An interrupted run resumed by hand with --resume ends with the weights of an uninterrupted one: between
+    epochs with 0 workers, inside an epoch with 2."""
+    import train
+    from engine.tasks.detect import DetectionTrainer
+    from engine.trainer import run
+
+    data = elastic_setup[0]
+    weights = {}
+
+    def keep(trainer):
+        weights[trainer.save_dir.name] = {"model": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
+
+    class Stop(Exception):
+        pass
+
+    def stop_at(epoch, batch):
+        def arm(trainer):
+            preprocess, seen = trainer.preprocess_batch, {"n": 0}
+
+            def counting(b):
+                if seen["n"] == epoch * trainer.nb + batch:
+                    raise Stop
+                seen["n"] += 1
+                return preprocess(b)
+
+            trainer.preprocess_batch = counting
+        return arm
+
+    single = ["--batch-size", "2"]  # 8 batches per epoch in one process
+    run(DetectionTrainer, train.parse_opt(_train_args(data, tmp_path, "ref", 0) + single),
+        callbacks={"on_train_end": [keep]})
+    for name, workers, (epoch, batch) in (("between", 0, (1, 0)), ("inside", 2, (1, 3))):
+        with pytest.raises(Stop):
+            run(DetectionTrainer, train.parse_opt(_train_args(data, tmp_path, name, workers) + single),
+                callbacks={"on_train_start": [stop_at(epoch, batch)]})
+        last = tmp_path / name / "weights" / "last.pt"
+        ckpt = torch.load(last, weights_only=False)
+        # the last checkpoint: the end of epoch 0, or one inside epoch 1 (--save-interval 1it saves after each
+        # optimizer step, and accumulation spaces the steps)
+        assert ckpt["epoch"] + 1 == epoch and (0 < ckpt["batch"] <= batch if batch else ckpt["batch"] == 0)
+        opt = train.parse_opt(["--resume", str(last), "--workers", str(workers), "--device", "cpu"])
+        run(DetectionTrainer, opt, callbacks={"on_train_end": [keep]})
+        assert _max_diff(weights[name], weights["ref"]) <= 1e-6, name
+        epochs = [int(r["epoch"]) for r in csv.DictReader(open(tmp_path / name / "results.csv"))]
+        assert epochs == list(range(EPOCHS))
+
+
+def _fake_run(project, name, finished, epochs=5, mtime=None):
+    """A run folder whose last.pt holds the parts --resume reads (an unfinished one keeps its optimizer)."""
+    last = project / name / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    opt = {"epochs": epochs, "batch_size": 8, "imgsz": 64, "device": "", "workers": 2, "resume": False}
+    torch.save({"epoch": 1, "batch": 0, "optimizer": None if finished else {"state": {}}, "opt": opt}, last)
+    if mtime:
+        os.utime(last, (mtime, mtime))
+    return last
+
+
+def test_bare_resume_picks_the_newest_unfinished_run(tmp_path):
+    import train
+    from engine.resume import resume_opt
+    from utils.errors import BadOption
+
+    project = tmp_path / "runs"
+    old = _fake_run(project, "exp", finished=False, mtime=time.time() - 100)
+    _fake_run(project, "exp2", finished=True)  # newer, but finished
+    opt, path = resume_opt(train.parse_opt(["--resume", "--project", str(project)]), "runs/train")
+    assert path == old and opt.epochs == 5 and opt.resume is False
+    _fake_run(project, "exp3", finished=False, mtime=time.time() - 200)
+    assert resume_opt(train.parse_opt(["--resume", "--project", str(project)]), "runs/train")[1] == old
+    done = tmp_path / "done"
+    _fake_run(done, "exp", finished=True)
+    with pytest.raises(BadOption, match="every run under .* has finished"):
+        resume_opt(train.parse_opt(["--resume", "--project", str(done)]), "runs/train")
+
+
+def test_resume_refuses_options_that_change_the_run_and_extends_epochs(tmp_path, capsys):
+    import train
+    from engine.resume import resume_opt
+    from utils.errors import BadOption
+
+    last = _fake_run(tmp_path, "exp", finished=False)
+    given = train.parse_opt(["--resume", str(last), "--batch-size", "16", "--img=128", "--workers", "0"])
+    with pytest.raises(BadOption) as e:
+        resume_opt(given, "runs/train", given.given)
+    assert "--batch-size, --imgsz would change it" in str(e.value)
+    opt = train.parse_opt(["--resume", str(last), "--epoch", "9", "--device", "cpu"])  # an abbreviation too
+    saved, _ = resume_opt(opt, "runs/train", opt.given)
+    assert (saved.epochs, saved.batch_size, saved.device) == (9, 8, "cpu")
+    with pytest.raises(BadOption, match="already trained 2 epochs"):
+        opt = train.parse_opt(["--resume", str(last), "--epochs", "2"])
+        resume_opt(opt, "runs/train", opt.given)
+    # the user's view: one line and exit status 2
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--resume", str(last), "--batch-size", "16",
+                        "--device", "cpu"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --resume continues a run")
+    assert "Traceback" not in r.stderr
+
+
+def test_results_csv_rows_are_keyed_by_epoch(tmp_path):
+    from utils.loggers import CSVLogger
+
+    log = CSVLogger(tmp_path / "results.csv")
+    log.log(0, {"a": 1.0})
+    log.log(1, {"a": 2.0})
+    log.log(1, {"a": 3.0, "b": 4.0})  # epoch 1 again after a resume: replaces its row
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert [(r["epoch"], r["a"], r["b"]) for r in rows] == [("0", "1", ""), ("1", "3", "4")]
+    assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]
+
+
+def test_save_leaves_no_temp_files_of_killed_saves(tmp_path):
+    from utils.files import atomic_save
+
+    killed = tmp_path / ".last.pt.abc123.tmp"  # what a SIGKILL during torch.save leaves
+    killed.write_bytes(b"partial")
+    atomic_save({"epoch": 3}, tmp_path / "last.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+    assert torch.load(tmp_path / "last.pt")["epoch"] == 3
+
+
+def test_save_interval_values():
+    from engine.trainer import parse_save_interval
+    from utils.errors import BadOption
+
+    assert parse_save_interval("10m") == ("s", 600.0) and parse_save_interval("90s") == ("s", 90.0)
+    assert parse_save_interval("2h") == ("s", 7200.0) and parse_save_interval("500it") == ("it", 500.0)
+    assert parse_save_interval("0") == ("off", 0) and parse_save_interval("0m") == ("off", 0)
+    for bad in ("10", "m", "5 minutes", "-3it"):
+        with pytest.raises(BadOption, match="--save-interval"):
+            parse_save_interval(bad)
+
+
+@pytest.mark.parametrize("script", ["train", "val", "detect", "segment.predict", "classify.val"])
+def test_older_launcher_local_rank_spellings(script, monkeypatch):
+    import importlib
+
+    parse = importlib.import_module(script).parse_opt
+    extra = ["--weights", "x.pt"] if "val" in script else []
+    for argv, env, expected in ((["--local-rank=1"], None, "1"), (["--local_rank", "1"], None, "1"),
+                                (["--local-rank=1"], "0", "0")):  # LOCAL_RANK, when set, wins
+        if env is None:
+            monkeypatch.delenv("LOCAL_RANK", raising=False)
+        else:
+            monkeypatch.setenv("LOCAL_RANK", env)
+        assert parse(argv + extra).local_rank == 1
+        assert os.environ["LOCAL_RANK"] == expected
