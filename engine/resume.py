@@ -151,7 +151,7 @@ def sigterm_deferred():
 
 
 # ------------------------------------------------------------------------------------------------ random states
-# Stored as tensors, ints, floats and lists, which torch.load(weights_only=True) accepts.
+# Stored as tensors, ints, floats and lists, which a weights_only load accepts.
 def rng_state():
     """This process's global RNG states (torch, CUDA, numpy, python)."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()

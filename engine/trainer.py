@@ -513,7 +513,7 @@ def strip_optimizer(path):
         ckpt["model"] = ckpt["ema"]
     sd = ckpt["model"]["state_dict"]
     ckpt["model"]["state_dict"] = {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
-    for k in ("ema", "optimizer", "scheduler", "scaler", "ranks", "updates"):
+    for k in ("ema", "optimizer", "scheduler", "scaler", "ranks", "rng", "updates"):  # rng: earlier versions' key
         ckpt[k] = None
     save_checkpoint(to_safe(ckpt), path)  # to_safe: a checkpoint of an earlier version may still hold numpy
 
