@@ -38,11 +38,13 @@ def _smooth(y, f=0.1):
 
 
 def read_results(csv_path):
-    """results.csv -> (column names, float array (epochs, columns))."""
+    """results.csv -> (column names, float array (epochs, columns)); NaN where an epoch has no value (with --noval
+    only the last epoch has validation metrics)."""
     with open(csv_path, newline="") as f:
         rows = list(csv.reader(f))
     header = [h.strip() for h in rows[0]]
-    return header, np.array([[float(v) for v in r] for r in rows[1:]], dtype=float).reshape(-1, len(header))
+    values = [[float(v) if v.strip() else np.nan for v in r] for r in rows[1:]]
+    return header, np.array(values, dtype=float).reshape(-1, len(header))
 
 
 def plot_results(csv_path, path=None):
