@@ -4,19 +4,23 @@ Usage:
     $ python val.py --weights runs/train/exp/weights/best.pt --data data/shapes.yaml --img 320
     $ python val.py --weights best.pt --data data/shapes.yaml --save-json   # also pycocotools mAP
     $ python val.py --weights best.pt --data data/shapes.yaml --task speed   # timing only
+    One machine, several GPUs (each validates a share; --batch-size is per GPU; metrics as one process)
+    $ python -m torch.distributed.run --nproc_per_node 4 val.py --weights best.pt --data coco.yaml --img 640
 """
 
-from engine.tasks.detect import DetectionValidator, run_val
+from engine.tasks.detect import DetectionValidator
+from engine.validator import ValOptions
 from utils.cli import val_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    return val_parser("Validate a YOLO detector", "data/shapes.yaml", 320, "runs/val").parse_args(argv)
+    p = val_parser("Validate a YOLO detector", "data/shapes.yaml", "runs/val", ValOptions(imgsz=320))
+    return p.parse_args(argv)
 
 
 def main(opt):
-    return run_val(opt, DetectionValidator)
+    return DetectionValidator.run_val(opt)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """BaseTrainer: the one training loop shared by detection, segmentation and classification.
 
 Task subclasses (engine/tasks/*.py) override a few hooks: `get_data`, `build_model(nc, names)`,
-`build_dataset(path, mode, stride)`, `build_validator(loader)`, `preprocess_batch`, and optionally
+`build_dataset(path, mode, stride)`, `build_validator()`, `preprocess_batch`, and optionally
 `plot_training_batch`. Hooks get what they need as arguments or from attributes `_setup` assigned before calling
 them (opt, hyp, nc, names, batch_size, save_dir). The loop itself knows nothing about tasks or YOLO versions: the
 model brings its criterion (`model.init_criterion`).
@@ -137,10 +137,12 @@ class BaseTrainer:
         raise NotImplementedError
 
     def build_dataset(self, path, mode, stride):
-        """mode is 'train' or 'val'; stride is the model's largest stride (image sizes are multiples of it)."""
+        """The training set (mode 'train'); stride is the model's largest stride (image sizes are multiples of it).
+        The validation set comes from the validator's own `build_dataset`, shared with the val scripts."""
         raise NotImplementedError
 
-    def build_validator(self, loader):
+    def build_validator(self):
+        """The task's validator (engine/validator.py), given the training criterion for the validation losses."""
         raise NotImplementedError
 
     def preprocess_batch(self, batch):
@@ -210,14 +212,13 @@ class BaseTrainer:
         self.fit_model_to_data()
         self.train_loader = self._build_train_loader()
         self.nb = len(self.train_loader)
-        self.val_set = self.val_loader = self.validator = None
-        if self.main:
-            self.val_set = self.build_dataset(self.data["val"], "val", stride)
-            self.val_loader = build_dataloader(self.val_set, self.batch_size * 2, self.opt.workers, shuffle=False)
-            self.validator = self.build_validator(self.val_loader)
+        # every rank validates its share of the val set (engine/validator.py), so every rank has the loader
+        self.validator = self.build_validator()
+        self.val_loader = self.validator.build_dataloader(self.data["val"], stride)
+        self.val_set = self.val_loader.dataset
 
         self._setup_optimizer()
-        self.ema = ModelEMA(self.model) if self.main else None
+        self.ema = ModelEMA(self.model)  # on every rank, which all validate with it
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp and self.amp_dtype == torch.float16)
         # loop state; _resume may overwrite it. start_batch > 0: resume inside epoch start_epoch, with the running
         # mean of its losses so far (mloss)
@@ -361,7 +362,8 @@ class BaseTrainer:
                 break
         if self.main:
             LOGGER.info(f"{epoch - self.start_epoch + 1} epochs completed in {(time.time() - t0) / 3600:.3f} hours.")
-            self.final_eval()
+        self.final_eval()
+        if self.main:
             forget_run_dir()
         du.barrier()
         self.run_callbacks("on_train_end")
@@ -470,14 +472,17 @@ class BaseTrainer:
         )
 
     def end_epoch(self, epoch):
-        """Rank 0 validates, logs and saves; the others wait at the barrier. Returns the stop decision."""
+        """Every rank validates its share; rank 0 logs and saves while the others wait at the barrier. Returns the
+        stop decision."""
         stop = False
         ranks = du.gather_objects(self.rank_state())  # for the checkpoint
+        final = epoch + 1 == self.epochs
         if self.main:
             self.run_callbacks("on_train_epoch_end")
-            final = epoch + 1 == self.epochs
-            if not self.opt.noval or final:
-                self.metrics = self.validator(model=self.ema.ema, trainer=self)
+        if not self.opt.noval or final:
+            # rank 0's EMA: the ranks' EMA parameters agree, their BatchNorm buffers (each rank's own statistics) not
+            self.metrics = self.validator(du.broadcast_state(self.ema.ema))
+        if self.main:
             fitness = self.metrics.get("fitness", 0.0)
             self.best_fitness = max(self.best_fitness, fitness)
             losses = {f"train/{n}_loss": float(v) for n, v in zip(self.criterion.loss_names, self.tloss)}
@@ -493,16 +498,19 @@ class BaseTrainer:
         return stop
 
     def final_eval(self):
-        """Strip the optimizer from the saved weights, then validate best.pt once more with per-class output."""
-        for f in (self.last, self.best):
-            if f.exists():
-                strip_optimizer(f)
-        if self.best.exists():
+        """Rank 0 strips the optimizer from the saved weights; then every rank validates best.pt once more, with
+        per-class output. Rank 0 reads the file and sends the weights: the other ranks may run on other machines."""
+        if self.main:
+            for f in (self.last, self.best):
+                if f.exists():
+                    strip_optimizer(f)
+        if du.broadcast_object(self.best.exists()):
             LOGGER.info(f"\nValidating {self.best}...")
-            model = attempt_load(self.best, device=self.device, fuse=False)
-            self.metrics = self.validator(model=model, trainer=self, final=True)
-        self.tb.close()
-        LOGGER.info(f"Results saved to {self.save_dir}")
+            model = attempt_load(self.best, device=self.device, fuse=False) if self.main else deepcopy(self.ema.ema)
+            self.metrics = self.validator(du.broadcast_state(model), final=True)
+        if self.main:
+            self.tb.close()
+            LOGGER.info(f"Results saved to {self.save_dir}")
 
 
 def strip_optimizer(path):

@@ -1,36 +1,119 @@
-"""BaseValidator: the evaluation loop shared by per-epoch validation in the trainer and the stand-alone val scripts.
+"""BaseValidator: the one evaluation path, for per-epoch validation in the trainer and for the stand-alone val scripts.
 
-Task subclasses implement `init_metrics`, `postprocess`, `update_metrics`, `get_stats` and `print_results`.
+Under DDP every rank validates a disjoint share of whole batches (`ShardedBatchSampler`) and keeps one record per
+batch (matches, confidences, classes, losses, COCO JSON rows); rank 0 gathers the records, puts them back in batch
+order and computes the metrics from them. Each batch holds the same images at the same letterbox shape as in a
+single process, so the model sees the same tensors and the metrics come out identical to one process.
+
+Task subclasses implement `get_data`, `build_dataset`, `init_metrics`, `postprocess`, `update_metrics` (returns the
+batch's record), `get_stats` (from the merged records) and `print_results`.
 """
 
-from types import SimpleNamespace
+import dataclasses
+import math
+import os
+from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
-from utils.loggers import LOGGER
+from engine.trainer import to_float32
+from models.backend import validation_model
+from utils import dist as du
+from utils.data.loader import seed_worker
+from utils.errors import BadCheckpoint
+from utils.files import increment_path
+from utils.loggers import LOGGER, set_logging
 from utils.torch_utils import time_sync
 
 
-class BaseValidator:
-    """Run a model over a dataloader and compute the task's metrics. Called as `validator(model=..., trainer=...)`."""
+@dataclasses.dataclass
+class ValOptions:
+    """Everything a validator reads. Built by `from_cli` (val scripts) or `from_train` (the trainer), nowhere else."""
 
-    def __init__(self, dataloader, save_dir, args, names):
-        self.dataloader = dataloader
-        self.save_dir = save_dir
-        self.args = args if isinstance(args, SimpleNamespace) else SimpleNamespace(**vars(args))
-        self.names = names
-        self.nc = len(names)
+    imgsz: int
+    batch: int = 32  # images per batch on each rank
+    workers: int = 2
+    conf: float = 0.001
+    iou: float = 0.6
+    max_det: int = 300
+    half: bool = False  # fp16 inference, CUDA only
+    save_json: bool = False
+    save_txt: bool = False
+    plots: bool = True  # val_batch images, curves and confusion matrices (final or stand-alone runs only)
+    single_cls: bool = False  # every class evaluated as one (a --single-cls model)
+    no_overlap: bool = False  # segmentation: one mask per instance instead of the overlap map
+
+    _CLI_NAMES = {"batch_size": "batch", "conf_thres": "conf", "iou_thres": "iou"}  # class attribute, not a field
+
+    @classmethod
+    def from_cli(cls, opt):
+        """From a `utils.cli.val_parser` namespace (which takes its defaults from this class)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        given = {cls._CLI_NAMES.get(k, k): v for k, v in vars(opt).items()}
+        options = cls(**{k: v for k, v in given.items() if k in fields})
+        if opt.task == "speed":  # timing at deployment thresholds, no JSON
+            options = dataclasses.replace(options, conf=0.25, iou=0.45, save_json=False)
+        return options
+
+    @classmethod
+    def from_train(cls, opt, batch, **task_options):
+        """For validation inside training: the training image size and workers, `batch` images per rank."""
+        return cls(imgsz=opt.imgsz, batch=batch, workers=opt.workers, plots=not opt.noplots, **task_options)
+
+
+class ShardedBatchSampler(Sampler):
+    """Batches of consecutive dataset indices, as a single process makes them; rank r of W takes batches r, r + W, ...
+
+    Whole batches, not images, are dealt out, so a rect dataset's per-batch letterbox shape stays what it is in one
+    process; every image is in exactly one batch of one rank, also when the count does not divide. `batch_ids` are
+    the global numbers of this rank's batches, in the order they are yielded.
+    """
+
+    def __init__(self, n, batch_size, rank=-1, world_size=1):
+        n_batches = math.ceil(n / batch_size)
+        self.n, self.batch_size = n, batch_size
+        self.batch_ids = list(range(max(rank, 0), n_batches, max(world_size, 1)))
+
+    def __iter__(self):
+        for b in self.batch_ids:
+            yield list(range(b * self.batch_size, min((b + 1) * self.batch_size, self.n)))
+
+    def __len__(self):
+        return len(self.batch_ids)
+
+
+class BaseValidator:
+    """Validate a model on this rank's share of a dataset; rank 0 merges the shares and reports.
+
+    Called as `validator(model, final=...)` with a plain (unwrapped) module that every rank holds identically.
+    With a `criterion` (training), the loss of each batch is computed too and reported as `val/<name>_loss`.
+    `label_nc`: the class count the label files are checked against, when it differs from len(names) (--single-cls).
+    """
+
+    postprocess_name = "post-process"
+
+    def __init__(self, args, save_dir, names, criterion=None, label_nc=None):
+        self.args = args
+        self.save_dir = Path(save_dir)
+        self.names = dict(names) if not isinstance(names, dict) else names
+        self.nc = len(self.names)
+        self.label_nc = label_nc or self.nc
+        self.criterion = criterion
+        self.dataloader = None
         self.speed = {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0}
         self.seen = 0
 
-    def preprocess(self, batch, device, half):
-        batch["img"] = batch["img"].to(device, non_blocking=True)
-        batch["img"] = (batch["img"].half() if half else batch["img"].float()) / 255
-        for k in ("targets", "masks", "cls"):
-            if k in batch:
-                batch[k] = batch[k].to(device)
-        return batch
+    # ---------------------------------------------------------------- hooks for task subclasses
+    @staticmethod
+    def get_data(data, options):
+        """The dataset dict (paths per split, names, nc) for a --data argument."""
+        raise NotImplementedError
+
+    def build_dataset(self, path, stride):
+        """The validation dataset at `path` (the same for training and the val scripts); stride: the model's largest."""
+        raise NotImplementedError
 
     def init_metrics(self, model):
         raise NotImplementedError
@@ -38,11 +121,16 @@ class BaseValidator:
     def postprocess(self, preds):
         raise NotImplementedError
 
+    def loss_inputs(self, preds):
+        """The part of the eval-mode output that the training criterion takes."""
+        return preds[1]
+
     def update_metrics(self, preds, batch):
+        """Return this batch's record: a dict of lists (one entry per image or per batch), merged in batch order."""
         raise NotImplementedError
 
-    def get_stats(self):
-        """Return the results dict, including 'fitness'."""
+    def get_stats(self, records):
+        """The results dict (with 'fitness') from the merged records {key: list}."""
         raise NotImplementedError
 
     def print_results(self, final=False):
@@ -55,46 +143,118 @@ class BaseValidator:
         """Optional: save the run's metric charts (curves, confusion matrices) to save_dir."""
 
     def finalize(self, stats):
-        """Hook after the stats (e.g. COCO JSON evaluation); may update and return them."""
+        """Hook on rank 0 after the stats (e.g. COCO JSON evaluation); may update and return them."""
         return stats
 
+    def merge_shards(self, shards):
+        """Combine what is not per batch (rank 0): the confusion matrices are counts, so they add up."""
+        if getattr(self, "confusion", None) is not None:
+            self.confusion.matrix = sum(s["confusion"] for s in shards)
+
+    def preprocess(self, batch, device, half):
+        batch["img"] = batch["img"].to(device, non_blocking=True)
+        batch["img"] = (batch["img"].half() if half else batch["img"].float()) / 255
+        for k in ("targets", "masks", "cls"):
+            if k in batch:
+                batch[k] = batch[k].to(device)
+        return batch
+
+    # ---------------------------------------------------------------- data
+    def build_dataloader(self, path, stride):
+        """This rank's share of the dataset at `path`, in whole batches (see ShardedBatchSampler)."""
+        with du.torch_distributed_zero_first(du.get_local_rank()):  # one rank per machine writes the label cache
+            dataset = self.build_dataset(path, stride)
+        sampler = ShardedBatchSampler(len(dataset), self.args.batch, du.get_rank(), du.get_world_size())
+        nw = min((os.cpu_count() or 1) // du.get_world_size(), self.args.batch if self.args.batch > 1 else 0,
+                 self.args.workers)
+        self.dataloader = DataLoader(dataset, batch_sampler=sampler, num_workers=nw, worker_init_fn=seed_worker,
+                                     collate_fn=getattr(dataset, "collate_fn", None), persistent_workers=nw > 0,
+                                     pin_memory=torch.cuda.is_available())
+        return self.dataloader
+
+    # ---------------------------------------------------------------- the loop
     @torch.no_grad()
-    def __call__(self, model, trainer=None, final=False):
-        """Evaluate `model` (a plain, unwrapped module). In training it is the EMA model on the training device."""
+    def __call__(self, model, final=False):
+        """Evaluate `model` on every rank; returns the same results dict on every rank."""
         device = next(model.parameters()).device
-        half = bool(getattr(self.args, "half", False)) and device.type == "cuda"
+        half = self.args.half and device.type == "cuda"
         training = model.training
         model.eval()
         if half:
             model.half()
         self.init_metrics(model)
-        self.seen = 0
-        dt = [0.0, 0.0, 0.0]
-        final = final or trainer is None
-        plots = final and not getattr(self.args, "noplots", False)  # the final or stand-alone run, not each epoch
-        bar = tqdm(self.dataloader, desc=self.description(), bar_format="{l_bar}{bar:10}{r_bar}")
-        for bi, batch in enumerate(bar):
+        plots = final and self.args.plots  # the final or stand-alone run, not each epoch
+        records, dt = self._run(model, device, half, plots)
+        if half:
+            model.float()
+        model.train(training)
+        self.speed = {k: v * 1e3 / max(self.seen, 1) for k, v in zip(self.speed, dt)}  # this rank's images
+        stats = None
+        merged = self._gather(records)
+        if merged is not None:  # rank 0
+            stats = self.get_stats(merged)
+            stats.update(self._losses(merged))
+            stats = self.finalize(stats)
+            self.print_results(final=final)
+            if plots:
+                self.plot_metrics()
+        return du.broadcast_object(stats)
+
+    def _run(self, model, device, half, plots):
+        """Run this rank's batches; returns [(global batch number, record)] and the time per stage. With plots, the
+        rank that holds one of the first 3 batches draws it."""
+        self.seen, records, dt = 0, [], [0.0, 0.0, 0.0]
+        bar = self.dataloader
+        if du.is_main_process():
+            bar = tqdm(bar, desc=self.description(), bar_format="{l_bar}{bar:10}{r_bar}")
+        for b, batch in zip(self.dataloader.batch_sampler.batch_ids, bar):
             t0 = time_sync()
             batch = self.preprocess(batch, device, half)
             t1 = time_sync()
             preds = model(batch["img"])
             t2 = time_sync()
+            loss = self._loss(preds, batch)
             preds = self.postprocess(preds)
             t3 = time_sync()
-            self.update_metrics(preds, batch)
-            if plots and bi < 3:
-                self.plot_val_batch(batch, preds, bi)
+            record = self.update_metrics(preds, batch)
+            if loss is not None:
+                record["loss"] = [loss]
+            records.append((b, record))
+            if plots and b < 3:
+                self.plot_val_batch(batch, preds, b)
             dt[0], dt[1], dt[2] = dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2
-        if half:
-            model.float()
-        model.train(training)
-        n = max(self.seen, 1)
-        self.speed = {k: v * 1e3 / n for k, v in zip(self.speed, dt)}
-        stats = self.finalize(self.get_stats())
-        self.print_results(final=final)
-        if plots:
-            self.plot_metrics()
-        return stats
+        return records, dt
+
+    def _loss(self, preds, batch):
+        """The training criterion's loss items of one batch (fp32, on the CPU), or None without a criterion."""
+        if self.criterion is None:
+            return None
+        return self.criterion(to_float32(self.loss_inputs(preds)), batch)[1].detach().cpu().double()
+
+    def _gather(self, records):
+        """Every rank's records on rank 0, merged in batch order: {key: list}, as one process would have them.
+        None on the other ranks."""
+        shard = {"records": records, "seen": self.seen}
+        if getattr(self, "confusion", None) is not None:
+            shard["confusion"] = self.confusion.matrix
+        shards = du.gather_objects(shard)
+        if shards is None:
+            return None
+        self.seen = sum(s["seen"] for s in shards)
+        self.merge_shards(shards)
+        ordered = sorted((r for s in shards for r in s["records"]), key=lambda r: r[0])
+        merged = {}
+        for _, record in ordered:
+            for k, v in record.items():
+                merged.setdefault(k, []).extend(v)
+        return merged
+
+    def _losses(self, merged):
+        """Mean of the per-batch loss items over all batches, as the official validators report it."""
+        if "loss" not in merged:
+            return {}
+        mean = torch.stack(merged["loss"]).mean(0)
+        return {f"val/{n}_loss": float(v) for n, v in zip(self.criterion.loss_names, mean)}
 
     def description(self):
         return "validating"
@@ -106,4 +266,37 @@ class BaseValidator:
             f"{s['postprocess']:.1f}ms {self.postprocess_name} per image at shape {tuple(shape)}"
         )
 
-    postprocess_name = "post-process"
+    # ---------------------------------------------------------------- stand-alone (the val scripts)
+    @staticmethod
+    def split_path(data, task):
+        return data["test"] if task == "test" and data.get("test") else data["val"]
+
+    @classmethod
+    def prepare(cls, model, stride, options, opt):
+        """Hook for the val scripts: the model and options to validate with, given the loaded weights' stride."""
+        return model, options
+
+    @classmethod
+    def run_val(cls, opt):
+        """Validate a weights file, as `val.py`, `segment/val.py` and `classify/val.py` do; under torchrun every
+        rank validates its share."""
+        set_logging(du.get_rank())
+        device = du.select_device(opt.device)
+        du.setup_ddp(device)
+        try:
+            model, stride = validation_model(opt.weights, device, opt.imgsz)
+            model, options = cls.prepare(model, stride, ValOptions.from_cli(opt), opt)
+            with du.torch_distributed_zero_first(du.get_local_rank()):
+                data = cls.get_data(opt.data, options)
+            if data["nc"] != model.nc:
+                raise BadCheckpoint(f"--weights {opt.weights} predicts {model.nc} classes but --data {opt.data} has "
+                                    f"{data['nc']}")
+            # every rank must agree on one folder; only rank 0 looks at the disk to choose it
+            save_dir = None
+            if du.is_main_process():
+                save_dir = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True))
+            validator = cls(options, Path(du.broadcast_object(save_dir)), data["names"], label_nc=data.get("label_nc"))
+            validator.build_dataloader(cls.split_path(data, opt.task), stride)
+            return validator(model, final=True)
+        finally:
+            du.cleanup_ddp()

@@ -3,21 +3,23 @@
 Usage:
     $ python segment/val.py --weights runs/train-seg/exp/weights/best.pt --data data/shapes-seg.yaml
     $ python segment/val.py --weights best.pt --data data/shapes-seg.yaml --save-json   # + pycocotools bbox/segm
+    One machine, several GPUs (each validates a share; --batch-size is per GPU; metrics as one process)
+    $ python -m torch.distributed.run --nproc_per_node 4 segment/val.py --weights best.pt --data coco-seg.yaml
 """
 
-from engine.tasks.detect import run_val
 from engine.tasks.segment import SegmentationValidator
+from engine.validator import ValOptions
 from utils.cli import val_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = val_parser("Validate a YOLO segmentation model", "data/shapes-seg.yaml", 320, "runs/val-seg")
+    p = val_parser("Validate a YOLO segmentation model", "data/shapes-seg.yaml", "runs/val-seg", ValOptions(imgsz=320))
     return p.parse_args(argv)
 
 
 def main(opt):
-    return run_val(opt, SegmentationValidator, task="segment")
+    return SegmentationValidator.run_val(opt)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Run a task's training under torchrun with instrumentation the DDP tests read back: each rank writes the hash
-of its final weights, how many checkpoints it saved, and how many of its batches had no labels.
+of its final weights, how many checkpoints it saved, how many of its batches had no labels, and its EMA weights.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/ddp_driver.py train|segment|classify <script args>
 """
@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
 
 from engine.trainer import run  # noqa: E402
 from utils.dist import get_rank  # noqa: E402
@@ -45,6 +47,7 @@ def report(trainer):
     (d / f"weights_rank{rank}.sha").write_text(weights_hash(trainer.model))
     (d / f"saved_rank{rank}.txt").write_text(str(int(trainer.n_saves > 0)))
     (d / f"empty_batches_rank{rank}.txt").write_text(str(trainer.n_empty))
+    torch.save(trainer.ema.ema.state_dict(), d / f"ema_rank{rank}.pt")  # the weights the last validation used
 
 
 def main():

@@ -2,13 +2,12 @@
 pycocotools, segment/train.py -> val.py -> predict.py for YOLOv5-seg and YOLOv8-seg, a 2-rank torchrun run, and
 a short run that must learn masks."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from torch import nn
 
 from engine.tasks.segment import SegmentationValidator
+from engine.validator import ValOptions
 from models.heads import Segment
 from utils.data.dataset_yaml import check_det_dataset
 
@@ -88,23 +87,16 @@ def rectangles(tmp_path_factory):
 
 
 def _validate(data, save_dir, mask_fn, pad=0.0, overlap=True):
-    from utils.data.detect_dataset import YOLODataset
-    from utils.data.label_formats import SegmentLabels
-    from utils.data.loader import build_dataloader
-
-    # the val.py loader (rect batches, pad 0.5), with either mask layout
-    dataset = YOLODataset(data["val"], imgsz=128, batch_size=4, rect=True, stride=32, pad=0.5,
-                          task=SegmentLabels(overlap=overlap))
-    loader = build_dataloader(dataset, 4, 0, shuffle=False)
+    # the val.py loader (rect batches, pad 0.5), with either mask layout;
+    # NMS at IoU 0.9: neighbouring labels of one class must not suppress each other's exact boxes
+    args = ValOptions(imgsz=128, batch=4, workers=0, conf=0.001, iou=0.9, save_json=True, no_overlap=not overlap)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    validator = SegmentationValidator(args, save_dir, data["names"])
+    validator.build_dataloader(data["val"], stride=32)
     gen = torch.Generator().manual_seed(0)
     nm = 8  # more than the most labels of an image
-    outputs = [_outputs_from_labels(b, nm, mask_fn, gen, pad, overlap) for b in loader]
-    # NMS at IoU 0.9: neighbouring labels of one class must not suppress each other's exact boxes
-    args = SimpleNamespace(conf_thres=0.001, iou_thres=0.9, max_det=300, save_json=True, imgsz=128,
-                           no_overlap=not overlap)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    validator = SegmentationValidator(loader, save_dir, args, data["names"])
-    return validator, validator(model=_Replay(outputs, nm))
+    outputs = [_outputs_from_labels(b, nm, mask_fn, gen, pad, overlap) for b in validator.dataloader]
+    return validator, validator(_Replay(outputs, nm), final=True)
 
 
 PAD = 6.0  # 1.5 prototype pixels (4 input pixels each): the crop then keeps a whole prototype pixel around the mask
@@ -150,7 +142,7 @@ def test_validator_keeps_box_and_mask_matches_of_each_image_together(rectangles,
     """Odd images get empty masks and even ones their labels' masks, with exact boxes everywhere: the mask matches
     of each image must sit in the rows of that image's box matches."""
     validator, stats = _validate(rectangles, tmp_path, lambda gt, i: gt & (i % 2 == 0))
-    tp, tp_m = validator.stats["tp"], validator.stats["tp_m"]
+    tp, tp_m = validator.records["tp"], validator.records["tp_m"]
     n_labels = [len(lb["cls"]) for lb in validator.dataloader.dataset.labels]
     assert len(tp) == len(tp_m) == len(n_labels)  # every image has predictions (the label-less one a false one)
     for k, (box, mask, n) in enumerate(zip(tp, tp_m, n_labels)):

@@ -128,24 +128,31 @@ def predict_parser(description, weights_default, imgsz_default, project):
     return p
 
 
-def val_parser(description, data_default, imgsz_default, project):
-    """Options of the detection and segmentation val scripts."""
+def val_parser(description, data_default, project, defaults, boxes=True):
+    """Options of the three val scripts. `defaults` is the validator's options object (engine.validator.ValOptions),
+    the one place their default values are written; `boxes` adds the NMS and prediction-saving options."""
     p = Parser(description)
-    p.add_argument("--data", type=str, default=data_default, help="dataset YAML")
+    p.add_argument("--data", type=str, default=data_default, help="dataset YAML or folder")
     p.add_argument("--weights", type=str, required=True, help="model weights")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default)
-    p.add_argument("--task", default="val", choices=["val", "test", "speed"], help="split to evaluate, or speed")
-    p.add_argument("--device", default="", help="cuda device, i.e. 0 or cpu")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--save-txt", action="store_true", help="save predictions to labels/*.txt")
-    p.add_argument("--save-json", action="store_true", help="save COCO-format predictions and run pycocotools")
-    p.add_argument("--single-cls", action="store_true", help="evaluate every class as one (a --single-cls model)")
+    p.add_argument("--batch-size", type=int, default=defaults.batch, help="images per batch on each rank")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=defaults.imgsz)
+    p.add_argument("--task", default="val", choices=["val", "test", "speed"] if boxes else ["val", "test"],
+                   help="split to evaluate" + (", or speed" if boxes else ""))
+    p.add_argument("--device", default="", help="cuda device, i.e. 0 or cpu (under torchrun: one GPU per rank)")
+    p.add_argument("--workers", type=int, default=defaults.workers, help="max dataloader workers per rank")
     p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
-    p.add_argument("--project", default=project)
+    p.add_argument("--project", default=project, help="save to project/name")
     p.add_argument("--name", default="exp")
     p.add_argument("--exist-ok", action="store_true")
-    return add_nms_args(p, conf=0.001, iou=0.6, max_det=300)
+    if boxes:
+        p.add_argument("--save-txt", action="store_true", help="save predictions to labels/*.txt")
+        p.add_argument("--save-json", action="store_true", help="save COCO-format predictions and run pycocotools")
+        p.add_argument("--single-cls", action="store_true", help="evaluate every class as one (a --single-cls model)")
+        p.add_argument("--conf-thres", type=float, default=defaults.conf, help="confidence threshold")
+        p.add_argument("--iou-thres", type=float, default=defaults.iou, help="NMS IoU threshold")
+        p.add_argument("--max-det", type=int, default=defaults.max_det, help="maximum detections per image")
+        p.add_argument("--augment", action="store_true", help="test-time augmentation: 3 scales, one flipped, one NMS")
+    return p
 
 
 def add_nms_args(p, conf=0.25, iou=0.45, max_det=1000):

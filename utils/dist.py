@@ -358,3 +358,17 @@ def all_reduce_mean(tensor):
     t = tensor.detach().clone()
     dist.all_reduce(t)
     return t / get_world_size()
+
+
+def broadcast_state(model, src=0):
+    """Overwrite every rank's parameters and buffers with rank `src`'s, in place; a no-op when single.
+
+    Before sharded validation: the ranks' EMA models agree on parameters but not on BatchNorm buffers (each rank
+    averages its own running statistics), and the final validation loads best.pt on rank 0 only.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return model
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            dist.broadcast(t, src=src)
+    return model

@@ -4,7 +4,7 @@ import torch
 
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer, read_hyp
-from engine.validator import BaseValidator
+from engine.validator import BaseValidator, ValOptions
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel
 from utils.data.classify_dataset import ClassificationDataset, classify_val_transforms
@@ -64,10 +64,10 @@ class ClassificationTrainer(BaseTrainer):
         return read_hyp(name)
 
     def build_dataset(self, path, mode, stride):
-        train = mode == "train"
+        """The training set (the validation set comes from the validator's `build_dataset`)."""
         return ClassificationDataset(
-            path, imgsz=self.opt.imgsz, augment=train, hyp=self.hyp, cache=self.opt.cache, prefix=f"{mode}: ",
-            rank=get_rank() if train else -1, world_size=get_world_size() if train else 1, seed=self.opt.seed,
+            path, imgsz=self.opt.imgsz, augment=True, hyp=self.hyp, cache=self.opt.cache, prefix=f"{mode}: ",
+            rank=get_rank(), world_size=get_world_size(), seed=self.opt.seed,
         )
 
     def preprocess_batch(self, batch):
@@ -80,14 +80,20 @@ class ClassificationTrainer(BaseTrainer):
             plot_images(batch["img"], whole_image_targets(batch["cls"]), fname=self.save_dir / f"train_batch{ni}.jpg",
                         names=self.names)
 
-    def build_validator(self, loader):
-        return ClassificationValidator(loader, self.save_dir, self.opt, self.names)
+    def build_validator(self):
+        return ClassificationValidator(ValOptions.from_train(self.opt, self.batch_size * 2), self.save_dir,
+                                       self.names, criterion=self.criterion)
 
 
 class ClassificationValidator(BaseValidator):
     """Top-1 / top-5 accuracy, per-class accuracy and the confusion matrix."""
 
-    postprocess_name = "post-process"
+    @staticmethod
+    def get_data(data, options):
+        return check_cls_dataset(data)
+
+    def build_dataset(self, path, stride):
+        return ClassificationDataset(path, imgsz=self.args.imgsz, augment=False, prefix="val: ")
 
     def preprocess(self, batch, device, half):
         batch["img"] = batch["img"].to(device, non_blocking=True)
@@ -101,18 +107,22 @@ class ClassificationValidator(BaseValidator):
     def init_metrics(self, model):
         self.metrics = ClassifyMetrics()
         self.confusion = ConfusionMatrix(nc=self.nc, task="classify")
-        self.pred, self.targets = [], []
 
     def postprocess(self, preds):
         return preds[0] if isinstance(preds, (list, tuple)) else preds
 
+    def loss_inputs(self, probs):
+        """Log-probabilities stand in for the logits the eval-mode head does not return: cross-entropy applies
+        log-softmax, which leaves normalised log-probabilities unchanged. The floor keeps a probability that
+        underflowed to 0 finite."""
+        return probs.float().clamp(min=torch.finfo(torch.float32).tiny).log()
+
     def update_metrics(self, probs, batch):
         self.seen += len(probs)
-        self.pred.append(probs.argsort(1, descending=True)[:, :5].cpu())
-        self.targets.append(batch["cls"].cpu())
+        return {"pred": [probs.argsort(1, descending=True)[:, :5].cpu()], "target": [batch["cls"].cpu()]}
 
-    def get_stats(self):
-        pred, targets = torch.cat(self.pred), torch.cat(self.targets)
+    def get_stats(self, records):
+        pred, targets = torch.cat(records["pred"]), torch.cat(records["target"])
         self.confusion.process_cls_preds(pred, targets)
         self.metrics.process(targets, pred)
         return dict(self.metrics.results_dict)

@@ -1,5 +1,6 @@
 """Detection task: the trainer, validator and predictor hooks for YOLOv5/v7/v8 detectors."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,8 +9,8 @@ import torch
 
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
-from engine.validator import BaseValidator
-from models.backend import InferenceBackend, validation_model
+from engine.validator import BaseValidator, ValOptions
+from models.backend import InferenceBackend
 from models.checkpoints import load_pretrained
 from models.tta import TTAModel, augment_backend
 from models.yolo import DetectionModel
@@ -21,11 +22,9 @@ from utils.coco import box_to_coco_json, eval_coco_json, image_id_from_path, lab
 from utils.data.dataset_yaml import check_det_dataset
 from utils.data.detect_dataset import YOLODataset
 from utils.data.image_weights import ImageWeightSampler
-from utils.data.loader import build_dataloader
-from utils.dist import get_rank, get_world_size, select_device
-from utils.errors import BadCheckpoint, BadOption
-from utils.files import increment_path
-from utils.loggers import LOGGER, set_logging
+from utils.dist import get_rank, get_world_size
+from utils.errors import BadOption
+from utils.loggers import LOGGER
 from utils.metrics import ConfusionMatrix, DetMetrics, process_batch
 from utils.plots import colors, plot_images
 
@@ -69,22 +68,22 @@ class DetectionTrainer(BaseTrainer):
         return {}
 
     def build_dataset(self, path, mode, stride):
-        train = mode == "train"
+        """The training set (the validation set comes from the validator's `build_dataset`)."""
         return YOLODataset(
             path,
             imgsz=self.opt.imgsz,
-            batch_size=self.batch_size if train else self.batch_size * 2,
-            augment=train,
+            batch_size=self.batch_size,
+            augment=True,
             hyp=self.hyp,
-            rect=self.opt.rect if train else True,
+            rect=self.opt.rect,
             cache=self.opt.cache,
             stride=stride,
-            pad=0.0 if train else 0.5,
+            pad=0.0,
             prefix=f"{mode}: ",
             nc=self.data.get("label_nc", self.nc),  # the class ids the label files may hold
             single_cls=self.opt.single_cls,
-            rank=get_rank() if train else -1,
-            world_size=get_world_size() if train else 1,
+            rank=get_rank(),
+            world_size=get_world_size(),
             seed=self.opt.seed,
             **self.dataset_kwargs(mode),
         )
@@ -107,8 +106,10 @@ class DetectionTrainer(BaseTrainer):
         metrics = getattr(self.validator, "metrics", None)
         return metrics.maps(self.nc) if metrics is not None else np.zeros(self.nc)
 
-    def build_validator(self, loader):
-        return DetectionValidator(loader, self.save_dir, self.opt, self.names)
+    def build_validator(self):
+        options = ValOptions.from_train(self.opt, self.batch_size * 2, single_cls=self.opt.single_cls)
+        return DetectionValidator(options, self.save_dir, self.names, criterion=self.criterion,
+                                  label_nc=self.data.get("label_nc"))
 
     def preprocess_batch(self, batch):
         batch = super().preprocess_batch(batch)
@@ -126,15 +127,26 @@ class DetectionValidator(BaseValidator):
 
     postprocess_name = "NMS"
 
-    def __init__(self, dataloader, save_dir, args, names):
-        super().__init__(dataloader, save_dir, args, names)
+    def __init__(self, args, save_dir, names, criterion=None, label_nc=None):
+        super().__init__(args, save_dir, names, criterion, label_nc)
         self.iouv = torch.linspace(0.5, 0.95, 10)
+
+    @staticmethod
+    def get_data(data, options):
+        data = check_det_dataset(data)
+        return single_class(data) if options.single_cls else data
+
+    def dataset_kwargs(self):
+        return {}
+
+    def build_dataset(self, path, stride):
+        return YOLODataset(path, imgsz=self.args.imgsz, batch_size=self.args.batch, augment=False, rect=True,
+                           stride=stride, pad=0.5, prefix="val: ", nc=self.label_nc,
+                           single_cls=self.args.single_cls, **self.dataset_kwargs())
 
     def init_metrics(self, model):
         self.metrics = DetMetrics(names=self.names)
         self.confusion = ConfusionMatrix(nc=self.nc)  # at its own conf 0.25: val's 0.001 floods the background row
-        self.stats = {"tp": [], "conf": [], "pred_cls": [], "target_cls": []}
-        self.jdict = []
         self.layout = model.output_layout
 
     def description(self):
@@ -143,10 +155,10 @@ class DetectionValidator(BaseValidator):
     def postprocess(self, preds):
         return ops.non_max_suppression(
             preds,
-            conf_thres=getattr(self.args, "conf_thres", 0.001),
-            iou_thres=getattr(self.args, "iou_thres", 0.6),
+            conf_thres=self.args.conf,
+            iou_thres=self.args.iou,
             multi_label=True,
-            max_det=getattr(self.args, "max_det", 300),
+            max_det=self.args.max_det,
             layout=self.layout,
         )  # no time limit: dropping the images left when it runs out would bias mAP (max_nms bounds the work)
 
@@ -165,31 +177,35 @@ class DetectionValidator(BaseValidator):
         ops.scale_boxes(batch["img"].shape[2:], predn[:, :4], shape, ratio_pad=ratio_pad)
         return predn
 
+    def new_record(self):
+        return {"tp": [], "conf": [], "pred_cls": [], "target_cls": [], "json": []}
+
     def update_metrics(self, preds, batch):
+        record = self.new_record()
         for si, pred in enumerate(preds):
             self.seen += 1
             cls, tboxes = self._labels_native(batch, si)
-            n_pred = len(pred)
-            self.stats["target_cls"].append(cls.cpu())
-            if n_pred == 0:
+            record["target_cls"].append(cls.cpu())
+            labelsn = torch.cat([cls[:, None], tboxes], 1)
+            if len(pred) == 0:
                 if len(cls):
-                    self.confusion.process_batch(None, torch.cat([cls[:, None], tboxes], 1).cpu())
+                    self.confusion.process_batch(None, labelsn.cpu())
                 continue
             predn = self._native_preds(pred, batch, si)
-            labelsn = torch.cat([cls[:, None], tboxes], 1)
             correct = process_batch(predn[:, :6], labelsn, self.iouv.to(pred.device))
-            self.update_extra(pred, predn, batch, si, correct)
-            self.stats["tp"].append(correct.cpu())
-            self.stats["conf"].append(predn[:, 4].cpu())
-            self.stats["pred_cls"].append(predn[:, 5].cpu())
+            self.update_extra(record, pred, predn, batch, si, correct)
+            record["tp"].append(correct.cpu())
+            record["conf"].append(predn[:, 4].cpu())
+            record["pred_cls"].append(predn[:, 5].cpu())
             self.confusion.process_batch(predn[:, :6].cpu(), labelsn.cpu())
             path = Path(batch["paths"][si])
-            if getattr(self.args, "save_txt", False):
+            if self.args.save_txt:
                 self.save_txt(predn, batch["shapes"][si][0], self.save_dir / "labels" / f"{path.stem}.txt")
-            if getattr(self.args, "save_json", False):
-                self.save_json(predn, path)
+            if self.args.save_json:
+                record["json"] += self.pred_to_json(predn, path)
+        return record
 
-    def update_extra(self, pred, predn, batch, si, correct):
+    def update_extra(self, record, pred, predn, batch, si, correct):
         """Hook for subclasses (segmentation adds mask matching)."""
 
     def save_txt(self, predn, shape, file):
@@ -200,22 +216,26 @@ class DetectionValidator(BaseValidator):
             for (cx, cy, bw, bh), conf, c in zip(xywhn.tolist(), predn[:, 4].tolist(), predn[:, 5].tolist()):
                 f.write(f"{int(c)} {cx:.6g} {cy:.6g} {bw:.6g} {bh:.6g} {conf:.6g}\n")
 
-    def save_json(self, predn, path):
-        self.jdict += box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map())
+    def pred_to_json(self, predn, path):
+        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map())
 
     def class_map(self):
         return list(range(1000))
 
-    def _concat_stats(self):
+    def _concat_stats(self, records):
         out = {}
-        for k, v in self.stats.items():
+        for k in ("tp", "conf", "pred_cls", "target_cls"):
+            v = records.get(k, [])
             out[k] = torch.cat(v).numpy() if v else np.zeros((0, 10) if k == "tp" else 0)
         return out
 
-    def get_stats(self):
-        stats = self._concat_stats()
+    def get_stats(self, records):
+        self.records = records  # every image's matches, kept for inspection
+        self.jdict = records.get("json", [])
+        self.has_preds = bool(records.get("tp"))
+        stats = self._concat_stats(records)
         self.nt_per_class = np.bincount(stats["target_cls"].astype(int), minlength=self.nc)
-        if self.stats["tp"]:  # at least one image had predictions
+        if self.has_preds:  # at least one image had predictions
             self.metrics.process(**stats)
         return dict(self.metrics.results_dict)
 
@@ -224,7 +244,7 @@ class DetectionValidator(BaseValidator):
         LOGGER.info(pf % ("all", self.seen, self.nt_per_class.sum(), *self.metrics.mean_results()))
         if self.nt_per_class.sum() == 0:
             LOGGER.warning("no labels found in the validation set: metrics cannot be computed")
-        if final and self.nc > 1 and len(self.stats["tp"]):
+        if final and self.nc > 1 and self.has_preds:
             for i, c in enumerate(self.metrics.ap_class_index):
                 LOGGER.info(pf % (self.names[c], self.seen, self.nt_per_class[c], *self.metrics.class_result(i)))
         if final:
@@ -253,8 +273,17 @@ class DetectionValidator(BaseValidator):
         """Masks of the plotted predictions (segmentation); None for boxes only."""
         return None
 
+    @classmethod
+    def prepare(cls, model, stride, options, opt):
+        """--img rounded up to the stride; --augment wraps the model for test-time augmentation."""
+        if opt.augment:
+            if isinstance(model, InferenceBackend):
+                raise BadOption(f"--augment needs .pt weights: {opt.weights} takes one input size per pass")
+            model = TTAModel(model)
+        return model, dataclasses.replace(options, imgsz=check_imgsz(options.imgsz, stride))
+
     def finalize(self, stats):
-        if not (getattr(self.args, "save_json", False) and self.jdict):
+        if not (self.args.save_json and self.jdict):
             return stats
         pred_json = self.save_dir / "predictions.json"
         pred_json.write_text(json.dumps(self.jdict))
@@ -310,34 +339,3 @@ class DetectionPredictor(BasePredictor):
                     f.write(line + "\n")
         im0[:] = annotator.result()
         return ", ".join(f"{n} {self.names[c]}" for c, n in counts.items()) or "(no detections)"
-
-
-def build_val_loader(opt, data, split, stride, task="detect"):
-    ds = YOLODataset(data[split], imgsz=opt.imgsz, batch_size=opt.batch_size, augment=False, rect=True,
-                     stride=stride, pad=0.5, prefix=f"{split}: ", nc=data.get("label_nc", data["nc"]), task=task,
-                     single_cls=opt.single_cls)
-    return build_dataloader(ds, opt.batch_size, opt.workers, shuffle=False)
-
-
-def run_val(opt, validator_cls, task="detect"):
-    """Stand-alone validation of a weights file, shared by the detection and segmentation val scripts."""
-    set_logging(get_rank())
-    device = select_device(opt.device)
-    model, stride = validation_model(opt.weights, device, opt.imgsz)
-    data = check_det_dataset(opt.data)
-    if opt.single_cls:
-        data = single_class(data)
-    if data["nc"] != model.nc:
-        raise BadCheckpoint(f"--weights {opt.weights} has {model.nc} classes but --data {opt.data} has {data['nc']}")
-    opt.imgsz = check_imgsz(opt.imgsz, stride)
-    if opt.augment:
-        if isinstance(model, InferenceBackend):
-            raise BadOption(f"--augment needs .pt weights: {opt.weights} takes one input size per pass")
-        model = TTAModel(model)
-    if opt.task == "speed":
-        opt.conf_thres, opt.iou_thres, opt.save_json = 0.25, 0.45, False
-    split = "test" if opt.task == "test" and data.get("test") else "val"
-    save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
-    loader = build_val_loader(opt, data, split, stride, task)
-    validator = validator_cls(loader, save_dir, opt, data["names"])
-    return validator(model=model)

@@ -3,6 +3,7 @@
 import torch
 
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
+from engine.validator import ValOptions
 from models.yolo import SegmentationModel
 from utils import ops
 from utils.coco import box_to_coco_json, image_id_from_path, masks_to_rle
@@ -26,18 +27,26 @@ class SegmentationTrainer(DetectionTrainer):
         batch["masks"] = batch["masks"].to(self.device).float()
         return batch
 
-    def build_validator(self, loader):
-        return SegmentationValidator(loader, self.save_dir, self.opt, self.names)
+    def build_validator(self):
+        options = ValOptions.from_train(self.opt, self.batch_size * 2, no_overlap=self.opt.no_overlap,
+                                        single_cls=self.opt.single_cls)
+        return SegmentationValidator(options, self.save_dir, self.names, criterion=self.criterion,
+                                     label_nc=self.data.get("label_nc"))
 
 
 class SegmentationValidator(DetectionValidator):
     """Box and mask mAP; masks compared at the letterboxed input size, predictions upsampled from the prototypes
     and ground truth from its 1/4-resolution map, as the official validators do."""
 
+    def dataset_kwargs(self):
+        return {"task": SegmentLabels(overlap=not self.args.no_overlap, mask_ratio=4)}
+
     def init_metrics(self, model):
         super().init_metrics(model)
         self.metrics = SegmentMetrics(names=self.names)
-        self.stats["tp_m"] = []
+
+    def new_record(self):
+        return {**super().new_record(), "tp_m": []}
 
     def description(self):
         return ("%22s" + "%11s" * 10) % (
@@ -48,14 +57,18 @@ class SegmentationValidator(DetectionValidator):
         det, self.protos = self.layout.split(preds)
         return super().postprocess(det)
 
+    def loss_inputs(self, preds):
+        """The train-mode layout: v5 (x, proto) from its eval (y, proto, x); v8 (x, mc, proto), its eval's 2nd item."""
+        return preds[1] if isinstance(preds[1], (list, tuple)) else (preds[2], preds[1])
+
     def _gt_masks(self, batch, si, n):
         """Ground-truth masks of image si's n targets as bool (n, h, w): from the overlap map, or the per-instance
         stack."""
-        if getattr(self.args, "no_overlap", False):
+        if self.args.no_overlap:
             return batch["masks"][batch["targets"][:, 0] == si].gt(0.5)
         return instance_masks(batch["masks"][si], n)
 
-    def update_extra(self, pred, predn, batch, si, correct):
+    def update_extra(self, record, pred, predn, batch, si, correct):
         """Mask matches of image si, in the same rows as its box matches (`correct`)."""
         shape = batch["img"].shape[2:]
         # float coefficients and boxes: under --half they come in fp16, and process_mask works in fp32
@@ -66,13 +79,13 @@ class SegmentationValidator(DetectionValidator):
             tp_m = process_mask_batch(pred, gt_cls, pred_masks, gt, self.iouv.to(pred.device))
         else:
             tp_m = torch.zeros_like(correct)
-        self.stats["tp_m"].append(tp_m.cpu())
-        if getattr(self.args, "save_json", False):
+        record["tp_m"].append(tp_m.cpu())
+        if self.args.save_json:
             self._native_masks = ops.scale_masks(pred_masks, batch["shapes"][si][0], batch["shapes"][si][1])
 
-    def save_json(self, predn, path):
+    def pred_to_json(self, predn, path):
         rles = masks_to_rle(self._native_masks.gt(0.5).cpu().numpy())
-        self.jdict += box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map(), rles=rles)
+        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map(), rles=rles)
 
     def curve_metrics(self):
         return [("", self.metrics.box), ("Mask", self.metrics.seg)]
@@ -84,14 +97,16 @@ class SegmentationValidator(DetectionValidator):
                  for i, p in enumerate(preds) if len(p)]
         return torch.cat(masks).float() if masks else None
 
-    def _concat_stats(self):
-        out = super()._concat_stats()
-        out["tp_box"], out["tp_mask"] = out.pop("tp"), out.pop("tp_m")  # the names SegmentMetrics.process takes
+    def _concat_stats(self, records):
+        out = super()._concat_stats(records)
+        tp_m = records.get("tp_m", [])
+        # the names SegmentMetrics.process takes
+        out["tp_box"], out["tp_mask"] = out.pop("tp"), torch.cat(tp_m).numpy() if tp_m else out["tp"][:0]
         return out
 
     def finalize(self, stats):
         stats = super().finalize(stats)
-        if getattr(self.args, "save_json", False) and self.jdict:
+        if self.args.save_json and self.jdict:
             stats = self.coco_eval(stats, self.save_dir / "predictions.json", iou_type="segm", key="M")
         return stats
 

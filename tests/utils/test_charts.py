@@ -2,7 +2,6 @@
 
 import logging
 import re
-from types import SimpleNamespace
 
 import cv2
 import numpy as np
@@ -93,9 +92,10 @@ def test_pr_curve_is_the_precision_envelope():
 
 def test_classification_val_batch_grid(tmp_path):
     from engine.tasks.classify import ClassificationValidator
+    from engine.validator import ValOptions
 
     names = {0: "circle", 1: "rectangle", 2: "triangle"}
-    v = ClassificationValidator(None, tmp_path, SimpleNamespace(imgsz=64), names)
+    v = ClassificationValidator(ValOptions(imgsz=64), tmp_path, names)
     g = torch.Generator().manual_seed(0)
     batch = {"img": torch.rand(4, 3, 64, 64, generator=g), "cls": torch.tensor([0, 1, 2, 1])}
     probs = torch.softmax(torch.randn(4, 3, generator=g), 1)
