@@ -55,11 +55,6 @@ def resume_opt(opt, default_project, given=()):
 
     `given` names the options on the command line; any outside RESUME_MAY_SET is refused.
     """
-    refused = sorted(set(given) - RESUME_MAY_SET)
-    if refused:
-        flags = ", ".join("--" + k.replace("_", "-") for k in refused)
-        raise BadOption(f"--resume continues a run with its own options; {flags} would change it (start a new run "
-                        f"with --weights PATH to train with other options)")
     path = Path(opt.resume) if isinstance(opt.resume, str) else find_unfinished_run(opt.project or default_project)
     if not path.is_file():
         raise BadFile(f"--resume {path}: file not found")
@@ -68,6 +63,11 @@ def resume_opt(opt, default_project, given=()):
         raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no options)")
     if not is_unfinished(ckpt):
         raise BadCheckpoint(f"--resume {path}: the run has finished (no optimizer state): nothing to resume")
+    refused = sorted(set(given) - RESUME_MAY_SET)
+    if refused:
+        flags = ", ".join("--" + k.replace("_", "-") for k in refused)
+        raise BadOption(f"--resume continues a run with its own options; {flags} would change it (start a new run "
+                        f"with --weights PATH to train with other options)")
     saved = dict(ckpt["opt"])
     if "epochs" in given and opt.epochs != saved["epochs"]:
         done = ckpt["epoch"] + 1

@@ -547,18 +547,18 @@ def run(trainer_cls, opt, callbacks=None):
     du.setup_ddp(device)
     opt = deepcopy(opt)
     given = vars(opt).pop("given", ())  # the options on the command line, which --resume may refuse
-    try:
-        # rank 0 reads the disk and decides; a user error there is raised on every rank
-        opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given)
-        trainer = trainer_cls(opt, device, resume_from=resume_from, save_dir=save_dir)
-        if not opt.noplots:
-            RunPlots().attach(trainer)
-        for event, fns in (callbacks or {}).items():
-            for fn in fns:
-                trainer.add_callback(event, fn)
-        metrics = trainer.train()
-    finally:
-        du.cleanup_ddp()
+    # rank 0 reads the disk and decides; a user error there is raised on every rank
+    opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given)
+    trainer = trainer_cls(opt, device, resume_from=resume_from, save_dir=save_dir)
+    if not opt.noplots:
+        RunPlots().attach(trainer)
+    for event, fns in (callbacks or {}).items():
+        for fn in fns:
+            trainer.add_callback(event, fn)
+    metrics = trainer.train()
+    # only after a clean run: after an error the process exits at once, and rank 0 tearing down the group's store
+    # (it hosts it) while a peer still reports its own error would turn that peer's exit into a failure
+    du.cleanup_ddp()
     return trainer, metrics
 
 
