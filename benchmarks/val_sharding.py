@@ -10,6 +10,7 @@ with 2 threads is printed too. On a GPU machine each rank has its own GPU, so th
 """
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -99,7 +100,7 @@ def worker(rank, world_size, port, args, data, out):
     for _ in range(args.repeat):
         du.broadcast_state(model)
     results["broadcast"] = (time.perf_counter() - t) / args.repeat
-    torch.save(results, Path(out) / f"rank{rank}.pt")
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(results))
     du.cleanup_ddp()
 
 
@@ -125,7 +126,7 @@ def main():
         t1 = single(args, data, 1)
         t1x2 = single(args, data, 2)
         mp.spawn(worker, args=(2, free_port(), args, str(data), tmp), nprocs=2, join=True)
-        r = [torch.load(Path(tmp) / f"rank{k}.pt", weights_only=False) for k in range(2)]
+        r = [json.loads((Path(tmp) / f"rank{k}.json").read_text()) for k in range(2)]
     after = max(x["after"]["wall"] for x in r)
     print(f"{args.cfg}, {args.n} images at {args.imgsz}, batch {args.batch} per rank, median of {args.repeat}")
     print(f"1 process, 1 thread:    {t1:7.2f} s")

@@ -53,3 +53,22 @@ def write_yaml(root, task):
     f = root / f"{task}.yaml"
     f.write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val", "names": names}))
     return f
+
+
+_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_launcher_env():
+    """A test that leaves torchrun's variables set makes every later test (and the processes it starts) run as some
+    rank of a group that does not exist: fail the leaking test, and restore, so the damage stays with it."""
+    before = {k: os.environ.get(k) for k in _LAUNCH_VARS}
+    yield
+    after = {k: os.environ.get(k) for k in _LAUNCH_VARS}
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    leaked = {k: v for k, v in after.items() if v != before[k]}
+    assert not leaked, f"test left launcher environment variables changed: {leaked}"

@@ -261,6 +261,9 @@ def test_older_launcher_local_rank_spellings(script, monkeypatch):
 
     parse = importlib.import_module(script).parse_opt
     extra = ["--weights", "x.pt"] if "val" in script else []
+    # parse_opt sets LOCAL_RANK itself; recording it first makes monkeypatch restore it (an unset one is not recorded
+    # by delenv, and a leaked LOCAL_RANK=1 turns later tests' processes into non-zero local ranks)
+    monkeypatch.setenv("LOCAL_RANK", "recorded")
     for argv, env, expected in ((["--local-rank=1"], None, "1"), (["--local_rank", "1"], None, "1"),
                                 (["--local-rank=1"], "0", "0")):  # LOCAL_RANK, when set, wins
         if env is None:
