@@ -17,11 +17,11 @@ Usage:
         $ python train.py --resume runs/train/exp/weights/last.pt
 """
 
+from engine.evolve import evolve
 from engine.tasks.detect import DetectionTrainer
 from engine.trainer import run
 from utils.cli import add_detect_train_args, train_parser
 from utils.errors import run_cli
-from utils.evolve import evolve
 
 
 def parse_opt(argv=None):

@@ -11,11 +11,11 @@ Usage:
 
 
 
+from engine.evolve import evolve
 from engine.tasks.segment import SegmentationTrainer
 from engine.trainer import run
 from utils.cli import add_detect_train_args, train_parser
 from utils.errors import run_cli
-from utils.evolve import evolve
 
 
 def parse_opt(argv=None):

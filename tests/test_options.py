@@ -16,11 +16,11 @@ import yaml
 
 import train
 import val
+from engine.evolve import META
 from models.checkpoints import attempt_load
 from models.yolo import DetectionModel
 from tests.ddp_utils import free_port
 from utils.errors import BadOption
-from utils.evolve import META
 from utils.files import ROOT
 
 IMGSZ = 64

@@ -21,7 +21,8 @@ def shapes_det(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def shapes_seg(tmp_path_factory):
-    return generate_dataset(tmp_path_factory.mktemp("data") / "seg", "segment", 16, 4, seed=2, min_side=96, max_side=128)
+    root = tmp_path_factory.mktemp("data") / "seg"
+    return generate_dataset(root, "segment", 16, 4, seed=2, min_side=96, max_side=128)
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,8 @@ def test_paths_names_and_lists(tmp_path, shapes_det, monkeypatch):
     from_dict = check_det_dataset({"path": str(tmp_path / "ds"), "train": "images/train", "val": "images/val",
                                    "names": ["x"]})
     assert from_dict["val"] == str(tmp_path / "ds/images/val") and from_dict["yaml_file"] is None
-    assert dy.dataset_root({"path": "../datasets/unlikely-name-xyz"}) == (ROOT / "../datasets/unlikely-name-xyz").resolve()
+    unlikely = "../datasets/unlikely-name-xyz"
+    assert dy.dataset_root({"path": unlikely}) == (ROOT / unlikely).resolve()
 
 
 def test_one_line_errors(tmp_path):
@@ -125,8 +126,8 @@ def test_classification_dataset_checks(tmp_path, shapes_cls, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     spec = {"task": "classify", "n_train": 2, "n_val": 1, "seed": 0, "min_side": 32, "max_side": 40}
-    _write(tmp_path / "toy-cls.yaml", {"path": str(tmp_path / "toy-cls"), "train": "train", "val": "val", "synthetic": spec,
-                                       "names": ["circle", "rectangle", "triangle"]})
+    _write(tmp_path / "toy-cls.yaml", {"path": str(tmp_path / "toy-cls"), "train": "train", "val": "val",
+                                       "synthetic": spec, "names": ["circle", "rectangle", "triangle"]})
     got = check_cls_dataset("toy-cls")  # not a folder: toy-cls.yaml is used and the data generated
     assert Path(got["path"]) == tmp_path / "toy-cls" and got["nc"] == 3
     assert len(list(Path(got["val"]).glob("*/*.jpg"))) == 3

@@ -71,7 +71,8 @@ def test_detect_boxes_cover_drawn_pixels(tmp_path):
         inside = np.zeros((h, w), bool)
         for c, cx, cy, bw, bh in _read_labels(root / "labels" / "train" / f"{i:05d}.txt"):
             assert 0 < bw <= 1 and 0 < bh <= 1 and 0 <= cx - bw / 2 and cx + bw / 2 <= 1
-            x1, y1, x2, y2 = (int(round(v)) for v in ((cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h))
+            corners = ((cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h)
+            x1, y1, x2, y2 = (int(round(v)) for v in corners)
             assert changed[y1 : y2 + 1, x1 : x2 + 1].mean() > 0.3
             inside[max(y1 - 2, 0) : y2 + 3, max(x1 - 2, 0) : x2 + 3] = True
         assert changed[~inside].mean() < 0.01
@@ -90,7 +91,8 @@ def test_classify_layout(tmp_path):
 
 def test_refuses_to_overwrite_and_cli(tmp_path):
     out = tmp_path / "cli"
-    synthetic.main(["--task", "detect", "--out", str(out), "--n-train", "2", "--n-val", "1", "--max-side", "64", "--min-side", "48"])
+    synthetic.main(["--task", "detect", "--out", str(out), "--n-train", "2", "--n-val", "1",
+                    "--max-side", "64", "--min-side", "48"])
     assert len(list((out / "labels" / "train").glob("*.txt"))) == 2
     with pytest.raises(FileExistsError):
         generate_dataset(out, "detect", 1, 1)

@@ -98,6 +98,7 @@ def test_images_are_assigned_independently():
     valid = torch.tensor([[[True], [False]], [[True], [True]]])
     both = a(scores, pd, points, labels, gt, valid)
     for i, m in ((0, 1), (1, 2)):
-        one = a(scores[i : i + 1], pd[i : i + 1], points, labels[i : i + 1, :m], gt[i : i + 1, :m], valid[i : i + 1, :m])
+        k = slice(i, i + 1)
+        one = a(scores[k], pd[k], points, labels[k, :m], gt[k, :m], valid[k, :m])
         assert torch.equal(one.fg_mask[0], both.fg_mask[i]) and one.fg_mask.any()
         assert torch.allclose(one.scores[0], both.scores[i]) and torch.equal(one.labels[0], both.labels[i])
