@@ -9,7 +9,7 @@ The allow-list (`allowed_global`): torch's own tensor/storage rebuilders and val
 `torch.nn` layer classes of official YOLO trees (`NN_LAYERS`), numpy's array/scalar reconstructors with numeric dtypes
 (`NUMPY_GLOBALS`: official YOLOv7 and old YOLOv5 files store `best_fitness` as numpy, and checkpoints of earlier
 versions of this project the numpy RNG state), the torchvision transforms Ultralytics classifiers keep
-(`TORCHVISION_GLOBALS`), and any class of the official packages (`OFFICIAL_PREFIXES`), which is replaced by an empty
+(`TORCHVISION_NAMES`), and any class of the official packages (`OFFICIAL_PREFIXES`), which is replaced by an empty
 nn.Module stub that only keeps the state the pickle gives it, so none of their code is needed or run.
 `builtins.getattr` is admitted only as a stand-in that accepts a stubbed class and returns a placeholder (YOLOv5 and
 early YOLOv8 segmentation files pickle `Detect.forward` that way). Refused: everything else, in particular builtins
@@ -26,6 +26,7 @@ class bodies), `yolov5.models.*` / `yolov5.utils.*` (the pip yolov5 package) and
 from the stub tree's `yaml` and loaded with its `state_dict()`.
 """
 
+import functools
 import pickle
 import pickletools
 import re
@@ -39,7 +40,6 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.nn as nn
-import torchvision.transforms as T
 
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils.data.downloads import fetch
@@ -87,12 +87,22 @@ NN_LAYERS = {  # every torch.nn class in official YOLOv5/v7/v8 detect/segment/cl
         "loss.BCEWithLogitsLoss": nn.BCEWithLogitsLoss,
     }.items()
 }
-# the preprocessing Ultralytics classifiers keep on the model (`model.transforms`): plain torchvision objects
-TORCHVISION_GLOBALS = {
-    **{f"torchvision.transforms.transforms.{n}": getattr(T, n) for n in ("Compose", "Resize", "CenterCrop", "ToTensor",
-                                                                          "Normalize")},
-    "torchvision.transforms.functional.InterpolationMode": T.InterpolationMode,
+# the preprocessing Ultralytics classifiers keep on the model (`model.transforms`): plain torchvision objects,
+# resolved only when a file names them (importing torchvision costs about 2 s of every script's start-up)
+TORCHVISION_NAMES = {
+    **{f"torchvision.transforms.transforms.{n}": n for n in ("Compose", "Resize", "CenterCrop", "ToTensor",
+                                                             "Normalize")},
+    "torchvision.transforms.functional.InterpolationMode": "InterpolationMode",
 }
+
+
+@functools.cache
+def _torchvision_global(path):
+    import torchvision.transforms as T  # deferred: see TORCHVISION_NAMES
+
+    return getattr(T, TORCHVISION_NAMES[path])
+
+
 # torch >= 2.6 can allow named extra globals in its weights_only unpickler; older ones use ours for every file
 TORCH_SAFE_GLOBALS = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 6)
 _np_core = (np._core if hasattr(np, "_core") else np.core).multiarray
@@ -166,7 +176,7 @@ _RESTRICTED = {"builtins.getattr": _stub_getattr}
 
 def allowed_global(path):
     """True if a checkpoint may reference the global `module.name`."""
-    return (path in TORCH_GLOBALS or path in NN_LAYERS or path in NUMPY_GLOBALS or path in TORCHVISION_GLOBALS
+    return (path in TORCH_GLOBALS or path in NN_LAYERS or path in NUMPY_GLOBALS or path in TORCHVISION_NAMES
             or path in _RESTRICTED or path.startswith(OFFICIAL_PREFIXES))
 
 
@@ -229,7 +239,8 @@ def _refuse_unsafe(path, names):
 def _safe_globals(names):
     """The (object, name) pairs torch's weights_only unpickler needs beyond its defaults for these globals."""
     pairs = [(_stub_class(g), g) for g in names if g.startswith(OFFICIAL_PREFIXES)]
-    pairs += [(obj, g) for g, obj in {**NN_LAYERS, **NUMPY_GLOBALS, **TORCHVISION_GLOBALS, **_RESTRICTED}.items()]
+    pairs += [(obj, g) for g, obj in {**NN_LAYERS, **NUMPY_GLOBALS, **_RESTRICTED}.items()]
+    pairs += [(_torchvision_global(g), g) for g in names if g in TORCHVISION_NAMES]
     return pairs + [(t, f"numpy.dtypes.{t.__name__}") for t in _NUMPY_DTYPE_TYPES]
 
 
@@ -245,7 +256,9 @@ class _AllowListUnpickler(pickle.Unpickler):
             raise _Refused(f"it references {path}, which no model checkpoint needs")
         if path.startswith(OFFICIAL_PREFIXES):
             return _stub_class(path)
-        extra = {**NN_LAYERS, **NUMPY_GLOBALS, **TORCHVISION_GLOBALS, **_RESTRICTED}
+        if path in TORCHVISION_NAMES:
+            return _torchvision_global(path)
+        extra = {**NN_LAYERS, **NUMPY_GLOBALS, **_RESTRICTED}
         return extra[path] if path in extra else super().find_class(module, name)  # torch's own
 
 

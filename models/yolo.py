@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import yaml
-from torch.utils.flop_counter import FlopCounterMode
 
 from models.common import (
     C3,
@@ -310,6 +309,8 @@ class BaseModel(nn.Module):
         s = max(int(self.stride.max()), 32)
         p = next(self.parameters())
         x = torch.zeros(1, self.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype)
+        from torch.utils.flop_counter import FlopCounterMode  # deferred: it imports triton where installed
+
         training = self.training
         self.eval()
         with FlopCounterMode(display=False) as counter:

@@ -13,8 +13,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from utils.plots import colors
 
@@ -23,6 +21,14 @@ MAX_CLASS_LINES = 20  # beyond this many classes a curve plot shows only the mea
 
 def _rgb(i):
     return tuple(c / 255 for c in colors(i))
+
+
+def _figure(**kwargs):
+    # deferred: importing matplotlib costs about 0.6 s of every script's start-up, and runs with --noplots, the
+    # predict scripts and a user error never draw a chart
+    from matplotlib.figure import Figure
+
+    return Figure(tight_layout=True, **kwargs)
 
 
 def _save(fig, path, dpi=150):
@@ -53,7 +59,7 @@ def plot_results(csv_path, path=None):
     cols = [i for i, h in enumerate(header) if h != "epoch" and not h.startswith("lr/")]
     ncol = min(5, len(cols))
     nrow = -(-len(cols) // ncol)
-    fig = Figure(figsize=(3.2 * ncol, 2.8 * nrow), tight_layout=True)
+    fig = _figure(figsize=(3.2 * ncol, 2.8 * nrow))
     epochs = data[:, header.index("epoch")] + 1 if "epoch" in header else np.arange(1, len(data) + 1)
     for k, i in enumerate(cols):
         ax = fig.add_subplot(nrow, ncol, k + 1)
@@ -75,7 +81,7 @@ def plot_labels(cls, boxes, names, path):
     cls = np.asarray(cls, dtype=int).reshape(-1)
     nc = len(names)
     panels = 1 if boxes is None else 4
-    fig = Figure(figsize=(4 * min(panels, 2), 4 * (1 + (panels > 2))), tight_layout=True)
+    fig = _figure(figsize=(4 * min(panels, 2), 4 * (1 + (panels > 2))))
     ax = fig.add_subplot(1 + (panels > 2), min(panels, 2), 1)
     counts = np.bincount(cls, minlength=nc)
     ax.bar(range(nc), counts, color=[_rgb(i) for i in range(nc)])
@@ -90,6 +96,8 @@ def plot_labels(cls, boxes, names, path):
             ax.set_xlabel(label[0])
             ax.set_ylabel(label[1])
             ax.set_title("box centres" if a == 0 else "box sizes")
+        from matplotlib.patches import Rectangle  # deferred with Figure (_figure)
+
         ax = fig.add_subplot(2, 2, 4)
         for c, (_, _, w, h) in list(zip(cls, boxes))[:1000]:
             ax.add_patch(Rectangle((0.5 - w / 2, 0.5 - h / 2), w, h, fill=False, color=_rgb(c), alpha=0.3))
@@ -102,7 +110,7 @@ def plot_labels(cls, boxes, names, path):
 
 def plot_curve(x, curves, names, path, xlabel, ylabel, summary):
     """Per-class curves (rows of `curves`, in the order of `names`) and their mean, thick, labelled `summary(mean)`."""
-    fig = Figure(figsize=(9, 6), tight_layout=True)
+    fig = _figure(figsize=(9, 6))
     ax = fig.add_subplot(1, 1, 1)
     curves = np.asarray(curves).reshape(-1, len(x))
     if len(curves) <= MAX_CLASS_LINES:
@@ -143,7 +151,7 @@ def draw_confusion_matrix(array, labels, path, normalize=True):
     """A square matrix [predicted, true] with class names on both axes, counts or column fractions in the cells."""
     n = len(labels)
     size = min(max(6, 0.5 * n + 3), 24)
-    fig = Figure(figsize=(size, size * 0.85), tight_layout=True)
+    fig = _figure(figsize=(size, size * 0.85))
     ax = fig.add_subplot(1, 1, 1)
     shown = np.where(array < 0.005, np.nan, array) if normalize else np.where(array == 0, np.nan, array)
     im = ax.imshow(shown, cmap="Blues", vmin=0, vmax=1 if normalize else None)

@@ -12,7 +12,6 @@ import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
-import torchvision
 
 from utils.loggers import LOGGER
 
@@ -293,6 +292,9 @@ def non_max_suppression(
     if prediction.shape[-1] != layout.mask.stop:
         raise ValueError(f"prediction rows have {prediction.shape[-1]} columns, the layout {layout} says "
                          f"{layout.mask.stop}")
+    # deferred: importing torchvision (it pulls in torch._dynamo) costs about 2 s of start-up in every script
+    import torchvision
+
     multi_label &= nc > 1
     t0 = time.time()
     output = [torch.zeros((0, 6 + nm), device=prediction.device, dtype=prediction.dtype) for _ in range(bs)]
