@@ -68,7 +68,9 @@ def resume_opt(opt, default_project, given=()):
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)
         raise BadOption(f"--resume continues a run with its own options; {flags} would change it (start a new run "
                         f"with --weights PATH to train with other options)")
-    saved = dict(ckpt["opt"])
+    # options added to the project after this checkpoint was written take this launch's values, which are their
+    # defaults (any other given option was refused above)
+    saved = {**vars(opt), **ckpt["opt"]}
     if "epochs" in given and opt.epochs != saved["epochs"]:
         done = ckpt["epoch"] + 1
         if opt.epochs <= done:

@@ -211,6 +211,9 @@ def test_resume_refuses_options_that_change_the_run_and_extends_epochs(tmp_path,
     opt = train.parse_opt(["--resume", str(last), "--epoch", "9", "--device", "cpu"])  # an abbreviation too
     saved, _ = resume_opt(opt, "runs/train", opt.given)
     assert (saved.epochs, saved.batch_size, saved.device) == (9, 8, "cpu")
+    # options the checkpoint predates (the fake run saved only six) come from the defaults
+    defaults = vars(train.parse_opt([]))
+    assert saved.hyp == defaults["hyp"] and saved.optimizer == defaults["optimizer"] and saved.seed == defaults["seed"]
     with pytest.raises(BadOption, match="already trained 2 epochs"):
         opt = train.parse_opt(["--resume", str(last), "--epochs", "2"])
         resume_opt(opt, "runs/train", opt.given)
