@@ -28,8 +28,9 @@ from utils import dist as du
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.loggers import LOGGER
 
-# options that may come with --resume: this launch's hardware, where to look for runs, and the run's length
-RESUME_MAY_SET = {"resume", "device", "workers", "project", "epochs", "save_interval", "local_rank"}
+# options that may come with --resume: this launch's hardware, where to look for runs, the run's length, and
+# whether to profile this launch
+RESUME_MAY_SET = {"resume", "device", "workers", "project", "epochs", "save_interval", "local_rank", "profile"}
 
 
 def is_unfinished(ckpt):
@@ -77,7 +78,7 @@ def resume_opt(opt, default_project, given=()):
             raise BadOption(f"--epochs {opt.epochs}: {path} has already trained {done} epochs")
         LOGGER.info(f"--epochs {opt.epochs}: extending the run from {saved['epochs']} epochs")
         saved["epochs"] = opt.epochs
-    saved.update(resume=False, device=opt.device, workers=opt.workers)
+    saved.update(resume=False, device=opt.device, workers=opt.workers, profile=opt.profile)  # this launch's
     for k in ("save_interval", "local_rank"):
         if k in given:
             saved[k] = getattr(opt, k)

@@ -50,6 +50,7 @@ from utils.files import (
     yaml_save,
 )
 from utils.loggers import LOGGER, CSVLogger, TensorBoardLogger, set_logging
+from utils.profiling import RunProfile
 from utils.torch_utils import (
     EarlyStopping,
     ModelEMA,
@@ -127,6 +128,7 @@ class BaseTrainer:
         self.wdir = self.save_dir / "weights"
         self.last, self.best = self.wdir / "last.pt", self.wdir / "best.pt"
         self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
+        self.profile = RunProfile.for_run(self.opt.profile and self.main, device)  # --profile: rank 0's table
 
     # ---------------------------------------------------------------- hooks for task subclasses
     def get_data(self):
@@ -163,8 +165,9 @@ class BaseTrainer:
         self.callbacks[event].append(fn)
 
     def run_callbacks(self, event):
-        for fn in self.callbacks[event]:
-            fn(self)
+        with self.profile("plots_logs"):  # callbacks draw and log (utils/charts.RunPlots)
+            for fn in self.callbacks[event]:
+                fn(self)
 
     # ---------------------------------------------------------------- set-up
     def _make_save_dir(self, save_dir):
@@ -214,6 +217,7 @@ class BaseTrainer:
         self.nb = len(self.train_loader)
         # every rank validates its share of the val set (engine/validator.py), so every rank has the loader
         self.validator = self.build_validator()
+        self.validator.profile = self.profile  # its plots are timed apart from validation
         self.val_loader = self.validator.build_dataloader(self.data["val"], stride)
         self.val_set = self.val_loader.dataset
 
@@ -336,7 +340,7 @@ class BaseTrainer:
 
     def save_inside_epoch(self, epoch, i):
         """last.pt after batch i of `epoch`; every rank takes part (each one's RNG states go to rank 0)."""
-        with sigterm_deferred():
+        with sigterm_deferred(), self.profile("checkpoints"):
             ranks = du.gather_objects(self.rank_state())
             if self.main:
                 save_checkpoint(self.checkpoint(epoch - 1, batch=i + 1, ranks=ranks), self.last)
@@ -345,7 +349,8 @@ class BaseTrainer:
 
     # ---------------------------------------------------------------- the loop
     def train(self):
-        self._setup()
+        with self.profile("setup"):
+            self._setup()
         self.run_callbacks("on_train_start")
         if self.main:
             LOGGER.info(
@@ -355,7 +360,8 @@ class BaseTrainer:
         t0 = time.time()
         for epoch in range(self.start_epoch, self.epochs):
             self.epoch = epoch
-            self.train_epoch(epoch, self.start_batch if epoch == self.start_epoch else 0)
+            with self.profile("train_loop"):
+                self.train_epoch(epoch, self.start_batch if epoch == self.start_epoch else 0)
             stop = self.end_epoch(epoch)
             # every rank must leave the loop together, or the ones that stay block forever in the next collective
             if du.broadcast_object(stop):
@@ -367,6 +373,7 @@ class BaseTrainer:
             forget_run_dir()
         du.barrier()
         self.run_callbacks("on_train_end")
+        self.profile.report(self.save_dir)
         return self.metrics
 
     def _warmup(self, ni, nw, epoch):
@@ -394,7 +401,7 @@ class BaseTrainer:
         names = self.criterion.loss_names
         if not start_batch:
             self.mloss = torch.zeros(len(names), device=self.device)
-        pbar = enumerate(self.train_loader, start_batch)
+        pbar = enumerate(self.profile.timed(self.train_loader, "data_wait"), start_batch)
         if self.main:
             LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "GPU_mem", *names, "Instances", "Size"))
             pbar = tqdm(pbar, total=self.nb, initial=start_batch, bar_format="{l_bar}{bar:10}{r_bar}")
@@ -405,22 +412,25 @@ class BaseTrainer:
                 self._warmup(ni, nw, epoch)
             batch = self.multi_scale(self.preprocess_batch(batch), ni)
             step_now = ni - self.last_opt_step >= self.accumulate
-            loss, items = self.forward_backward(batch, sync=step_now)
+            with self.profile("forward_backward", items=len(batch["img"])):
+                loss, items = self.forward_backward(batch, sync=step_now)
             self.mloss = (self.mloss * i + items) / (i + 1)
             if step_now:
-                self.optimizer_step()
+                with self.profile("optimizer_step"):
+                    self.optimizer_step()
                 self.last_opt_step = ni
                 # only right after a step: no accumulated gradient is lost with the process
                 if i + 1 < self.nb and self._save_due(ni):
                     self.save_inside_epoch(epoch, i)
             if self.main:
-                mem = f"{torch.cuda.memory_reserved() / 1e9 if self.device.type == 'cuda' else 0:.3g}G"
-                n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
-                pbar.set_description(
-                    ("%11s" * 2 + "%11.4g" * (2 + len(names)))
-                    % (f"{epoch + 1}/{self.epochs}", mem, *self.mloss, n_inst, batch["img"].shape[-1])
-                )
-                self.plot_training_batch(batch, ni)
+                with self.profile("plots_logs"):  # the progress bar and the first batches' pictures
+                    mem = f"{torch.cuda.memory_reserved() / 1e9 if self.device.type == 'cuda' else 0:.3g}G"
+                    n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
+                    pbar.set_description(
+                        ("%11s" * 2 + "%11.4g" * (2 + len(names)))
+                        % (f"{epoch + 1}/{self.epochs}", mem, *self.mloss, n_inst, batch["img"].shape[-1])
+                    )
+                    self.plot_training_batch(batch, ni)
         self.tloss = du.all_reduce_mean(self.mloss)
         self.lr = {f"lr/pg{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}
         self.scheduler.step()
@@ -481,17 +491,19 @@ class BaseTrainer:
             self.run_callbacks("on_train_epoch_end")
         if not self.opt.noval or final:
             # rank 0's EMA: the ranks' EMA parameters agree, their BatchNorm buffers (each rank's own statistics) not
-            self.metrics = self.validator(du.broadcast_state(self.ema.ema))
+            with self.profile("validation"):
+                self.metrics = self.validator(du.broadcast_state(self.ema.ema))
         if self.main:
             fitness = self.metrics.get("fitness", 0.0)
             self.best_fitness = max(self.best_fitness, fitness)
             losses = {f"train/{n}_loss": float(v) for n, v in zip(self.criterion.loss_names, self.tloss)}
             row = {**losses, **{k: float(v) for k, v in self.metrics.items()}, **self.lr}
-            self.csv.log(epoch, row)
-            self.tb.log(row, epoch)
+            with self.profile("plots_logs"):
+                self.csv.log(epoch, row)
+                self.tb.log(row, epoch)
             stop = self.stopper(epoch, fitness)
             if not self.opt.nosave or final:
-                with sigterm_deferred():
+                with sigterm_deferred(), self.profile("checkpoints"):
                     self.save(epoch, fitness, ranks)
             self.run_callbacks("on_fit_epoch_end")
         du.barrier()
@@ -501,13 +513,15 @@ class BaseTrainer:
         """Rank 0 strips the optimizer from the saved weights; then every rank validates best.pt once more, with
         per-class output. Rank 0 reads the file and sends the weights: the other ranks may run on other machines."""
         if self.main:
-            for f in (self.last, self.best):
-                if f.exists():
-                    strip_optimizer(f)
+            with self.profile("checkpoints"):
+                for f in (self.last, self.best):
+                    if f.exists():
+                        strip_optimizer(f)
         if du.broadcast_object(self.best.exists()):
             LOGGER.info(f"\nValidating {self.best}...")
-            model = attempt_load(self.best, device=self.device, fuse=False) if self.main else deepcopy(self.ema.ema)
-            self.metrics = self.validator(du.broadcast_state(model), final=True)
+            with self.profile("validation"):
+                model = attempt_load(self.best, device=self.device, fuse=False) if self.main else deepcopy(self.ema.ema)
+                self.metrics = self.validator(du.broadcast_state(model), final=True)
         if self.main:
             self.tb.close()
             LOGGER.info(f"Results saved to {self.save_dir}")

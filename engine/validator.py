@@ -25,6 +25,7 @@ from utils.data.loader import seed_worker
 from utils.errors import BadCheckpoint
 from utils.files import increment_path
 from utils.loggers import LOGGER, set_logging
+from utils.profiling import RunProfile
 from utils.torch_utils import time_sync
 
 
@@ -93,6 +94,7 @@ class BaseValidator:
     """
 
     postprocess_name = "post-process"
+    profile = RunProfile(enabled=False)  # the trainer's, under --profile
 
     def __init__(self, args, save_dir, names, criterion=None, label_nc=None):
         self.args = args
@@ -197,7 +199,8 @@ class BaseValidator:
             stats = self.finalize(stats)
             self.print_results(final=final)
             if plots:
-                self.plot_metrics()
+                with self.profile("plots_logs"):
+                    self.plot_metrics()
         return du.broadcast_object(stats)
 
     def _run(self, model, device, half, plots):
@@ -221,7 +224,8 @@ class BaseValidator:
                 record["loss"] = [loss]
             records.append((b, record))
             if plots and b < 3:
-                self.plot_val_batch(batch, preds, b)
+                with self.profile("plots_logs"):
+                    self.plot_val_batch(batch, preds, b)
             dt[0], dt[1], dt[2] = dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2
         return records, dt
 

@@ -31,6 +31,7 @@ def test_train_writes_run_folder(trained_v5):
     d = trainer.save_dir
     for f in ("weights/last.pt", "weights/best.pt", "results.csv", "opt.yaml", "hyp.yaml"):
         assert (d / f).is_file(), f
+    assert not (d / "profile.json").exists()  # only with --profile
     rows = list(csv.DictReader(open(d / "results.csv")))
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     assert {"train/box_loss", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "lr/pg0"} <= set(rows[0])
@@ -86,13 +87,15 @@ def test_resume_restores_exact_state(shapes_detect, tmp_path):
         seen["opt_state"] = trainer.optimizer.state_dict()
         seen["ema_updates"] = trainer.ema.updates
         seen["save_dir"] = trainer.save_dir
+        seen["profile"] = trainer.profile.enabled
         raise _Interrupt  # stop right after set-up: the state is what we check
 
-    resume = train.parse_opt(["--resume", str(last), "--device", "cpu", "--workers", "0"])
+    resume = train.parse_opt(["--resume", str(last), "--device", "cpu", "--workers", "0", "--profile"])
     with pytest.raises(_Interrupt):
         run(DetectionTrainer, resume, callbacks={"on_train_start": [capture]})
     assert seen["start_epoch"] == 1
     assert seen["save_dir"] == last.parent.parent
+    assert seen["profile"]  # profiling is this launch's choice, allowed with --resume
     assert seen["ema_updates"] == saved["updates"]
     assert seen["lrs"] == [g["lr"] for g in saved["optimizer"]["param_groups"]]
     state, ref = seen["opt_state"]["state"], saved["optimizer"]["state"]

@@ -90,6 +90,9 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
                    help="each step at a random size in 0.5-1.5 x --imgsz (a multiple of the stride), same on all ranks")
     p.add_argument("--label-smoothing", type=float, default=None,
                    help="label smoothing epsilon, overrides the hyp's (v5/v7 and classification losses)")
+    p.add_argument("--profile", action="store_true",
+                   help="print where the run's wall time went (start-up, set-up, data wait, forward/backward, ...) "
+                        "and write profile.json; on CUDA, synchronizes at each timed region's ends")
     return p
 
 
