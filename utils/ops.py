@@ -318,7 +318,7 @@ def non_max_suppression(
             continue
         x = x[x[:, 4].argsort(descending=True)[:max_nms]]
         offsets = x[:, 5:6] * (0 if agnostic else max_wh)
-        keep = torchvision.ops.nms(x[:, :4] + offsets, x[:, 4], iou_thres)[:max_det]
+        keep = first_kept(x[:, :4] + offsets, x[:, 4], iou_thres, max_det)
         output[xi] = x[keep]
         if time_limit is not None and time.time() - t0 > time_limit:
             LOGGER.warning(
@@ -326,6 +326,27 @@ def non_max_suppression(
             )
             break  # a safety valve for untrained models that emit thousands of boxes
     return output
+
+
+def first_kept(boxes, scores, iou_thres, n):
+    """`torchvision.ops.nms(boxes, scores, iou_thres)[:n]` for boxes sorted by descending score, without running NMS
+    over boxes that cannot change those n.
+
+    Greedy NMS decides each box from the boxes before it alone, and torchvision's stable sort leaves sorted boxes in
+    their order (ties included), so NMS over the first m boxes keeps exactly the whole set's kept boxes that lie among
+    them: once it keeps n, they are the answer. The work grows with boxes x kept boxes, and on a weak model at
+    validation's conf 0.001 thousands of boxes survive NMS while only max_det are used (yolov5n after 3 epochs on
+    the shapes benchmark: 5200 boxes, 3900 kept, 300 used); this was half of validation's time on a CPU. On CUDA the
+    NMS is a parallel kernel and the whole set is passed, as before.
+    """
+    if boxes.device.type != "cpu":
+        return torchvision.ops.nms(boxes, scores, iou_thres)[:n]
+    m = 2 * n
+    while True:
+        keep = torchvision.ops.nms(boxes[:m], scores[:m], iou_thres)
+        if len(keep) >= n or m >= len(boxes):
+            return keep[:n]
+        m *= 2
 
 
 def crop_mask(masks, boxes):

@@ -294,3 +294,25 @@ def test_masks2segments_rectangle():
     assert segs[1].shape == (0, 2)
     xs, ys = segs[0][:, 0], segs[0][:, 1]
     assert (xs.min(), xs.max(), ys.min(), ys.max()) == (3, 19, 5, 11)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_first_kept_equals_full_nms_prefix(ties):
+    """first_kept looks at only a prefix of the sorted boxes: it must return exactly full NMS's first n, also when
+    most boxes are suppressed (the prefix grows) and when scores tie."""
+    import torchvision
+
+    gen = torch.Generator().manual_seed(int(ties))
+    for trial in range(40):
+        count = int(torch.randint(1, 3000, (1,), generator=gen))
+        spread = 40.0 if trial % 2 else 320.0  # crowded boxes: few kept, the prefix must grow several times
+        xy = torch.rand(count, 2, generator=gen) * spread
+        boxes = torch.cat((xy, xy + torch.rand(count, 2, generator=gen) * 60 + 2), 1)
+        scores = torch.rand(count, generator=gen)
+        if ties:
+            scores = (scores * 10).round() / 10
+        order = scores.argsort(descending=True)
+        boxes, scores = boxes[order], scores[order]
+        n = int(torch.randint(1, 400, (1,), generator=gen))
+        full = torchvision.ops.nms(boxes, scores, 0.5)
+        assert torch.equal(ops.first_kept(boxes, scores, 0.5, n), full[:n]), (trial, count, n)
