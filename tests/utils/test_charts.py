@@ -75,6 +75,9 @@ def test_tensorboard_holds_the_images_and_the_graph(seg_run):
     im = cv2.imdecode(np.frombuffer(event.encoded_image_string, np.uint8), cv2.IMREAD_COLOR)
     ref = cv2.imread(str(seg_run / "results.png"))
     assert im.shape == ref.shape and np.abs(im.astype(int) - ref).mean() < 2  # the same picture (PNG, lossless)
+    labels = acc.Images("labels")[0]  # a JPEG goes in as it is (TensorBoard shows JPEG too)
+    assert labels.encoded_image_string == (seg_run / "labels.jpg").read_bytes()
+    assert (labels.width, labels.height) == cv2.imread(str(seg_run / "labels.jpg")).shape[1::-1]
 
 
 def test_pr_curve_is_the_precision_envelope():
