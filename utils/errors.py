@@ -6,6 +6,7 @@ problem. A script's `if __name__ == "__main__":` line is `run_cli(main, parse_op
 keeps its traceback. Each subclass is also a ValueError, so callers that catch ValueError keep working.
 """
 
+import gc
 import os
 import signal
 import sys
@@ -74,7 +75,12 @@ def run_cli(main, parse_opt):
     launcher stops any rank still running, so none hangs.
     """
     try:
-        return main(parse_opt())
+        result = main(parse_opt())
+        # The process ends next. Python's shutdown garbage-collects the whole heap, which torch's and torchvision's
+        # imports fill with cyclic objects: 1.2 s of a 2-core CPU after every command. Frozen objects are skipped
+        # by the collector and freed by the OS; every file the scripts write is closed by then.
+        gc.freeze()
+        return result
     except UserError as e:
         report_user_error(e)
         if dist.is_available() and dist.is_initialized():
