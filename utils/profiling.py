@@ -117,9 +117,11 @@ class RunProfile:
         """`iterable`, with the time spent fetching each item charged to section `name` (a loader's data wait)."""
         if not self.enabled:
             return iterable
-        return self._timed(iter(iterable), name)
+        return self._timed(iterable, name)
 
-    def _timed(self, it, name):
+    def _timed(self, iterable, name):
+        with self(name):
+            it = iter(iterable)  # a DataLoader starts its workers here
         while True:
             with self(name):
                 item = next(it, _END)
