@@ -41,7 +41,7 @@ from utils import dist as du
 from utils.charts import RunPlots
 from utils.cli import check_imgsz
 from utils.data.labels import write_problems
-from utils.data.loader import build_dataloader, set_loader_epoch
+from utils.data.loader import build_dataloader, default_workers, set_loader_epoch
 from utils.errors import BadCheckpoint, BadOption
 from utils.files import (
     find_file,
@@ -128,6 +128,8 @@ class BaseTrainer:
         self.wdir = self.save_dir / "weights"
         self.last, self.best = self.wdir / "last.pt", self.wdir / "best.pt"
         self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
+        if self.opt.workers is None:
+            self.opt.workers = default_workers(device)
         self.profile = RunProfile.for_run(self.opt.profile and self.main, device)  # --profile: rank 0's table
 
     # ---------------------------------------------------------------- hooks for task subclasses

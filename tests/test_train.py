@@ -131,6 +131,14 @@ def test_batch_size_must_divide_world_size(shapes_detect, tmp_path, monkeypatch)
         DetectionTrainer(opt, torch.device("cpu"))
 
 
+def test_workers_default_is_resolved_for_the_device(shapes_detect, tmp_path):
+    from utils.data.loader import default_workers
+
+    args = [a for a in _train_args(shapes_detect, tmp_path) if a not in ("--workers", "0")]
+    trainer = DetectionTrainer(train.parse_opt(args), torch.device("cpu"))
+    assert trainer.opt.workers == default_workers(torch.device("cpu"))
+
+
 @pytest.fixture(scope="module")
 def learnable(tmp_path_factory):
     """A dataset and hyp on which a few epochs from scratch must visibly learn: nbs 16 so that every batch of

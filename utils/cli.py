@@ -71,7 +71,9 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW", "auto"], default="auto",
                    help="auto: AdamW at a small lr for short runs, SGD at the hyp lr0 beyond 10k iterations")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (DDP only)")
-    p.add_argument("--workers", type=int, default=2, help="max dataloader workers per rank")
+    p.add_argument("--workers", type=int, default=None,
+                   help="max dataloader workers per rank (default: 2; 0 when training on a CPU whose cores torch's "
+                        "threads already fill, see utils/data/loader.default_workers)")
     p.add_argument("--project", default=None, help=f"save to project/name (default {project})")
     p.add_argument("--name", default="exp", help="save to project/name")
     p.add_argument("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")

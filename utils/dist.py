@@ -56,6 +56,11 @@ def use_launcher_local_rank(local_rank):
     os.environ.setdefault("LOCAL_RANK", str(local_rank))
 
 
+def get_local_world_size():
+    """Number of processes on this machine; 1 when single process."""
+    return _env_int("LOCAL_WORLD_SIZE", 1)
+
+
 def get_world_size():
     """Number of processes across all machines; 1 when single process."""
     if dist.is_available() and dist.is_initialized():

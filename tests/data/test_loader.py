@@ -93,3 +93,18 @@ def test_augmentation_draws_depend_on_sample_and_epoch_only(workers):
     assert list(tail) == order[6:] and tail == {i: ref[i] for i in order[6:]}
     other = run(loader, 2)
     assert all(other[i] != ref[i] for i in ref)
+
+
+@pytest.mark.parametrize("device, threads, local_procs, cores, expected", [
+    ("cpu", 2, 1, 2, 0),  # torch's threads fill both cores: a worker would only slow the model step
+    ("cpu", 1, 2, 2, 0),  # two CPU ranks of one thread each fill them too
+    ("cpu", 1, 1, 2, 2),  # a core left over
+    ("cuda", 2, 1, 2, 2),  # the model step runs on the GPU
+])
+def test_default_workers(monkeypatch, device, threads, local_procs, cores, expected):
+    from utils.data import loader
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(loader.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(loader, "get_local_world_size", lambda: local_procs)
+    assert loader.default_workers(torch.device(device)) == expected

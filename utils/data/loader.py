@@ -9,6 +9,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from utils.dist import get_local_world_size
+
+WORKERS = 2  # --workers when not given, where the cores are not all busy with the model step (below)
+
 
 def rank_indices(n, num_replicas, rank, seed=0):
     """The sorted dataset indices that rank `rank` of `num_replicas` owns: a seeded random, disjoint split of range(n).
@@ -66,6 +70,21 @@ def seed_worker(worker_id):
     np.random.seed(seed)
     random.seed(seed)
     cv2.setNumThreads(0)  # the workers already run in parallel; OpenCV's own threads would oversubscribe the CPU
+
+
+def default_workers(device):
+    """--workers when not given: WORKERS per rank, but none when training on a CPU whose every core already runs one of
+    torch's intra-op threads (threads x processes on this machine >= cores): there a worker process does not add a
+    core, it takes its time from the model step, which then runs slower by more than the loading it moves away.
+
+    Measured on a 2-core CPU, torch at 2 threads (`train.py --data shapes-det.yaml --img 320 --epochs 3 --batch-size
+    16 --device cpu --profile`, 256 images, 3 alternating runs each): yolov8n 73.0 / 67.2 / 57.6 s with 0 workers,
+    74.7 / 78.7 / 65.7 s with 2; yolov5n 58.3 / 55.3 / 47.0 s against 65.0 / 58.5 / 44.0 s. With 2 workers the
+    data wait fell by 1-3 s and forward+backward rose by 0-9 s; losses and metrics are the same either way.
+    """
+    if device.type == "cpu" and torch.get_num_threads() * get_local_world_size() >= (os.cpu_count() or 1):
+        return 0
+    return WORKERS
 
 
 def worker_base_seed(seed, epoch, rank):
