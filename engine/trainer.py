@@ -414,7 +414,7 @@ class BaseTrainer:
                 self._warmup(ni, nw, epoch)
             batch = self.multi_scale(self.preprocess_batch(batch), ni)
             step_now = ni - self.last_opt_step >= self.accumulate
-            with self.profile("forward_backward", items=len(batch["img"])):
+            with self.profile("forward_backward", items=len(batch["img"]) * self.world_size):  # all ranks' images
                 loss, items = self.forward_backward(batch, sync=step_now)
             self.mloss = (self.mloss * i + items) / (i + 1)
             if step_now:
