@@ -292,9 +292,6 @@ def non_max_suppression(
     if prediction.shape[-1] != layout.mask.stop:
         raise ValueError(f"prediction rows have {prediction.shape[-1]} columns, the layout {layout} says "
                          f"{layout.mask.stop}")
-    # deferred: importing torchvision (it pulls in torch._dynamo) costs about 2 s of start-up in every script
-    import torchvision
-
     multi_label &= nc > 1
     t0 = time.time()
     output = [torch.zeros((0, 6 + nm), device=prediction.device, dtype=prediction.dtype) for _ in range(bs)]
@@ -339,6 +336,9 @@ def first_kept(boxes, scores, iou_thres, n):
     the shapes benchmark: 5200 boxes, 3900 kept, 300 used); this was half of validation's time on a CPU. On CUDA the
     NMS is a parallel kernel and the whole set is passed, as before.
     """
+    # deferred: importing torchvision (it pulls in torch._dynamo) costs about 2 s of start-up in every script
+    import torchvision
+
     if boxes.device.type != "cpu":
         return torchvision.ops.nms(boxes, scores, iou_thres)[:n]
     m = 2 * n
