@@ -14,14 +14,18 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
-import torch
+# run as a script, this folder comes first on sys.path, and its tests/engine would shadow the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import engine.trainer as trainer_module
-import train
-from engine.tasks.detect import DetectionTrainer
-from engine.trainer import run
-from utils import dist as du
+import torch  # noqa: E402
+
+import engine.trainer as trainer_module  # noqa: E402
+import train  # noqa: E402
+from engine.tasks.detect import DetectionTrainer  # noqa: E402
+from engine.trainer import run  # noqa: E402
+from utils import dist as du  # noqa: E402
 
 
 def _die(run_dir):

@@ -113,7 +113,12 @@ def test_a_stalled_stream_is_given_up_and_the_other_goes_on(server, tmp_path, lo
     per_source = {p: [k for q, k in got if q == p] for p in loader.sources}
     stalled = per_source[f"{url}/stall"]  # sent while the other stream was still opening: older ones are skipped
     assert stalled and stalled == sorted(set(stalled)) and stalled[-1] == STALL_AFTER - 1
-    assert per_source[f"{url}/live"] == list(range(N_FRAMES))
+    # the live stream goes on to its end; how many of its frames a busy machine skips while the stalled one is still
+    # being opened depends on scheduling, but they are never repeated or reordered, and the warning counts them
+    live = per_source[f"{url}/live"]
+    assert live == sorted(set(live)) and live[-1] == N_FRAMES - 1
+    skipped = N_FRAMES - len(live)
+    assert any(f"live ended or was lost after {N_FRAMES} frames ({skipped} skipped" in r.message for r in log.records)
     assert any(f"stall ended or was lost after {STALL_AFTER} frames" in r.message for r in log.records)
 
 

@@ -1,0 +1,123 @@
+"""Controlled training studies: the same job under several variants (one change each) and several seeds, whole
+processes, final metrics and wall time in one table. Accuracy figures do not depend on how busy the machine is;
+the times do (compare them only between runs made back to back).
+
+    python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0
+    # bf16 against fp32 (issue: make bf16 the CPU default only where its mean mAP50-95 is within 0.01)
+    python benchmarks/study.py --data /tmp/shapes/shapes-det.yaml --cfgs yolov8n.yaml yolov5n.yaml \
+        --seeds 0 1 2 --variant fp32 --amp off --variant bf16 --amp bf16
+    # a recipe study: one change against the defaults
+    python benchmarks/study.py --cfgs yolov8n.yaml --seeds 0 --variant default --variant iou07 --hyp my.yaml
+
+Each `--variant NAME` is followed by the options it adds to every train.py command. Runs go in the order
+seed, cfg, variant (so an interrupted study still holds complete pairs), each in <out>/<cfg>-<variant>-s<seed>;
+a run whose results.csv already has every epoch is read, not repeated. The table (medians and means over seeds)
+is printed and written to <out>/study.md; each run's figures to <out>/study.json.
+"""
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from utils.files import ROOT
+
+METRICS = ("metrics/mAP50(B)", "metrics/mAP50-95(B)")
+
+
+def parse_variants(argv):
+    """['--variant', 'a', '--amp', 'off', '--variant', 'b'] -> (rest, {'a': ['--amp', 'off'], 'b': []})."""
+    rest, variants, current = [], {}, None
+    it = iter(argv)
+    for arg in it:
+        if arg == "--variant":
+            current = next(it, None)
+            if not current or current.startswith("-"):
+                raise SystemExit("error: --variant needs a name")
+            variants[current] = []
+        elif current is not None:
+            variants[current].append(arg)
+        else:
+            rest.append(arg)
+    return rest, variants or {"default": []}
+
+
+def best_row(results_csv, epochs):
+    """The row best.pt was saved from (highest 0.1 mAP50 + 0.9 mAP50-95), or None while the run is unfinished."""
+    if not results_csv.exists():
+        return None
+    with open(results_csv) as f:
+        rows = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(f)]
+    rows = [r for r in rows if r.get(METRICS[1])]
+    if len(rows) < epochs:
+        return None
+    return max(rows, key=lambda r: 0.1 * float(r[METRICS[0]]) + 0.9 * float(r[METRICS[1]]))
+
+
+def run_one(opt, cfg, variant, args, seed, out):
+    name = f"{Path(cfg).stem}-{variant}-s{seed}"
+    results = out / name / "results.csv"
+    row, seconds = best_row(results, opt.epochs), None
+    if row is None:
+        cmd = [sys.executable, str(ROOT / "train.py"), "--data", opt.data, "--cfg", cfg, "--img", str(opt.img),
+               "--epochs", str(opt.epochs), "--batch-size", str(opt.batch), "--device", "cpu", "--seed", str(seed),
+               "--project", str(out), "--name", name, "--exist-ok", "--noplots", *args]
+        t0 = time.perf_counter()
+        with open(out / f"{name}.log", "w") as log:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        seconds = time.perf_counter() - t0
+        if rc:
+            raise SystemExit(f"error: {name} exited {rc}; see {out / f'{name}.log'}")
+        row = best_row(results, opt.epochs)
+    return {"cfg": cfg, "variant": variant, "seed": seed, "seconds": seconds, "epoch": int(row["epoch"]),
+            "mAP50": float(row[METRICS[0]]), "mAP50-95": float(row[METRICS[1]])}
+
+
+def table(records, variants):
+    lines = ["| model | variant | seeds | mAP50 mean | mAP50-95 mean | mAP50-95 per seed | min/run median |",
+             "|---|---|---|---|---|---|---|"]
+    for cfg in dict.fromkeys(r["cfg"] for r in records):
+        for v in variants:
+            rs = [r for r in records if r["cfg"] == cfg and r["variant"] == v]
+            if not rs:
+                continue
+            times = [r["seconds"] for r in rs if r["seconds"]]
+            minutes = f"{statistics.median(times) / 60:.1f}" if times else "-"
+            lines.append(f"| {Path(cfg).stem} | {v} | {len(rs)} | {statistics.mean(r['mAP50'] for r in rs):.3f} | "
+                         f"{statistics.mean(r['mAP50-95'] for r in rs):.3f} | "
+                         f"{' '.join(f'{r['mAP50-95']:.3f}' for r in rs)} | {minutes} |")
+    return "\n".join(lines)
+
+
+def main():
+    argv, variants = parse_variants(sys.argv[1:])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="/tmp/shapes/shapes-det.yaml")
+    p.add_argument("--cfgs", nargs="+", default=["yolov8n.yaml"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--img", type=int, default=320)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--out", default="runs/study")
+    opt = p.parse_args(argv)
+    out = Path(opt.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    records = []
+    for seed in opt.seeds:
+        for cfg in opt.cfgs:
+            for variant, args in variants.items():
+                records.append(run_one(opt, cfg, variant, args, seed, out))
+                r = records[-1]
+                print(f"{Path(cfg).stem:<10} {variant:<10} seed {seed}: mAP50 {r['mAP50']:.3f} mAP50-95 "
+                      f"{r['mAP50-95']:.3f} (epoch {r['epoch']}), {r['seconds'] or 0:.0f} s", flush=True)
+                (out / "study.json").write_text(json.dumps(records, indent=1))
+                (out / "study.md").write_text(table(records, variants) + "\n")
+    print(table(records, variants))
+
+
+if __name__ == "__main__":
+    main()
