@@ -2,11 +2,13 @@
 synthetic generation, a `download:` archive (a local file URL), an official weights download, the label cache and
 `--cache disk` files. Each ends with one complete result, no error, and no temporary file left behind.
 
-Four processes are started once (spawn: the way separate nodes share nothing in memory) and run every scenario in
-turn, meeting at a barrier before each so that they really start it together.
+Generation goes through the dataset YAML's `synthetic:` entry, the path several nodes take when they start on a
+dataset none of them has yet. Four processes are started once (spawn: the way separate nodes share nothing in
+memory) and run every scenario in turn, meeting at a barrier before each so that they really start it together.
 """
 
 import multiprocessing as mp
+import os
 import shutil
 import traceback
 import zipfile
@@ -15,6 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import yaml
 
 from utils.files import publish
 
@@ -26,15 +29,15 @@ SYNTH = {"task": "detect", "n_train": 6, "n_val": 2, "seed": 3, "min_side": 64, 
 def _scenario(name, root):
     """One process's part of scenario `name`; returns a picklable summary of what it saw."""
     if name == "generate":
-        from utils.data.synthetic import generate_dataset
+        from utils.data.dataset_yaml import check_det_dataset
 
-        generate_dataset(root / "gen" / "shapes", **SYNTH)
+        check_det_dataset(str(root / "gen.yaml"))
         return sorted(p.name for p in (root / "gen" / "shapes" / "images" / "train").iterdir())
     if name == "download":
         from utils.data.downloads import download
 
         download((root / "src" / "pack.zip").as_uri(), dir=root / "dl")
-        return sorted(str(p.relative_to(root / "dl")) for p in (root / "dl").rglob("*"))
+        return _listing(root / "dl")
     if name == "weights":
         import models.checkpoints as mc
 
@@ -45,6 +48,12 @@ def _scenario(name, root):
     data = root / "data" / "images" / "train"
     ds = YOLODataset(str(data), imgsz=64, nc=3, cache="disk" if name == "cache_disk" else None)
     return [(lb["im_file"], lb["cls"].tolist(), lb["bboxes"].tolist()) for lb in ds.labels]
+
+
+def _listing(folder):
+    """Every path under `folder`, relative to it. os.walk, unlike rglob, passes over the temporary folders that
+    other processes still at work remove while this one lists."""
+    return sorted(str((Path(d) / n).relative_to(folder)) for d, dirs, files in os.walk(folder) for n in dirs + files)
 
 
 def _worker(root, barrier, queue):
@@ -68,6 +77,9 @@ def race(tmp_path_factory):
     (src / "yolov5s.pt").write_bytes(np.random.default_rng(0).bytes(300_000))
     generate_dataset(root / "data", **SYNTH)  # a dataset without label cache or .npy files
     generate_dataset(root / "reference", **SYNTH)  # what one process alone writes
+    names = {0: "circle", 1: "rectangle", 2: "triangle"}
+    (root / "gen.yaml").write_text(yaml.safe_dump({"path": str(root / "gen" / "shapes"), "train": "images/train",
+                                                   "val": "images/val", "names": names, "synthetic": SYNTH}))
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(N), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(root, barrier, queue)) for _ in range(N)]
