@@ -12,7 +12,6 @@ import time
 
 import torch
 
-from engine.trainer import to_float32
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils import ops
 from utils.data.dataset_yaml import check_det_dataset
@@ -20,6 +19,7 @@ from utils.data.detect_dataset import YOLODataset
 from utils.data.loader import build_dataloader
 from utils.dist import select_device
 from utils.files import ROOT, find_file, yaml_load
+from utils.torch_utils import to_float32
 
 
 def model_for(cfg, nc=3):

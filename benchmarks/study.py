@@ -1,4 +1,4 @@
-"""Controlled training studies: the same job under several variants (one change each) and several seeds, whole
+r"""Controlled training studies: the same job under several variants (one change each) and several seeds, whole
 processes, final metrics and wall time in one table. Accuracy figures do not depend on how busy the machine is;
 the times do (compare them only between runs made back to back).
 
@@ -87,9 +87,10 @@ def table(records, variants):
                 continue
             times = [r["seconds"] for r in rs if r["seconds"]]
             minutes = f"{statistics.median(times) / 60:.1f}" if times else "-"
+            per_seed = " ".join(f"{r['mAP50-95']:.3f}" for r in rs)
             lines.append(f"| {Path(cfg).stem} | {v} | {len(rs)} | {statistics.mean(r['mAP50'] for r in rs):.3f} | "
                          f"{statistics.mean(r['mAP50-95'] for r in rs):.3f} | "
-                         f"{' '.join(f'{r['mAP50-95']:.3f}' for r in rs)} | {minutes} |")
+                         f"{per_seed} | {minutes} |")
     return "\n".join(lines)
 
 

@@ -54,11 +54,14 @@ from utils.profiling import RunProfile
 from utils.torch_utils import (
     EarlyStopping,
     ModelEMA,
+    amp_settings,
     build_optimizer,
     freeze_layers,
     init_seeds,
     lr_lambda,
+    memory_format,
     resolve_optimizer,
+    to_float32,
 )
 
 __version__ = "0.1.0"
@@ -91,17 +94,6 @@ def read_hyp(name):
                         f"(remove it); known keys: {', '.join(sorted(known))}")
     return hyp
 NBS = 64  # default nominal batch size: gradients are accumulated to about this many images per optimizer step
-
-
-def amp_settings(device, amp):
-    """(enabled, dtype) for autocast. 'auto' = fp16 on CUDA, off elsewhere; 'bf16' works on CPU and CUDA."""
-    if amp == "auto":
-        amp = "fp16" if device.type == "cuda" else "off"
-    if amp == "off":
-        return False, torch.float32
-    if amp == "fp16" and device.type != "cuda":
-        raise BadOption("--amp fp16 needs CUDA; use --amp bf16 on CPU")
-    return True, torch.float16 if amp == "fp16" else torch.bfloat16
 
 
 class BaseTrainer:
@@ -209,7 +201,8 @@ class BaseTrainer:
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
         if self.main:
             model.info(imgsz=self.opt.imgsz)  # layers, parameters, gradients, GFLOPs at the training size
-        self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn)
+        self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn,
+                                                           memory_format(self.device))
         stride = int(max(self.model.stride))
 
         with du.torch_distributed_zero_first(self.local_rank):
@@ -540,15 +533,6 @@ def strip_optimizer(path):
     for k in ("ema", "optimizer", "scheduler", "scaler", "ranks", "rng", "updates"):  # rng: earlier versions' key
         ckpt[k] = None
     save_checkpoint(to_safe(ckpt), path)  # to_safe: a checkpoint of an earlier version may still hold numpy
-
-
-def to_float32(x):
-    """Outputs of an autocast forward in fp32 for the loss (losses in half precision lose small gradients)."""
-    if isinstance(x, torch.Tensor):
-        return x.float()
-    if isinstance(x, (list, tuple)):
-        return type(x)(to_float32(v) for v in x)
-    return x
 
 
 def run(trainer_cls, opt, callbacks=None):

