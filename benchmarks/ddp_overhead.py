@@ -99,19 +99,20 @@ def _run(cmd, env, log):
 
 def part_run(opt):
     out = Path(opt.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     train = [str(ROOT / "train.py"), "--data", opt.data, "--cfg", opt.cfg, "--img", str(opt.imgsz), "--epochs",
              str(opt.epochs), "--batch-size", "16", "--device", "cpu", "--noplots", "--profile", "--exist-ok",
              "--project", str(out)]
     jobs = {
-        "1 process x 2 threads": ([sys.executable, *train, "--name", "single"], {"OMP_NUM_THREADS": "2"}, "single"),
+        "1 process x 2 threads": ([sys.executable, *train], {"OMP_NUM_THREADS": "2"}, "single"),
         "2 processes x 1 thread": ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                                    "--master_port", str(free_port()), *train, "--name", "ddp"],
-                                   {"OMP_NUM_THREADS": "1"}, "ddp"),
+                                    "--master_port", str(free_port()), *train], {"OMP_NUM_THREADS": "1"}, "ddp"),
     }
     figures = {k: [] for k in jobs}
-    for _ in range(opt.repeats):
-        for label, (cmd, env, name) in jobs.items():
-            _run(cmd, {**os.environ, **env, "PYTHONPATH": str(ROOT)}, out / f"{name}.log")
+    for i in range(opt.repeats):
+        for label, (cmd, env, kind) in jobs.items():
+            name = f"{kind}{i}"  # a run folder holds one run: each repeat writes its own
+            _run([*cmd, "--name", name], {**os.environ, **env, "PYTHONPATH": str(ROOT)}, out / f"{name}.log")
             s = json.loads((out / name / "profile.json").read_text())
             figures[label].append((s["train_img_per_s"], s["sections"]["forward_backward"]["s"], s["wall_s"]))
     print(f"\nrun: train.py {opt.cfg}, {opt.imgsz} px, batch 16 in all, {opt.epochs} epochs, medians of {opt.repeats}")
