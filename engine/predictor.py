@@ -22,7 +22,7 @@ from utils.data.streams import open_source
 from utils.files import increment_path
 from utils.loggers import LOGGER
 from utils.plots import Annotator, save_one_box
-from utils.torch_utils import time_sync
+from utils.torch_utils import inference_bf16, time_sync
 
 
 class BasePredictor:
@@ -32,7 +32,8 @@ class BasePredictor:
         self.args = args if isinstance(args, SimpleNamespace) else SimpleNamespace(**vars(args))
         self.device = du.select_device(self.args.device)
         half = bool(getattr(self.args, "half", False)) and self.device.type == "cuda"
-        self.model = InferenceBackend(self.args.weights, device=self.device, half=half)
+        bf16 = inference_bf16(self.device, getattr(self.args, "amp", "off"))
+        self.model = InferenceBackend(self.args.weights, device=self.device, half=half, bf16=bf16)
         self.half = self.model.fp16
         self.names = self.model.names
         self.stride = self.model.stride

@@ -130,6 +130,9 @@ def predict_parser(description, weights_default, imgsz_default, project):
     p.add_argument("--name", default="exp")
     p.add_argument("--exist-ok", action="store_true")
     p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
+    p.add_argument("--amp", choices=["auto", "off", "bf16"], default="auto",
+                   help=".pt models: bf16 = bfloat16 autocast (CPU or CUDA); auto = bf16 on CPUs that compute it "
+                        "natively (AVX512-BF16, AMX), else off (fp32, or fp16 with --half)")
     return p
 
 

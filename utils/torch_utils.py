@@ -65,6 +65,11 @@ def to_float32(x):
     return x
 
 
+def inference_bf16(device, amp):
+    """Whether a predict script runs bfloat16 autocast: --amp bf16, or auto on a CPU with native bf16."""
+    return amp == "bf16" or (amp == "auto" and device.type == "cpu" and cpu_bf16_native())
+
+
 def time_sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
