@@ -17,6 +17,18 @@ from models.common import DFL, Conv, ImplicitA, ImplicitM, Proto
 from utils.ops import OutputLayout, dist2bbox, make_anchors
 
 
+def full_precision(t):
+    """A bf16 output (inference under `--amp bf16` autocast) in fp32 before it is decoded: bf16's 8-bit significand
+    would put 2-4 px steps into the box coordinates of a 640 px image and round scores to 0.4 %. A `--half` model
+    decodes in fp16, as the official heads do (10 bits: 0.25-0.5 px)."""
+    return t.float() if t.dtype == torch.bfloat16 else t
+
+
+def no_autocast(t):
+    """Decoding runs as written, in its inputs' precision (autocast would put the DFL conv back in bf16)."""
+    return torch.autocast(t.device.type, enabled=False)
+
+
 class Detect(nn.Module):
     """Anchor-based head (YOLOv5; also YOLOv7's deploy head): one 1x1 conv per level predicting na x (5 + nc + nm)."""
 
@@ -40,7 +52,8 @@ class Detect(nn.Module):
             x[i] = self._level(x[i], i)
         if self.training:
             return x
-        return torch.cat([self._decode(p, i) for i, p in enumerate(x)], 1), x
+        with no_autocast(x[0]):
+            return torch.cat([self._decode(full_precision(p), i) for i, p in enumerate(x)], 1), x
 
     def _level(self, x, i):
         """Raw logits of level i reshaped to (B, na, ny, nx, no)."""
@@ -159,7 +172,8 @@ class AnchorFreeDetect(nn.Module):
             x[i] = torch.cat((self.cv2[i](x[i]), self.cv3[i](x[i])), 1)
         if self.training:
             return x
-        return self._decode(x), x
+        with no_autocast(x[0]):
+            return self._decode([full_precision(xi) for xi in x]), x
 
     def _decode(self, x):
         """Level outputs -> (B, 4 + nc, A): xywh pixels, sigmoid class scores."""
@@ -203,7 +217,7 @@ class AnchorFreeSegment(AnchorFreeDetect):
         out = super().forward(x)
         if self.training:
             return out, mc, p
-        return torch.cat((out[0], mc), 1), (out[1], mc, p)
+        return torch.cat((out[0], full_precision(mc)), 1), (out[1], mc, p)
 
     @property
     def output_layout(self):
@@ -229,4 +243,4 @@ class Classify(nn.Module):
         if isinstance(x, list):
             x = torch.cat(x, 1)
         x = self.linear(self.drop(self.pool(self.conv(x)).flatten(1)))
-        return x if self.training else x.softmax(1)
+        return x if self.training else full_precision(x).softmax(1)

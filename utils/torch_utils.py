@@ -27,12 +27,12 @@ def init_seeds(seed=0, deterministic=False):
 
 
 @lru_cache(maxsize=None)
-def cpu_bf16_native():
+def cpu_bf16_native(cpuinfo="/proc/cpuinfo"):
     """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16). torch's own mkldnn check also passes
     on CPUs that only emulate bf16, where it is slower than fp32; without /proc/cpuinfo (macOS, Windows) the answer
     is no, and fp32 stays the default."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        text = Path(cpuinfo).read_text()
     except OSError:
         return False
     return re.search(r"\b(avx512_bf16|amx_bf16)\b", text) is not None

@@ -5,6 +5,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from models.checkpoints import model_to_ckpt
+
+NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
 PARITY = (Path(__file__).parents[2] / ".." / "shared" / "reference" / "parity").resolve()
 
 
@@ -43,3 +46,23 @@ def key_shapes(path):
 
 def model_key_shapes(model):
     return [(k, str(list(v.shape))) for k, v in model.state_dict().items()]
+
+
+def save_checkpoint(cfg, cls, path, seed=0):
+    """Our checkpoint of a model with BatchNorm / implicit layers away from their defaults (so fusing matters)."""
+    torch.manual_seed(seed)
+    model = randomise_implicit(randomise_bn(cls(cfg, nc=3), seed), seed)
+    model.names = dict(NAMES)
+    torch.save({"model": model_to_ckpt(model)}, path)
+    return path
+
+
+def assert_close_per_channel(out, ref, rtol=1e-4):
+    """|out - ref| <= rtol x the largest |ref| of the same channel, with channels along dim 1 and along the last dim
+    (the heads put their channels in one or the other)."""
+    assert out.shape == ref.shape
+    for axis in {1, ref.ndim - 1}:
+        dims = [d for d in range(ref.ndim) if d != axis]
+        err = (out - ref).abs().amax(dim=dims)
+        scale = ref.abs().amax(dim=dims)
+        assert (err <= rtol * scale + 1e-7).all(), f"axis {axis}: worst {(err / (scale + 1e-12)).max():.3g}"

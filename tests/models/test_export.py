@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from models_testutil import randomise_bn, randomise_implicit
+from models_testutil import NAMES, assert_close_per_channel, save_checkpoint
 
 from engine.exporter import Exporter
 from models.backend import InferenceBackend, flatten_outputs
-from models.checkpoints import attempt_load, model_to_ckpt
+from models.checkpoints import attempt_load
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils.errors import BadOption
 
@@ -23,33 +23,12 @@ MODELS = [
     ("yolov8n-seg.yaml", SegmentationModel),
     ("yolov8n-cls.yaml", ClassificationModel),
 ]
-NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
-
-
-def save_checkpoint(cfg, cls, path, seed=0):
-    """Our checkpoint of a model with BatchNorm / implicit layers away from their defaults (so fusing matters)."""
-    torch.manual_seed(seed)
-    model = randomise_implicit(randomise_bn(cls(cfg, nc=3), seed), seed)
-    model.names = dict(NAMES)
-    torch.save({"model": model_to_ckpt(model)}, path)
-    return path
 
 
 def export(weights, include, imgsz=(64,), batch=1, dynamic=True):
     opt = SimpleNamespace(weights=str(weights), include=list(include), imgsz=list(imgsz), batch_size=batch,
                           device="cpu", half=False, dynamic=dynamic, simplify=False, opset=17)
     return Exporter(opt)()
-
-
-def assert_close_per_channel(out, ref, rtol=1e-4):
-    """|out - ref| <= rtol x the largest |ref| of the same channel, with channels along dim 1 and along the last dim
-    (the heads put their channels in one or the other)."""
-    assert out.shape == ref.shape
-    for axis in {1, ref.ndim - 1}:
-        dims = [d for d in range(ref.ndim) if d != axis]
-        err = (out - ref).abs().amax(dim=dims)
-        scale = ref.abs().amax(dim=dims)
-        assert (err <= rtol * scale + 1e-7).all(), f"axis {axis}: worst {(err / (scale + 1e-12)).max():.3g}"
 
 
 @pytest.mark.parametrize("cfg,cls", MODELS, ids=[m[0].removesuffix(".yaml") for m in MODELS])
@@ -121,7 +100,7 @@ def test_detect_script_gives_the_pt_boxes_from_onnx_and_torchscript(shapes_detec
     for suffix in (".pt", ".onnx", ".torchscript"):
         opt = detect.parse_opt(["--weights", str(weights.with_suffix(suffix)), "--source", str(source), "--imgsz",
                                 "96", "--device", "cpu", "--save-txt", "--save-conf", "--nosave", "--project",
-                                str(tmp_path / "runs"), "--name", suffix[1:]])
+                                str(tmp_path / "runs"), "--name", suffix[1:], "--amp", "off"])  # fp32 as the exports
         detect.main(opt)
         runs[suffix] = _labels(tmp_path / "runs" / suffix[1:] / "labels")
     ref = runs[".pt"]

@@ -204,3 +204,36 @@ def test_output_layout_locates_boxes_scores_masks_and_protos(cls):
         torch.testing.assert_close(proto, m.proto(feats()[0]))
     else:
         assert proto is None and layout.nm == 0
+
+
+@pytest.mark.parametrize("cls", [Detect, IDetect, Segment, AnchorFreeDetect, AnchorFreeSegment])
+def test_bf16_autocast_outputs_are_decoded_in_fp32(cls):
+    """Under bf16 autocast (predict --amp bf16) the convs run in bf16 but boxes and scores are decoded in fp32 from
+    the bf16 maps: at 640 px a bf16 decode would be off by up to 2-4 px, far outside the tolerance here."""
+    seg = cls in (Segment, AnchorFreeSegment)
+    m = (anchor_head if cls.anchor_based else free_head)(cls, **(dict(nm=4, npr=16) if seg else {})).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(feats(bs=1, h=640, w=640))
+    y = out[0]
+    raw = out[-1] if cls.anchor_based else (out[1][0] if seg else out[1])
+    assert y.dtype == torch.float32
+    # the convs did run in bf16 (IDetect's implicit scale, an fp32 parameter, promotes its maps back to fp32)
+    assert raw[0].dtype == (torch.float32 if cls is IDetect else torch.bfloat16)
+    raw = [r.float() for r in raw]
+    if cls.anchor_based:
+        expected = torch.cat([manual_anchor_decode(r, m, i) for i, r in enumerate(raw)], 1)
+        assert y[..., :4].abs().max() > 500  # coordinates large enough for bf16 steps of 4 px
+        torch.testing.assert_close(y, expected, atol=2e-3, rtol=1e-5)
+    else:
+        expected = manual_free_decode(raw, m)
+        assert y[:, :4].abs().max() > 500
+        torch.testing.assert_close(y[:, : 4 + m.nc], expected, atol=2e-3, rtol=1e-5)
+
+
+def test_bf16_autocast_class_probabilities_sum_to_one():
+    torch.manual_seed(0)
+    m = Classify(8, 5).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        probs = m(torch.randn(3, 8, 4, 4))
+    assert probs.dtype == torch.float32
+    torch.testing.assert_close(probs.sum(1), torch.ones(3))  # a bf16 softmax sums to 1 +- 0.004

@@ -68,11 +68,13 @@ def _model(cfg, sync_bn):
     return train_mode(DetectionModel(cfg, nc=3), freeze_bn=not sync_bn)
 
 
-def _grad_worker(rank, world_size, cfg, sync_bn, out):
+def _grad_worker(rank, world_size, cfg, sync_bn, out, memory_format=torch.contiguous_format):
     model = _model(cfg, sync_bn)
     hyp = yaml_load(ROOT / "data" / "hyps" / model.default_hyp)
     criterion = model.init_criterion(hyp, imgsz=96)
-    train_model, plain = du.prepare_model(model, torch.device("cpu"), sync_bn=sync_bn)
+    train_model, plain = du.prepare_model(model, torch.device("cpu"), sync_bn=sync_bn, memory_format=memory_format)
+    if memory_format == torch.channels_last:  # the layout really reached the parameters DDP buckets
+        assert plain.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
     img, targets = _batch()
     per = img.shape[0] // world_size
     mine = targets[(targets[:, 0] >= rank * per) & (targets[:, 0] < (rank + 1) * per)].clone()
@@ -84,8 +86,8 @@ def _grad_worker(rank, world_size, cfg, sync_bn, out):
         torch.save({k: p.grad.clone() for k, p in plain.named_parameters() if p.grad is not None}, f"{out}/g.pt")
 
 
-def _check_grads(tmp_path, cfg, sync_bn):
-    spawn(_grad_worker, 2, cfg, sync_bn, str(tmp_path))
+def _check_grads(tmp_path, cfg, sync_bn, memory_format=torch.contiguous_format):
+    spawn(_grad_worker, 2, cfg, sync_bn, str(tmp_path), memory_format)
     model = _model(cfg, sync_bn)
     hyp = yaml_load(ROOT / "data" / "hyps" / model.default_hyp)
     criterion = model.init_criterion(hyp, imgsz=96)
@@ -107,6 +109,13 @@ def test_ddp_gradient_equals_single_process_v5(tmp_path):
 
 def test_ddp_gradient_equals_single_process_v5_sync_bn(tmp_path):
     _check_grads(tmp_path, "yolov5n.yaml", sync_bn=True)
+
+
+def test_ddp_gradient_equals_single_process_channels_last(tmp_path):
+    """The trainer's CPU layout (channels_last parameters, gradients as views of DDP's buckets) against the
+    contiguous single-process model. (yolov5n: the v8 loss divides by each rank's own sum of target scores, as the
+    official one does, so its DDP gradient is not the concatenated batch's.)"""
+    _check_grads(tmp_path, "yolov5n.yaml", sync_bn=True, memory_format=torch.channels_last)
 
 
 def _zero_first_worker(rank, world_size, out):
