@@ -1,8 +1,8 @@
 """Does bfloat16 inference keep a model's detections? Runs detect.py's predictor over a folder twice, fp32 and
 `--amp bf16`, and matches each image's boxes: a box is kept when the other run has a box of the same class at
 IoU >= --iou (0.95). Prints, per weights file, the share of fp32 boxes kept by bf16 and of bf16 boxes found in fp32,
-the largest confidence change of a kept box, and the confidences of the boxes that were not kept (near the
-confidence threshold, a box may cross it either way). Figures, not assertions.
+the largest confidence change of a kept box, and for each box not kept its confidence and its best IoU with a box of
+the other run (near the confidence threshold, a box may cross it either way). Figures, not assertions.
 
     python benchmarks/bf16_agreement.py --weights runs/train/exp/weights/best.pt --source /tmp/shapes/images/val
 """
@@ -24,24 +24,26 @@ def predictions(weights, source, imgsz, amp):
 
 
 def matched(a, b, iou):
-    """For each box of a (n, 6: xyxy, conf, cls): the index of a same-class box of b at IoU >= iou, or -1."""
+    """For each box of a (n, 6: xyxy, conf, cls): the index of a same-class box of b at IoU >= iou, or -1, and the
+    best same-class IoU it has in b."""
     if not len(a) or not len(b):
-        return torch.full((len(a),), -1, dtype=torch.long)
+        return torch.full((len(a),), -1, dtype=torch.long), torch.zeros(len(a))
     ious = box_iou(a[:, :4], b[:, :4]) * (a[:, 5:6] == b[:, 5].unsqueeze(0))
     best, idx = ious.max(1)
-    return torch.where(best >= iou, idx, torch.full_like(idx, -1))
+    return torch.where(best >= iou, idx, torch.full_like(idx, -1)), best
 
 
 def compare(fp32, bf16, iou):
     kept = found = n_fp32 = n_bf16 = 0
     dconf, lost = 0.0, []
     for a, b in zip(fp32, bf16):
-        m_ab, m_ba = matched(a, b, iou), matched(b, a, iou)
+        (m_ab, iou_ab), (m_ba, iou_ba) = matched(a, b, iou), matched(b, a, iou)
         n_fp32, n_bf16 = n_fp32 + len(a), n_bf16 + len(b)
         kept, found = kept + int((m_ab >= 0).sum()), found + int((m_ba >= 0).sum())
         if (m_ab >= 0).any():
             dconf = max(dconf, float((a[m_ab >= 0, 4] - b[m_ab[m_ab >= 0], 4]).abs().max()))
-        lost += [f"fp32 {c:.3f}" for c in a[m_ab < 0, 4].tolist()] + [f"bf16 {c:.3f}" for c in b[m_ba < 0, 4].tolist()]
+        lost += [f"fp32 {c:.3f}/{u:.2f}" for c, u in zip(a[m_ab < 0, 4].tolist(), iou_ab[m_ab < 0].tolist())]
+        lost += [f"bf16 {c:.3f}/{u:.2f}" for c, u in zip(b[m_ba < 0, 4].tolist(), iou_ba[m_ba < 0].tolist())]
     return kept / max(n_fp32, 1), found / max(n_bf16, 1), n_fp32, n_bf16, dconf, lost
 
 
@@ -52,7 +54,7 @@ def main():
     p.add_argument("--img", type=int, default=320)
     p.add_argument("--iou", type=float, default=0.95)
     opt = p.parse_args()
-    print(f"{'weights':<48}{'fp32 kept':>10}{'bf16 found':>11}{'boxes':>12}{'max dconf':>10}  not kept (conf)")
+    print(f"{'weights':<48}{'fp32 kept':>10}{'bf16 found':>11}{'boxes':>12}{'max dconf':>10}  not kept (conf/best IoU)")
     for w in opt.weights:
         kept, found, n32, n16, dconf, lost = compare(predictions(w, opt.source, opt.img, "off"),
                                                      predictions(w, opt.source, opt.img, "bf16"), opt.iou)
