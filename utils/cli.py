@@ -85,7 +85,8 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p.add_argument("--seed", type=int, default=0, help="global seed (each rank uses seed + 1 + RANK)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
     p.add_argument("--amp", choices=["auto", "off", "fp16", "bf16"], default="auto",
-                   help="mixed precision: auto = fp16 on CUDA, off on CPU; bf16 also runs on CPU")
+                   help="mixed precision: auto = fp16 on CUDA, bf16 on CPUs that compute it natively (AVX512-BF16, "
+                        "AMX), else off")
     p.add_argument("--freeze", nargs="+", type=int, default=[0],
                    help="freeze layers: the first N (--freeze 10), or these indices (--freeze 0 1 2)")
     p.add_argument("--multi-scale", action="store_true",

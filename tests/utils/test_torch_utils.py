@@ -26,7 +26,7 @@ def test_no_cpuinfo_means_no_native_bf16(tmp_path):
 
 
 def test_amp_settings():
-    assert amp_settings(CPU, "auto") == (False, torch.float32)
+    assert amp_settings(CPU, "auto") == ((True, torch.bfloat16) if cpu_bf16_native() else (False, torch.float32))
     assert amp_settings(CUDA, "auto") == (True, torch.float16)
     assert amp_settings(CPU, "bf16") == (True, torch.bfloat16)
     assert amp_settings(CUDA, "off") == (False, torch.float32)
@@ -43,3 +43,13 @@ def test_inference_bf16_follows_the_option_and_the_cpu():
 def test_memory_format_is_channels_last_on_cpu_only():
     assert memory_format(CPU) == torch.channels_last
     assert memory_format(CUDA) == torch.contiguous_format
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_is_bf16_only_on_cpus_with_native_bf16(monkeypatch, native):
+    import utils.torch_utils as tu
+
+    monkeypatch.setattr(tu, "cpu_bf16_native", lambda: native)
+    assert amp_settings(CPU, "auto") == ((True, torch.bfloat16) if native else (False, torch.float32))
+    assert inference_bf16(CPU, "auto") is native
+    assert amp_settings(CUDA, "auto") == (True, torch.float16) and not inference_bf16(CUDA, "auto")
