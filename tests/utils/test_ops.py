@@ -1,6 +1,7 @@
 """utils/ops.py against independent references: brute-force NMS, hand-computed boxes and IoUs, per-pixel masks."""
 
 import math
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -316,3 +317,25 @@ def test_first_kept_equals_full_nms_prefix(ties):
         n = int(torch.randint(1, 400, (1,), generator=gen))
         full = torchvision.ops.nms(boxes, scores, 0.5)
         assert torch.equal(ops.first_kept(boxes, scores, 0.5, n), full[:n]), (trial, count, n)
+
+
+def test_nms_kernel_is_torchvisions_op_without_importing_torchvision():
+    """The predict and val scripts get NMS without the 1.6 s torchvision import, and it is torchvision's own op."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from utils.ops import nms_kernel; "
+            "g = torch.Generator().manual_seed(0); b = torch.rand(500, 4, generator=g) * 100; b[:, 2:] += b[:, :2]; "
+            "keep = nms_kernel()(b, torch.rand(500, generator=g), 0.5); "
+            "print('torchvision' in sys.modules, keep.tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    imported, keep = out.stdout.split(" ", 1)
+    assert imported == "False"
+    import torchvision
+
+    g = torch.Generator().manual_seed(0)
+    b = torch.rand(500, 4, generator=g) * 100
+    b[:, 2:] += b[:, :2]
+    expected = torchvision.ops.nms(b, torch.rand(500, generator=g), 0.5)
+    assert 10 < len(expected) < 500 and keep.strip() == str(expected.tolist())
