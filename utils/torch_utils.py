@@ -69,8 +69,9 @@ def to_float32(x):
 
 
 def inference_bf16(device, amp):
-    """Whether a predict script runs bfloat16 autocast: --amp bf16, or auto on a CPU with native bf16."""
-    return amp == "bf16" or (amp == "auto" and device.type == "cpu" and cpu_bf16_native())
+    """Whether a predict script (--amp auto|off|bf16) runs bfloat16 autocast: what training's rule gives, so 'auto'
+    means bf16 on the same CPUs (fp16 on CUDA is --half's, not autocast's)."""
+    return amp_settings(device, amp)[1] == torch.bfloat16
 
 
 def time_sync():
