@@ -141,6 +141,21 @@ def test_a_bug_keeps_its_traceback(tmp_path):
     assert p.returncode == 1 and "Traceback" in p.stderr and "KeyError" in p.stderr and "error: " not in p.stderr
 
 
+def test_script_download_is_refused_not_run(tmp_path):
+    """A dataset YAML's `download:` script (the official repositories run it) ends train.py before it runs."""
+    marker = tmp_path / "marker"
+    data = tmp_path / "script_download.yaml"
+    data.write_text(f"path: {tmp_path / 'datasets' / 'ds'}\ntrain: images/train\nval: images/val\nnames: [a]\n"
+                    f"download: |\n  import pathlib\n  pathlib.Path(r'{marker}').write_text('ran')\n")
+    p, _ = _run([str(ROOT / "train.py"), "--data", str(data), "--img", "64", "--epochs", "1", "--device", "cpu",
+                 "--workers", "0", "--project", str(tmp_path / "runs")], tmp_path, timeout=120)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert not marker.exists(), "the YAML's script ran"
+    assert p.returncode == 2 and "Traceback" not in p.stdout + p.stderr, (p.stdout + p.stderr)[-3000:]
+    assert errors == [f"error: {data}: 'download' is a script; scripts in dataset YAMLs are not run (nothing this "
+                      "project reads may run code): download the data yourself, or give archive URLs"], errors
+
+
 TORCHRUN = ["data YAML without val", "missing --weights file", "--batch-size below WORLD_SIZE"]
 
 

@@ -5,7 +5,6 @@ import pytest
 import yaml
 
 from utils.data import dataset_yaml as dy
-from utils.data import downloads
 from utils.data.dataset_yaml import (
     DatasetError,
     DatasetNotFoundError,
@@ -87,10 +86,14 @@ def test_one_line_errors(tmp_path):
     assert "absent.yaml" in _one_line(e)
 
 
-def test_download_entries(tmp_path, monkeypatch):
+def _record_downloads(monkeypatch):
     calls = []
-    monkeypatch.setattr(dy, "download", lambda urls, dir: calls.append((urls, Path(dir))))
-    monkeypatch.setattr(downloads, "download", lambda urls, dir, threads=1: calls.append((urls, Path(dir))))
+    monkeypatch.setattr(dy, "download", lambda urls, dir, threads=1: calls.append((urls, Path(dir), threads)))
+    return calls
+
+
+def test_download_entries(tmp_path, monkeypatch):
+    calls = _record_downloads(monkeypatch)
     root = tmp_path / "datasets" / "coco128"
     url = _write(tmp_path / "url.yaml", {"path": str(root), "train": "images/train2017", "val": "images/train2017",
                                          "names": ["a"], "download": "https://example.com/coco128.zip"})
@@ -99,7 +102,7 @@ def test_download_entries(tmp_path, monkeypatch):
     assert not calls
     with pytest.raises(DatasetNotFoundError):  # the fake download fetched nothing
         check_det_dataset(url)
-    assert calls == [(["https://example.com/coco128.zip"], tmp_path / "datasets")]
+    assert calls == [(["https://example.com/coco128.zip"], tmp_path / "datasets", 1)]
 
     calls.clear()
     coco = yaml.safe_load((ROOT / "data" / "coco.yaml").read_text())
@@ -107,8 +110,71 @@ def test_download_entries(tmp_path, monkeypatch):
     coco["path"] = str(tmp_path / "coco")
     with pytest.raises(DatasetNotFoundError):
         check_det_dataset(_write(tmp_path / "coco.yaml", coco))
-    assert calls[0] == (["https://github.com/ultralytics/yolov5/releases/download/v1.0/coco2017labels.zip"], tmp_path)
-    assert calls[1][1] == tmp_path / "coco" / "images" and len(calls[1][0]) == 3
+    images = [f"http://images.cocodataset.org/zips/{s}2017.zip" for s in ("train", "val", "test")]
+    assert calls == [(["https://github.com/ultralytics/yolov5/releases/download/v1.0/coco2017labels.zip"], tmp_path, 1),
+                     (images, tmp_path / "coco" / "images", 3)]
+
+
+def test_declarative_download_calls(tmp_path, monkeypatch):
+    calls = _record_downloads(monkeypatch)
+    spec = ["https://a.example/one.zip", "http://a.example/two.tar.gz",
+            {"urls": "https://b.example/img.zip", "dir": "ds/images", "threads": 2},
+            {"urls": ["https://c.example/x.zip", "https://c.example/y.zip"], "dir": "./ds/../ds/extra"},
+            {"urls": ["https://d.example/z.zip"]}, "https://a.example/three.zip"]
+    f = _write(tmp_path / "decl.yaml", {"path": str(tmp_path / "datasets" / "ds"), "train": "t", "val": "v",
+                                        "names": ["a"], "download": spec})
+    with pytest.raises(DatasetNotFoundError):  # the recorder fetched nothing
+        check_det_dataset(f)
+    parent = tmp_path / "datasets"
+    assert calls == [(["https://a.example/one.zip", "http://a.example/two.tar.gz"], parent, 1),
+                     (["https://b.example/img.zip"], parent / "ds" / "images", 2),
+                     (["https://c.example/x.zip", "https://c.example/y.zip"], parent / "ds" / "extra", 1),
+                     (["https://d.example/z.zip"], parent, 1),
+                     (["https://a.example/three.zip"], parent, 1)]
+
+
+SCRIPT = "download: |\n  from pathlib import Path\n  Path(r'{marker}').write_text('ran')\n"
+BASH = "download: bash -c 'touch {marker}'\n"
+
+
+@pytest.mark.parametrize("kind", ["python", "bash", "python in a list", "bash in a mapping"])
+def test_script_downloads_refused_and_not_run(tmp_path, monkeypatch, kind):
+    calls = _record_downloads(monkeypatch)
+    marker = tmp_path / "marker"
+    head = f"path: {tmp_path / 'datasets' / 'ds'}\ntrain: t\nval: v\nnames: [a]\n"
+    body = {"python": SCRIPT, "bash": BASH,
+            "python in a list": "download:\n  - https://a.example/x.zip\n  - |\n    import os\n"
+                                "    os.system('touch {marker}')\n",
+            "bash in a mapping": "download:\n  - urls: bash -c 'touch {marker}'\n"}[kind]
+    f = _write(tmp_path / "script.yaml", head + body.format(marker=marker))
+    with pytest.raises(DatasetError) as e:
+        check_det_dataset(f)
+    assert not marker.exists() and not calls  # refused before anything ran or was fetched
+    msg = _one_line(e)
+    assert msg.startswith(f"{f}: 'download'") and "is a script; scripts in dataset YAMLs are not run" in msg, msg
+
+
+@pytest.mark.parametrize("spec, words", [
+    ([{"urls": "https://a.example/x.zip", "dir": "../elsewhere"}], ["'download'[0].dir", "leads outside"]),
+    ([{"urls": "https://a.example/x.zip", "dir": "ds/../../up"}], ["'download'[0].dir", "leads outside"]),
+    ([{"urls": "https://a.example/x.zip", "dir": "/etc/ds"}], ["'download'[0].dir", "must be relative"]),
+    (["https://a.example/ok.zip", {"urls": "https://a.example/x.zip", "run": "rm -rf /"}], ["'download'[1]", "'run'"]),
+    ([{"dir": "ds"}], ["'download'[0]", "needs 'urls'"]),
+    ([{"urls": "https://a.example/x.zip", "threads": "many"}], ["threads must be an integer"]),
+    ("ftp://a.example/x.zip", ["'download'", "not an http(s) URL"]),
+    (["file:///etc/passwd"], ["'download'[0]", "not an http(s) URL"]),
+    ({"urls": "https://a.example/x.zip"}, ["'download' must be an http(s) URL, or a list"]),
+    ([{"urls": []}], ["'download'[0].urls is an empty list"]),
+])
+def test_malformed_download_refused_before_fetching(tmp_path, monkeypatch, spec, words):
+    calls = _record_downloads(monkeypatch)
+    f = _write(tmp_path / "bad.yaml", {"path": str(tmp_path / "datasets" / "ds"), "train": "t", "val": "v",
+                                       "names": ["a"], "download": spec})
+    with pytest.raises(DatasetError) as e:
+        check_det_dataset(f)
+    msg = _one_line(e)
+    assert msg.startswith(f"{f}: ") and all(w in msg for w in words), msg
+    assert not calls and not (tmp_path / "elsewhere").exists() and not (tmp_path / "datasets").exists()
 
 
 def test_official_yamls_parse():

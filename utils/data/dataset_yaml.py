@@ -3,14 +3,21 @@
 Detection/segmentation YAML keys (official format): `path` (dataset root; relative paths are tried from the
 current directory, then from the repo root), `train`, `val`, optional `test` (folders, list .txt files or globs,
 or lists of them, relative to `path`), `names` (list or {id: name}), optional `nc`, and optionally one of
-`synthetic: {task, n_train, n_val, seed, ...}` (utils.data.synthetic.generate_dataset arguments) or `download:`
-(archive URL(s), a `bash ...` command, or a Python script run with `yaml` = the resolved dict).
+`synthetic: {task, n_train, n_val, seed, ...}` (utils.data.synthetic.generate_dataset arguments) or `download:`.
+
+`download:` is data, never code: an http(s) archive URL or a list of them (fetched and unpacked beside the dataset
+root, i.e. into its parent), and a list may also hold `{urls: <URL or list>, dir: <folder relative to the root's
+parent>, threads: <int, optional>}` items for files that go into a subfolder (data/coco.yaml). The official
+repositories also run a `bash ...` command or a Python script found there; a YAML can come from anywhere, so such an
+entry is refused (nothing this project reads may run code), as is any other key, URL scheme or a `dir` outside the
+root's parent, all checked before anything is fetched.
 Errors are one line naming the file and the problem; under DDP call these inside torch_distributed_zero_first.
 """
 
 import glob
-import subprocess
+import os
 import time
+import urllib.parse
 from pathlib import Path
 
 from utils.data.downloads import download
@@ -20,6 +27,8 @@ from utils.files import ROOT, ConfigError, yaml_load
 from utils.loggers import LOGGER
 
 SYNTHETIC_KEYS = {"task", "n_train", "n_val", "seed", "min_side", "max_side", "max_objects"}
+DOWNLOAD_KEYS = {"urls", "dir", "threads"}
+DOWNLOAD_FORMS = "an http(s) URL, or a list of URLs and {urls, dir, threads} items"
 
 
 class DatasetError(ConfigError, BadDataset):
@@ -104,15 +113,88 @@ def _missing(d, keys):
     return [str(d[k]) for k in keys if d.get(k) and not _exists(d[k])]
 
 
-def run_download(spec, d, root):
-    """Official `download:` forms: archive URL(s) (unpacked beside the dataset root), 'bash ...', or Python."""
+def _is_script(text):
+    """A `download:` string that is a command or a program (the official `bash ...` and Python forms), not URLs."""
+    words = text.split()
+    return "\n" in text.strip() or (len(words) > 1 and "://" not in words[0])
+
+
+def _url(u, label, where):
+    """`u` if it is one http(s) URL, else DatasetError (a script gets the message saying why scripts are refused)."""
+    if not isinstance(u, str):
+        raise DatasetError(f"{label}: {where} must be an http(s) URL, got {type(u).__name__} {u!r:.60}")
+    u = u.strip()
+    if _is_script(u):
+        raise DatasetError(f"{label}: {where} is a script; scripts in dataset YAMLs are not run (nothing this project "
+                           "reads may run code): download the data yourself, or give archive URLs")
+    parsed = urllib.parse.urlparse(u)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc or any(c.isspace() for c in u):
+        raise DatasetError(f"{label}: {where} {u!r:.80} is not an http(s) URL")
+    return u
+
+
+def _urls(v, label, where):
+    items = v if isinstance(v, list) else [v]
+    if not items:
+        raise DatasetError(f"{label}: {where} is an empty list; expected {DOWNLOAD_FORMS}")
+    return [_url(u, label, f"{where}[{i}]" if isinstance(v, list) else where) for i, u in enumerate(items)]
+
+
+def _subdir(v, label, where, parent):
+    """parent / v for a relative `v` that stays inside `parent` (checked on the text: nothing exists yet)."""
+    if not isinstance(v, str) or not v.strip():
+        raise DatasetError(f"{label}: {where} must be a folder name relative to {parent}, got {v!r:.60}")
+    if Path(v).is_absolute() or v.startswith("~"):
+        raise DatasetError(f"{label}: {where} {v!r} must be relative to the dataset root's parent {parent}")
+    norm = os.path.normpath(v)
+    if norm == ".." or norm.startswith(".." + os.sep):
+        raise DatasetError(f"{label}: {where} {v!r} leads outside the dataset root's parent {parent}")
+    return parent / norm
+
+
+def download_plan(spec, label, root):
+    """The `download:` entry `spec` as [(urls, folder, threads)], or DatasetError naming `label` and the problem.
+
+    Bare URLs go into root.parent (the official archives hold the dataset folder itself); a mapping item
+    `{urls, dir, threads}` into root.parent / dir. Nothing is fetched or created here."""
+    parent, where = root.parent, "'download'"
+    if isinstance(spec, str) and spec.split():
+        if _is_script(spec):
+            _url(spec, label, where)  # raises the message for scripts
+        return [([_url(u, label, where) for u in spec.split()], parent, 1)]  # "URL URL ..." as the official form
+    if not isinstance(spec, list) or not spec:
+        raise DatasetError(f"{label}: {where} must be {DOWNLOAD_FORMS}, got {type(spec).__name__} {spec!r:.60}")
+    plan, bare = [], None  # consecutive bare URLs make one call, as a plain list always did
+    for i, item in enumerate(spec):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            if bare is None:
+                bare = []
+                plan.append((bare, parent, 1))
+            bare.append(_url(item, label, at))
+            continue
+        bare = None
+        unknown = set(item) - DOWNLOAD_KEYS
+        if unknown:
+            raise DatasetError(f"{label}: {at} has unknown key(s) {sorted(map(str, unknown))}, "
+                               f"expected {sorted(DOWNLOAD_KEYS)}")
+        if "urls" not in item:
+            raise DatasetError(f"{label}: {at} needs 'urls' (a URL or a list of URLs)")
+        threads = item.get("threads", 1)
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 32:
+            raise DatasetError(f"{label}: {at}.threads must be an integer 1..32, got {threads!r:.40}")
+        urls = _urls(item["urls"], label, f"{at}.urls")
+        folder = _subdir(item["dir"], label, f"{at}.dir", parent) if "dir" in item else parent
+        plan.append((urls, folder, threads))
+    return plan
+
+
+def run_download(spec, label, root):
+    """Fetch and unpack what the `download:` entry `spec` names; the whole entry is validated first."""
+    plan = download_plan(spec, label, root)
     t = time.time()
-    if isinstance(spec, (list, tuple)) or str(spec).startswith(("http://", "https://")):
-        download(spec if isinstance(spec, (list, tuple)) else str(spec).split(), dir=root.parent)
-    elif str(spec).startswith("bash "):
-        subprocess.run(spec, shell=True, check=True, cwd=ROOT)
-    else:
-        exec(spec, {"yaml": d, "Path": Path, "download": download})  # the dataset YAML's own script, as official
+    for urls, folder, threads in plan:
+        download(urls, dir=folder, threads=threads)
     LOGGER.info(f"Dataset download finished in {time.time() - t:.1f}s: {root}")
 
 
@@ -134,7 +216,7 @@ def _obtain(d, label, root, missing, autodownload):
             raise DatasetError(f"{label}: {root} exists but lacks {lacks}; remove it to regenerate") from None
     elif d.get("download") and autodownload:
         LOGGER.info(f"{label}: dataset not found (missing {', '.join(missing)}), downloading...")
-        run_download(d["download"], d, root)
+        run_download(d["download"], label, root)
     else:
         why = "autodownload is off" if d.get("download") else "the YAML has no 'download' or 'synthetic' entry"
         raise DatasetNotFoundError(f"{label}: dataset not found, missing {', '.join(missing)} ({why})")
