@@ -253,7 +253,10 @@ class BaseTrainer:
         # dict itself is never changed)
         self.weight_decay = self.hyp["weight_decay"] * total_batch * self.accumulate / self.nbs
         iterations = math.ceil(len(self.train_set) / max(total_batch, self.nbs)) * self.epochs
-        name, self.lr0, self.momentum = resolve_optimizer(self.opt.optimizer, self.hyp, self.nc, iterations)
+        # the criterion's larger auto step was measured from scratch; fine-tuning keeps the Ultralytics fit, so
+        # pretrained features are not overwritten by it
+        gain = 1.0 if self.opt.weights else self.criterion.auto_lr_gain
+        name, self.lr0, self.momentum = resolve_optimizer(self.opt.optimizer, self.hyp, self.nc, iterations, gain)
         self.optimizer = build_optimizer(self.model, name, self.lr0, self.momentum, self.weight_decay)
         # a bias warmup from 0.1 suits SGD; Adam-family steps are already lr-sized, so there it would blow up
         self.warmup_bias_lr = self.hyp["warmup_bias_lr"] if name == "SGD" else 0.0

@@ -14,6 +14,7 @@ class ClassificationLoss:
 
     loss_names = ("cls",)
     nbs = 64
+    auto_lr_gain = 1.0  # `--optimizer auto` uses the Ultralytics AdamW lr as it is
 
     def __init__(self, model, hyp, imgsz=640):
         self.label_smoothing = hyp.get("label_smoothing", 0.0)

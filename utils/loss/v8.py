@@ -45,6 +45,10 @@ class V8DetectionLoss:
     """
 
     loss_names = ("box", "cls", "dfl")
+    # `--optimizer auto` from scratch multiplies its AdamW lr (0.002 * 5 / (4 + nc)) by this. yolov8n, 30 epochs on the
+    # benchmark shapes set (benchmarks/study.py), mAP50-95: x1 0.369 (Ultralytics at x1: 0.376), x2 0.486, x4 0.598;
+    # larger steps were not tried.
+    auto_lr_gain = 4.0
 
     def __init__(self, model, hyp, imgsz=640):
         require(hyp, ("box", "cls", "dfl"), type(self).__name__)
