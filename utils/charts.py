@@ -37,9 +37,9 @@ def _save(fig, path, dpi=150):
 
 def _smooth(y, f=0.1):
     """Box filter over a fraction f of the points (the mean curve is noisy at a few hundred detections)."""
-    nf = round(len(y) * f * 2) // 2 + 1
-    p = np.ones(nf // 2)
-    return np.convolve(np.concatenate((p * y[0], y, p * y[-1])), np.ones(nf) / nf, mode="valid")
+    half = round(len(y) * f / 2)  # an odd window of 2 * half + 1 points (about f of them) keeps len(y) points
+    p = np.ones(half)
+    return np.convolve(np.concatenate((p * y[0], y, p * y[-1])), np.ones(2 * half + 1) / (2 * half + 1), mode="valid")
 
 
 def read_results(csv_path):

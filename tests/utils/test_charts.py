@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from models.yolo import SegmentationModel
+from utils.charts import _smooth
 from utils.loggers import LOGGER
 from utils.metrics import ap_per_class
 
@@ -121,3 +122,15 @@ def test_model_summary_printed_once_before_training(seg_run):
     n_grads = sum(p.numel() for p in model.parameters() if p.requires_grad)  # the fixed DFL conv has none
     assert int(m.group(1)) == len(model.model) and int(m.group(2)) == n_params and int(m.group(3)) == n_grads
     assert 0 < float(m.group(4)) < 1.0  # yolov8n-seg: 12.6 GFLOPs at 640, so ~0.1 at 64 px
+
+
+@pytest.mark.parametrize("f", [0.05, 0.1])
+def test_smooth_keeps_the_length_and_a_constant(f):
+    # an even window once made 30 epochs smooth to 31 points and results.png failed at the end of a 30-epoch run
+    for n in range(1, 1201, 7):
+        y = np.linspace(0.0, 1.0, n)
+        out = _smooth(y, f)
+        assert out.shape == (n,), n
+        assert np.allclose(_smooth(np.full(n, 0.3), f), 0.3)
+        assert out[0] >= 0.0 and out[-1] <= 1.0
+    assert np.allclose(_smooth(np.r_[np.zeros(50), np.ones(50)], 0.1)[45:55], np.arange(1, 11) / 11, atol=1e-9)
