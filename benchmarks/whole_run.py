@@ -13,6 +13,7 @@ Without the peers' venv only our commands run.
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,7 +32,7 @@ ULTRALYTICS_2_THREADS = (
 
 
 def jobs(opt, out):
-    """name -> (our command, peer command or None)."""
+    """name -> (our command, peer command or None, our run folder to clear before each run or None)."""
     py, peers = sys.executable, Path(opt.peers_venv) / "bin"
     data, ep, img = opt.data, str(opt.epochs), str(opt.img)
     ours_train = [py, str(ROOT / "train.py"), "--data", data, "--img", img, "--epochs", ep, "--batch-size", "16",
@@ -39,17 +40,20 @@ def jobs(opt, out):
     images = str(Path(data).parent / "images" / "val")
     return {
         "train-v8": (ours_train + ["--cfg", "yolov8n.yaml", "--name", "v8"],
-                     [str(peers / "python"), "-c", ULTRALYTICS_2_THREADS, data, ep, img, str(out / "ultralytics")]),
+                     [str(peers / "python"), "-c", ULTRALYTICS_2_THREADS, data, ep, img, str(out / "ultralytics")],
+                     out / "ours" / "v8"),
         "train-v5": (ours_train + ["--cfg", "yolov5n.yaml", "--name", "v5"],
                      [str(peers / "yolov5"), "train", "--data", data, "--cfg", "yolov5n.yaml", "--weights", "",
                       "--img", img, "--batch", "16", "--epochs", ep, "--workers", "2", "--device", "cpu",
-                      "--noplots", "--project", str(out / "yolov5"), "--exist-ok"]),
+                      "--noplots", "--project", str(out / "yolov5"), "--exist-ok"],
+                     out / "ours" / "v5"),
         "predict": ([py, str(ROOT / "detect.py"), "--weights", str(out / "ours" / "v8" / "weights" / "best.pt"),
                      "--source", images, "--img", img, "--device", "cpu", "--project", str(out / "ours"),
                      "--name", "predict", "--exist-ok"],
                     [str(peers / "yolo"), "detect", "predict",
                      f"model={out / 'ultralytics' / 'train' / 'weights' / 'best.pt'}", f"source={images}",
-                     f"imgsz={img}", "device=cpu", f"project={out / 'ultralytics'}", "exist_ok=True"]),
+                     f"imgsz={img}", "device=cpu", f"project={out / 'ultralytics'}", "exist_ok=True"],
+                    None),
     }
 
 
@@ -80,9 +84,11 @@ def main():
     table = jobs(opt, out)
     print(f"{'job':<10}{'ours s (median)':>17}{'peer s (median)':>17}{'ratio':>8}   runs")
     for name in opt.jobs:
-        ours_cmd, peer_cmd = table[name]
+        ours_cmd, peer_cmd, run_dir = table[name]
         ours, peer = [], []
         for _ in range(opt.repeats):
+            if run_dir:  # train.py refuses to mix two runs in one folder, even with --exist-ok
+                shutil.rmtree(run_dir, ignore_errors=True)
             ours.append(timed(ours_cmd, out / f"{name}-ours.log"))
             if have_peers and peer_cmd:
                 peer.append(timed(peer_cmd, out / f"{name}-peer.log"))
