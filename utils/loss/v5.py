@@ -67,7 +67,7 @@ class V5DetectionLoss:
 
     loss_names = ("box", "obj", "cls")
     # `--optimizer auto` from scratch multiplies its AdamW lr (0.002 * 5 / (4 + nc)) by this. yolov5n, 30 epochs on
-    # the benchmark shapes set (benchmarks/study.py), mAP50-95: x1 0.200 (the official yolov5 package at x1: 0.188),
+    # the benchmark shapes set (benchmarks/study.py), mAP50-95: x1 0.200 (the official yolov5 package at x1: 0.187),
     # x3 0.288, x6 0.360, x10 0.395. Larger steps were not tried: 10 keeps nc=80 at an ordinary Adam lr (1.2e-3).
     auto_lr_gain = 10.0
 
