@@ -2,16 +2,21 @@
 `--amp bf16`, and matches each image's boxes: a box is kept when the other run has a box of the same class at
 IoU >= --iou (0.95). Prints, per weights file, the share of fp32 boxes kept by bf16 and of bf16 boxes found in fp32,
 the largest confidence change of a kept box, and for each box not kept its confidence and its best IoU with a box of
-the other run (near the confidence threshold, a box may cross it either way). Figures, not assertions.
+the other run (near the confidence threshold, a box may cross it either way). With --data, it also validates each
+file on the dataset's val split twice, fp32 and under bf16 autocast (as training's per-epoch validation runs under
+--amp bf16), and prints both mAPs. Figures, not assertions.
 
-    python benchmarks/bf16_agreement.py --weights runs/train/exp/weights/best.pt --source /tmp/shapes/images/val
+    python benchmarks/bf16_agreement.py --weights runs/train/exp/weights/best.pt --source /tmp/shapes/images/val \
+        --data /tmp/shapes/shapes-det.yaml
 """
 
 import argparse
 
 import torch
 
-from engine.tasks.detect import DetectionPredictor
+from engine.tasks.detect import DetectionPredictor, DetectionValidator
+from engine.validator import ValOptions
+from models.checkpoints import attempt_load
 from utils.cli import add_nms_args, predict_parser
 from utils.ops import box_iou
 
@@ -21,6 +26,21 @@ def predictions(weights, source, imgsz, amp):
     add_nms_args(parser)
     opt = parser.parse_args(["--source", source, "--device", "cpu", "--nosave", "--amp", amp, "--exist-ok"])
     return DetectionPredictor(opt)()
+
+
+def val_maps(weights, data, imgsz):
+    """(mAP50, mAP50-95) of the weights on data's val split, fp32 then bf16 autocast."""
+    model = attempt_load(weights, device=torch.device("cpu"), fuse=False).float()
+    model = model.to(memory_format=torch.channels_last)
+    options = ValOptions(imgsz=imgsz, batch=32, workers=0, plots=False)
+    d = DetectionValidator.get_data(data, options)
+    out = []
+    for amp_dtype in (None, torch.bfloat16):
+        validator = DetectionValidator(options, "runs/bf16_agreement", d["names"])
+        validator.build_dataloader(d["val"], int(max(model.stride)))
+        stats = validator(model, amp_dtype=amp_dtype)
+        out.append((stats["metrics/mAP50(B)"], stats["metrics/mAP50-95(B)"]))
+    return out
 
 
 def matched(a, b, iou):
@@ -53,12 +73,16 @@ def main():
     p.add_argument("--source", required=True, help="image folder, e.g. the shapes val images")
     p.add_argument("--img", type=int, default=320)
     p.add_argument("--iou", type=float, default=0.95)
+    p.add_argument("--data", help="dataset YAML: also compare fp32 and bf16 validation mAP on its val split")
     opt = p.parse_args()
     print(f"{'weights':<48}{'fp32 kept':>10}{'bf16 found':>11}{'boxes':>12}{'max dconf':>10}  not kept (conf/best IoU)")
     for w in opt.weights:
         kept, found, n32, n16, dconf, lost = compare(predictions(w, opt.source, opt.img, "off"),
                                                      predictions(w, opt.source, opt.img, "bf16"), opt.iou)
         print(f"{w[-48:]:<48}{kept:>10.4f}{found:>11.4f}{f'{n32}/{n16}':>12}{dconf:>10.4f}  {', '.join(lost[:8])}")
+    for w in opt.weights if opt.data else ():
+        (a50, a), (b50, b) = val_maps(w, opt.data, opt.img)
+        print(f"{w[-48:]}: val mAP50 / mAP50-95 fp32 {a50:.4f} / {a:.4f}, bf16 {b50:.4f} / {b:.4f}")
 
 
 if __name__ == "__main__":

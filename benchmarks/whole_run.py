@@ -35,8 +35,11 @@ def jobs(opt, out):
     """name -> (our command, peer command or None, our run folder to clear before each run or None)."""
     py, peers = sys.executable, Path(opt.peers_venv) / "bin"
     data, ep, img = opt.data, str(opt.epochs), str(opt.img)
+    # --noplots: both peers' commands draw nothing either (plots=False, --noplots); --ours-args cannot take it back,
+    # so time our charts with --jobs ... --plots
+    noplots = [] if opt.plots else ["--noplots"]
     ours_train = [py, str(ROOT / "train.py"), "--data", data, "--img", img, "--epochs", ep, "--batch-size", "16",
-                  "--device", "cpu", "--project", str(out / "ours"), "--exist-ok", *opt.ours_args]
+                  "--device", "cpu", "--project", str(out / "ours"), "--exist-ok", *noplots, *opt.ours_args]
     images = str(Path(data).parent / "images" / "val")
     return {
         "train-v8": (ours_train + ["--cfg", "yolov8n.yaml", "--name", "v8"],
@@ -74,6 +77,7 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--img", type=int, default=320)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--plots", action="store_true", help="our training runs draw their charts (the peers' do not)")
     p.add_argument("--peers-venv", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers-venv"))
     p.add_argument("--ours-args", nargs=argparse.REMAINDER, default=[], help="extra options for our commands")
     p.add_argument("--out", default="runs/whole_run")

@@ -490,7 +490,8 @@ class BaseTrainer:
         if not self.opt.noval or final:
             # rank 0's EMA: the ranks' EMA parameters agree, their BatchNorm buffers (each rank's own statistics) not
             with self.profile("validation"):
-                self.metrics = self.validator(du.broadcast_state(self.ema.ema))
+                self.metrics = self.validator(du.broadcast_state(self.ema.ema),
+                                              amp_dtype=self.amp_dtype if self.amp else None)
         if self.main:
             fitness = self.metrics.get("fitness", 0.0)
             self.best_fitness = max(self.best_fitness, fitness)

@@ -9,6 +9,7 @@ Task subclasses implement `get_data`, `build_dataset`, `init_metrics`, `postproc
 batch's record), `get_stats` (from the merged records) and `print_results`.
 """
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -20,12 +21,13 @@ from tqdm import tqdm
 
 from models.backend import validation_model
 from utils import dist as du
+from utils.data.labels import write_problems
 from utils.data.loader import seed_worker
 from utils.errors import BadCheckpoint
 from utils.files import increment_path
 from utils.loggers import LOGGER, set_logging
 from utils.profiling import RunProfile
-from utils.torch_utils import time_sync, to_float32
+from utils.torch_utils import memory_format, time_sync, to_float32
 
 
 @dataclasses.dataclass
@@ -155,6 +157,7 @@ class BaseValidator:
     def preprocess(self, batch, device, half):
         batch["img"] = batch["img"].to(device, non_blocking=True)
         batch["img"] = (batch["img"].half() if half else batch["img"].float()) / 255
+        batch["img"] = batch["img"].contiguous(memory_format=memory_format(device))  # the layout the model has
         for k in ("targets", "masks", "cls"):
             if k in batch:
                 batch[k] = batch[k].to(device)
@@ -175,8 +178,12 @@ class BaseValidator:
 
     # ---------------------------------------------------------------- the loop
     @torch.no_grad()
-    def __call__(self, model, final=False):
-        """Evaluate `model` on every rank; returns the same results dict on every rank."""
+    def __call__(self, model, final=False, amp_dtype=None):
+        """Evaluate `model` on every rank; returns the same results dict on every rank.
+
+        `amp_dtype`: the training's autocast dtype, for the per-epoch validations inside training (the official
+        trainers validate in half precision there too); the heads decode boxes in fp32 and NMS, losses and metrics
+        take fp32 outputs. The final validation and the val scripts run the model in full precision (or --half)."""
         device = next(model.parameters()).device
         half = self.args.half and device.type == "cuda"
         training = model.training
@@ -185,7 +192,7 @@ class BaseValidator:
             model.half()
         self.init_metrics(model)
         plots = final and self.args.plots  # the final or stand-alone run, not each epoch
-        records, dt = self._run(model, device, half, plots)
+        records, dt = self._run(model, device, half, plots, amp_dtype)
         if half:
             model.float()
         model.train(training)
@@ -202,7 +209,7 @@ class BaseValidator:
                     self.plot_metrics()
         return du.broadcast_object(stats)
 
-    def _run(self, model, device, half, plots):
+    def _run(self, model, device, half, plots, amp_dtype=None):
         """Run this rank's batches; returns [(global batch number, record)] and the time per stage. With plots, the
         rank that holds one of the first 3 batches draws it."""
         self.seen, records, dt = 0, [], [0.0, 0.0, 0.0]
@@ -213,7 +220,8 @@ class BaseValidator:
             t0 = time_sync()
             batch = self.preprocess(batch, device, half)
             t1 = time_sync()
-            preds = model(batch["img"])
+            with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext():
+                preds = to_float32(model(batch["img"]))
             t2 = time_sync()
             loss = self._loss(preds, batch)
             preds = self.postprocess(preds)
@@ -299,7 +307,11 @@ class BaseValidator:
             if du.is_main_process():
                 save_dir = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True))
             validator = cls(options, Path(du.broadcast_object(save_dir)), data["names"], label_nc=data.get("label_nc"))
-            validator.build_dataloader(cls.split_path(data, opt.task), stride)
+            dataset = validator.build_dataloader(cls.split_path(data, opt.task), stride).dataset
+            if du.is_main_process():  # as training does: the scan printed only the first problems
+                path = validator.save_dir / "data_problems.txt"
+                if write_problems(path, {"test" if opt.task == "test" else "val": dataset.problems}):
+                    LOGGER.warning(f"WARNING: every skipped image and data note is listed in {path}")
             return validator(model, final=True)
         finally:
             du.cleanup_ddp()

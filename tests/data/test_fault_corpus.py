@@ -264,3 +264,23 @@ def test_a_class_folder_without_readable_images_is_named(shapes_cls, tmp_path):
     assert ds.stats["empty_classes"] == 1 and ds.stats["skipped"] == 4 and ds.names[2] == "triangle"
     assert ds.problems[0] == f"{root / 'train' / 'triangle'}: skipped, class folder has no readable image"
     assert {c for _, c in ds.samples} == {0, 1}
+
+
+def test_val_script_lists_the_skipped_val_images_in_its_run_folder(tmp_path):
+    import torch
+
+    import val
+    from models.checkpoints import model_to_ckpt
+    from models.yolo import DetectionModel
+
+    root = generate_dataset(tmp_path / "data", "detect", 2, 4, seed=1, min_side=64, max_side=80, max_objects=2)
+    bad = root / "labels" / "val" / "00003.txt"
+    bad.write_text("1 0.3 0.3 0.2 0.2\n7 0.5 0.5 0.2 0.2\n")  # class 7 of 3: the image is skipped whole
+    (root / "data.yaml").write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
+                                                    "names": ["circle", "rectangle", "triangle"]}))
+    weights = tmp_path / "v5n.pt"
+    torch.save({"model": model_to_ckpt(DetectionModel("yolov5n.yaml", nc=3))}, weights)
+    val.main(val.parse_opt(["--weights", str(weights), "--data", str(root / "data.yaml"), "--imgsz", "64",
+                            "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "runs"), "--name", "v"]))
+    listed = (tmp_path / "runs" / "v" / "data_problems.txt").read_text().splitlines()
+    assert len(listed) == 1 and listed[0].startswith(f"val: {root / 'images' / 'val' / '00003.jpg'}: skipped")

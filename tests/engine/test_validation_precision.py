@@ -1,0 +1,62 @@
+"""Validation inside training runs the model under the training's autocast dtype (bf16 on CPU here); the final
+validation of best.pt and the val scripts run it in fp32. The heads decode, and losses, NMS and metrics take, fp32."""
+
+import torch
+
+import train
+from engine.tasks.detect import DetectionValidator
+from engine.validator import BaseValidator, ValOptions
+from tests.test_val_sharding import NAMES, _dataset, _model, _perturb
+from utils.files import find_file, yaml_load
+
+
+def _validate(model, data_path, save_dir, amp_dtype):
+    criterion = model.init_criterion(yaml_load(find_file("hyp.v8.yaml", "data/hyps")), imgsz=64)
+    options = ValOptions(imgsz=64, batch=4, workers=0, plots=False)
+    data = DetectionValidator.get_data(str(data_path), options)
+    validator = DetectionValidator(options, save_dir, data["names"], criterion=criterion)
+    validator.build_dataloader(data["val"], int(max(model.stride)))
+    seen = []  # (first conv's output dtype, head's decoded output dtype) per batch
+    hooks = [model.model[0].conv.register_forward_hook(lambda m, i, o: seen.append(o.dtype)),
+             model.model[-1].register_forward_hook(lambda m, i, o: seen.append(o[0].dtype))]
+    try:
+        stats = validator(model, amp_dtype=amp_dtype)
+    finally:
+        for h in hooks:
+            h.remove()
+    return stats, set(seen)
+
+
+def test_bf16_validation_runs_in_bf16_and_agrees_with_fp32(tmp_path):
+    data = _dataset(tmp_path / "data", "detect")
+    model = _perturb(_model("v8"), "detect")
+    full, dtypes = _validate(model, data, tmp_path / "fp32", None)
+    assert dtypes == {torch.float32}
+    half, dtypes = _validate(model, data, tmp_path / "bf16", torch.bfloat16)
+    assert dtypes == {torch.bfloat16, torch.float32}  # the convs in bf16, the head's decoded boxes in fp32
+    assert len(NAMES) == model.nc
+    # the losses see every raw output: bf16's 8 significand bits move them by about 0.1 %. (An untrained model's mAP
+    # is a few lucky matches, too few to compare; README "Mixed precision" compares mAP of trained models.)
+    losses = [k for k in full if k.startswith("val/")]
+    assert len(losses) == 3
+    for k in losses:
+        assert abs(half[k] - full[k]) <= 0.01 * full[k], (k, full[k], half[k])
+    assert next(model.parameters()).dtype == torch.float32  # autocast casts per op, the model keeps its weights
+
+
+def test_training_validates_each_epoch_in_its_amp_dtype_and_best_pt_in_fp32(shapes_detect, tmp_path, monkeypatch):
+    calls = []
+    call = BaseValidator.__call__
+
+    def spy(self, model, final=False, amp_dtype=None):
+        calls.append((final, amp_dtype))
+        return call(self, model, final=final, amp_dtype=amp_dtype)
+
+    monkeypatch.setattr(BaseValidator, "__call__", spy)
+    args = ["--data", str(shapes_detect), "--cfg", "yolov8n.yaml", "--imgsz", "64", "--batch-size", "8",
+            "--epochs", "2", "--workers", "0", "--device", "cpu", "--noplots", "--project", str(tmp_path)]
+    train.main(train.parse_opt([*args, "--amp", "bf16", "--name", "bf16"]))
+    assert calls == [(False, torch.bfloat16), (False, torch.bfloat16), (True, None)]
+    calls.clear()
+    train.main(train.parse_opt([*args, "--amp", "off", "--name", "fp32"]))
+    assert calls == [(False, None), (False, None), (True, None)]
