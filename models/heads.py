@@ -17,11 +17,12 @@ from models.common import DFL, Conv, ImplicitA, ImplicitM, Proto
 from utils.ops import OutputLayout, dist2bbox, make_anchors
 
 
-def full_precision(t):
-    """A bf16 output (inference under `--amp bf16` autocast) in fp32 before it is decoded: bf16's 8-bit significand
-    would put 2-4 px steps into the box coordinates of a 640 px image and round scores to 0.4 %. A `--half` model
-    decodes in fp16, as the official heads do (10 bits: 0.25-0.5 px)."""
-    return t.float() if t.dtype == torch.bfloat16 else t
+def head_precision(t, like):
+    """An autocast output (bf16 or fp16: `--amp` inference, validation inside training) back in the head's own
+    precision, that of its tensor `like`, before it is decoded: bf16's 8-bit significand would put 2-4 px steps into
+    the box coordinates of a 640 px image and round scores to 0.4 %, and the DFL conv takes only its weights' dtype.
+    A `--half` model's head is fp16 itself and decodes in fp16, as the official heads do (10 bits: 0.25-0.5 px)."""
+    return t.to(like.dtype)
 
 
 def no_autocast(t):
@@ -53,7 +54,7 @@ class Detect(nn.Module):
         if self.training:
             return x
         with no_autocast(x[0]):
-            return torch.cat([self._decode(full_precision(p), i) for i, p in enumerate(x)], 1), x
+            return torch.cat([self._decode(head_precision(p, self.anchors), i) for i, p in enumerate(x)], 1), x
 
     def _level(self, x, i):
         """Raw logits of level i reshaped to (B, na, ny, nx, no)."""
@@ -173,7 +174,7 @@ class AnchorFreeDetect(nn.Module):
         if self.training:
             return x
         with no_autocast(x[0]):
-            return self._decode([full_precision(xi) for xi in x]), x
+            return self._decode([head_precision(xi, self.dfl.conv.weight) for xi in x]), x
 
     def _decode(self, x):
         """Level outputs -> (B, 4 + nc, A): xywh pixels, sigmoid class scores."""
@@ -217,7 +218,7 @@ class AnchorFreeSegment(AnchorFreeDetect):
         out = super().forward(x)
         if self.training:
             return out, mc, p
-        return torch.cat((out[0], full_precision(mc)), 1), (out[1], mc, p)
+        return torch.cat((out[0], head_precision(mc, out[0])), 1), (out[1], mc, p)
 
     @property
     def output_layout(self):
@@ -243,4 +244,4 @@ class Classify(nn.Module):
         if isinstance(x, list):
             x = torch.cat(x, 1)
         x = self.linear(self.drop(self.pool(self.conv(x)).flatten(1)))
-        return x if self.training else full_precision(x).softmax(1)
+        return x if self.training else head_precision(x, self.linear.weight).softmax(1)

@@ -1,17 +1,18 @@
 """Validation inside training runs the model under the training's autocast dtype (bf16 on CPU here); the final
 validation of best.pt and the val scripts run it in fp32. The heads decode, and losses, NMS and metrics take, fp32."""
 
+import pytest
 import torch
 
 import train
 from engine.tasks.detect import DetectionValidator
 from engine.validator import BaseValidator, ValOptions
-from tests.test_val_sharding import NAMES, _dataset, _model, _perturb
+from tests.test_val_sharding import CASES, NAMES, _dataset, _model, _perturb
 from utils.files import find_file, yaml_load
 
 
-def _validate(model, data_path, save_dir, amp_dtype):
-    criterion = model.init_criterion(yaml_load(find_file("hyp.v8.yaml", "data/hyps")), imgsz=64)
+def _validate(model, hyp, data_path, save_dir, amp_dtype):
+    criterion = model.init_criterion(yaml_load(find_file(hyp, "data/hyps")), imgsz=64)
     options = ValOptions(imgsz=64, batch=4, workers=0, plots=False)
     data = DetectionValidator.get_data(str(data_path), options)
     validator = DetectionValidator(options, save_dir, data["names"], criterion=criterion)
@@ -27,13 +28,16 @@ def _validate(model, data_path, save_dir, amp_dtype):
     return stats, set(seen)
 
 
-def test_bf16_validation_runs_in_bf16_and_agrees_with_fp32(tmp_path):
+@pytest.mark.parametrize("case", ["v8", "v5"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])  # fp16: what CUDA training validates in
+def test_half_precision_validation_runs_in_it_and_agrees_with_fp32(tmp_path, dtype, case):
     data = _dataset(tmp_path / "data", "detect")
-    model = _perturb(_model("v8"), "detect")
-    full, dtypes = _validate(model, data, tmp_path / "fp32", None)
+    model = _perturb(_model(case), "detect")
+    hyp = CASES[case][4]
+    full, dtypes = _validate(model, hyp, data, tmp_path / "fp32", None)
     assert dtypes == {torch.float32}
-    half, dtypes = _validate(model, data, tmp_path / "bf16", torch.bfloat16)
-    assert dtypes == {torch.bfloat16, torch.float32}  # the convs in bf16, the head's decoded boxes in fp32
+    half, dtypes = _validate(model, hyp, data, tmp_path / "half", dtype)
+    assert dtypes == {dtype, torch.float32}  # the convs in half precision, the head's decoded boxes in fp32
     assert len(NAMES) == model.nc
     # the losses see every raw output: bf16's 8 significand bits move them by about 0.1 %. (An untrained model's mAP
     # is a few lucky matches, too few to compare; README "Mixed precision" compares mAP of trained models.)

@@ -206,19 +206,22 @@ def test_output_layout_locates_boxes_scores_masks_and_protos(cls):
         assert proto is None and layout.nm == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("cls", [Detect, IDetect, Segment, AnchorFreeDetect, AnchorFreeSegment])
-def test_bf16_autocast_outputs_are_decoded_in_fp32(cls):
-    """Under bf16 autocast (predict --amp bf16) the convs run in bf16 but boxes and scores are decoded in fp32 from
-    the bf16 maps: at 640 px a bf16 decode would be off by up to 2-4 px, far outside the tolerance here."""
+def test_autocast_outputs_are_decoded_in_fp32(cls, dtype):
+    """Under bf16 autocast (predict --amp bf16, validation in bf16 training) or fp16 autocast (validation in CUDA
+    training; torch runs it on CPU too) the convs run in half precision but boxes and scores are decoded in fp32 from
+    their maps: at 640 px a bf16 decode would be off by up to 2-4 px, far outside the tolerance here, and the DFL
+    conv refuses fp16 maps with its fp32 weights."""
     seg = cls in (Segment, AnchorFreeSegment)
     m = (anchor_head if cls.anchor_based else free_head)(cls, **(dict(nm=4, npr=16) if seg else {})).eval()
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
         out = m(feats(bs=1, h=640, w=640))
     y = out[0]
     raw = out[-1] if cls.anchor_based else (out[1][0] if seg else out[1])
     assert y.dtype == torch.float32
-    # the convs did run in bf16 (IDetect's implicit scale, an fp32 parameter, promotes its maps back to fp32)
-    assert raw[0].dtype == (torch.float32 if cls is IDetect else torch.bfloat16)
+    # the convs did run in half precision (IDetect's implicit scale, an fp32 parameter, promotes its maps to fp32)
+    assert raw[0].dtype == (torch.float32 if cls is IDetect else dtype)
     raw = [r.float() for r in raw]
     if cls.anchor_based:
         expected = torch.cat([manual_anchor_decode(r, m, i) for i, r in enumerate(raw)], 1)
@@ -230,10 +233,11 @@ def test_bf16_autocast_outputs_are_decoded_in_fp32(cls):
         torch.testing.assert_close(y[:, : 4 + m.nc], expected, atol=2e-3, rtol=1e-5)
 
 
-def test_bf16_autocast_class_probabilities_sum_to_one():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_class_probabilities_sum_to_one(dtype):
     torch.manual_seed(0)
     m = Classify(8, 5).eval()
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
         probs = m(torch.randn(3, 8, 4, 4))
     assert probs.dtype == torch.float32
     torch.testing.assert_close(probs.sum(1), torch.ones(3))  # a bf16 softmax sums to 1 +- 0.004
