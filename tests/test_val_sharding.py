@@ -201,6 +201,7 @@ def test_two_rank_training_writes_val_losses_of_one_process(tmp_path):
     EMA weights (to the 6 digits the file keeps)."""
     from utils.data.synthetic import generate_dataset
     from utils.files import yaml_load
+    from utils.torch_utils import amp_settings, memory_format
 
     root = tmp_path / "data"
     generate_dataset(root, task="detect", n_train=4, n_val=N_VAL, seed=1, min_side=64, max_side=112)
@@ -221,8 +222,11 @@ def test_two_rank_training_writes_val_losses_of_one_process(tmp_path):
     validator.build_dataloader(str(root / "images" / "val"), int(max(model.stride)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    # as the trainer validates: its layout, under its autocast (--amp auto: bf16 on CPUs that compute it natively)
+    amp, amp_dtype = amp_settings(torch.device("cpu"), "auto")
+    model = model.to(memory_format=memory_format(torch.device("cpu")))
     try:
-        single = validator(model.eval())
+        single = validator(model.eval(), amp_dtype=amp_dtype if amp else None)
     finally:
         torch.set_num_threads(threads)
     row = list(csv.DictReader(open(exp / "results.csv")))[-1]
