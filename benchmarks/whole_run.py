@@ -5,7 +5,7 @@ not single times.
 
     python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0        # the benchmark data (256 / 64 images)
     bash ../shared/peers/setup.sh && source /tmp/peers-venv/peer-env.sh      # the peers, in a venv of their own
-    python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 train-v5 predict --repeats 3
+    python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 train-v5 predict val --repeats 3
     python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 --ours-args --amp bf16
 
 Without the peers' venv only our commands run.
@@ -57,6 +57,14 @@ def jobs(opt, out):
                      f"model={out / 'ultralytics' / 'train' / 'weights' / 'best.pt'}", f"source={images}",
                      f"imgsz={img}", "device=cpu", f"project={out / 'ultralytics'}", "exist_ok=True"],
                     None),
+        # both at their defaults (charts drawn), batches of 32
+        "val": ([py, str(ROOT / "val.py"), "--weights", str(out / "ours" / "v8" / "weights" / "best.pt"), "--data",
+                 data, "--img", img, "--batch-size", "32", "--device", "cpu", "--project", str(out / "ours"),
+                 "--name", "val", "--exist-ok"],
+                [str(peers / "yolo"), "detect", "val", f"model={out / 'ultralytics' / 'train' / 'weights' / 'best.pt'}",
+                 f"data={data}", f"imgsz={img}", "batch=32", "device=cpu", f"project={out / 'ultralytics'}",
+                 "name=val", "exist_ok=True"],
+                None),
     }
 
 
@@ -73,7 +81,8 @@ def timed(cmd, log):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="dataset YAML (make_shapes.py's shapes-det.yaml)")
-    p.add_argument("--jobs", nargs="+", default=["train-v8", "train-v5", "predict"])
+    p.add_argument("--jobs", nargs="+", default=["train-v8", "train-v5", "predict", "val"],
+                   help="predict and val use the weights of the train-v8 jobs, so run those first")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--img", type=int, default=320)
     p.add_argument("--repeats", type=int, default=3)

@@ -263,6 +263,26 @@ def test_info_reports_parameters_and_flops():
     assert grads == params and 3.5 < gflops < 5.5  # official: 4.5 GFLOPs at 640
 
 
+@pytest.mark.parametrize("cfg", ["yolov5n.yaml", "yolov8n.yaml", "yolov7-tiny.yaml", "yolov8n-seg.yaml",
+                                 "yolov5n-seg.yaml", "yolov8n-cls.yaml"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_flops_equal_torchs_flop_counter(cfg, fused):
+    """The hook count against torch's FlopCounterMode (which counts every matmul-like op it dispatches)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from models.yolo import ClassificationModel, SegmentationModel
+
+    model_cls = SegmentationModel if "-seg" in cfg else ClassificationModel if "-cls" in cfg else DetectionModel
+    model = model_cls(cfg, nc=3).eval()
+    if fused:
+        model.fuse()
+    s = max(int(model.stride.max()), 32)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, 3, s, s))
+    expected = counter.get_total_flops() / 1e9 * (320 / s) ** 2
+    assert model._gflops(320) == pytest.approx(expected, rel=1e-9) and expected > 0
+
+
 def test_parse_model_returns_layers_and_save():
     d = yaml_model_load("yolov8n.yaml")
     layers, save = parse_model(d, 3)
