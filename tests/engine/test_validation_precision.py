@@ -5,17 +5,17 @@ import pytest
 import torch
 
 import train
-from engine.tasks.detect import DetectionValidator
 from engine.validator import BaseValidator, ValOptions
 from tests.test_val_sharding import CASES, NAMES, _dataset, _model, _perturb
 from utils.files import find_file, yaml_load
 
 
-def _validate(model, hyp, data_path, save_dir, amp_dtype):
+def _validate(case, model, data_path, save_dir, amp_dtype):
+    _, _, validator_cls, _, hyp = CASES[case]
     criterion = model.init_criterion(yaml_load(find_file(hyp, "data/hyps")), imgsz=64)
     options = ValOptions(imgsz=64, batch=4, workers=0, plots=False)
-    data = DetectionValidator.get_data(str(data_path), options)
-    validator = DetectionValidator(options, save_dir, data["names"], criterion=criterion)
+    data = validator_cls.get_data(str(data_path), options)
+    validator = validator_cls(options, save_dir, data["names"], criterion=criterion)
     validator.build_dataloader(data["val"], int(max(model.stride)))
     seen = []  # (first conv's output dtype, head's decoded output dtype) per batch
     hooks = [model.model[0].conv.register_forward_hook(lambda m, i, o: seen.append(o.dtype)),
@@ -28,21 +28,21 @@ def _validate(model, hyp, data_path, save_dir, amp_dtype):
     return stats, set(seen)
 
 
-@pytest.mark.parametrize("case", ["v8", "v5"])
+@pytest.mark.parametrize("case", ["v8", "v5", "v8seg", "cls"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])  # fp16: what CUDA training validates in
 def test_half_precision_validation_runs_in_it_and_agrees_with_fp32(tmp_path, dtype, case):
-    data = _dataset(tmp_path / "data", "detect")
-    model = _perturb(_model(case), "detect")
-    hyp = CASES[case][4]
-    full, dtypes = _validate(model, hyp, data, tmp_path / "fp32", None)
+    task = CASES[case][3]
+    data = _dataset(tmp_path / "data", task)
+    model = _perturb(_model(case), task)
+    full, dtypes = _validate(case, model, data, tmp_path / "fp32", None)
     assert dtypes == {torch.float32}
-    half, dtypes = _validate(model, hyp, data, tmp_path / "half", dtype)
-    assert dtypes == {dtype, torch.float32}  # the convs in half precision, the head's decoded boxes in fp32
+    half, dtypes = _validate(case, model, data, tmp_path / "half", dtype)
+    assert dtypes == {dtype, torch.float32}  # the convs in half precision, the head's decoded outputs in fp32
     assert len(NAMES) == model.nc
     # the losses see every raw output: bf16's 8 significand bits move them by about 0.1 %. (An untrained model's mAP
     # is a few lucky matches, too few to compare; README "Mixed precision" compares mAP of trained models.)
     losses = [k for k in full if k.startswith("val/")]
-    assert len(losses) == 3
+    assert losses
     for k in losses:
         assert abs(half[k] - full[k]) <= 0.01 * full[k], (k, full[k], half[k])
     assert next(model.parameters()).dtype == torch.float32  # autocast casts per op, the model keeps its weights
