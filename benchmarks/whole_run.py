@@ -27,7 +27,7 @@ ULTRALYTICS_2_THREADS = (
     "import sys, torch; from ultralytics import YOLO; m = YOLO('yolov8n.yaml'); "
     "m.add_callback('on_train_start', lambda t: torch.set_num_threads(2)); "
     "m.train(data=sys.argv[1], pretrained=False, epochs=int(sys.argv[2]), imgsz=int(sys.argv[3]), batch=16, "
-    "device='cpu', workers=2, plots=False, close_mosaic=0, project=sys.argv[4], exist_ok=True)"
+    "device='cpu', workers=2, plots=sys.argv[5] == 'plots', close_mosaic=0, project=sys.argv[4], exist_ok=True)"
 )
 
 
@@ -35,20 +35,20 @@ def jobs(opt, out):
     """name -> (our command, peer command or None, our run folder to clear before each run or None)."""
     py, peers = sys.executable, Path(opt.peers_venv) / "bin"
     data, ep, img = opt.data, str(opt.epochs), str(opt.img)
-    # --noplots: both peers' commands draw nothing either (plots=False, --noplots); --ours-args cannot take it back,
-    # so time our charts with --jobs ... --plots
+    # the training jobs draw no charts on either side unless --plots (then all draw theirs, as by default)
     noplots = [] if opt.plots else ["--noplots"]
     ours_train = [py, str(ROOT / "train.py"), "--data", data, "--img", img, "--epochs", ep, "--batch-size", "16",
                   "--device", "cpu", "--project", str(out / "ours"), "--exist-ok", *noplots, *opt.ours_args]
     images = str(Path(data).parent / "images" / "val")
     return {
         "train-v8": (ours_train + ["--cfg", "yolov8n.yaml", "--name", "v8"],
-                     [str(peers / "python"), "-c", ULTRALYTICS_2_THREADS, data, ep, img, str(out / "ultralytics")],
+                     [str(peers / "python"), "-c", ULTRALYTICS_2_THREADS, data, ep, img, str(out / "ultralytics"),
+                      "plots" if opt.plots else "noplots"],
                      out / "ours" / "v8"),
         "train-v5": (ours_train + ["--cfg", "yolov5n.yaml", "--name", "v5"],
                      [str(peers / "yolov5"), "train", "--data", data, "--cfg", "yolov5n.yaml", "--weights", "",
                       "--img", img, "--batch", "16", "--epochs", ep, "--workers", "2", "--device", "cpu",
-                      "--noplots", "--project", str(out / "yolov5"), "--exist-ok"],
+                      *noplots, "--project", str(out / "yolov5"), "--exist-ok"],
                      out / "ours" / "v5"),
         "predict": ([py, str(ROOT / "detect.py"), "--weights", str(out / "ours" / "v8" / "weights" / "best.pt"),
                      "--source", images, "--img", img, "--device", "cpu", "--project", str(out / "ours"),
@@ -86,7 +86,7 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--img", type=int, default=320)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--plots", action="store_true", help="our training runs draw their charts (the peers' do not)")
+    p.add_argument("--plots", action="store_true", help="the training runs of both sides draw their charts")
     p.add_argument("--peers-venv", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers-venv"))
     p.add_argument("--ours-args", nargs=argparse.REMAINDER, default=[], help="extra options for our commands")
     p.add_argument("--out", default="runs/whole_run")
