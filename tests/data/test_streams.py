@@ -86,7 +86,7 @@ def _handler(video_bytes, release, hits):
             self.end_headers()
             for k in range(STALL_AFTER if stall else N_FRAMES):
                 if paced and k % stride == 0:
-                    PACE.wait_for(k // stride)  # frames 0, stride, ... 2 * stride before it: all handed out
+                    PACE.wait_for(k // stride)  # the decoded frames 0, stride, ..., k - stride: handed out
                 jpg = cv2.imencode(".jpg", frame(k))[1].tobytes()
                 self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(jpg))
                 self.wfile.write(jpg + b"\r\n")
