@@ -34,10 +34,10 @@ def val_maps(weights, data, imgsz):
     model = model.to(memory_format=torch.channels_last)
     options = ValOptions(imgsz=imgsz, batch=32, workers=0, plots=False)
     d = DetectionValidator.get_data(data, options)
+    validator = DetectionValidator(options, "runs/bf16_agreement", d["names"])  # reusable, as in training
+    validator.build_dataloader(d["val"], int(max(model.stride)))
     out = []
     for amp_dtype in (None, torch.bfloat16):
-        validator = DetectionValidator(options, "runs/bf16_agreement", d["names"])
-        validator.build_dataloader(d["val"], int(max(model.stride)))
         stats = validator(model, amp_dtype=amp_dtype)
         out.append((stats["metrics/mAP50(B)"], stats["metrics/mAP50-95(B)"]))
     return out

@@ -234,15 +234,9 @@ class BaseTrainer:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             yaml_save(self.save_dir / "opt.yaml", vars(self.opt))
             yaml_save(self.save_dir / "hyp.yaml", self.hyp)
-            self._write_data_problems()
+            write_problems(self.save_dir, {"train": self.train_set.problems, "val": self.val_set.problems})
             self.csv = CSVLogger(self.save_dir / "results.csv")
             self.tb = TensorBoardLogger(self.save_dir)
-
-    def _write_data_problems(self):
-        """All skipped images and notes of both splits go to the run folder; the scan printed only the first."""
-        path = self.save_dir / "data_problems.txt"
-        if write_problems(path, {"train": self.train_set.problems, "val": self.val_set.problems}):
-            LOGGER.warning(f"WARNING: every skipped image and data note is listed in {path}")
 
     def _setup_optimizer(self):
         """Accumulation, scaled weight decay, optimizer, warmup settings and the LR schedule."""

@@ -221,7 +221,7 @@ class BaseValidator:
             batch = self.preprocess(batch, device, half)
             t1 = time_sync()
             with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext():
-                preds = to_float32(model(batch["img"]))
+                preds = to_float32(model(batch["img"]))  # losses, NMS and metrics take fp32 (autocast, --half)
             t2 = time_sync()
             loss = self._loss(preds, batch)
             preds = self.postprocess(preds)
@@ -237,10 +237,11 @@ class BaseValidator:
         return records, dt
 
     def _loss(self, preds, batch):
-        """The training criterion's loss items of one batch (fp32, on the CPU), or None without a criterion."""
+        """The training criterion's loss items of one batch (from the fp32 outputs `_run` made; on the CPU), or None
+        without a criterion."""
         if self.criterion is None:
             return None
-        return self.criterion(to_float32(self.loss_inputs(preds)), batch)[1].detach().cpu().double()
+        return self.criterion(self.loss_inputs(preds), batch)[1].detach().cpu().double()
 
     def _gather(self, records):
         """Every rank's records on rank 0, merged in batch order: {key: list}, as one process would have them.
@@ -308,10 +309,8 @@ class BaseValidator:
                 save_dir = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True))
             validator = cls(options, Path(du.broadcast_object(save_dir)), data["names"], label_nc=data.get("label_nc"))
             dataset = validator.build_dataloader(cls.split_path(data, opt.task), stride).dataset
-            if du.is_main_process():  # as training does: the scan printed only the first problems
-                path = validator.save_dir / "data_problems.txt"
-                if write_problems(path, {"test" if opt.task == "test" else "val": dataset.problems}):
-                    LOGGER.warning(f"WARNING: every skipped image and data note is listed in {path}")
+            if du.is_main_process():  # as training does
+                write_problems(validator.save_dir, {"test" if opt.task == "test" else "val": dataset.problems})
             return validator(model, final=True)
         finally:
             du.cleanup_ddp()

@@ -200,9 +200,12 @@ def log_problems(msgs, n_skipped, prefix=""):
         LOGGER.warning(f"{prefix}WARNING: ... and {len(msgs) - MAX_WARNINGS} more problems")
 
 
-def write_problems(path, problems):
-    """Write {split: [problem lines]} to `path` (in the run folder); nothing when there are none."""
+def write_problems(save_dir, problems):
+    """Write {split: [problem lines]} to the run folder's data_problems.txt and say so (the scans printed only the
+    first MAX_WARNINGS); nothing when there are none. Returns the number of lines."""
     lines = [f"{split}: {m}" for split, msgs in problems.items() for m in msgs]
     if lines:
-        Path(path).write_text("\n".join(lines) + "\n")
+        path = Path(save_dir) / "data_problems.txt"
+        path.write_text("\n".join(lines) + "\n")
+        LOGGER.warning(f"WARNING: every skipped image and data note is listed in {path}")
     return len(lines)
