@@ -13,20 +13,21 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 DEVICE=${DEVICE:-0}
 OUT=${OUT:-runs/gpu_check}
 if [ "$DEVICE" = cpu ]; then
-    AMP=bf16; HALF=""; IMG=${IMG:-128}; BATCH=${BATCH:-8}; EPOCHS=1
+    AMP=bf16; HALF=""; IMG=${IMG:-128}; BATCH=${BATCH:-8}; EPOCHS=1; RIMG=128
 else
-    AMP=fp16; HALF=--half; IMG=${IMG:-640}; BATCH=${BATCH:-64}; EPOCHS=1
+    AMP=fp16; HALF=--half; IMG=${IMG:-640}; BATCH=${BATCH:-64}; EPOCHS=1; RIMG=320
 fi
 P="$OUT/runs"
 mkdir -p "$OUT"
 SUMMARY=()
 FAILED=0
 
-step() {  # step NAME COMMAND...: run, time, record the outcome; output to $OUT/NAME.log
+step() {  # step NAME COMMAND...: run (a command at most STEP_TIMEOUT s), time, record; output to $OUT/NAME.log
     local name=$1; shift
-    local t0=$SECONDS
+    local t0=$SECONDS limit=()
+    declare -F "$1" >/dev/null || limit=(timeout -k 5 "${STEP_TIMEOUT:-300}")
     echo "=== $name: $*"
-    if "$@" >"$OUT/$name.log" 2>&1; then
+    if "${limit[@]}" "$@" >"$OUT/$name.log" 2>&1; then
         SUMMARY+=("$(printf '%-22s %-6s %6ss' "$name" ok $((SECONDS - t0)))")
     else
         FAILED=1
@@ -50,15 +51,45 @@ W="$P/v8/weights/best.pt"
 step val-half python val.py --weights "$W" --device "$DEVICE" --img "$IMG" $HALF --project "$P" --name val --exist-ok
 step detect-half python detect.py --weights "$W" --device "$DEVICE" --img "$IMG" $HALF --project "$P" --name det \
     --exist-ok
-if [ -f export.py ]; then
-    step export python export.py --weights "$W" --device "$DEVICE" --img "$IMG" --include torchscript onnx $HALF
-fi
-step bench python benchmarks/bench.py --device "$DEVICE" --amp "$AMP" --imgsz "$IMG" --train-imgsz "$IMG" \
-    --batch "$BATCH" --models yolov5n.yaml yolov8n.yaml yolov8n-seg.yaml
+step export python export.py --weights "$W" --device "$DEVICE" --img "$IMG" --include torchscript onnx $HALF
+E="$P/v8/weights/best"
+step detect-onnx python detect.py --weights "$E.onnx" --device "$DEVICE" --img "$IMG" --project "$P" --name det-onnx \
+    --exist-ok
+step detect-torchscript python detect.py --weights "$E.torchscript" --device "$DEVICE" --img "$IMG" --project "$P" \
+    --name det-ts --exist-ok
+
+# resume: a 3-epoch run killed (SIGKILL) once its first last.pt is written, then continued from a copy of that
+# checkpoint on this device and on the CPU
+resume_prepare() {
+    rm -rf "$P/res" "$P/res-cpu"
+    python train.py --cfg yolov8n.yaml --name res --device "$DEVICE" --img "$RIMG" --batch-size 16 --epochs 3 \
+        --project "$P" --noplots &
+    local pid=$! i
+    for i in $(seq 1200); do
+        [ -f "$P/res/weights/last.pt" ] && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -9 $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    python -c "import sys, torch; c = torch.load(sys.argv[1], weights_only=True); \
+assert c['optimizer'] is not None, 'the run ended before it was killed'; print('killed after epoch', c['epoch'] + 1)" \
+        "$P/res/weights/last.pt" && cp -r "$P/res" "$P/res-cpu"
+}
+step resume-prepare resume_prepare
+step resume-here python train.py --resume "$P/res/weights/last.pt" --device "$DEVICE"
+step resume-on-cpu python train.py --resume "$P/res-cpu/weights/last.pt" --device cpu
+BENCH=(--device "$DEVICE" --amp "$AMP" --imgsz "$IMG" --train-imgsz "$IMG" --batch "$BATCH" --steps 10 --workers 8
+       --models yolov5n.yaml yolov8n.yaml yolov8n-seg.yaml)
+step bench python benchmarks/bench.py "${BENCH[@]}"
+step bench-channels-last python benchmarks/bench.py "${BENCH[@]}" --channels-last
 
 echo
 echo "=== benchmark (train img/s on prefetched batches, batch-1 inference ms with NMS, peak GPU memory)"
-grep -E "^(model|yolo)" "$OUT/bench.log" || true
+for name in bench bench-channels-last; do
+    echo "$name"
+    grep -E "^(model|yolo)" "$OUT/$name.log" || true
+done
 echo "=== GPU memory of the training runs (GPU_mem column of the last epoch line)"
 for name in train-amp-v8 train-amp-v5 train-seg; do
     printf '%-22s %s\n' "$name" "$(grep -oE '[0-9.]+G' "$OUT/$name.log" | tail -1)"

@@ -72,8 +72,9 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
                    help="auto: AdamW at a small lr for short runs, SGD at the hyp lr0 beyond 10k iterations")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (DDP only)")
     p.add_argument("--workers", type=int, default=None,
-                   help="max dataloader workers per rank (default: 2; 0 when training on a CPU whose cores torch's "
-                        "threads already fill, see utils/data/loader.default_workers)")
+                   help="max dataloader workers per rank (default: on a GPU, the rank's share of the cores less "
+                        "one, at most 16; on a CPU 2, or 0 where torch's threads fill the cores; see "
+                        "utils/data/loader.default_workers)")
     p.add_argument("--project", default=None, help=f"save to project/name (default {project})")
     p.add_argument("--name", default="exp", help="save to project/name")
     p.add_argument("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")

@@ -99,7 +99,10 @@ def test_augmentation_draws_depend_on_sample_and_epoch_only(workers):
     ("cpu", 2, 1, 2, 0),  # torch's threads fill both cores: a worker would only slow the model step
     ("cpu", 1, 2, 2, 0),  # two CPU ranks of one thread each fill them too
     ("cpu", 1, 1, 2, 2),  # a core left over
-    ("cuda", 2, 1, 2, 2),  # the model step runs on the GPU
+    ("cuda", 2, 1, 2, 1),  # the model step runs on the GPU: every core but the training loop's
+    ("cuda", 2, 1, 16, 15),
+    ("cuda", 2, 8, 16, 1),  # eight GPUs share the cores
+    ("cuda", 2, 2, 128, 16),  # at most GPU_WORKERS
 ])
 def test_default_workers(monkeypatch, device, threads, local_procs, cores, expected):
     from utils.data import loader

@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, Sampler
 
 from utils.dist import get_local_world_size
 
-WORKERS = 2  # --workers when not given, where the cores are not all busy with the model step (below)
+WORKERS = 2  # --workers when not given on a CPU whose cores are not all busy with the model step (below)
+GPU_WORKERS = 16  # at most, per rank, when the model steps on a GPU
 
 
 def rank_indices(n, num_replicas, rank, seed=0):
@@ -73,16 +74,21 @@ def seed_worker(worker_id):
 
 
 def default_workers(device):
-    """--workers when not given: WORKERS per rank, but none when training on a CPU whose every core already runs one of
-    torch's intra-op threads (threads x processes on this machine >= cores): there a worker process does not add a
-    core, it takes its time from the model step, which then runs slower by more than the loading it moves away.
+    """--workers when not given. On a GPU: this rank's share of the cores less one for the training loop, at most
+    GPU_WORKERS: a GPU steps faster than a few cores can decode and augment. On a CPU: WORKERS, but none where every
+    core already runs one of torch's intra-op threads (threads x processes on this machine >= cores): there a
+    worker process does not add a core, it takes its time from the model step, which then runs slower by more than
+    the loading it moves away.
 
     Measured on a 2-core CPU, torch at 2 threads (`train.py --data shapes-det.yaml --img 320 --epochs 3 --batch-size
     16 --device cpu --profile`, 256 images, 3 alternating runs each): yolov8n 73.0 / 67.2 / 57.6 s with 0 workers,
     74.7 / 78.7 / 65.7 s with 2; yolov5n 58.3 / 55.3 / 47.0 s against 65.0 / 58.5 / 44.0 s. With 2 workers the
     data wait fell by 1-3 s and forward+backward rose by 0-9 s; losses and metrics are the same either way.
     """
-    if device.type == "cpu" and torch.get_num_threads() * get_local_world_size() >= (os.cpu_count() or 1):
+    cores = os.cpu_count() or 1
+    if device.type == "cuda":
+        return min(GPU_WORKERS, max(1, cores // get_local_world_size() - 1))
+    if torch.get_num_threads() * get_local_world_size() >= cores:
         return 0
     return WORKERS
 
@@ -114,7 +120,8 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
     train = shuffle
     if getattr(dataset, "rect", False) and shuffle:
         shuffle = False  # rect batches are built from aspect-ratio-sorted neighbours; shuffling would break them
-    nw = min((os.cpu_count() or 1) // max(world_size, 1), batch_size if batch_size > 1 else 0, workers)
+    # a share of this machine's cores: the ranks on other machines have their own
+    nw = min((os.cpu_count() or 1) // get_local_world_size(), batch_size if batch_size > 1 else 0, workers)
     if sampler is None and (train or world_size > 1):  # a given sampler (--image-weights) splits the shares itself
         sampler = SmartDistributedSampler(dataset, max(world_size, 1), max(rank, 0), shuffle, seed)
     return DataLoader(

@@ -16,7 +16,9 @@ CLI:
 
 import argparse
 import math
+import multiprocessing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import cv2
@@ -169,15 +171,27 @@ def render_sample(seed, split, index, min_side=256, max_side=480, max_objects=8)
     return render_image(rng, h, w, max_objects)
 
 
-def _write_detection_split(root, split, n, seed, task, min_side, max_side, max_objects):
+def _write_detection_sample(root, split, i, seed, task, min_side, max_side, max_objects):
+    img, _, shapes = render_sample(seed, split, i, min_side, max_side, max_objects)
+    h, w = img.shape[:2]
+    cv2.imwrite(str(root / "images" / split / f"{i:05d}.jpg"), img, _JPEG)
+    text = "\n".join(_label_lines(shapes, h, w, task)) + "\n"
+    (root / "labels" / split / f"{i:05d}.txt").write_text(text)
+
+
+def _write_detection_split(root, split, n, seed, task, min_side, max_side, max_objects, workers=1):
+    """Every image draws from its own generator (image_rng), so a pool of processes writes the same bytes as one."""
     (root / "images" / split).mkdir(parents=True)
     (root / "labels" / split).mkdir(parents=True)
-    for i in range(n):
-        img, _, shapes = render_sample(seed, split, i, min_side, max_side, max_objects)
-        h, w = img.shape[:2]
-        cv2.imwrite(str(root / "images" / split / f"{i:05d}.jpg"), img, _JPEG)
-        text = "\n".join(_label_lines(shapes, h, w, task)) + "\n"
-        (root / "labels" / split / f"{i:05d}.txt").write_text(text)
+    write = partial(_write_detection_sample, root, split, seed=seed, task=task, min_side=min_side,
+                    max_side=max_side, max_objects=max_objects)
+    if workers <= 1 or n < 2 * workers:
+        for i in range(n):
+            write(i)
+        return
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for _ in pool.imap_unordered(write, range(n), chunksize=8):
+            pass
 
 
 def _write_classification_split(root, split, n_per_class, seed, min_side, max_side):
@@ -190,7 +204,8 @@ def _write_classification_split(root, split, n_per_class, seed, min_side, max_si
             cv2.imwrite(str(folder / f"{i:05d}.jpg"), img, _JPEG)
 
 
-def generate_dataset(out, task="detect", n_train=256, n_val=64, seed=0, min_side=None, max_side=None, max_objects=8):
+def generate_dataset(out, task="detect", n_train=256, n_val=64, seed=0, min_side=None, max_side=None, max_objects=8,
+                     workers=1):
     """Write a shapes dataset to `out` and return its Path.
 
     Counts are images per split (detect/segment) or images per class and split (classify). Side lengths default
@@ -198,6 +213,7 @@ def generate_dataset(out, task="detect", n_train=256, n_val=64, seed=0, min_side
     rename (utils.files.publish), so an interrupted run never leaves a half-written dataset at `out`, and processes
     on several machines generating the same folder at once end with one copy. An existing non-empty `out` is an
     error when this call starts; one that another process publishes while this call runs is used as it is.
+    `workers` > 1 draws detection/segmentation images in that many processes, with the same result.
     """
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task '{task}', expected one of {TASKS}")
@@ -214,7 +230,7 @@ def generate_dataset(out, task="detect", n_train=256, n_val=64, seed=0, min_side
             if task == "classify":
                 _write_classification_split(tmp, split, n, seed, min_side, max_side)
             else:
-                _write_detection_split(tmp, split, n, seed, task, min_side, max_side, max_objects)
+                _write_detection_split(tmp, split, n, seed, task, min_side, max_side, max_objects, workers)
 
     publish(out, build)
     return out
@@ -229,6 +245,7 @@ def parse_opt(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-side", type=int, default=None, help="smallest image side in pixels")
     p.add_argument("--max-side", type=int, default=None, help="largest image side in pixels")
+    p.add_argument("--workers", type=int, default=1, help="processes drawing images (detect/segment)")
     return p.parse_args(argv)
 
 
@@ -237,7 +254,8 @@ def main(argv=None):
     counts = (50, 20) if opt.task == "classify" else (256, 64)
     n_train = counts[0] if opt.n_train is None else opt.n_train
     n_val = counts[1] if opt.n_val is None else opt.n_val
-    out = generate_dataset(opt.out, opt.task, n_train, n_val, opt.seed, opt.min_side, opt.max_side)
+    out = generate_dataset(opt.out, opt.task, n_train, n_val, opt.seed, opt.min_side, opt.max_side,
+                           workers=opt.workers)
     print(f"wrote {opt.task} shapes dataset to {out}")
 
 
