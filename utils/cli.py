@@ -49,12 +49,20 @@ class Parser(argparse.ArgumentParser):
         return sorted(names)
 
 
-def train_parser(description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",)):
+# what --data takes, per kind of task: the box tasks read a dataset YAML only, classification a folder of class folders
+DATA_HELP = {
+    "boxes": "dataset YAML (path, train, val, names; see data/shapes.yaml), not a folder",
+    "classify": "dataset folder with train/ and val/ (or test/) holding one folder per class, or a YAML naming it",
+}
+
+
+def train_parser(description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",),
+                 data_help=DATA_HELP["boxes"]):
     p = Parser(description, record_given=True)
     p.add_argument(*cfg_flags, dest="cfg", type=str, default=cfg_default,
                    help="model YAML (name under models/ or a path)")
     p.add_argument("--weights", type=str, default="", help="initial weights: our .pt or an official one; '' = scratch")
-    p.add_argument("--data", type=str, default=data_default, help="dataset YAML or folder")
+    p.add_argument("--data", type=str, default=data_default, help=data_help)
     p.add_argument("--hyp", type=str, default=None, help="hyperparameter YAML; default: the one the model YAML names")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=16, help="total batch over all ranks")
@@ -141,7 +149,7 @@ def val_parser(description, data_default, project, defaults, boxes=True):
     """Options of the three val scripts. `defaults` is the validator's options object (engine.validator.ValOptions),
     the one place their default values are written; `boxes` adds the NMS and prediction-saving options."""
     p = Parser(description)
-    p.add_argument("--data", type=str, default=data_default, help="dataset YAML or folder")
+    p.add_argument("--data", type=str, default=data_default, help=DATA_HELP["boxes" if boxes else "classify"])
     p.add_argument("--weights", type=str, required=True, help="model weights")
     p.add_argument("--batch-size", type=int, default=defaults.batch, help="images per batch on each rank")
     p.add_argument("--imgsz", "--img", "--img-size", type=int, default=defaults.imgsz)

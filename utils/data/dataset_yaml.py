@@ -50,6 +50,9 @@ def find_dataset_yaml(data):
         if c.is_file():
             return c
     tried = ", ".join(str(c) for c in candidates[1:])
+    if p.is_dir():
+        raise DatasetError(f"{data} is a folder: detection and segmentation read a dataset YAML (path, train, val, "
+                           f"names; e.g. {ROOT / 'data' / 'shapes.yaml'}), and no {tried} exists")
     raise DatasetNotFoundError(f"{data}: dataset YAML not found (also tried {tried})")
 
 
@@ -60,10 +63,26 @@ def _load(yaml_file):
         raise DatasetError(str(e)) from None
 
 
+def _nc(d, label):
+    """`nc` if given: an integer (YAML `'3'` is text and `true` a bool, neither a class count)."""
+    nc = d.get("nc")
+    if nc is not None and (isinstance(nc, bool) or not isinstance(nc, int) or nc < 1):
+        raise DatasetError(f"{label}: 'nc' must be a positive integer, got {type(nc).__name__} {nc!r:.40}")
+    return nc
+
+
+def _name(v, k, label):
+    """One class name as text; None (YAML `null` or `~`), an empty name or a list/mapping is refused, not turned into
+    'None' or '[...]'."""
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)) or not str(v).strip():
+        raise DatasetError(f"{label}: the name of class {k} must be text, got {type(v).__name__} {v!r:.40}")
+    return str(v)
+
+
 def _names(d, label):
-    names, nc = d.get("names"), d.get("nc")
+    names, nc = d.get("names"), _nc(d, label)
     if names is None:
-        if not isinstance(nc, int) or nc < 1:
+        if nc is None:
             raise DatasetError(f"{label}: needs 'names' (a list or {{id: name}}) or a positive integer 'nc'")
         return {i: f"class{i}" for i in range(nc)}
     if isinstance(names, (list, tuple)):
@@ -71,9 +90,12 @@ def _names(d, label):
     if not isinstance(names, dict) or not names:
         raise DatasetError(f"{label}: 'names' must be a non-empty list or {{id: name}} mapping")
     try:
-        names = {int(k): str(v) for k, v in names.items()}
+        ids = {k: int(k) for k in names if not isinstance(k, (bool, float))}
     except (TypeError, ValueError):
-        raise DatasetError(f"{label}: 'names' keys must be integer class ids") from None
+        ids = {}
+    if len(ids) != len(names) or len(set(ids.values())) != len(names):  # 1.5, true, 'a', or both 1 and '1'
+        raise DatasetError(f"{label}: 'names' keys must be distinct integer class ids, got {list(names)}")
+    names = {ids[k]: _name(v, k, label) for k, v in names.items()}
     if sorted(names) != list(range(len(names))):
         raise DatasetError(f"{label}: 'names' ids must be 0..{len(names) - 1}, got {sorted(names)}")
     if nc is not None and nc != len(names):
