@@ -6,6 +6,7 @@ import numpy as np
 
 from utils.data.augment import letterbox
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, list_files, suffix
+from utils.data.labels import read_image
 from utils.loggers import LOGGER
 
 
@@ -69,7 +70,7 @@ class LoadImages:
                 continue
             self.mode = "image"
             self.count += 1
-            im0 = cv2.imread(path)
+            im0 = read_image(path)
             if im0 is None:
                 LOGGER.warning(f"WARNING: skipping unreadable image {path}")
                 continue
