@@ -200,7 +200,7 @@ def test_classification_dataset_checks(tmp_path, shapes_cls, monkeypatch):
 
     _write(tmp_path / "wrong.yaml", {"path": str(tmp_path / "toy-cls"), "train": "train", "val": "val",
                                      "names": ["a", "b", "c"]})
-    with pytest.raises(DatasetError, match="differ from the class folders"):
+    with pytest.raises(DatasetError, match="are not in .names."):
         check_cls_dataset(tmp_path / "wrong.yaml")
     (tmp_path / "only-train" / "train" / "a").mkdir(parents=True)
     with pytest.raises(DatasetNotFoundError) as e:

@@ -278,12 +278,44 @@ def _class_folders(split_dir):
     return sorted(p.name for p in Path(split_dir).iterdir() if p.is_dir())
 
 
+def _class_map(d, label, train):
+    """The one class map of every split: the YAML's `names`, else the training split's sorted class folders."""
+    folders = _class_folders(train)
+    if d.get("names") is None:
+        if not folders:
+            raise DatasetError(f"{label}: {train} has no class folders")
+        nc = _nc(d, label)
+        if nc is not None and nc != len(folders):
+            raise DatasetError(f"{label}: nc={nc} but {train} has {len(folders)} class folders")
+        return dict(enumerate(folders))
+    names = _names(d, label)
+    unknown = [f for f in folders if f not in names.values()]
+    if unknown:
+        raise DatasetError(f"{label}: class folder(s) {', '.join(map(repr, unknown))} of {train} are not in "
+                           f"'names' ({', '.join(names.values())})")
+    absent = [n for n in names.values() if n not in folders]
+    if absent:
+        LOGGER.warning(f"WARNING: {label}: {train} has no folder for class(es) {', '.join(absent)}: the model "
+                       "cannot learn them")
+    return names
+
+
+def _check_split_classes(names, split, train):
+    """A class folder in val/test that training lacks cannot be scored: refuse it, naming it."""
+    unknown = [f for f in _class_folders(split) if f not in names.values()]
+    if unknown:
+        raise DatasetError(f"{split}: class folder(s) {', '.join(map(repr, unknown))} are not classes of the training "
+                           f"split {train} ({', '.join(names.values())}); a classifier cannot predict a class it never "
+                           "trained on: add its images to train/ or remove the folder")
+
+
 def check_cls_dataset(data, autodownload=True):
     """A classification dataset: a folder with train/ and val/ (or test/) of class folders, a YAML, or a name.
 
     When `data` is not an existing folder or file, `<data>.yaml` and the repo's data/<name>.yaml are tried, so
     `--data data/shapes-cls` or `--data shapes-cls` builds the synthetic set on a fresh clone. Returns a dict with
-    absolute `path`, `train`, `val`, `test` (or None), `names` {int: str} (sorted class folders) and `nc`.
+    absolute `path`, `train`, `val`, `test` (or None), `names` {int: str} and `nc`. The names are the one class map
+    of every split (see `_class_map`); val/test may lack a class, but hold none that training lacks.
     """
     if not isinstance(data, dict) and Path(data).is_dir():
         d, yaml_file, label = {"path": str(Path(data).resolve())}, None, str(data)
@@ -298,14 +330,9 @@ def check_cls_dataset(data, autodownload=True):
         missing = [str(p) for p in (train, val) if not p.is_dir()]
     if missing:
         raise DatasetNotFoundError(f"{label}: classification dataset not found, missing {', '.join(missing)}")
-    classes = _class_folders(train)
-    if not classes:
-        raise DatasetError(f"{label}: {train} has no class folders")
-    if d.get("names") is not None:
-        given = list(_names(d, label).values())
-        if given != classes:
-            raise DatasetError(f"{label}: names {given} differ from the class folders {classes} of {train}")
+    names = _class_map(d, label, train)
     test = root / d["test"] if d.get("test") else root / "test"
-    names = dict(enumerate(classes))
+    for split in (val, test) if test.is_dir() else (val,):
+        _check_split_classes(names, split, train)
     return {"path": str(root), "train": str(train), "val": str(val), "test": str(test) if test.is_dir() else None,
             "names": names, "nc": len(names), "yaml_file": str(yaml_file) if yaml_file else None}

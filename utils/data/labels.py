@@ -5,6 +5,7 @@ A label line is `cls` followed by what the task's label format reads (utils/data
 skipped, kept or fixed is in `verify_image_label`.
 """
 
+import contextlib
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ import numpy as np
 from utils.data.image_files import MISSING, entry_problem, files_hash
 from utils.data.label_cache import load_cache, save_cache
 from utils.data.label_formats import BadLine, get_format
+from utils.errors import BadDataset
 from utils.loggers import LOGGER
 
 CACHE_VERSION = "yolo-labels-3"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons
@@ -246,10 +248,35 @@ def log_problems(msgs, n_skipped, prefix=""):
 
 def write_problems(save_dir, problems):
     """Write {split: [problem lines]} to the run folder's data_problems.txt and say so (the scans printed only the
-    first MAX_WARNINGS); nothing when there are none. Returns the number of lines."""
+    first MAX_WARNINGS); nothing when there are none. Returns the number of lines. File names are written as the
+    bytes they are on disk, whatever their encoding."""
     lines = [f"{split}: {m}" for split, msgs in problems.items() for m in msgs]
     if lines:
         path = Path(save_dir) / "data_problems.txt"
-        path.write_text("\n".join(lines) + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n", errors="surrogateescape")
         LOGGER.warning(f"WARNING: every skipped image and data note is listed in {path}")
     return len(lines)
+
+
+class NoUsableImages(BadDataset):
+    """A split in which not one image can be used; `problems` says why for each entry (for data_problems.txt)."""
+
+    def __init__(self, message, problems):
+        super().__init__(message)
+        self.problems = list(problems)
+
+
+@contextlib.contextmanager
+def problems_listed_on_failure(save_dir, split, earlier=None, write=True):
+    """Scan split `split` inside this block: when it has no usable image, every reason (and those of the splits
+    scanned before it, `earlier` {split: problems}) is written to save_dir/data_problems.txt first (by the rank
+    that `write`s), and the error names that file instead of pointing at the first few lines printed."""
+    try:
+        yield
+    except NoUsableImages as e:
+        n = len(e.problems) + sum(len(v) for v in (earlier or {}).values())
+        if write:
+            write_problems(save_dir, {**(earlier or {}), split: e.problems})
+        where = f"; every reason is listed in {Path(save_dir) / 'data_problems.txt'}" if n else ""
+        raise BadDataset(f"{e}{where}") from None
