@@ -38,6 +38,7 @@ class BasePredictor:
         self.names = self.model.names
         self.stride = self.model.stride
         self.imgsz = self._input_size()
+        self.dataset = self.load_source()  # a source that is missing or empty is refused before a run folder exists
         project = Path(self.args.project or self.default_project)
         self.save_dir = increment_path(project / self.args.name, exist_ok=self.args.exist_ok)
         self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,7 @@ class BasePredictor:
 
     @torch.no_grad()
     def __call__(self):
-        dataset = self.load_source()
+        dataset = self.dataset
         results, dt, n = [], [0.0, 0.0, 0.0], 0
         for path, im, im0, desc in dataset:
             t0 = time_sync()

@@ -284,7 +284,7 @@ class BaseValidator:
         return data["test"] if task == "test" and data.get("test") else data["val"]
 
     @classmethod
-    def class_map(cls, data, model, opt):
+    def val_names(cls, data, model, opt):
         """The names a val script reports under: the dataset's, which must count the model's classes."""
         if data["nc"] != model.nc:
             raise BadCheckpoint(f"--weights {opt.weights} predicts {model.nc} classes but --data {opt.data} has "
@@ -308,7 +308,7 @@ class BaseValidator:
             model, options = cls.prepare(model, stride, ValOptions.from_cli(opt), opt)
             with du.torch_distributed_zero_first(du.get_local_rank()):
                 data = cls.get_data(opt.data, options)
-            names = cls.class_map(data, model, opt)
+            names = cls.val_names(data, model, opt)
             # every rank must agree on one folder; only rank 0 looks at the disk to choose it
             save_dir = None
             if du.is_main_process():

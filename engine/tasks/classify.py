@@ -91,7 +91,7 @@ class ClassificationValidator(BaseValidator):
         return check_cls_dataset(data)
 
     @classmethod
-    def class_map(cls, data, model, opt):
+    def val_names(cls, data, model, opt):
         """The checkpoint's class map (the ids the model predicts, by name): the val folders are matched to it by
         name, so a split lacking a class, or a dataset whose folders sort otherwise, is still scored correctly."""
         names = dict(model.names)
