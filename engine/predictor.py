@@ -20,6 +20,7 @@ from utils import dist as du
 from utils.cli import check_imgsz
 from utils.data.streams import open_source
 from utils.files import increment_path
+from utils.imageio import printable, write_image
 from utils.loggers import LOGGER
 from utils.plots import Annotator, save_one_box
 from utils.torch_utils import inference_bf16, time_sync
@@ -87,7 +88,7 @@ class BasePredictor:
         raise NotImplementedError
 
     def _csv(self, row):
-        with open(self.csv_path, "a", newline="") as f:
+        with open(self.csv_path, "a", newline="", errors="surrogateescape") as f:  # names as their bytes on disk
             csv.writer(f).writerow(row)
 
     def save_extras(self, result, imc, name):
@@ -125,7 +126,7 @@ class BasePredictor:
             self.save_extras(result, imc, p.name if dataset.mode == "image" else f"{stem}{p.suffix or '.jpg'}")
             self.save(dataset, path, im0)
             if self.show:
-                cv2.imshow(str(p), im0)
+                cv2.imshow(printable(p), im0)
                 cv2.waitKey(1)
             LOGGER.info(f"{desc}{summary}, {(t2 - t1) * 1e3:.1f}ms")
             results.append(result)
@@ -146,7 +147,7 @@ class BasePredictor:
             return
         p = Path(path)
         if dataset.mode == "image":
-            cv2.imwrite(str(self.save_dir / p.name), im0)
+            write_image(self.save_dir / p.name, im0)
             return
         if path not in self.writers:
             cap = getattr(dataset, "cap", None)
@@ -155,7 +156,7 @@ class BasePredictor:
             name = p.name
             if dataset.mode == "stream" and len(dataset) > 1:  # rtsp://cam1/live and rtsp://cam2/live: two files
                 name = f"{dataset.sources.index(path)}_{name}"
-            out = str((self.save_dir / name).with_suffix(".mp4"))
+            out = str((self.save_dir / printable(name)).with_suffix(".mp4"))  # VideoWriter takes no other names
             self.writers[path] = cv2.VideoWriter(out, cv2.VideoWriter_fourcc(*"mp4v"), fps or 30, (w, h))
         self.writers[path].write(im0)
 

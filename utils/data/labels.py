@@ -11,13 +11,13 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from utils.data.image_files import MISSING, entry_problem, files_hash
 from utils.data.label_cache import load_cache, save_cache
 from utils.data.label_formats import BadLine, get_format
 from utils.errors import BadDataset
+from utils.imageio import read_image
 from utils.loggers import LOGGER
 
 CACHE_VERSION = "yolo-labels-3"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons
@@ -29,30 +29,6 @@ STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "trunc
 # plain decimal notation, and a class id decimal digits, optionally with a zero fraction ('1', '1.0')
 DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 CLASS_ID = re.compile(r"\d+(\.0*)?", re.ASCII)
-
-
-def _utf8(text):
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
-
-
-def read_image(path):
-    """BGR uint8 image (EXIF orientation applied, grey/RGBA/16-bit converted by OpenCV), or None if undecodable.
-
-    cv2.imread takes the name as a C string: one that is not valid UTF-8 (a Latin-1 'café.jpg', which Python holds
-    as surrogate escapes) crashes the process, so such a file is read by Python and decoded from memory. imread
-    stays the rule because only it also decodes a truncated JPEG (as far as the data goes)."""
-    path = str(path)
-    try:
-        if _utf8(path):
-            return cv2.imread(path, cv2.IMREAD_COLOR)
-        data = np.fromfile(path, np.uint8)
-        return cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
-    except (OSError, ValueError, cv2.error):
-        return None
 
 
 def verify_image(path):

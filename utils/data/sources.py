@@ -6,8 +6,8 @@ import numpy as np
 
 from utils.data.augment import letterbox
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, list_files, suffix
-from utils.data.labels import read_image
 from utils.errors import BadFile
+from utils.imageio import is_utf8, printable, read_image
 from utils.loggers import LOGGER
 
 
@@ -52,6 +52,9 @@ class LoadImages:
     def _open_video(self, path):
         """Open `path`; False (with a warning) when it cannot be opened."""
         self._release()
+        if not is_utf8(path):  # cv2.VideoCapture takes the name as a C string: another one crashes it
+            LOGGER.warning(f"WARNING: skipping video {printable(path)}: OpenCV opens only UTF-8 file names, rename it")
+            return False
         self.cap = cv2.VideoCapture(path)
         if not self.cap.isOpened():
             self._release()
