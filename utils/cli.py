@@ -58,7 +58,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         """argparse's own complaints (an unknown option, `--epochs ten`) end as every user error does: one
         `error:` line and exit status 2 (utils/errors.run_cli), not a usage dump."""
-        raise BadOption(f"{message} (see {self.prog} --help)")
+        raise BadOption(f"{message} (see --help)")
 
     def parse_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
