@@ -19,6 +19,7 @@ from models.backend import InferenceBackend
 from utils import dist as du
 from utils.cli import check_imgsz
 from utils.data.streams import open_source
+from utils.errors import BadOption
 from utils.files import increment_path
 from utils.imageio import printable, write_image
 from utils.loggers import LOGGER
@@ -37,6 +38,10 @@ class BasePredictor:
         self.model = InferenceBackend(self.args.weights, device=self.device, half=half, bf16=bf16)
         self.half = self.model.fp16
         self.names = self.model.names
+        unknown = [c for c in getattr(self.args, "classes", None) or [] if c not in self.names]
+        if unknown:  # NMS would keep nothing of them, without a word
+            raise BadOption(f"--classes {' '.join(map(str, unknown))}: {self.args.weights} has classes "
+                            f"0-{len(self.names) - 1} only")
         self.stride = self.model.stride
         self.imgsz = self._input_size()
         self.dataset = self.load_source()  # a source that is missing or empty is refused before a run folder exists

@@ -265,6 +265,21 @@ def test_item9_unreadable_videos_are_warnings_while_anything_is_read(weights, vi
                                   "readable image or video (see the warnings above)"])
 
 
+def test_predict_class_filter_outside_the_model_and_a_latin1_image_name(weights, videos, tmp_path, capsys):
+    args = _predict("detect.py", weights, videos / "ok.jpg", tmp_path)
+    assert cli([*args, "--classes", "1", "7"], capsys)[:2] == (2, [f"error: --classes 7: {weights['detect.py']} has "
+                                                                   "classes 0-2 only"])
+    name = os.fsencode(tmp_path) + b"/caf\xe9.jpg"  # OpenCV crashes on such a name given as a string
+    shutil.copy(videos / "ok.jpg", name)
+    code, errors, results = cli([*_predict("detect.py", weights, os.fsdecode(name), tmp_path), "--save-csv",
+                                 "--save-crop", "--conf-thres", "0"], capsys)
+    assert (code, errors, len(results)) == (0, [], 1)
+    out = tmp_path / "pred" / "exp"  # the refused command made no run folder
+    assert (out / os.fsdecode(b"caf\xe9.jpg")).is_file()
+    assert os.fsdecode(b"caf\xe9.jpg") in {f.name for f in (out / "crops").rglob("*.jpg")}
+    assert (out / "predictions.csv").read_bytes().splitlines()[1].startswith(b"caf\xe9.jpg,")
+
+
 # ---------------------------------------------------------------- a split without one usable image (item 10)
 def test_item10_a_whole_split_of_bad_labels_lists_every_reason(tmp_path, capsys):
     root = generate_dataset(tmp_path / "d", "detect", 12, 2, seed=3, min_side=64, max_side=64, max_objects=1)

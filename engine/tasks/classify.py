@@ -7,8 +7,9 @@ from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel
-from utils.data.classify_dataset import ClassificationDataset, class_folders, classify_val_transforms
+from utils.data.classify_dataset import ClassificationDataset, classify_val_transforms
 from utils.data.dataset_yaml import check_cls_dataset
+from utils.data.image_files import class_folders
 from utils.data.streams import open_source
 from utils.dist import get_rank, get_world_size
 from utils.errors import BadCheckpoint

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from utils.data.augment import SampleRNG, augment_hsv
-from utils.data.image_files import files_hash, scan_files
+from utils.data.image_files import class_folders, files_hash, scan_files
 from utils.data.label_cache import load_cache, save_cache
 from utils.data.labels import CACHE_VERSION, NoUsableImages, log_problems, read_image, verify_image
 from utils.data.loader import rank_indices
@@ -135,14 +135,15 @@ class ClassificationDataset(Dataset):
 
     def _candidates(self):
         """[(image path, class id)] of the class folders, and the problem lines of every other entry under root."""
-        ids = {name: c for c, name in self.names.items()}
+        ids, hidden = {name: c for c, name in self.names.items()}, []
         candidates, ignored = [], []
-        for name in class_folders(self.root):
+        for name in class_folders(self.root, hidden):
             files, others = scan_files(self.root / name)
             candidates += [(f, ids[name]) for f in files]
             ignored += [f"{f}: ignored, {why}" for f, why in others]
-        loose = [e for e in sorted(os.scandir(self.root), key=lambda e: e.name) if not _is_folder(e)]
-        ignored += [f"{e.path}: ignored, not inside a class folder" for e in loose]
+        ignored += [f"{f}: ignored, a hidden folder is no class" for f in sorted(hidden)]
+        loose = sorted(str(f) for f in self.root.iterdir() if not f.is_dir())
+        ignored += [f"{f}: ignored, not inside a class folder" for f in loose]
         return candidates, ignored
 
     def _verify(self, candidates):
@@ -218,18 +219,6 @@ class ClassificationDataset(Dataset):
             "img": torch.stack([b["img"] for b in batch]),
             "cls": torch.tensor([b["cls"] for b in batch], dtype=torch.int64),
         }
-
-
-def _is_folder(entry):
-    try:
-        return entry.is_dir()
-    except OSError:  # a symlink loop
-        return False
-
-
-def class_folders(split_dir):
-    """The sorted class folder names of a split (symlinked folders included)."""
-    return sorted(e.name for e in os.scandir(split_dir) if _is_folder(e))
 
 
 def _image_error(path):

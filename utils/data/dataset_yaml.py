@@ -21,6 +21,7 @@ import urllib.parse
 from pathlib import Path
 
 from utils.data.downloads import download
+from utils.data.image_files import class_folders
 from utils.data.synthetic import generate_dataset
 from utils.errors import BadDataset
 from utils.files import ROOT, ConfigError, yaml_load
@@ -274,13 +275,9 @@ def check_det_dataset(data, autodownload=True):
     return d
 
 
-def _class_folders(split_dir):
-    return sorted(p.name for p in Path(split_dir).iterdir() if p.is_dir())
-
-
 def _class_map(d, label, train):
     """The one class map of every split: the YAML's `names`, else the training split's sorted class folders."""
-    folders = _class_folders(train)
+    folders = class_folders(train)
     if d.get("names") is None:
         if not folders:
             raise DatasetError(f"{label}: {train} has no class folders")
@@ -302,7 +299,7 @@ def _class_map(d, label, train):
 
 def _check_split_classes(names, split, train):
     """A class folder in val/test that training lacks cannot be scored: refuse it, naming it."""
-    unknown = [f for f in _class_folders(split) if f not in names.values()]
+    unknown = [f for f in class_folders(split) if f not in names.values()]
     if unknown:
         raise DatasetError(f"{split}: class folder(s) {', '.join(map(repr, unknown))} are not classes of the training "
                            f"split {train} ({', '.join(names.values())}); a classifier cannot predict a class it never "

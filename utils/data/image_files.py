@@ -38,10 +38,11 @@ def entry_problem(path):
 
 
 def _read_list_file(path):
-    """Lines of a list file, relative entries taken relative to the list file's folder (official './x.jpg')."""
+    """Lines of a list file, relative entries taken relative to the list file's folder (official './x.jpg'). The
+    lines are file names, so bytes that are not UTF-8 are kept as the names they are (surrogate escapes)."""
     parent = path.parent
     out = []
-    for line in path.read_text().splitlines():
+    for line in os.fsdecode(path.read_bytes()).splitlines():
         line = line.strip()
         if line:
             p = Path(line)
@@ -115,7 +116,9 @@ def scan_files(source, formats=IMG_FORMATS):
     found, others = [], []
     for entry in entries:
         found += _expand(entry, others)
-    found = list(dict.fromkeys(os.path.normpath(f) for f in found))  # given order, no repeats
+    found, seen = [os.path.normpath(f) for f in found], set()
+    others += [(f, "a repeated entry (used once)") for f in found if f in seen or seen.add(f)]
+    found = list(dict.fromkeys(found))  # given order, no repeats
     files = [f for f in found if suffix(f) in formats]
     stems = {os.path.splitext(f)[0] for f in files}
     for f in found:
@@ -132,6 +135,23 @@ def list_files(source, formats=IMG_FORMATS):
     if not files:
         raise FileNotFoundError(f"no supported files found in {source} (formats: {', '.join(sorted(formats))})")
     return files
+
+
+def class_folders(split_dir, hidden=None):
+    """The sorted class folder names of a classification split (symlinked folders included). Hidden folders
+    (`.ipynb_checkpoints`, `.git`) are no classes: their paths go to the list `hidden` when given."""
+    names = []
+    for e in os.scandir(split_dir):
+        try:
+            is_dir = e.is_dir()
+        except OSError:  # a symlink loop
+            is_dir = False
+        if is_dir and e.name.startswith("."):
+            if hidden is not None:
+                hidden.append(e.path)
+        elif is_dir:
+            names.append(e.name)
+    return sorted(names)
 
 
 def img2label_paths(img_paths):

@@ -24,7 +24,7 @@ CACHE_VERSION = "yolo-labels-3"  # 3: label paths that are not files, BOMs, stri
 MAX_WARNINGS = 10  # problems printed per scan; all of them are in the dataset's `problems` (and the run folder)
 MAX_LINES = 3  # bad lines named per skipped image
 MIN_SIDE = 10  # pixels
-STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated")
+STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated", "unlabelled")
 # Python's float() also reads '1_000', '٣' (other scripts' digits) and surrounding text forms: a label value must be
 # plain decimal notation, and a class id decimal digits, optionally with a zero fraction ('1', '1.0')
 DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
@@ -78,12 +78,12 @@ def _parse_line(values, nc, fmt):
 
 
 def read_label_text(lb_file):
-    """The text of a label file: '' when there is none (a background image); BadLine when the path is not a readable
+    """The text of a label file: None when there is none (a background image); BadLine when the path is not a readable
     regular file (a folder, a dangling symlink: never taken for an empty label) or the bytes are not UTF-8. A UTF-8
     byte order mark, which some Windows editors write, is dropped."""
     why = entry_problem(lb_file)
     if why == MISSING:
-        return ""
+        return None
     if why:
         raise BadLine(f"label path {lb_file} {why}")
     data = Path(lb_file).read_bytes()
@@ -96,8 +96,9 @@ def read_label_text(lb_file):
 def parse_label_file(lb_file, nc, fmt):
     """Parse one label file -> (record fields, counts, notes). Raises BadLine naming the bad line(s)."""
     classes, boxes, extras, notes, seen, bad = [], [], [], [], set(), []
-    counts = {"duplicates": 0, "clipped": 0}
-    for i, line in enumerate(read_label_text(lb_file).splitlines(), 1):
+    text = read_label_text(lb_file)
+    counts = {"duplicates": 0, "clipped": 0, "unlabelled": int(text is None)}
+    for i, line in enumerate((text or "").splitlines(), 1):
         values = line.split()
         if not values:
             continue
@@ -146,7 +147,7 @@ def verify_image_label(im_file, lb_file, nc=None, fmt="detect"):
     """
     fmt = get_format(fmt)
     rec = {"im_file": im_file, "shape": None, "skipped": "", "duplicates": 0, "clipped": 0, "truncated": 0,
-           "msg": ""}
+           "unlabelled": 0, "msg": ""}
     try:
         rec["shape"] = verify_image(im_file)
         fields, counts, notes = parse_label_file(lb_file, nc, fmt)
@@ -177,7 +178,7 @@ def _build(im_files, label_files, nc, workers, fmt):
             stats["skipped"] += 1
             skipped.append(r["msg"])
             continue
-        for k in ("duplicates", "clipped", "truncated"):
+        for k in ("duplicates", "clipped", "truncated", "unlabelled"):
             stats[k] += r[k]
         if r["msg"]:
             notes.append(r["msg"])
@@ -209,6 +210,10 @@ def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=
         f"clipped, {s['truncated']} truncated JPEGs" + (" (cached)" if cached else "")
     )
     log_problems(msgs, s["skipped"], prefix)
+    if s["images"] and s["unlabelled"] == s["images"]:  # labels in the wrong folder, the commonest set-up mistake
+        LOGGER.warning(f"{prefix}WARNING: not one of the {s['images']} images has a label file (e.g. {label_files[0]} "
+                       f"for {im_files[0]}: the last /images/ of an image path becomes /labels/ and its suffix .txt); "
+                       "every image is trained as a background")
     return cache["labels"], dict(s, cached=cached, problems=list(msgs))
 
 
