@@ -187,6 +187,13 @@ def test_item8_hyp_values_are_checked_before_any_work(shapes_detect, tmp_path, c
     assert (code, errors) == (2, [f"error: --hyp {f}: {error}"]) and not (tmp_path / "runs").exists()
 
 
+def test_item8_a_loss_that_cannot_train_the_model_head(shapes_detect, tmp_path, capsys):
+    f = tmp_path / "hyp.yaml"
+    f.write_text("loss: v8seg\n")  # a registered criterion, but for a v8 segmentation head
+    code, errors, _ = cli(_train(shapes_detect, tmp_path, "--hyp", str(f)), capsys)
+    assert (code, errors) == (2, ["error: hyp loss 'v8seg' cannot train the model's Detect head (its loss is 'v5')"])
+
+
 def test_item8_a_partial_hyp_file_is_completed_from_the_model_default(shapes_detect, tmp_path, log):
     import train
 
