@@ -79,9 +79,9 @@ def evolve(trainer_cls, opt, run):
     if du.get_world_size() > 1:
         raise BadOption("--evolve runs in a single process (each generation is a whole training run): launch it "
                         "without torchrun, one evolution per GPU with --device")
+    base = _base_hyp(opt, trainer_cls)  # a mistake in --hyp ends the command before a folder is made
     save_dir = increment_path(Path(opt.project or "runs/evolve") / opt.name, exist_ok=opt.exist_ok, mkdir=True)
     csv_file = save_dir / "evolve.csv"
-    base = _base_hyp(opt, trainer_cls)
     keys = [k for k in META if k in base]
     rng = np.random.default_rng(opt.seed)  # its own generator: each run re-seeds the global ones
     for g in range(opt.evolve):
