@@ -12,13 +12,13 @@ Usage:
 
 from engine.tasks.classify import ClassificationTrainer
 from engine.trainer import run
-from utils.cli import train_parser
+from utils.cli import DATA_HELP, train_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
     p = train_parser("Train a YOLO classifier", "yolov8n-cls.yaml", "data/shapes-cls", 96, "runs/train-cls",
-                     cfg_flags=("--model", "--cfg"))
+                     cfg_flags=("--model", "--cfg"), data_help=DATA_HELP["classify"])
     return p.parse_args(argv)
 
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.hyp import load_hyp
 from models.yolo import yaml_model_load
 from utils import dist as du
 from utils.errors import BadOption
-from utils.files import find_file, increment_path, yaml_load, yaml_save
+from utils.files import increment_path, yaml_save
 from utils.loggers import LOGGER
 
 # hyp key: (mutation gain, lower bound, upper bound); YOLOv5's search space plus YOLOv8's dfl gain
@@ -78,9 +79,9 @@ def evolve(trainer_cls, opt, run):
     if du.get_world_size() > 1:
         raise BadOption("--evolve runs in a single process (each generation is a whole training run): launch it "
                         "without torchrun, one evolution per GPU with --device")
+    base = _base_hyp(opt, trainer_cls)  # a mistake in --hyp ends the command before a folder is made
     save_dir = increment_path(Path(opt.project or "runs/evolve") / opt.name, exist_ok=opt.exist_ok, mkdir=True)
     csv_file = save_dir / "evolve.csv"
-    base = _base_hyp(opt)
     keys = [k for k in META if k in base]
     rng = np.random.default_rng(opt.seed)  # its own generator: each run re-seeds the global ones
     for g in range(opt.evolve):
@@ -104,7 +105,6 @@ def evolve(trainer_cls, opt, run):
     return out
 
 
-def _base_hyp(opt):
-    """The hyp the trainer would load (BaseTrainer.load_hyp): --hyp, else the one the model YAML names."""
-    name = opt.hyp or yaml_model_load(opt.cfg).get("hyp") or "hyp.scratch-low.yaml"
-    return yaml_load(find_file(name, "data/hyps"))
+def _base_hyp(opt, trainer_cls):
+    """The hyp the trainer would load (BaseTrainer.load_hyp): --hyp completed from the model YAML's hyp file."""
+    return load_hyp(opt.hyp, yaml_model_load(opt.cfg).get("hyp") or trainer_cls.default_hyp)

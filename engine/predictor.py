@@ -19,7 +19,9 @@ from models.backend import InferenceBackend
 from utils import dist as du
 from utils.cli import check_imgsz
 from utils.data.streams import open_source
+from utils.errors import BadOption
 from utils.files import increment_path
+from utils.imageio import printable, write_image
 from utils.loggers import LOGGER
 from utils.plots import Annotator, save_one_box
 from utils.torch_utils import inference_bf16, time_sync
@@ -36,8 +38,13 @@ class BasePredictor:
         self.model = InferenceBackend(self.args.weights, device=self.device, half=half, bf16=bf16)
         self.half = self.model.fp16
         self.names = self.model.names
+        unknown = [c for c in getattr(self.args, "classes", None) or [] if c not in self.names]
+        if unknown:  # NMS would keep nothing of them, without a word
+            raise BadOption(f"--classes {' '.join(map(str, unknown))}: {self.args.weights} has classes "
+                            f"0-{len(self.names) - 1} only")
         self.stride = self.model.stride
         self.imgsz = self._input_size()
+        self.dataset = self.load_source()  # a source that is missing or empty is refused before a run folder exists
         project = Path(self.args.project or self.default_project)
         self.save_dir = increment_path(project / self.args.name, exist_ok=self.args.exist_ok)
         self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +93,7 @@ class BasePredictor:
         raise NotImplementedError
 
     def _csv(self, row):
-        with open(self.csv_path, "a", newline="") as f:
+        with open(self.csv_path, "a", newline="", errors="surrogateescape") as f:  # names as their bytes on disk
             csv.writer(f).writerow(row)
 
     def save_extras(self, result, imc, name):
@@ -104,7 +111,7 @@ class BasePredictor:
 
     @torch.no_grad()
     def __call__(self):
-        dataset = self.load_source()
+        dataset = self.dataset
         results, dt, n = [], [0.0, 0.0, 0.0], 0
         for path, im, im0, desc in dataset:
             t0 = time_sync()
@@ -124,7 +131,7 @@ class BasePredictor:
             self.save_extras(result, imc, p.name if dataset.mode == "image" else f"{stem}{p.suffix or '.jpg'}")
             self.save(dataset, path, im0)
             if self.show:
-                cv2.imshow(str(p), im0)
+                cv2.imshow(printable(p), im0)
                 cv2.waitKey(1)
             LOGGER.info(f"{desc}{summary}, {(t2 - t1) * 1e3:.1f}ms")
             results.append(result)
@@ -145,7 +152,7 @@ class BasePredictor:
             return
         p = Path(path)
         if dataset.mode == "image":
-            cv2.imwrite(str(self.save_dir / p.name), im0)
+            write_image(self.save_dir / p.name, im0)
             return
         if path not in self.writers:
             cap = getattr(dataset, "cap", None)
@@ -154,7 +161,7 @@ class BasePredictor:
             name = p.name
             if dataset.mode == "stream" and len(dataset) > 1:  # rtsp://cam1/live and rtsp://cam2/live: two files
                 name = f"{dataset.sources.index(path)}_{name}"
-            out = str((self.save_dir / name).with_suffix(".mp4"))
+            out = str((self.save_dir / printable(name)).with_suffix(".mp4"))  # VideoWriter takes no other names
             self.writers[path] = cv2.VideoWriter(out, cv2.VideoWriter_fourcc(*"mp4v"), fps or 30, (w, h))
         self.writers[path].write(im0)
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from engine.hyp import load_hyp, read_hyp
 from engine.resume import (
     forget_run_dir,
     plan_run,
@@ -40,13 +41,11 @@ from models.checkpoints import (
 from utils import dist as du
 from utils.charts import RunPlots
 from utils.cli import check_imgsz
-from utils.data.labels import write_problems
+from utils.data.labels import problems_listed_on_failure, write_problems
 from utils.data.loader import build_dataloader, default_workers, set_loader_epoch
 from utils.errors import BadCheckpoint, BadOption
 from utils.files import (
-    find_file,
     increment_path,
-    yaml_load,
     yaml_save,
 )
 from utils.loggers import LOGGER, CSVLogger, TensorBoardLogger, set_logging
@@ -66,33 +65,9 @@ from utils.torch_utils import (
 
 __version__ = "0.1.0"
 
-# Every hyperparameter something reads, by reader; a hyp file with any other key is refused, so that a value the
-# user sets is never silently ignored (official files carry `iou_t`, which no YOLO code reads).
-HYP_KEYS = {
-    "optimizer and schedule (engine/trainer.py, utils/torch_utils.py)": (
-        "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr", "nbs",
-        "close_mosaic"),
-    "criteria (utils/loss/)": (
-        "loss", "box", "cls", "obj", "dfl", "cls_pw", "obj_pw", "anchor_t", "fl_gamma", "label_smoothing"),
-    "augmentation (utils/data/)": (
-        "hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud", "fliplr",
-        "mosaic", "mixup", "copy_paste"),
-}
-
-
 RUN_FILES = ("results.csv", "weights/last.pt", "weights/best.pt")  # a folder holding any of these is a run
 
 
-def read_hyp(name):
-    """The hyp YAML `name` (a path or a file in data/hyps); a key nothing reads is a BadOption naming it."""
-    path = find_file(name, "data/hyps")
-    hyp = yaml_load(path)
-    known = {k for keys in HYP_KEYS.values() for k in keys}
-    unknown = sorted(set(hyp) - known)
-    if unknown:
-        raise BadOption(f"--hyp {path}: {', '.join(map(repr, unknown))} is read by nothing in this project "
-                        f"(remove it); known keys: {', '.join(sorted(known))}")
-    return hyp
 NBS = 64  # default nominal batch size: gradients are accumulated to about this many images per optimizer step
 
 
@@ -100,6 +75,7 @@ class BaseTrainer:
     """Train a model; every rank runs this, rank 0 alone validates, logs and saves."""
 
     default_project = "runs/train"
+    default_hyp = "hyp.scratch-low.yaml"  # for a model YAML that names no hyp file
 
     def __init__(self, opt, device, resume_from=None, save_dir=None):
         """Configuration only: what the options and the launch environment decide. Everything built from data,
@@ -181,9 +157,9 @@ class BaseTrainer:
         return Path(path)
 
     def load_hyp(self, model):
-        """The hyp file: --hyp if given, else the one the model YAML names, else YOLOv5 scratch-low."""
-        name = self.opt.hyp or getattr(model, "default_hyp", None) or "hyp.scratch-low.yaml"
-        return read_hyp(name)
+        """--hyp, completed from the model's default hyp file (the one its YAML names, else `default_hyp`), or that
+        file itself (engine/hyp.py)."""
+        return load_hyp(self.opt.hyp, getattr(model, "default_hyp", None) or self.default_hyp)
 
     def _setup(self):
         """Build everything the loop needs, in dependency order; every attribute not set in __init__ is set here."""
@@ -205,15 +181,17 @@ class BaseTrainer:
                                                            memory_format(self.device))
         stride = int(max(self.model.stride))
 
-        with du.torch_distributed_zero_first(self.local_rank):
-            self.train_set = self.build_dataset(self.data["train"], "train", stride)
+        with problems_listed_on_failure(self.save_dir, "train", write=self.main):
+            with du.torch_distributed_zero_first(self.local_rank):
+                self.train_set = self.build_dataset(self.data["train"], "train", stride)
         self.fit_model_to_data()
         self.train_loader = self._build_train_loader()
         self.nb = len(self.train_loader)
         # every rank validates its share of the val set (engine/validator.py), so every rank has the loader
         self.validator = self.build_validator()
         self.validator.profile = self.profile  # its plots are timed apart from validation
-        self.val_loader = self.validator.build_dataloader(self.data["val"], stride)
+        with problems_listed_on_failure(self.save_dir, "val", {"train": self.train_set.problems}, write=self.main):
+            self.val_loader = self.validator.build_dataloader(self.data["val"], stride)
         self.val_set = self.val_loader.dataset
 
         self._setup_optimizer()
@@ -468,10 +446,17 @@ class BaseTrainer:
             self.ema.update(self.model)
 
     def _build_train_loader(self):
-        return build_dataloader(
+        loader = build_dataloader(
             self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
-            world_size=self.world_size, seed=self.opt.seed, sampler=self.train_sampler(),
+            world_size=self.world_size, seed=self.opt.seed, sampler=self.train_sampler(), drop_single=True,
         )
+        if loader.drop_last and self.main:
+            which = ("the same image every epoch (rect batches are not shuffled): choose another --batch-size to "
+                     "train on it") if getattr(self.train_set, "rect", False) else "a different image each epoch"
+            LOGGER.warning(f"WARNING: {len(loader.sampler)} training images per rank at {self.batch_size} per batch: "
+                           f"the last batch would hold one image, which BatchNorm cannot train on; it is left out, "
+                           f"{which}")
+        return loader
 
     def end_epoch(self, epoch):
         """Every rank validates its share; rank 0 logs and saves while the others wait at the barrier. Returns the
@@ -541,6 +526,8 @@ def run(trainer_cls, opt, callbacks=None):
     to (engine/resume.py).
     """
     set_logging(du.get_rank())
+    if opt.hyp:  # checked before any work (the options were, by the parser)
+        read_hyp(opt.hyp)
     device = du.select_device(opt.device, opt.batch_size)
     du.setup_ddp(device)
     opt = deepcopy(opt)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from models.backend import validation_model
 from utils import dist as du
-from utils.data.labels import write_problems
+from utils.data.labels import problems_listed_on_failure, write_problems
 from utils.data.loader import seed_worker
 from utils.errors import BadCheckpoint
 from utils.files import increment_path
@@ -284,6 +284,14 @@ class BaseValidator:
         return data["test"] if task == "test" and data.get("test") else data["val"]
 
     @classmethod
+    def val_names(cls, data, model, opt):
+        """The names a val script reports under: the dataset's, which must count the model's classes."""
+        if data["nc"] != model.nc:
+            raise BadCheckpoint(f"--weights {opt.weights} predicts {model.nc} classes but --data {opt.data} has "
+                                f"{data['nc']}")
+        return data["names"]
+
+    @classmethod
     def prepare(cls, model, stride, options, opt):
         """Hook for the val scripts: the model and options to validate with, given the loaded weights' stride."""
         return model, options
@@ -300,17 +308,17 @@ class BaseValidator:
             model, options = cls.prepare(model, stride, ValOptions.from_cli(opt), opt)
             with du.torch_distributed_zero_first(du.get_local_rank()):
                 data = cls.get_data(opt.data, options)
-            if data["nc"] != model.nc:
-                raise BadCheckpoint(f"--weights {opt.weights} predicts {model.nc} classes but --data {opt.data} has "
-                                    f"{data['nc']}")
+            names = cls.val_names(data, model, opt)
             # every rank must agree on one folder; only rank 0 looks at the disk to choose it
             save_dir = None
             if du.is_main_process():
                 save_dir = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True))
-            validator = cls(options, Path(du.broadcast_object(save_dir)), data["names"], label_nc=data.get("label_nc"))
-            dataset = validator.build_dataloader(cls.split_path(data, opt.task), stride).dataset
+            validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_nc=data.get("label_nc"))
+            split = "test" if opt.task == "test" else "val"
+            with problems_listed_on_failure(validator.save_dir, split, write=du.is_main_process()):
+                dataset = validator.build_dataloader(cls.split_path(data, opt.task), stride).dataset
             if du.is_main_process():  # as training does
-                write_problems(validator.save_dir, {"test" if opt.task == "test" else "val": dataset.problems})
+                write_problems(validator.save_dir, {split: dataset.problems})
             return validator(model, final=True)
         finally:
             du.cleanup_ddp()

@@ -19,12 +19,13 @@ from models.tta import TTAModel
 from models.yolo import ClassificationModel
 from utils import ops
 from utils.data.augment import letterbox
+from utils.imageio import read_image
 
 
 def _to_bgr(im):
     """A path, PIL image or HWC RGB array -> (name, HWC BGR uint8 array)."""
     if isinstance(im, (str, Path)):
-        bgr = cv2.imread(str(im))
+        bgr = read_image(im)
         if bgr is None:
             raise FileNotFoundError(f"cannot read image {im}")
         return Path(im).name, bgr

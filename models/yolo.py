@@ -37,6 +37,7 @@ from models.heads import (
     Segment,
 )
 from utils.errors import BadModelYaml
+from utils.files import ConfigError, UniqueKeyLoader, yaml_text
 from utils.loggers import LOGGER
 from utils.loss import build_criterion
 
@@ -97,9 +98,13 @@ def yaml_model_load(cfg):
         return deepcopy(cfg)
     path, scale = _find_yaml(cfg)
     try:
-        d = yaml.safe_load(path.read_text(errors="replace"))
+        d = yaml.load(yaml_text(path), Loader=UniqueKeyLoader)
     except yaml.YAMLError as e:
-        raise BadModelYaml(f"{path}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise BadModelYaml(f"{path}:{where} invalid YAML ({getattr(e, 'problem', e)})") from None
+    except ConfigError as e:
+        raise BadModelYaml(str(e)) from None
     missing = [k for k in ("backbone", "head") if not isinstance(d, dict) or not isinstance(d.get(k), list)]
     if missing:
         raise BadModelYaml(f"{path}: needs {' and '.join(missing)} lists of [from, number, module, args]")

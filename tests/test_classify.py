@@ -3,6 +3,7 @@ gradient equivalence and a 2-rank torchrun run, and a short run that must learn 
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,19 +98,27 @@ def test_val_matches_independent_accuracy(trained, shapes_classify, tmp_path):
     assert (tmp_path / "exp" / "confusion_matrix_normalized.png").is_file()
 
 
-def test_val_rejects_class_count_mismatch(trained, tmp_path):
+def test_val_scores_a_subset_of_the_classes_and_rejects_unknown_ones(trained, tmp_path):
+    """classify/val.py reports under the checkpoint's class map: a dataset with only some of its classes is scored
+    by name (its own folders would number rectangle 0), exactly as a plain loop does; a class the model does not
+    know is an error naming it."""
     from utils.data.synthetic import generate_dataset
 
     trainer, _ = trained
-    generate_dataset(tmp_path / "one", task="classify", n_train=1, n_val=1, min_side=32, max_side=32)
+    best = trainer.save_dir / "weights/best.pt"
+    two = generate_dataset(tmp_path / "two", task="classify", n_train=1, n_val=3, seed=5, min_side=64, max_side=64)
     for split in ("train", "val"):  # keep only 2 of the 3 class folders
-        for p in (tmp_path / "one" / split / "triangle").iterdir():
-            p.unlink()
-        (tmp_path / "one" / split / "triangle").rmdir()
-    with pytest.raises(ValueError, match="3 classes"):
-        cls_val.main(cls_val.parse_opt(["--weights", str(trainer.save_dir / "weights/best.pt"), "--data",
-                                        str(tmp_path / "one"), "--device", "cpu", "--workers", "0",
-                                        "--project", str(tmp_path / "v")]))
+        shutil.rmtree(two / split / "circle")
+    args = ["--weights", str(best), "--data", str(two), "--device", "cpu", "--workers", "0", "--imgsz", "64",
+            "--project", str(tmp_path / "v")]
+    stats = cls_val.main(cls_val.parse_opt(args))
+    truth, pred = _independent_top1(best, two / "val", 64)
+    assert truth.tolist() == [1, 1, 1, 2, 2, 2]
+    assert stats["metrics/accuracy_top1"] == pytest.approx(float((truth == pred).float().mean()))
+    for split in ("train", "val"):
+        (two / split / "rectangle").rename(two / split / "square")
+    with pytest.raises(ValueError, match=f"--weights {best} knows no class 'square' of --data {two}"):
+        cls_val.main(cls_val.parse_opt(args))
 
 
 def test_predict_prints_and_draws_top5(trained, shapes_classify, tmp_path):

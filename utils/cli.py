@@ -14,6 +14,35 @@ def str2bool_or_path(v):
     return True if v in (None, "", "True", "true") else v
 
 
+# The values each numeric option can take (whichever of them a script has), brackets as in mathematics. There is no
+# automatic batch size (YOLOv5's --batch-size -1): a batch is a number of images.
+OPTION_RANGES = {
+    "epochs": "[1, inf)", "batch_size": "[1, inf)", "imgsz": "[1, inf)", "workers": "[0, inf)",
+    "patience": "[0, inf)", "save_period": "[-1, inf)", "seed": "[0, 2147483647]", "freeze": "[0, inf)",
+    "label_smoothing": "[0, 1)", "evolve": "[1, inf)", "vid_stride": "[1, inf)", "line_thickness": "[1, inf)",
+    "conf_thres": "[0, 1]", "iou_thres": "[0, 1]", "max_det": "[1, inf)", "classes": "[0, inf)",
+}
+
+
+def in_interval(value, interval):
+    """Whether `value` lies in an interval written as in mathematics: '[0, 1)', '(0, inf)'."""
+    lo, hi = (float(x) for x in interval[1:-1].split(","))
+    above = value > lo if interval[0] == "(" else value >= lo
+    return above and (value < hi if interval[-1] == ")" else value <= hi)
+
+
+def check_options(opt):
+    """BadOption naming the first option whose value is outside OPTION_RANGES (before the script does any work)."""
+    for dest, interval in OPTION_RANGES.items():
+        values = getattr(opt, dest, None)
+        for v in values if isinstance(values, list) else [values]:
+            if v is not None and not (math.isfinite(v) and in_interval(v, interval)):
+                flag = "--" + dest.replace("_", "-")
+                hint = " (there is no automatic batch size: give the images per step)" if dest == "batch_size" and \
+                    v == -1 else ""
+                raise BadOption(f"{flag} {v}: must be in {interval}{hint}")
+
+
 class Parser(argparse.ArgumentParser):
     """The scripts' parser. It accepts the `--local-rank=N` / `--local_rank N` that the older launcher
     `python -m torch.distributed.launch` passes, used only where LOCAL_RANK is not set. With `record_given`, the
@@ -26,9 +55,15 @@ class Parser(argparse.ArgumentParser):
         self.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
                           help="set by torch.distributed.launch; torchrun sets LOCAL_RANK instead")
 
+    def error(self, message):
+        """argparse's own complaints (an unknown option, `--epochs ten`) end as every user error does: one
+        `error:` line and exit status 2 (utils/errors.run_cli), not a usage dump."""
+        raise BadOption(f"{message} (see --help)")
+
     def parse_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
         opt = super().parse_args(args, namespace)
+        check_options(opt)
         if opt.local_rank >= 0:
             du.use_launcher_local_rank(opt.local_rank)
         if self.record_given:
@@ -49,12 +84,20 @@ class Parser(argparse.ArgumentParser):
         return sorted(names)
 
 
-def train_parser(description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",)):
+# what --data takes, per kind of task: the box tasks read a dataset YAML only, classification a folder of class folders
+DATA_HELP = {
+    "boxes": "dataset YAML (path, train, val, names; see data/shapes.yaml), not a folder",
+    "classify": "dataset folder with train/ and val/ (or test/) holding one folder per class, or a YAML naming it",
+}
+
+
+def train_parser(description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",),
+                 data_help=DATA_HELP["boxes"]):
     p = Parser(description, record_given=True)
     p.add_argument(*cfg_flags, dest="cfg", type=str, default=cfg_default,
                    help="model YAML (name under models/ or a path)")
     p.add_argument("--weights", type=str, default="", help="initial weights: our .pt or an official one; '' = scratch")
-    p.add_argument("--data", type=str, default=data_default, help="dataset YAML or folder")
+    p.add_argument("--data", type=str, default=data_default, help=data_help)
     p.add_argument("--hyp", type=str, default=None, help="hyperparameter YAML; default: the one the model YAML names")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=16, help="total batch over all ranks")
@@ -142,7 +185,7 @@ def val_parser(description, data_default, project, defaults, boxes=True):
     """Options of the three val scripts. `defaults` is the validator's options object (engine.validator.ValOptions),
     the one place their default values are written; `boxes` adds the NMS and prediction-saving options."""
     p = Parser(description)
-    p.add_argument("--data", type=str, default=data_default, help="dataset YAML or folder")
+    p.add_argument("--data", type=str, default=data_default, help=DATA_HELP["boxes" if boxes else "classify"])
     p.add_argument("--weights", type=str, required=True, help="model weights")
     p.add_argument("--batch-size", type=int, default=defaults.batch, help="images per batch on each rank")
     p.add_argument("--imgsz", "--img", "--img-size", type=int, default=defaults.imgsz)

@@ -19,13 +19,43 @@ class ConfigError(BadFile):
     """A configuration file (dataset, model or hyperparameter YAML) is missing or malformed."""
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a mapping holding one key twice: PyYAML keeps the last value without a word, so a
+    second `train:` or `lr0:` further down a file would silently override the first."""
+
+    def construct_mapping(self, node, deep=False):
+        first = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges on purpose
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                line = first.setdefault(key, key_node.start_mark.line)
+            except TypeError:  # an unhashable key: the base class names it
+                continue
+            if line != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (first on line {line + 1})",
+                                                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def yaml_text(path):
+    """The text of a YAML file; bytes that are not UTF-8 raise ConfigError naming the offset (replacing them would
+    change a class name or a path without a word). A UTF-8 byte order mark is accepted."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
 def yaml_load(path):
-    """Read a YAML mapping; a missing file or broken YAML raises ConfigError naming the file."""
+    """Read a YAML mapping; a missing file, broken YAML or a duplicate key raises ConfigError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        data = yaml.safe_load(path.read_text(errors="replace"))
+        data = yaml.load(yaml_text(path), Loader=UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

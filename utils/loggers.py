@@ -9,12 +9,20 @@ import sys
 LOGGER = logging.getLogger("yolo")
 
 
+class PrintableFormatter(logging.Formatter):
+    """Messages as text any terminal takes: a file name that is not UTF-8 (held by Python as surrogate escapes, e.g.
+    a Latin-1 'caf\\xe9.jpg') is shown with its bytes escaped, where a strict UTF-8 stdout would refuse the line."""
+
+    def format(self, record):
+        return super().format(record).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def set_logging(rank=-1, verbose=True):
     """INFO on rank 0 (or single process, rank -1), WARNING elsewhere, so N ranks do not print N copies."""
     level = logging.INFO if verbose and rank in (-1, 0) else logging.WARNING
     if not LOGGER.handlers:
         handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(PrintableFormatter("%(message)s"))
         LOGGER.addHandler(handler)
         LOGGER.propagate = False
     LOGGER.setLevel(level)

@@ -8,6 +8,7 @@ import cv2
 import numpy as np
 import torch
 
+from utils.imageio import printable, write_image
 from utils.ops import xywh2xyxy
 
 _HEX = (
@@ -42,6 +43,7 @@ class Annotator:
         cv2.rectangle(self.im, p1, p2, color, thickness=self.lw, lineType=cv2.LINE_AA)
         if not label:
             return
+        label = printable(label)
         w, h = cv2.getTextSize(label, _FONT, self.fs, self.tf)[0]
         above = p1[1] - h - 3 >= 0  # put the label above the box when it fits in the image
         corner = (p1[0] + w, p1[1] - h - 3) if above else (p1[0] + w, p1[1] + h + 3)
@@ -63,7 +65,7 @@ class Annotator:
     def text(self, xy, text, txt_color=(255, 255, 255)):
         """Text whose top-left corner is at xy; each '\\n' starts a new line (cv2 draws none itself)."""
         x, y = int(xy[0]), int(xy[1])
-        for line in text.split("\n"):
+        for line in printable(text).split("\n"):
             (_, h), base = cv2.getTextSize(line or " ", _FONT, self.fs, self.tf)
             y += h
             cv2.putText(self.im, line, (x, y), _FONT, self.fs, txt_color, self.tf, cv2.LINE_AA)
@@ -145,7 +147,7 @@ def plot_images(images, targets, paths=None, fname="images.jpg", names=None, mas
             if t.shape[1] > 6:
                 label = f"{label} {row[6]:.1f}"
             ann.box_label(b, label, colors(c, bgr=True))
-    cv2.imwrite(str(fname), ann.result())
+    write_image(fname, ann.result())
     return Path(fname)
 
 
@@ -163,5 +165,5 @@ def save_one_box(xyxy, im, file, gain=1.02, pad=10):
     n, path = 2, file
     while path.exists():
         path, n = file.with_name(f"{file.stem}{n}{file.suffix}"), n + 1
-    cv2.imwrite(str(path), im[y1:y2, x1:x2])
+    write_image(path, im[y1:y2, x1:x2])
     return path

@@ -3,14 +3,16 @@
 import torch
 
 from engine.predictor import BasePredictor
-from engine.trainer import BaseTrainer, read_hyp
+from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel
 from utils.data.classify_dataset import ClassificationDataset, classify_val_transforms
 from utils.data.dataset_yaml import check_cls_dataset
+from utils.data.image_files import class_folders
 from utils.data.streams import open_source
 from utils.dist import get_rank, get_world_size
+from utils.errors import BadCheckpoint
 from utils.loggers import LOGGER
 from utils.metrics import ClassifyMetrics, ConfusionMatrix
 from utils.plots import plot_images
@@ -47,6 +49,8 @@ def whole_image_targets(cls, conf=None):
 
 class ClassificationTrainer(BaseTrainer):
     default_project = "runs/train-cls"
+    # an official classifier's YAML names no hyp file, and the detection default would bring detection crop scales
+    default_hyp = "hyp.cls.yaml"
 
     def get_data(self):
         return check_cls_dataset(self.opt.data)
@@ -57,17 +61,12 @@ class ClassificationTrainer(BaseTrainer):
             load_pretrained(model, self.opt.weights)
         return model
 
-    def load_hyp(self, model):
-        """--hyp, else the model YAML's, else hyp.cls.yaml (an official classifier's YAML names no hyp file, and
-        the detection default would bring detection crop scales)."""
-        name = self.opt.hyp or getattr(model, "default_hyp", None) or "hyp.cls.yaml"
-        return read_hyp(name)
-
     def build_dataset(self, path, mode, stride):
-        """The training set (the validation set comes from the validator's `build_dataset`)."""
+        """The training set (the validation set comes from the validator's `build_dataset`), under the dataset's
+        one class map."""
         return ClassificationDataset(
             path, imgsz=self.opt.imgsz, augment=True, hyp=self.hyp, cache=self.opt.cache, prefix=f"{mode}: ",
-            rank=get_rank(), world_size=get_world_size(), seed=self.opt.seed,
+            rank=get_rank(), world_size=get_world_size(), seed=self.opt.seed, names=self.names,
         )
 
     def preprocess_batch(self, batch):
@@ -92,8 +91,19 @@ class ClassificationValidator(BaseValidator):
     def get_data(data, options):
         return check_cls_dataset(data)
 
+    @classmethod
+    def val_names(cls, data, model, opt):
+        """The checkpoint's class map (the ids the model predicts, by name): the val folders are matched to it by
+        name, so a split lacking a class, or a dataset whose folders sort otherwise, is still scored correctly."""
+        names = dict(model.names)
+        unknown = [f for f in class_folders(cls.split_path(data, opt.task)) if f not in names.values()]
+        if unknown:
+            raise BadCheckpoint(f"--weights {opt.weights} knows no class {', '.join(map(repr, unknown))} of --data "
+                                f"{opt.data} (its classes: {', '.join(names.values())})")
+        return names
+
     def build_dataset(self, path, stride):
-        return ClassificationDataset(path, imgsz=self.args.imgsz, augment=False, prefix="val: ")
+        return ClassificationDataset(path, imgsz=self.args.imgsz, augment=False, prefix="val: ", names=self.names)
 
     def preprocess(self, batch, device, half):
         batch["img"] = batch["img"].to(device, non_blocking=True)

@@ -53,7 +53,8 @@ def test_corrupt_image_skipped_counted_and_cache_reused(shapes_cls, tmp_path, yo
     bad = root / "train" / "circle" / "00001.jpg"
     bad.write_bytes(b"not an image at all")
     ds = ClassificationDataset(root / "train", imgsz=32)
-    assert len(ds) == 11 and ds.stats == {"images": 11, "skipped": 1, "empty_classes": 0, "cached": False}
+    assert len(ds) == 11 and ds.stats == {"images": 11, "skipped": 1, "empty_classes": 0, "absent_classes": 0,
+                                          "cached": False, "ignored": 0}
     assert str(bad) not in [f for f, _ in ds.samples]
     assert any("11 images, 1 skipped" in m for m in yolo_log)
     assert any(str(bad) in m and "WARNING" in m for m in yolo_log)

@@ -200,7 +200,7 @@ def test_classification_dataset_checks(tmp_path, shapes_cls, monkeypatch):
 
     _write(tmp_path / "wrong.yaml", {"path": str(tmp_path / "toy-cls"), "train": "train", "val": "val",
                                      "names": ["a", "b", "c"]})
-    with pytest.raises(DatasetError, match="differ from the class folders"):
+    with pytest.raises(DatasetError, match="are not in .names."):
         check_cls_dataset(tmp_path / "wrong.yaml")
     (tmp_path / "only-train" / "train" / "a").mkdir(parents=True)
     with pytest.raises(DatasetNotFoundError) as e:
@@ -208,3 +208,40 @@ def test_classification_dataset_checks(tmp_path, shapes_cls, monkeypatch):
     assert "test" in _one_line(e)
     with pytest.raises(DatasetNotFoundError, match="nowhere"):
         check_cls_dataset(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("body, error", [
+    ("names: [a, null, c]\n", "the name of class 1 must be text, got NoneType None"),
+    ("names: [a, '', c]\n", "the name of class 1 must be text, got str ''"),
+    ("names: [a, [b], c]\n", "the name of class 1 must be text, got list ['b']"),
+    ("names: {0: a, 1: b, '1': c}\n", "'names' keys must be distinct integer class ids, got [0, 1, '1']"),
+    ("names: [a, b]\nnc: '2'\n", "'nc' must be a positive integer, got str '2'"),
+    ("nc: true\n", "'nc' must be a positive integer, got bool True"),
+    ("names: [a, b]\nnames: [c, d]\n", "line 5 invalid YAML (duplicate key 'names' (first on line 4))"),
+])
+def test_names_nc_and_duplicate_keys_are_refused_naming_them(shapes_det, tmp_path, body, error):
+    f = _write(tmp_path / "d.yaml", f"path: {shapes_det}\ntrain: images/train\nval: images/val\n{body}")
+    with pytest.raises(DatasetError) as e:
+        check_det_dataset(f)
+    assert _one_line(e) == f"{f}: {error}"
+
+
+def test_every_yaml_refuses_duplicate_keys_and_non_utf8_bytes(tmp_path):
+    from engine.hyp import read_hyp
+    from models.yolo import yaml_model_load
+    from utils.errors import BadModelYaml
+    from utils.files import ConfigError
+
+    model = tmp_path / "m.yaml"
+    model.write_text((ROOT / "models" / "yolov5n.yaml").read_text() + "nc: 3\n")
+    with pytest.raises(BadModelYaml, match=r"m.yaml: line \d+ invalid YAML \(duplicate key 'nc' \(first on line"):
+        yaml_model_load(model)
+    hyp = tmp_path / "h.yaml"
+    hyp.write_text("lr0: 0.01\nlrf: 0.1\nlr0: 0.02\n")
+    with pytest.raises(ConfigError, match=r"h.yaml: line 3 invalid YAML \(duplicate key 'lr0' \(first on line 1\)\)"):
+        read_hyp(hyp)
+    latin1 = tmp_path / "l.yaml"  # a class name saved as Latin-1: never turned into 'caf\ufffd'
+    latin1.write_bytes(b"path: /x\ntrain: a\nval: b\nnames: [caf\xe9]\n")
+    with pytest.raises(DatasetError) as e:
+        check_det_dataset(latin1)
+    assert _one_line(e) == f"{latin1}: not UTF-8 text (byte 0xe9 at offset 36)"

@@ -94,6 +94,60 @@ def _crlf_and_blank_lines(im, lb):
     return im
 
 
+def _png_named_jpg(im, lb):
+    cv2.imwrite(str(im.with_suffix(".png")), cv2.imread(str(im)))
+    im.with_suffix(".png").replace(im)
+    return im
+
+
+def _bom(im, lb):
+    lb.write_bytes(b"\xef\xbb\xbf" + lb.read_bytes())
+    return im
+
+
+def _label_folder(im, lb):
+    lb.unlink()
+    lb.mkdir()
+    return im
+
+
+def _label_dangling(im, lb):
+    lb.unlink()
+    lb.symlink_to(lb.with_name("nowhere.txt"))
+    return im
+
+
+def _image_dangling(im, lb):
+    im.unlink()
+    im.symlink_to(im.with_name("nowhere.jpg"))
+    return im
+
+
+def _image_loop(im, lb):
+    im.unlink()
+    im.symlink_to(im.name)
+    return im
+
+
+def _image_folder(im, lb):
+    im.unlink()
+    im.mkdir()
+    return im
+
+
+def _latin1_name(*more):
+    """The image and its label renamed to Latin-1 bytes ('café'), which are not UTF-8; then `more` faults."""
+    def fault(im, lb):
+        stem = os.fsdecode(b"caf\xe9" + im.stem.encode())
+        new_im, new_lb = im.with_name(stem + im.suffix), lb.with_name(stem + ".txt")
+        im.rename(new_im)
+        lb.rename(new_lb)
+        for f in more:
+            f(new_im, new_lb)
+        return new_im
+    return fault
+
+
 # name -> (fault, expected): ("skip", words the reason must contain) or ("keep", what is checked on the kept image)
 FAULTS = {
     "six columns": (_append(BOX + " 0.1"), ("skip", "6 values")),
@@ -124,6 +178,19 @@ FAULTS = {
     "truncated but decodable JPEG": (_truncate(0.7), ("keep", "truncated")),
     "CRLF, blank lines, padding": (_crlf_and_blank_lines, ("keep", "as is")),
     "polygon line": (_append("2 0.1 0.1 0.3 0.1 0.2 0.4"), ("keep", "polygon")),
+    "PNG named .jpg": (_png_named_jpg, ("keep", "as is")),
+    "byte order mark": (_bom, ("keep", "as is")),
+    "class with underscore": (_append("0_1 0.5 0.5 0.2 0.2"), ("skip", "value '0_1' is not a plain decimal number")),
+    "class in exponent form": (_append("1e0 0.5 0.5 0.2 0.2"), ("skip", "class 1e0 is not a non-negative integer in "
+                                                                        "decimal digits")),
+    "zero-area polygon": (_append("0 0.1 0.1 0.5 0.5 0.9 0.9"), ("skip", "zero-area polygon")),
+    "label path is a folder": (_label_folder, ("skip", ".txt is a folder, not a file")),
+    "label path is a dangling symlink": (_label_dangling, ("skip", ".txt is a dangling symlink")),
+    "image is a dangling symlink": (_image_dangling, ("skip", "image path is a dangling symlink")),
+    "image is a symlink loop": (_image_loop, ("skip", "image path is a symlink loop")),
+    "image is a folder": (_image_folder, ("skip", "image path is a folder, not a file")),
+    "Latin-1 file name": (_latin1_name(), ("keep", "as is")),
+    "Latin-1 file name, bad line": (_latin1_name(_append("5 0.5 0.5 0.2 0.2")), ("skip", "class 5 >= nc 3")),
 }
 N_CLEAN = 4
 
@@ -145,6 +212,7 @@ def corpus(tmp_path_factory):
             lb.write_text("1 0.3 0.3 0.2 0.2\n")
         rows, hw = _read_boxes(lb), cv2.imread(str(im)).shape[:2]
         cases[fault(im, lb).name] = (name, expected, rows, hw)
+    (root / "images" / "train" / "notes.txt").write_text("not an image\n")  # listed as ignored, not an image
     (root / "data.yaml").write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
                                                     "names": ["circle", "rectangle", "triangle"]}))
     return root, cases
@@ -181,7 +249,10 @@ def test_every_fault_has_its_exact_outcome(corpus, yolo_log):
             np.testing.assert_allclose(lb["bboxes"], np.array(rows)[:, 1:], atol=1e-6)
             assert lb["shape"] == ((w, h) if what == "rotated" else (h, w)), name
             assert ds.load_image(ds.im_files.index(lb["im_file"]))[0].dtype == np.uint8
+    notes_txt = root / "images" / "train" / "notes.txt"
+    assert ds.problems[-1] == f"{notes_txt}: ignored, suffix '.txt' is not an image format"
     s = ds.stats
+    assert s["ignored"] == 1
     n_empty_clean = sum(not _read_boxes(root / "labels" / "train" / c.replace(".jpg", ".txt")) for c in clean)
     assert (s["images"], s["skipped"]) == (len(kept), len(skipped)) and len(skipped) >= 15
     assert (s["backgrounds"], s["duplicates"], s["clipped"], s["truncated"]) == (2 + n_empty_clean, 1, 1, 1)
@@ -205,13 +276,13 @@ def test_segment_polygon_rules(tmp_path):
 def test_training_on_the_corpus_runs_to_the_end(corpus, tmp_path):
     root, cases = corpus
     data = tmp_path / "data"
-    shutil.copytree(root, data, ignore=shutil.ignore_patterns("*.cache"))
+    shutil.copytree(root, data, symlinks=True, ignore=shutil.ignore_patterns("*.cache"))
     (data / "data.yaml").write_text((root / "data.yaml").read_text().replace(str(root), str(data)))
     trainer, _ = train.main(train.parse_opt([
         "--data", str(data / "data.yaml"), "--cfg", "yolov5n.yaml", "--imgsz", "64", "--batch-size", "8",
         "--epochs", "1", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs")]))
     assert len(list(csv.DictReader(open(trainer.save_dir / "results.csv")))) == 1
-    listed = (trainer.save_dir / "data_problems.txt").read_text().splitlines()
+    listed = (trainer.save_dir / "data_problems.txt").read_text(errors="surrogateescape").splitlines()
     for image, (name, (outcome, _), _, _) in cases.items():
         hits = [x for x in listed if x.startswith(f"train: {data / 'images' / 'train' / image}: ")]
         assert len(hits) == (1 if outcome == "skip" or name in ("duplicate row", "truncated but decodable JPEG")

@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import Dataset
 
 from utils.data.augment import SampleRNG, augment_hsv
-from utils.data.image_files import IMG_FORMATS, files_hash, suffix
+from utils.data.image_files import class_folders, files_hash, scan_files
 from utils.data.label_cache import load_cache, save_cache
-from utils.data.labels import CACHE_VERSION, log_problems, read_image, verify_image
+from utils.data.labels import CACHE_VERSION, NoUsableImages, log_problems, read_image, verify_image
 from utils.data.loader import rank_indices
 from utils.errors import BadDataset
 from utils.files import publish
@@ -85,33 +85,30 @@ class ClassifyTrainTransforms:
 
 
 class ClassificationDataset(Dataset):
-    """root/<class>/**/*.jpg; classes are the sorted folder names. Unreadable images are found once (the result is
-    cached in `<root>.cache`), skipped and counted. `dataset[i]` -> {'img': float32 (3, imgsz, imgsz), 'cls': int},
-    with ClassifyTrainTransforms when augment, else classify_val_transforms.
+    """root/<class>/**/*.jpg. `names` {id: class name} is the class map every split shares (the training split's, or
+    a checkpoint's); without it, the sorted folder names here. A folder not in the map is a BadDataset naming it; a
+    class of the map without a folder here simply has no images in this split. Unreadable images are found once
+    (the result is cached in `<root>.cache`), skipped and counted; files that are not images, or not inside a class
+    folder, are listed in `problems` too. `dataset[i]` -> {'img': float32 (3, imgsz, imgsz), 'cls': int}, with
+    ClassifyTrainTransforms when augment, else classify_val_transforms.
 
     cache: 'ram' or 'disk' (.npy), limited to `cache_indices`, or to this rank's share when world_size > 1.
     """
 
     def __init__(self, root, imgsz=224, augment=False, hyp=None, cache=None, prefix="", cache_indices=None,
-                 rank=-1, world_size=1, seed=0):
+                 rank=-1, world_size=1, seed=0, names=None):
         if cache not in (None, False, "ram", "disk"):
             raise ValueError(f"cache must be 'ram', 'disk' or None, got '{cache}'")
         self.root, self.prefix = Path(root), prefix
         if not self.root.is_dir():
             raise BadDataset(f"{prefix}{root} is not a folder")
-        classes = sorted(p.name for p in self.root.iterdir() if p.is_dir())
-        if not classes:
-            raise BadDataset(f"{prefix}{root} has no class folders")
-        self.names = dict(enumerate(classes))
-        candidates = [
-            (str(f), c)
-            for c, name in enumerate(classes)
-            for f in sorted((self.root / name).rglob("*"))
-            if f.is_file() and suffix(f) in IMG_FORMATS
-        ]
+        self.names = self._class_map(names)
+        candidates, ignored = self._candidates()
         self.samples, self.stats, self.problems = self._verify(candidates)
+        self.problems += ignored
+        self.stats["ignored"] = len(ignored)
         if not self.samples:
-            raise BadDataset(f"{prefix}no readable images in {root}")
+            raise NoUsableImages(f"{prefix}no readable images in {root}", self.problems)
         self.train_transform = ClassifyTrainTransforms(imgsz, hyp) if augment else None
         self.val_transform = classify_val_transforms(imgsz)
         self.rng = SampleRNG(seed)
@@ -123,6 +120,31 @@ class ClassificationDataset(Dataset):
         self.npy_files = [Path(f).with_suffix(".npy") for f, _ in self.samples]
         if cache:
             self._cache_images(cache)
+
+    def _class_map(self, names):
+        folders = class_folders(self.root)
+        if names is None:
+            if not folders:
+                raise BadDataset(f"{self.prefix}{self.root} has no class folders")
+            return dict(enumerate(folders))
+        unknown = [f for f in folders if f not in names.values()]
+        if unknown:
+            raise BadDataset(f"{self.prefix}{self.root}: class folder(s) {', '.join(map(repr, unknown))} not among "
+                             f"the {len(names)} classes {', '.join(names.values())}")
+        return dict(names)
+
+    def _candidates(self):
+        """[(image path, class id)] of the class folders, and the problem lines of every other entry under root."""
+        ids, hidden = {name: c for c, name in self.names.items()}, []
+        candidates, ignored = [], []
+        for name in class_folders(self.root, hidden):
+            files, others = scan_files(self.root / name)
+            candidates += [(f, ids[name]) for f in files]
+            ignored += [f"{f}: ignored, {why}" for f, why in others]
+        ignored += [f"{f}: ignored, a hidden folder is no class" for f in sorted(hidden)]
+        loose = sorted(str(f) for f in self.root.iterdir() if not f.is_dir())
+        ignored += [f"{f}: ignored, not inside a class folder" for f in loose]
+        return candidates, ignored
 
     def _verify(self, candidates):
         files = [f for f, _ in candidates]
@@ -139,15 +161,19 @@ class ClassificationDataset(Dataset):
             cache = {"version": CACHE_VERSION, "hash": hash_, "good": good, "msgs": msgs}
             save_cache(cache_path, cache, hash_, self.prefix)
         samples = [candidates[i] for i in cache["good"]]
-        present = {c for _, c in samples}
+        present, folders = {c for _, c in samples}, set(class_folders(self.root))
         empty = [f"{self.root / name}: skipped, class folder has no readable image"
-                 for c, name in self.names.items() if c not in present]
+                 for c, name in self.names.items() if c not in present and name in folders]
+        absent = [name for name in self.names.values() if name not in folders]
         stats = {"images": len(samples), "skipped": len(candidates) - len(samples), "empty_classes": len(empty),
-                 "cached": cached}
+                 "absent_classes": len(absent), "cached": cached}
         LOGGER.info(
             f"{self.prefix}Scanning {self.root}... {stats['images']} images, {stats['skipped']} skipped, "
             f"{len(self.names)} classes ({len(empty)} without images)" + (" (cached)" if cached else "")
         )
+        if absent:
+            LOGGER.info(f"{self.prefix}no folder here for class(es) {', '.join(absent)}: no images of them in "
+                        f"{self.root}")
         problems = empty + cache["msgs"]
         log_problems(problems, stats["skipped"], self.prefix)
         return samples, stats, problems

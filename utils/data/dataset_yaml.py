@@ -21,6 +21,7 @@ import urllib.parse
 from pathlib import Path
 
 from utils.data.downloads import download
+from utils.data.image_files import class_folders
 from utils.data.synthetic import generate_dataset
 from utils.errors import BadDataset
 from utils.files import ROOT, ConfigError, yaml_load
@@ -50,6 +51,9 @@ def find_dataset_yaml(data):
         if c.is_file():
             return c
     tried = ", ".join(str(c) for c in candidates[1:])
+    if p.is_dir():
+        raise DatasetError(f"{data} is a folder: detection and segmentation read a dataset YAML (path, train, val, "
+                           f"names; e.g. {ROOT / 'data' / 'shapes.yaml'}), and no {tried} exists")
     raise DatasetNotFoundError(f"{data}: dataset YAML not found (also tried {tried})")
 
 
@@ -60,10 +64,26 @@ def _load(yaml_file):
         raise DatasetError(str(e)) from None
 
 
+def _nc(d, label):
+    """`nc` if given: an integer (YAML `'3'` is text and `true` a bool, neither a class count)."""
+    nc = d.get("nc")
+    if nc is not None and (isinstance(nc, bool) or not isinstance(nc, int) or nc < 1):
+        raise DatasetError(f"{label}: 'nc' must be a positive integer, got {type(nc).__name__} {nc!r:.40}")
+    return nc
+
+
+def _name(v, k, label):
+    """One class name as text; None (YAML `null` or `~`), an empty name or a list/mapping is refused, not turned into
+    'None' or '[...]'."""
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)) or not str(v).strip():
+        raise DatasetError(f"{label}: the name of class {k} must be text, got {type(v).__name__} {v!r:.40}")
+    return str(v)
+
+
 def _names(d, label):
-    names, nc = d.get("names"), d.get("nc")
+    names, nc = d.get("names"), _nc(d, label)
     if names is None:
-        if not isinstance(nc, int) or nc < 1:
+        if nc is None:
             raise DatasetError(f"{label}: needs 'names' (a list or {{id: name}}) or a positive integer 'nc'")
         return {i: f"class{i}" for i in range(nc)}
     if isinstance(names, (list, tuple)):
@@ -71,9 +91,12 @@ def _names(d, label):
     if not isinstance(names, dict) or not names:
         raise DatasetError(f"{label}: 'names' must be a non-empty list or {{id: name}} mapping")
     try:
-        names = {int(k): str(v) for k, v in names.items()}
+        ids = {k: int(k) for k in names if not isinstance(k, (bool, float))}
     except (TypeError, ValueError):
-        raise DatasetError(f"{label}: 'names' keys must be integer class ids") from None
+        ids = {}
+    if len(ids) != len(names) or len(set(ids.values())) != len(names):  # 1.5, true, 'a', or both 1 and '1'
+        raise DatasetError(f"{label}: 'names' keys must be distinct integer class ids, got {list(names)}")
+    names = {ids[k]: _name(v, k, label) for k, v in names.items()}
     if sorted(names) != list(range(len(names))):
         raise DatasetError(f"{label}: 'names' ids must be 0..{len(names) - 1}, got {sorted(names)}")
     if nc is not None and nc != len(names):
@@ -252,8 +275,35 @@ def check_det_dataset(data, autodownload=True):
     return d
 
 
-def _class_folders(split_dir):
-    return sorted(p.name for p in Path(split_dir).iterdir() if p.is_dir())
+def _class_map(d, label, train):
+    """The one class map of every split: the YAML's `names`, else the training split's sorted class folders."""
+    folders = class_folders(train)
+    if d.get("names") is None:
+        if not folders:
+            raise DatasetError(f"{label}: {train} has no class folders")
+        nc = _nc(d, label)
+        if nc is not None and nc != len(folders):
+            raise DatasetError(f"{label}: nc={nc} but {train} has {len(folders)} class folders")
+        return dict(enumerate(folders))
+    names = _names(d, label)
+    unknown = [f for f in folders if f not in names.values()]
+    if unknown:
+        raise DatasetError(f"{label}: class folder(s) {', '.join(map(repr, unknown))} of {train} are not in "
+                           f"'names' ({', '.join(names.values())})")
+    absent = [n for n in names.values() if n not in folders]
+    if absent:
+        LOGGER.warning(f"WARNING: {label}: {train} has no folder for class(es) {', '.join(absent)}: the model "
+                       "cannot learn them")
+    return names
+
+
+def _check_split_classes(names, split, train):
+    """A class folder in val/test that training lacks cannot be scored: refuse it, naming it."""
+    unknown = [f for f in class_folders(split) if f not in names.values()]
+    if unknown:
+        raise DatasetError(f"{split}: class folder(s) {', '.join(map(repr, unknown))} are not classes of the training "
+                           f"split {train} ({', '.join(names.values())}); a classifier cannot predict a class it never "
+                           "trained on: add its images to train/ or remove the folder")
 
 
 def check_cls_dataset(data, autodownload=True):
@@ -261,7 +311,8 @@ def check_cls_dataset(data, autodownload=True):
 
     When `data` is not an existing folder or file, `<data>.yaml` and the repo's data/<name>.yaml are tried, so
     `--data data/shapes-cls` or `--data shapes-cls` builds the synthetic set on a fresh clone. Returns a dict with
-    absolute `path`, `train`, `val`, `test` (or None), `names` {int: str} (sorted class folders) and `nc`.
+    absolute `path`, `train`, `val`, `test` (or None), `names` {int: str} and `nc`. The names are the one class map
+    of every split (see `_class_map`); val/test may lack a class, but hold none that training lacks.
     """
     if not isinstance(data, dict) and Path(data).is_dir():
         d, yaml_file, label = {"path": str(Path(data).resolve())}, None, str(data)
@@ -276,14 +327,9 @@ def check_cls_dataset(data, autodownload=True):
         missing = [str(p) for p in (train, val) if not p.is_dir()]
     if missing:
         raise DatasetNotFoundError(f"{label}: classification dataset not found, missing {', '.join(missing)}")
-    classes = _class_folders(train)
-    if not classes:
-        raise DatasetError(f"{label}: {train} has no class folders")
-    if d.get("names") is not None:
-        given = list(_names(d, label).values())
-        if given != classes:
-            raise DatasetError(f"{label}: names {given} differ from the class folders {classes} of {train}")
+    names = _class_map(d, label, train)
     test = root / d["test"] if d.get("test") else root / "test"
-    names = dict(enumerate(classes))
+    for split in (val, test) if test.is_dir() else (val,):
+        _check_split_classes(names, split, train)
     return {"path": str(root), "train": str(train), "val": str(val), "test": str(test) if test.is_dir() else None,
             "names": names, "nc": len(names), "yaml_file": str(yaml_file) if yaml_file else None}

@@ -22,9 +22,9 @@ from utils.data.augment import (
     mixup,
     random_perspective,
 )
-from utils.data.image_files import img2label_paths, list_files
+from utils.data.image_files import IMG_FORMATS, img2label_paths, scan_files
 from utils.data.label_formats import get_format
-from utils.data.labels import cache_labels, read_image
+from utils.data.labels import NoUsableImages, cache_labels, read_image
 from utils.data.loader import rank_indices
 from utils.errors import BadDataset
 from utils.files import publish
@@ -64,9 +64,13 @@ class YOLODataset(Dataset):
         self.mosaic = augment and not rect  # rect batches need each image's own aspect ratio
         self.rng = SampleRNG(seed)
         try:
-            im_files = list_files(img_path)
+            im_files, others = scan_files(img_path)
         except FileNotFoundError as e:
             raise BadDataset(f"{prefix}{e}") from None
+        ignored = [f"{f}: ignored, {why}" for f, why in others]
+        if not im_files:
+            raise NoUsableImages(f"{prefix}no supported files found in {img_path} (formats: "
+                                 f"{', '.join(sorted(IMG_FORMATS))}; {len(others)} other files)", ignored)
         label_files = img2label_paths(im_files)
         p = Path(img_path) if isinstance(img_path, (str, Path)) else None
         if p is not None and p.is_file():  # a list file: train.txt -> train.cache
@@ -74,9 +78,13 @@ class YOLODataset(Dataset):
         else:  # labels/train -> labels/train.cache
             cache_path = Path(label_files[0]).parent.parent / f"{Path(label_files[0]).parent.name}.cache"
         labels, self.stats = cache_labels(im_files, label_files, cache_path, nc, prefix, fmt=self.format)
-        self.problems = self.stats.pop("problems")
+        self.problems = self.stats.pop("problems") + ignored
+        self.stats["ignored"] = len(ignored)
+        if ignored:
+            LOGGER.warning(f"{prefix}WARNING: {len(ignored)} files that are not images ignored, e.g. {ignored[0]}")
         if not labels:
-            raise BadDataset(f"{prefix}no usable images in {img_path} ({self.stats['skipped']} skipped, see above)")
+            raise NoUsableImages(f"{prefix}no usable images in {img_path} ({self.stats['skipped']} skipped)",
+                                 self.problems)
         self.labels = [self.format.finish(lb) for lb in labels]
         if single_cls:
             self.labels = [dict(lb, cls=np.zeros_like(lb["cls"])) for lb in self.labels]

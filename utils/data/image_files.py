@@ -1,23 +1,48 @@
 """Finding image/video files (folders, globs, list files) and the official image -> label path rule."""
 
+import errno
 import glob
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 IMG_FORMATS = frozenset({"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm"})
 VID_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
+MEDIA_FORMATS = IMG_FORMATS | VID_FORMATS
+
+
+MISSING = "missing"  # entry_problem's answer for a path that does not exist (and is no symlink)
 
 
 def suffix(path):
     return Path(path).suffix[1:].lower()
 
 
+def entry_problem(path):
+    """'' when `path` is a readable regular file (directly or through symlinks), MISSING when nothing is there, else
+    what it is instead: a folder, a dangling symlink, a symlink loop, a device/pipe/socket, or unreadable."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "is a dangling symlink (its target is missing)" if os.path.islink(path) else MISSING
+    except OSError as e:
+        return "is a symlink loop" if e.errno == errno.ELOOP else f"cannot be read ({e.strerror})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a device, pipe or socket)"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied)"
+    return ""
+
+
 def _read_list_file(path):
-    """Lines of a list file, relative entries taken relative to the list file's folder (official './x.jpg')."""
+    """Lines of a list file, relative entries taken relative to the list file's folder (official './x.jpg'). The
+    lines are file names, so bytes that are not UTF-8 are kept as the names they are (surrogate escapes)."""
     parent = path.parent
     out = []
-    for line in path.read_text().splitlines():
+    for line in os.fsdecode(path.read_bytes()).splitlines():
         line = line.strip()
         if line:
             p = Path(line)
@@ -25,38 +50,108 @@ def _read_list_file(path):
     return out
 
 
-def _expand(entry):
-    """One source entry -> candidate file paths (not yet filtered by format)."""
+def _walk(folder, others):
+    """Every entry under `folder` that is not itself a folder, plus folders named like an image file (which the
+    scan then names as such). Symlinked folders are followed, each real folder entered once (a link back up is not
+    a loop); a folder that cannot be listed goes to `others` with the reason."""
+    found, seen = [], set()
+
+    def visit(d):
+        try:
+            st = os.stat(d)
+            if (st.st_dev, st.st_ino) in seen:
+                return
+            seen.add((st.st_dev, st.st_ino))
+            entries = list(os.scandir(d))
+        except OSError as e:
+            others.append((d, f"folder cannot be read ({e.strerror})"))
+            return
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:  # a symlink loop: a candidate, which the scan then names
+                is_dir = False
+            if is_dir:
+                if suffix(entry.name) in MEDIA_FORMATS:
+                    found.append(entry.path)
+                visit(entry.path)
+            else:
+                found.append(entry.path)
+
+    visit(str(folder))
+    return sorted(found)
+
+
+def _expand(entry, others):
+    """One source entry -> candidate file paths (not yet filtered by format); problems met go to `others`."""
     s = str(entry)
     if any(c in s for c in "*?["):
-        return sorted(glob.glob(s, recursive=True))
+        return [f for f in sorted(glob.glob(s, recursive=True)) if not os.path.isdir(f) or suffix(f) in MEDIA_FORMATS]
     p = Path(s)
     if p.is_dir():
-        return sorted(str(f) for f in p.rglob("*") if f.is_file())
+        return _walk(p, others)
     if p.is_file():
         if suffix(p) == "txt":
             files = []
             for line in _read_list_file(p):
-                files += _expand(line) if Path(line).is_dir() or any(c in line for c in "*?[") else [line]
+                files += _expand(line, others) if Path(line).is_dir() or any(c in line for c in "*?[") else [line]
             return files
         return [str(p)]
     raise FileNotFoundError(f"{s} does not exist")
 
 
-def list_files(source, formats=IMG_FORMATS):
-    """Files with a suffix in `formats` from a path, folder (recursive), glob, list .txt, or a list of those;
-    folders and globs expand in sorted order, lists keep theirs.
+def _is_own_cache(f, stems):
+    """An image's `--cache disk` copy (x.npy beside x.jpg): written by this project, not a stray file."""
+    return suffix(f) == "npy" and os.path.splitext(f)[0] in stems
 
-    Raises FileNotFoundError naming the source when an entry is missing or nothing usable is found.
-    """
+
+def scan_files(source, formats=IMG_FORMATS):
+    """(files, others) from a path, folder (recursive, symlinked folders followed), glob, list .txt, or a list of
+    those: `files` has a suffix in `formats` (whatever it turns out to be: the scan says what is wrong with a folder
+    or dangling link named x.jpg), in sorted order for folders and globs, as listed for lists; `others` is (path,
+    reason) for every other entry met, so that nothing is left out without a word.
+
+    Raises FileNotFoundError naming an entry that does not exist."""
     entries = source if isinstance(source, (list, tuple)) else [source]
-    files = []
+    found, others = [], []
     for entry in entries:
-        files += _expand(entry)
-    files = list(dict.fromkeys(os.path.normpath(f) for f in files if suffix(f) in formats))  # given order, no repeats
+        found += _expand(entry, others)
+    found, seen = [os.path.normpath(f) for f in found], set()
+    others += [(f, "a repeated entry (used once)") for f in found if f in seen or seen.add(f)]
+    found = list(dict.fromkeys(found))  # given order, no repeats
+    files = [f for f in found if suffix(f) in formats]
+    stems = {os.path.splitext(f)[0] for f in files}
+    for f in found:
+        if suffix(f) not in formats and not _is_own_cache(f, stems):
+            why = f"suffix '.{suffix(f)}' is not an image format" if suffix(f) else "no image suffix"
+            others.append((f, why))
+    return files, others
+
+
+def list_files(source, formats=IMG_FORMATS):
+    """The `files` of `scan_files`; raises FileNotFoundError naming the source when an entry is missing or nothing
+    usable is found."""
+    files, _ = scan_files(source, formats)
     if not files:
         raise FileNotFoundError(f"no supported files found in {source} (formats: {', '.join(sorted(formats))})")
     return files
+
+
+def class_folders(split_dir, hidden=None):
+    """The sorted class folder names of a classification split (symlinked folders included). Hidden folders
+    (`.ipynb_checkpoints`, `.git`) are no classes: their paths go to the list `hidden` when given."""
+    names = []
+    for e in os.scandir(split_dir):
+        try:
+            is_dir = e.is_dir()
+        except OSError:  # a symlink loop
+            is_dir = False
+        if is_dir and e.name.startswith("."):
+            if hidden is not None:
+                hidden.append(e.path)
+        elif is_dir:
+            names.append(e.name)
+    return sorted(names)
 
 
 def img2label_paths(img_paths):
@@ -69,7 +164,7 @@ def files_hash(paths, extra=""):
     """A hash of the paths plus each existing file's size and modification time: changes when any file does."""
     h = hashlib.sha256(str(extra).encode())
     for p in paths:
-        h.update(p.encode())
+        h.update(os.fsencode(p))  # the name's bytes as on disk, whatever their encoding (surrogate-escaped in str)
         try:
             st = os.stat(p)
             h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())

@@ -14,6 +14,7 @@ import torch
 from utils.data.augment import polygons_to_masks
 
 COORD_TOL = 0.01  # coordinates this far outside [0, 1] are clipped (rounding in exporters), further is an error
+MIN_AREA = 1e-9  # normalised polygon area below which it has no inside (a pixel of a 10000 px image is 1e-8)
 
 
 class BadLine(ValueError):
@@ -51,6 +52,9 @@ def parse_polygon(xy):
         raise BadLine(f"a polygon needs >= 3 x y pairs, got {len(xy)} coordinates")
     clipped = _check_range(xy)
     polygon = np.clip(xy.reshape(-1, 2), 0, 1)
+    x, y = polygon.T
+    if abs(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))) < MIN_AREA * 2:  # shoelace: twice the area
+        raise BadLine("zero-area polygon (its points lie on one line)")
     (x1, y1), (x2, y2) = polygon.min(0), polygon.max(0)
     return _xyxy_to_box(x1, y1, x2, y2), polygon.astype(np.float32), clipped
 

@@ -5,37 +5,37 @@ A label line is `cls` followed by what the task's label format reads (utils/data
 skipped, kept or fixed is in `verify_image_label`.
 """
 
+import contextlib
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import cv2
 import numpy as np
 
-from utils.data.image_files import files_hash, suffix
+from utils.data.image_files import MISSING, entry_problem, files_hash
 from utils.data.label_cache import load_cache, save_cache
 from utils.data.label_formats import BadLine, get_format
+from utils.errors import BadDataset
+from utils.imageio import read_image
 from utils.loggers import LOGGER
 
-CACHE_VERSION = "yolo-labels-2"
+CACHE_VERSION = "yolo-labels-3"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons
 MAX_WARNINGS = 10  # problems printed per scan; all of them are in the dataset's `problems` (and the run folder)
 MAX_LINES = 3  # bad lines named per skipped image
 MIN_SIDE = 10  # pixels
-STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated")
-
-
-def read_image(path):
-    """BGR uint8 image (EXIF orientation applied, grey/RGBA/16-bit converted by OpenCV), or None if undecodable."""
-    try:
-        return cv2.imread(str(path), cv2.IMREAD_COLOR)
-    except cv2.error:
-        return None
+STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated", "unlabelled")
+# Python's float() also reads '1_000', '٣' (other scripts' digits) and surrounding text forms: a label value must be
+# plain decimal notation, and a class id decimal digits, optionally with a zero fraction ('1', '1.0')
+DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+CLASS_ID = re.compile(r"\d+(\.0*)?", re.ASCII)
 
 
 def verify_image(path):
     """(h, w) of a readable image, or raise ValueError saying what is wrong."""
-    if not os.path.isfile(path):
-        raise ValueError("image file missing")
+    why = entry_problem(path)
+    if why:
+        raise ValueError("image file missing" if why == MISSING else f"image path {why}")
     if os.path.getsize(path) == 0:
         raise ValueError("image file is empty (0 bytes)")
     im = read_image(path)
@@ -48,10 +48,11 @@ def verify_image(path):
 
 
 def jpeg_truncated(path):
-    """True for a JPEG without its end-of-image marker (a partial download or copy)."""
-    if suffix(path) not in ("jpg", "jpeg"):
-        return False
+    """True for a JPEG without its end-of-image marker (a partial download or copy). Judged by the content, not the
+    name: a PNG saved as .jpg is decoded as the PNG it is and has no JPEG marker to lack."""
     with open(path, "rb") as f:
+        if f.read(2) != b"\xff\xd8":
+            return False
         f.seek(-2, 2)
         return f.read() != b"\xff\xd9"
 
@@ -64,23 +65,40 @@ def _parse_line(values, nc, fmt):
         raise BadLine("non-numeric value") from None
     if not np.isfinite(v).all():
         raise BadLine("non-finite value (nan or inf)")
-    if v[0] < 0 or v[0] != np.floor(v[0]):
-        raise BadLine(f"class {values[0]} is not a non-negative integer")
+    odd = next((x for x in values if not DECIMAL.fullmatch(x)), None)
+    if odd is not None:
+        raise BadLine(f"value {odd!r} is not a plain decimal number")
+    if not CLASS_ID.fullmatch(values[0]):
+        hint = " in decimal digits (e.g. 1 or 1.0)" if v[0] >= 0 and v[0] == np.floor(v[0]) else ""
+        raise BadLine(f"class {values[0]} is not a non-negative integer{hint}")
     if nc is not None and v[0] >= nc:
         raise BadLine(f"class {int(v[0])} >= nc {nc}")
     box, extra, clipped = fmt.parse(v[1:])
     return int(v[0]), box, extra, clipped
 
 
+def read_label_text(lb_file):
+    """The text of a label file: None when there is none (a background image); BadLine when the path is not a readable
+    regular file (a folder, a dangling symlink: never taken for an empty label) or the bytes are not UTF-8. A UTF-8
+    byte order mark, which some Windows editors write, is dropped."""
+    why = entry_problem(lb_file)
+    if why == MISSING:
+        return None
+    if why:
+        raise BadLine(f"label path {lb_file} {why}")
+    data = Path(lb_file).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise BadLine(f"{lb_file}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
 def parse_label_file(lb_file, nc, fmt):
     """Parse one label file -> (record fields, counts, notes). Raises BadLine naming the bad line(s)."""
     classes, boxes, extras, notes, seen, bad = [], [], [], [], set(), []
-    counts = {"duplicates": 0, "clipped": 0}
-    try:
-        text = Path(lb_file).read_bytes().decode("utf-8") if os.path.isfile(lb_file) else ""
-    except UnicodeDecodeError as e:
-        raise BadLine(f"{lb_file}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
-    for i, line in enumerate(text.splitlines(), 1):
+    text = read_label_text(lb_file)
+    counts = {"duplicates": 0, "clipped": 0, "unlabelled": int(text is None)}
+    for i, line in enumerate((text or "").splitlines(), 1):
         values = line.split()
         if not values:
             continue
@@ -112,19 +130,24 @@ def verify_image_label(im_file, lb_file, nc=None, fmt="detect"):
     ('' or one warning line naming the image).
 
     Policy (as the official repos, and so that no object on a kept image is trained as background):
-    - a label file with any bad line (wrong number of values, non-numeric, nan/inf, class not an integer in
-      [0, nc), coordinates outside [0, 1] by more than 1 %, zero-size box, polygon of < 3 points, not UTF-8):
-      the image is skipped whole, and the reason names the file and the line(s);
+    - a label file with any bad line (wrong number of values, non-numeric, nan/inf, a value not in plain decimal
+      notation such as `0_5`, class not decimal digits in [0, nc) (`1.0` is class 1), coordinates outside [0, 1] by
+      more than 1 %, zero-size box, polygon of < 3 points or of zero area, not UTF-8): the image is skipped whole,
+      and the reason names the file and the line(s); a UTF-8 byte order mark at the start is dropped;
+    - a label path that is not a readable regular file (a folder, a dangling symlink, a symlink loop, a pipe): the
+      image is skipped, never taken as a background;
     - an empty or missing label file: the image is kept as a background;
     - duplicate rows: dropped with a note, the image is kept;
     - coordinates outside [0, 1] by at most 1 % (exporter rounding): clipped and counted, the image is kept;
     - grey, RGBA, 16-bit and EXIF-rotated images: converted by the reader to 8-bit BGR upright, kept;
-    - a truncated JPEG: kept as decoded when it decodes (with a note), else skipped;
-    - missing, empty (0 bytes), undecodable (including files that are not images) or < 10 pixel images: skipped.
+    - a truncated JPEG: kept as decoded when it decodes (with a note), else skipped; images are decoded by their
+      content, so a PNG named .jpg is read as a PNG (and is not a truncated JPEG);
+    - missing, empty (0 bytes), undecodable (including files that are not images) or < 10 pixel images, and image
+      paths that are folders, dangling symlinks or symlink loops: skipped with that reason.
     """
     fmt = get_format(fmt)
     rec = {"im_file": im_file, "shape": None, "skipped": "", "duplicates": 0, "clipped": 0, "truncated": 0,
-           "msg": ""}
+           "unlabelled": 0, "msg": ""}
     try:
         rec["shape"] = verify_image(im_file)
         fields, counts, notes = parse_label_file(lb_file, nc, fmt)
@@ -155,7 +178,7 @@ def _build(im_files, label_files, nc, workers, fmt):
             stats["skipped"] += 1
             skipped.append(r["msg"])
             continue
-        for k in ("duplicates", "clipped", "truncated"):
+        for k in ("duplicates", "clipped", "truncated", "unlabelled"):
             stats[k] += r[k]
         if r["msg"]:
             notes.append(r["msg"])
@@ -187,6 +210,10 @@ def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=
         f"clipped, {s['truncated']} truncated JPEGs" + (" (cached)" if cached else "")
     )
     log_problems(msgs, s["skipped"], prefix)
+    if s["images"] and s["unlabelled"] == s["images"]:  # labels in the wrong folder, the commonest set-up mistake
+        LOGGER.warning(f"{prefix}WARNING: not one of the {s['images']} images has a label file (e.g. {label_files[0]} "
+                       f"for {im_files[0]}: the last /images/ of an image path becomes /labels/ and its suffix .txt); "
+                       "every image is trained as a background")
     return cache["labels"], dict(s, cached=cached, problems=list(msgs))
 
 
@@ -202,10 +229,35 @@ def log_problems(msgs, n_skipped, prefix=""):
 
 def write_problems(save_dir, problems):
     """Write {split: [problem lines]} to the run folder's data_problems.txt and say so (the scans printed only the
-    first MAX_WARNINGS); nothing when there are none. Returns the number of lines."""
+    first MAX_WARNINGS); nothing when there are none. Returns the number of lines. File names are written as the
+    bytes they are on disk, whatever their encoding."""
     lines = [f"{split}: {m}" for split, msgs in problems.items() for m in msgs]
     if lines:
         path = Path(save_dir) / "data_problems.txt"
-        path.write_text("\n".join(lines) + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n", errors="surrogateescape")
         LOGGER.warning(f"WARNING: every skipped image and data note is listed in {path}")
     return len(lines)
+
+
+class NoUsableImages(BadDataset):
+    """A split in which not one image can be used; `problems` says why for each entry (for data_problems.txt)."""
+
+    def __init__(self, message, problems):
+        super().__init__(message)
+        self.problems = list(problems)
+
+
+@contextlib.contextmanager
+def problems_listed_on_failure(save_dir, split, earlier=None, write=True):
+    """Scan split `split` inside this block: when it has no usable image, every reason (and those of the splits
+    scanned before it, `earlier` {split: problems}) is written to save_dir/data_problems.txt first (by the rank
+    that `write`s), and the error names that file instead of pointing at the first few lines printed."""
+    try:
+        yield
+    except NoUsableImages as e:
+        n = len(e.problems) + sum(len(v) for v in (earlier or {}).values())
+        if write:
+            write_problems(save_dir, {**(earlier or {}), split: e.problems})
+        where = f"; every reason is listed in {Path(save_dir) / 'data_problems.txt'}" if n else ""
+        raise BadDataset(f"{e}{where}") from None

@@ -108,9 +108,13 @@ def set_loader_epoch(loader, epoch, start_batch=0):
     loader.generator.manual_seed(worker_base_seed(sampler.seed, epoch, sampler.rank))
 
 
-def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_size=1, seed=0, sampler=None):
+def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_size=1, seed=0, sampler=None,
+                     drop_single=False):
     """A DataLoader with the dataset's `collate_fn` and seeded per-worker RNGs; for training (shuffle=True) a
     SmartDistributedSampler unless `sampler` is given, and then `set_loader_epoch` must be called before each epoch.
+    `drop_single`: leave out the last batch of an epoch when it would hold a single image (training BatchNorm on
+    one image fails wherever a feature map is 1 x 1); the loader's `drop_last` then says so. Every rank draws the
+    same number of samples, so all decide alike.
 
     A plain DataLoader, not an 'infinite' one that keeps one iterator alive: that design reads the sampler
     before `set_epoch` takes effect, and so repeats the first epoch's order (yolov5 issue #6741). Training workers
@@ -124,9 +128,11 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
     nw = min((os.cpu_count() or 1) // get_local_world_size(), batch_size if batch_size > 1 else 0, workers)
     if sampler is None and (train or world_size > 1):  # a given sampler (--image-weights) splits the shares itself
         sampler = SmartDistributedSampler(dataset, max(world_size, 1), max(rank, 0), shuffle, seed)
+    per_rank = len(sampler) if sampler is not None else len(dataset)
     return DataLoader(
         dataset,
         batch_size=batch_size,
+        drop_last=drop_single and per_rank > batch_size and per_rank % batch_size == 1,
         sampler=sampler,
         num_workers=nw,
         pin_memory=torch.cuda.is_available(),

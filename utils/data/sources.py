@@ -6,7 +6,13 @@ import numpy as np
 
 from utils.data.augment import letterbox
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, list_files, suffix
+from utils.errors import BadFile
+from utils.imageio import is_utf8, printable, read_image
 from utils.loggers import LOGGER
+
+
+class SourceNotFound(BadFile, FileNotFoundError):
+    """A prediction source that does not exist or holds no image or video file."""
 
 
 class LoadImages:
@@ -17,33 +23,56 @@ class LoadImages:
     contiguous RGB (3, H, W) uint8 array. `mode` is 'image' or 'video'; for videos `frame` is the 1-based
     index of the frame just read and `frames` the frame count the container reports; only every vid_stride-th
     frame is read (1, 1 + vid_stride, ...).
-    Unreadable images are skipped with a warning; a missing or empty source raises FileNotFoundError naming it.
+    A missing source, or one without an image or video file, raises SourceNotFound naming it. Unreadable images and
+    videos (also one that ends before the frames it reports, a truncated file) are warned about and the rest go on;
+    when not one image or frame could be read, the iteration ends in BadFile.
     """
 
     def __init__(self, source, imgsz=640, stride=32, auto=True, transforms=None, vid_stride=1):
-        self.files = list_files(source, IMG_FORMATS | VID_FORMATS)
+        try:
+            self.files = list_files(source, IMG_FORMATS | VID_FORMATS)
+        except FileNotFoundError as e:
+            raise SourceNotFound(str(e)) from None
+        self.source = source
         self.video_flag = [suffix(f) in VID_FORMATS for f in self.files]
         self.nf = len(self.files)
         self.imgsz, self.stride, self.auto, self.transforms = imgsz, stride, auto, transforms
         self.vid_stride = max(int(vid_stride), 1)
         self.mode, self.frame, self.frames, self.cap = "image", 0, 0, None
-        self.count = 0
+        self.count, self.read = 0, 0
 
     def __len__(self):
         return self.nf
 
     def __iter__(self):
         self._release()
-        self.count = 0
+        self.count, self.read = 0, 0
         return self
 
     def _open_video(self, path):
+        """Open `path`; False (with a warning) when it cannot be opened."""
         self._release()
+        if not is_utf8(path):  # cv2.VideoCapture takes the name as a C string: another one crashes it
+            LOGGER.warning(f"WARNING: skipping video {printable(path)}: OpenCV opens only UTF-8 file names, rename it")
+            return False
         self.cap = cv2.VideoCapture(path)
         if not self.cap.isOpened():
-            raise FileNotFoundError(f"cannot open video {path}")
+            self._release()
+            LOGGER.warning(f"WARNING: skipping video {path}: cannot be opened (truncated, or not a video)")
+            return False
         self.mode, self.frame = "video", 0
         self.frames = int(self.cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        return True
+
+    def _video_ended(self, path):
+        """Warn when a video gave no frame, or stopped more than a stride before the frame count it reports."""
+        if self.frame == 0:
+            LOGGER.warning(f"WARNING: skipping video {path}: no frame could be read (truncated, or not a video)")
+        elif self.frame + self.vid_stride < self.frames:
+            LOGGER.warning(f"WARNING: video {path} ended at frame {self.frame} of the {self.frames} it reports "
+                           "(truncated?)")
+        self._release()
+        self.count += 1
 
     def _release(self):
         if self.cap is not None:
@@ -55,8 +84,9 @@ class LoadImages:
         while self.count < self.nf:
             path = self.files[self.count]
             if self.video_flag[self.count]:
-                if self.cap is None:
-                    self._open_video(path)
+                if self.cap is None and not self._open_video(path):
+                    self.count += 1
+                    continue
                 if self.frame:  # skip the frames between strides (grab does not decode them)
                     for _ in range(self.vid_stride - 1):
                         self.cap.grab()
@@ -64,21 +94,24 @@ class LoadImages:
                 if ok:
                     self.frame += 1 if self.frame == 0 else self.vid_stride
                     return path, im0, f"video {self.count + 1}/{self.nf} ({self.frame}/{self.frames}) {path}: "
-                self._release()
-                self.count += 1
+                self._video_ended(path)
                 continue
             self.mode = "image"
             self.count += 1
-            im0 = cv2.imread(path)
+            im0 = read_image(path)
             if im0 is None:
                 LOGGER.warning(f"WARNING: skipping unreadable image {path}")
                 continue
             return path, im0, f"image {self.count}/{self.nf} {path}: "
         self._release()
+        if not self.read:
+            raise BadFile(f"nothing could be read from {self.source}: none of its {self.nf} files is a readable "
+                          "image or video (see the warnings above)")
         raise StopIteration
 
     def __next__(self):
         path, im0, s = self._next_raw()
+        self.read += 1
         if self.transforms is not None:
             im = self.transforms(im0)
         else:

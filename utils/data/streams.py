@@ -13,7 +13,7 @@ import numpy as np
 from utils.data.augment import letterbox
 from utils.data.downloads import download
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, suffix
-from utils.data.sources import LoadImages
+from utils.data.sources import LoadImages, SourceNotFound
 from utils.errors import BadFile
 from utils.loggers import LOGGER
 
@@ -52,7 +52,10 @@ def open_source(source, imgsz=640, stride=32, auto=True, transforms=None, vid_st
         if not Path(name).is_file():
             download(s, dir=".", unzip=False)
         s = name
-    return LoadImages(s, **kwargs)
+    try:
+        return LoadImages(s, **kwargs)
+    except SourceNotFound as e:
+        raise SourceNotFound(f"--source {s}: {e}") from None
 
 
 class LoadStreams:

@@ -11,6 +11,7 @@ hold similar numbers of targets, as in the official repos. Classification return
 """
 
 from utils.dist import de_parallel
+from utils.errors import BadOption
 from utils.loss.cls import ClassificationLoss
 from utils.loss.seg import V5SegmentationLoss, V8SegmentationLoss
 from utils.loss.tal import Assignment, TaskAlignedAssigner
@@ -28,12 +29,22 @@ REGISTRY = {
 }
 
 
+# the heads (by their `default_loss`) each criterion can train: the anchor-based detection losses stand in for each
+# other (`loss: v5` trains a YOLOv7 model); any other pairing reads outputs the head does not make
+FITS = {"v5": {"v5", "ota"}, "ota": {"v5", "ota"}, "v8": {"v8"}, "v5seg": {"v5seg"}, "v8seg": {"v8seg"},
+        "cls": {"cls"}}
+
+
 def build_criterion(model, hyp, imgsz=640):
     """The criterion named by `hyp['loss']`, else by the head's `default_loss`; `imgsz` (train image size)
     scales the anchor-based objectness gain. The hyp dict is only read."""
-    name = hyp.get("loss") or getattr(de_parallel(model).model[-1], "default_loss", None)
+    head = de_parallel(model).model[-1]
+    own = getattr(head, "default_loss", None)
+    name = hyp.get("loss") or own
     if name not in REGISTRY:
-        raise ValueError(f"unknown loss {name!r}; known: {', '.join(REGISTRY)}")
+        raise BadOption(f"unknown loss {name!r}; known: {', '.join(REGISTRY)}")
+    if own is not None and own not in FITS[name]:
+        raise BadOption(f"hyp loss {name!r} cannot train the model's {type(head).__name__} head (its loss is {own!r})")
     return REGISTRY[name](model, hyp, imgsz)
 
 

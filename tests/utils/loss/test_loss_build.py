@@ -4,6 +4,7 @@ import pytest
 import torch
 from loss_fakes import HYP_V5, HYP_V8, box_masks, fake_model, missing_grads
 
+from utils.errors import BadOption
 from utils.loss import REGISTRY, build_criterion
 
 CASES = [  # (fake kind, nm, default_loss, hyp)
@@ -64,5 +65,5 @@ def test_every_head_parameter_gets_grad_when_one_image_is_empty(kind, nm, name, 
 
 
 def test_wrong_hyp_file_is_named():
-    with pytest.raises(KeyError, match="obj"):
+    with pytest.raises(BadOption, match="obj"):
         build_criterion(fake_model("anchor"), HYP_V8)

@@ -1,0 +1,53 @@
+"""Every entry a dataset scan meets is used, skipped with a reason or listed as ignored: the set-up mistakes beyond
+the fault corpus (hidden and loose entries in a classification split, repeated and non-UTF-8 list entries, label
+files in the wrong folder)."""
+
+import os
+import shutil
+
+from utils.data.classify_dataset import ClassificationDataset
+from utils.data.dataset_yaml import check_cls_dataset
+from utils.data.detect_dataset import YOLODataset
+
+
+def test_hidden_folders_and_loose_files_in_a_classification_split(shapes_cls, tmp_path):
+    root = tmp_path / "cls"
+    shutil.copytree(shapes_cls, root)
+    shutil.copytree(root / "train" / "circle", root / "train" / ".ipynb_checkpoints")  # a notebook's copies
+    shutil.copy(root / "train" / "circle" / "00000.jpg", root / "train" / "stray.jpg")
+    assert check_cls_dataset(root)["names"] == {0: "circle", 1: "rectangle", 2: "triangle"}
+    ds = ClassificationDataset(root / "train", imgsz=32)
+    assert ds.names == {0: "circle", 1: "rectangle", 2: "triangle"} and len(ds) == 12
+    assert ds.problems == [f"{root / 'train' / '.ipynb_checkpoints'}: ignored, a hidden folder is no class",
+                           f"{root / 'train' / 'stray.jpg'}: ignored, not inside a class folder"]
+    assert ds.stats["ignored"] == 2
+
+
+def test_repeated_and_non_utf8_list_entries(shapes_det, tmp_path):
+    root = tmp_path / "det"
+    shutil.copytree(shapes_det, root, ignore=shutil.ignore_patterns("*.cache"))
+    images = sorted((root / "images" / "train").iterdir())
+    latin1 = os.fsencode(root / "images" / "train") + b"/caf\xe9.jpg"
+    os.rename(images[0], latin1)
+    os.rename(root / "labels" / "train" / "00000.txt", os.fsencode(root / "labels" / "train") + b"/caf\xe9.txt")
+    listed = [latin1, os.fsencode(images[1]), os.fsencode(images[1]), os.fsencode(images[2])]
+    (root / "train.txt").write_bytes(b"\n".join(listed) + b"\n")
+    ds = YOLODataset(str(root / "train.txt"), imgsz=64, nc=3)
+    assert ds.im_files == [os.fsdecode(latin1), str(images[1]), str(images[2])]
+    assert ds.problems == [f"{images[1]}: ignored, a repeated entry (used once)"]
+    assert (ds.stats["images"], ds.stats["ignored"]) == (3, 1)
+
+
+def test_label_files_in_the_wrong_folder_are_one_warning(shapes_det, tmp_path, yolo_log):
+    root = tmp_path / "det"
+    shutil.copytree(shapes_det, root, ignore=shutil.ignore_patterns("*.cache"))
+    for lb in (root / "labels" / "train").iterdir():
+        lb.rename(root / "images" / "train" / lb.name)  # beside the images: not where the rule looks
+    ds = YOLODataset(str(root / "images" / "train"), imgsz=64, nc=3)
+    n = len(ds)
+    assert ds.stats["backgrounds"] == ds.stats["unlabelled"] == n == 16 and ds.stats["ignored"] == 16
+    warning = [m for m in yolo_log if "has a label file" in m]
+    assert warning == [f"WARNING: not one of the 16 images has a label file (e.g. "
+                       f"{root / 'labels' / 'train' / '00000.txt'} for {root / 'images' / 'train' / '00000.jpg'}: "
+                       "the last /images/ of an image path becomes /labels/ and its suffix .txt); every image is "
+                       "trained as a background"]
