@@ -3,12 +3,18 @@
 #
 #   bash benchmarks/gpu_check.sh              # on a CUDA machine: device 0, fp16 AMP, NCCL, --half, 640 px
 #   DEVICE=cpu bash benchmarks/gpu_check.sh   # the same steps on CPU (bf16, gloo, no --half): checks the script
+#   BUDGET=240 STEP_TIMEOUT=100 bash benchmarks/gpu_check.sh   # no step starts after 240 s; each is cut at 100 s
 #
 # Every step runs even if an earlier one failed; the exit status is non-zero if any failed. Outputs go under
-# $OUT (set by the device tool) or runs/gpu_check.
+# $OUT (set by the device tool) or runs/gpu_check. The steps' own limits bound the whole run: a `timeout` around
+# this script would wait for the step in progress anyway (bash handles the signal after its foreground command).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# PYTHON=python3 where `python` is not the interpreter that has torch (images that ship only python3)
+export PYTHON=${PYTHON:-python}
+python() { command "$PYTHON" "$@"; }
+export -f python
 
 DEVICE=${DEVICE:-0}
 OUT=${OUT:-runs/gpu_check}
@@ -25,7 +31,12 @@ FAILED=0
 step() {  # step NAME COMMAND...: run (a command at most STEP_TIMEOUT s), time, record; output to $OUT/NAME.log
     local name=$1; shift
     local t0=$SECONDS limit=()
-    declare -F "$1" >/dev/null || limit=(timeout -k 5 "${STEP_TIMEOUT:-300}")
+    if [ "${BUDGET:-0}" -gt 0 ] && [ "$SECONDS" -ge "$BUDGET" ]; then
+        FAILED=1
+        SUMMARY+=("$(printf '%-22s %-6s %6ss  (not started: BUDGET %ss spent)' "$name" SKIPPED 0 "$BUDGET")")
+        return
+    fi
+    declare -F "$1" >/dev/null || limit=(timeout -k 5 "${STEP_TIMEOUT:-300}" bash -c '"$@"' step)
     echo "=== $name: $*"
     if "${limit[@]}" "$@" >"$OUT/$name.log" 2>&1; then
         SUMMARY+=("$(printf '%-22s %-6s %6ss' "$name" ok $((SECONDS - t0)))")

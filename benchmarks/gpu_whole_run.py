@@ -13,6 +13,7 @@ close_mosaic, charts). Without Ultralytics importable by `--peer-python`, only o
 import argparse
 import csv
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -94,13 +95,19 @@ def last_map(results_csv):
         return float("nan"), float("nan")
 
 
-def timed_run(cmd, log, env):
+def timed_run(cmd, log, env, limit):
+    """(exit status, wall s, peak MiB, mean util %); a run past `limit` s is killed with its workers (status -9)."""
     idle = idle_memory()
     t0 = time.perf_counter()
     with GpuSampler() as gpu, open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = proc.wait()
     wall = time.perf_counter() - t0
     return rc, wall, *gpu.summary(idle)
 
@@ -131,6 +138,8 @@ def main():
     p.add_argument("--device", default="0")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="also one run of ours per model with --profile")
+    p.add_argument("--run-timeout", type=float, default=240, help="kill a run after this many seconds")
+    p.add_argument("--budget", type=float, default=0, help="start no run after this many seconds (0: no limit)")
     p.add_argument("--peer-python", default=sys.executable, help="a Python that imports ultralytics")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "runs"), "gpu_whole_run"))
     p.add_argument("--ours-args", nargs=argparse.REMAINDER, default=[], help="extra options for our commands")
@@ -144,19 +153,23 @@ def main():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     print(f"{'model':<14}{'tool':<13}{'rc':>4}{'wall s':>9}{'img/s':>8}{'peak MiB':>10}{'util %':>8}"
           f"{'mAP50':>8}{'mAP50-95':>10}", flush=True)
+    def spent():
+        return opt.budget and time.perf_counter() - t0 >= opt.budget
+
     for model in opt.models:
         for i in range(opt.repeats):
             for side, (cmd, run_dir) in commands(opt, data, out, model, i).items():
-                if side not in sides:
+                if side not in sides or spent():
                     continue
-                rc, wall, mem, util = timed_run(cmd, out / f"{Path(model).stem}-{side}.log", env)
+                rc, wall, mem, util = timed_run(cmd, out / f"{Path(model).stem}-{side}.log", env, opt.run_timeout)
                 m50, m5095 = last_map(run_dir / "results.csv")
                 ips = opt.n_train * opt.epochs / wall
                 print(f"{model:<14}{side:<13}{rc:>4}{wall:>9.1f}{ips:>8.0f}{mem:>10.0f}{util:>8.0f}"
                       f"{m50:>8.3f}{m5095:>10.3f}", flush=True)
-        if opt.profile:
+        if opt.profile and not spent():
             cmd, run_dir = commands(opt, data, out, model, "profile")["ours"]
-            rc, wall, mem, util = timed_run(cmd + ["--profile"], out / f"{Path(model).stem}-profile.log", env)
+            rc, wall, mem, util = timed_run(cmd + ["--profile"], out / f"{Path(model).stem}-profile.log", env,
+                                            opt.run_timeout)
             print(f"{model:<14}{'ours+profile':<13}{rc:>4}{wall:>9.1f}", flush=True)
             log = (out / f"{Path(model).stem}-profile.log").read_text().splitlines()
             start = next((k for k, line in enumerate(log) if line.startswith("Profile:")), len(log))

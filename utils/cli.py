@@ -116,7 +116,7 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (DDP only)")
     p.add_argument("--workers", type=int, default=None,
                    help="max dataloader workers per rank (default: on a GPU, the rank's share of the cores less "
-                        "one, at most 16; on a CPU 2, or 0 where torch's threads fill the cores; see "
+                        "one, at most 8; on a CPU 2, or 0 where torch's threads fill the cores; see "
                         "utils/data/loader.default_workers)")
     p.add_argument("--project", default=None, help=f"save to project/name (default {project})")
     p.add_argument("--name", default="exp", help="save to project/name")

@@ -105,7 +105,7 @@ def plot_images(images, targets, paths=None, fname="images.jpg", names=None, mas
     masks: overlap mode (B, h, w) or one per target (N, h, w), told apart by their count and values (where the
     two readings could both apply, each image has exactly one target and they agree). Returns the saved path.
     """
-    ims = _to_uint8_hwc(images)[:max_subplots]
+    ims = _to_uint8_hwc(images[:max_subplots])  # only the drawn images leave the GPU and are converted
     targets = _numpy(targets)
     targets = targets.reshape(-1, targets.shape[-1]) if targets.size else np.zeros((0, 6), dtype=np.float32)
     masks = None if masks is None else _numpy(masks)

@@ -104,9 +104,12 @@ class ModelEMA:
         msd = model.state_dict()
         # frozen parameters cannot change; averaging a constant would only add rounding to them
         frozen = {k for k, p in model.named_parameters() if not p.requires_grad}
-        for k, v in self.ema.state_dict().items():
-            if v.dtype.is_floating_point and k not in frozen:
-                v.mul_(d).add_(msd[k].detach(), alpha=1 - d)
+        pairs = [(v, msd[k].detach()) for k, v in self.ema.state_dict().items()
+                 if v.dtype.is_floating_point and k not in frozen]
+        if pairs:  # one fused kernel per step for all tensors: a launch per tensor costs more than the math on a GPU
+            ema, new = map(list, zip(*pairs))
+            torch._foreach_mul_(ema, d)
+            torch._foreach_add_(ema, new, alpha=1 - d)
 
 
 class EarlyStopping:

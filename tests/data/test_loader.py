@@ -100,9 +100,9 @@ def test_augmentation_draws_depend_on_sample_and_epoch_only(workers):
     ("cpu", 1, 2, 2, 0),  # two CPU ranks of one thread each fill them too
     ("cpu", 1, 1, 2, 2),  # a core left over
     ("cuda", 2, 1, 2, 1),  # the model step runs on the GPU: every core but the training loop's
-    ("cuda", 2, 1, 16, 15),
+    ("cuda", 2, 1, 6, 5),
     ("cuda", 2, 8, 16, 1),  # eight GPUs share the cores
-    ("cuda", 2, 2, 128, 16),  # at most GPU_WORKERS
+    ("cuda", 2, 2, 128, 8),  # at most GPU_WORKERS
 ])
 def test_default_workers(monkeypatch, device, threads, local_procs, cores, expected):
     from utils.data import loader

@@ -97,3 +97,11 @@ def test_refuses_to_overwrite_and_cli(tmp_path):
     with pytest.raises(FileExistsError):
         generate_dataset(out, "detect", 1, 1)
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_workers_write_the_same_bytes(tmp_path):
+    one = generate_dataset(tmp_path / "one", "detect", 20, 4, seed=5, min_side=64, max_side=96)
+    two = generate_dataset(tmp_path / "two", "detect", 20, 4, seed=5, min_side=64, max_side=96, workers=2)
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert len(files) == 48 and files == sorted(p.relative_to(two) for p in two.rglob("*") if p.is_file())
+    assert all((one / f).read_bytes() == (two / f).read_bytes() for f in files)

@@ -391,3 +391,16 @@ def test_plot_images_mosaic(tmp_path):
     assert im[76:84, 10:22].mean() > 40, "the first mask of the third tile is drawn"
     assert im[:64, :96].max() > 100, "box and file name drawn on the first tile"
     assert im[64:, 96:].min() > 200, "the empty fourth tile stays white"
+
+
+def test_plot_images_converts_only_the_drawn_images(tmp_path, monkeypatch):
+    """A validation batch of 128 float images at 640 px: converting all of them to uint8 cost about 2 s per chart on
+    the GPU machine; only max_subplots are drawn, so only those may be converted."""
+    from utils import plots
+
+    seen = []
+    convert = plots._to_uint8_hwc
+    monkeypatch.setattr(plots, "_to_uint8_hwc", lambda images: seen.append(len(images)) or convert(images))
+    imgs = torch.rand(40, 3, 32, 32)
+    f = plot_images(imgs, torch.zeros(0, 6), None, tmp_path / "b.jpg", max_subplots=9)
+    assert seen == [9] and cv2.imread(str(f)).shape == (96, 96, 3)

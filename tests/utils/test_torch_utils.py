@@ -1,10 +1,13 @@
-"""Precision and layout choices: which CPUs count as native bf16, what --amp resolves to, the CPU memory format."""
+"""Precision and layout choices: which CPUs count as native bf16, what --amp resolves to, the CPU memory format;
+the EMA update."""
+
+import math
 
 import pytest
 import torch
 
 from utils.errors import BadOption
-from utils.torch_utils import amp_settings, cpu_bf16_native, inference_bf16, memory_format
+from utils.torch_utils import ModelEMA, amp_settings, cpu_bf16_native, inference_bf16, memory_format
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -53,3 +56,24 @@ def test_auto_is_bf16_only_on_cpus_with_native_bf16(monkeypatch, native):
     assert amp_settings(CPU, "auto") == ((True, torch.bfloat16) if native else (False, torch.float32))
     assert inference_bf16(CPU, "auto") is native
     assert amp_settings(CUDA, "auto") == (True, torch.float16) and not inference_bf16(CUDA, "auto")
+
+
+def test_ema_update_is_the_per_tensor_formula():
+    """The fused update gives the bits of v * d + (1 - d) * w per tensor, leaves frozen and integer tensors alone."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Conv2d(4, 2, 1))
+    model[2].bias.requires_grad_(False)
+    ema = ModelEMA(model, decay=0.9, tau=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+        model[1].running_mean.add_(1.0)
+        model[1].num_batches_tracked.add_(5)
+    before = {k: v.clone() for k, v in ema.ema.state_dict().items()}
+    ema.update(model)
+    d = 0.9 * (1 - math.exp(-1 / 3))
+    for k, v in ema.ema.state_dict().items():
+        if k in ("2.bias", "1.num_batches_tracked"):
+            assert torch.equal(v, before[k])
+        else:
+            assert torch.equal(v, before[k].mul(d).add(model.state_dict()[k], alpha=1 - d)), k

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Sampler
 from utils.dist import get_local_world_size
 
 WORKERS = 2  # --workers when not given on a CPU whose cores are not all busy with the model step (below)
-GPU_WORKERS = 16  # at most, per rank, when the model steps on a GPU
+GPU_WORKERS = 8  # at most, per rank, when the model steps on a GPU (as both official trainers)
 
 
 def rank_indices(n, num_replicas, rank, seed=0):
@@ -75,7 +75,9 @@ def seed_worker(worker_id):
 
 def default_workers(device):
     """--workers when not given. On a GPU: this rank's share of the cores less one for the training loop, at most
-    GPU_WORKERS: a GPU steps faster than a few cores can decode and augment. On a CPU: WORKERS, but none where every
+    GPU_WORKERS. In the one H200 run so far (docs/performance.md), 15 workers on 16 cores went with a training loop
+    at a third of Ultralytics' images/s with its 8: the training process, which launches the GPU's kernels, then
+    competes with the workers for the cores. On a CPU: WORKERS, but none where every
     core already runs one of torch's intra-op threads (threads x processes on this machine >= cores): there a
     worker process does not add a core, it takes its time from the model step, which then runs slower by more than
     the loading it moves away.
