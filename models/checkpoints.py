@@ -9,7 +9,8 @@ the file's bytes once and, before torch sees them (models/untrusted.py, which de
 2. Reads the exact pickle torch will unpickle statically (nothing built): every global it names must be on the
    allow-list below, and every storage it declares must fit in the bytes the file holds for it.
 3. Hands the same bytes to torch.load(weights_only=True), torch's restricted unpickler, with the stand-ins below
-   admitted through torch.serialization.safe_globals. There is no other unpickler and no weights_only=False.
+   admitted through torch.serialization.safe_globals. There is no other unpickler, and torch.load is
+   never asked to unpickle without its restrictions.
 4. Refuses a result whose tensors describe far more memory than the file (views of one small storage, which a
    conversion would materialise) or that nests deeper than any checkpoint.
 

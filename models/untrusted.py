@@ -246,9 +246,8 @@ def storage_claims(pids, label, legacy=False):
         if legacy and kind == "module":
             raise UnsafeCheckpoint(
                 f"refusing {label}: it is a pre-1.6 torch file that pickles whole modules, which torch's restricted "
-                "loader cannot read; re-save it as a zip file where its code is trusted, e.g. in the repository "
-                "that wrote it: python -c \"import torch; torch.save(torch.load('OLD.pt', weights_only=False), "
-                "'NEW.pt')\"")
+                "loader cannot read; re-save it as a zip file (torch.save with torch >= 1.6) in the environment that "
+                "wrote it, where its code is trusted")
         size = len(pid) if isinstance(pid, tuple) else 0
         if kind != "storage" or size != (6 if legacy else 5):
             raise UnsafeCheckpoint(f"refusing {label}: it refers to external data torch would not read as a "
