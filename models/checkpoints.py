@@ -51,7 +51,7 @@ import torch
 import torch.nn as nn
 
 from models.untrusted import UnsafeCheckpoint, check_checkpoint
-from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel, parse_model, yaml_model_load
 from utils.data.downloads import fetch
 from utils.dist import de_parallel
 from utils.errors import BadCheckpoint, BadFile, UserError
@@ -141,8 +141,21 @@ def _float_state(state):
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
+def _check_model_size(cfg, state):
+    """Refuse (ValueError) a model YAML that describes more weights than `state` holds, before the model is built:
+    a few bytes of YAML (`width_multiple: 100`) can describe gigabytes. Built on the meta device, the layers
+    allocate nothing; a model that loads `state` strictly has exactly as many values."""
+    d = yaml_model_load(cfg)
+    with torch.device("meta"):
+        layers, _ = parse_model(d, d.get("ch", 3))
+    need, have = sum(t.numel() for t in layers.state_dict().values()), sum(t.numel() for t in state.values())
+    if need > have:
+        raise ValueError(f"its model YAML describes {need} weights but the file holds {have}")
+
+
 def model_from_ckpt(d):
     """Rebuild a float32 model from a `model_to_ckpt` dict."""
+    _check_model_size(d["yaml"], d["state_dict"])
     model = MODEL_CLASSES[d["class"]](d["yaml"])
     model.load_state_dict(_float_state(d["state_dict"]))
     model.names = _names(d["names"], model.nc)
@@ -433,6 +446,8 @@ def _from_official(tree, path):
         raise BadCheckpoint(f"{path}: unsupported official model class '{getattr(tree, 'official_path', kind)}'")
     state = _module_state(tree)
     cfg = vars(tree).get("yaml")
+    if cfg:
+        _check_model_size(cfg, state)
     model = OFFICIAL_CLASSES[kind](cfg) if cfg else _match_classifier(state)
     own = model.state_dict()
     # YOLOv5 <= v6.0 and YOLOv7's deploy Detect also stored `anchor_grid`; ours derives it from anchors * stride
