@@ -48,11 +48,11 @@ class Archive:
     torch's reader tells each record's offset and size but not how many bytes it occupies when compressed
     (torch.jit.save deflates its code), so Python's zipfile reads the central directory too, and each record must be
     the same entry for both (same local header). Only records `may_compress(name)` accepts may be compressed, and
-    then to at most MAX_CODE_BYTES."""
+    then to at most MAX_CODE_BYTES. Damage raises `error`, what torch.save and torch.jit.save never write `unsafe`."""
 
     MAX_CODE_BYTES = 16 << 20
 
-    def __init__(self, data, label, error=BadCheckpoint, may_compress=lambda name: False):
+    def __init__(self, data, label, error=BadCheckpoint, unsafe=UnsafeCheckpoint, may_compress=lambda name: False):
         try:
             self.reader = torch._C.PyTorchFileReader(io.BytesIO(data))
             names = self.reader.get_all_records()
@@ -63,24 +63,24 @@ class Archive:
             raise error(f"{label}: not a readable archive ({_first_line(e)})") from None
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
-            raise UnsafeCheckpoint(f"refusing {label}: it holds two records named {dup!r}, which torch.save never "
+            raise unsafe(f"refusing {label}: it holds two records named {dup!r}, which torch.save never "
                                    "writes (two readers may pick different ones)")
         spans, self.sizes, self.label = [], {}, label
         for name, header, offset, size in records:
             entry = entries.get(header)
             if entry is None or entry.filename.partition("/")[2] != name or entry.file_size != size:
-                raise UnsafeCheckpoint(f"refusing {label}: its record {name!r} reads differently to torch and to "
+                raise unsafe(f"refusing {label}: its record {name!r} reads differently to torch and to "
                                        "zipfile (a damaged or crafted archive)")
             stored = entry.compress_type == zipfile.ZIP_STORED and entry.compress_size == size
             if not stored and not (may_compress(name) and size <= self.MAX_CODE_BYTES):
-                raise UnsafeCheckpoint(f"refusing {label}: its record {name!r} is compressed, which torch.save "
+                raise unsafe(f"refusing {label}: its record {name!r} is compressed, which torch.save "
                                        "never writes")
             spans.append((offset, entry.compress_size, name))
             self.sizes[name] = size
         end = 0
         for offset, length, name in sorted(spans):
             if offset < end or offset + length > len(data):
-                raise UnsafeCheckpoint(f"refusing {label}: its record {name!r} claims bytes it does not hold "
+                raise unsafe(f"refusing {label}: its record {name!r} claims bytes it does not hold "
                                        "(overlapping another or beyond the end of the file)")
             end = offset + length
 
@@ -323,7 +323,8 @@ def check_checkpoint(data, label, refuse_globals):
     `refuse_globals(names)` raises for a global outside the caller's allow-list; it runs first, so a payload is
     refused by the name of what it reaches for. A TorchScript archive is refused: it is code, not a checkpoint."""
     if data[:4] == ZIP_MAGIC:
-        archive = Archive(data, label)
+        # code records may be compressed (as torch.jit.save writes them) so that a TorchScript archive is named as such
+        archive = Archive(data, label, may_compress=lambda name: name.startswith("code/"))
         if archive.is_torchscript:
             raise UnsafeCheckpoint(f"refusing {label}: it is a TorchScript archive (code, not a checkpoint); give "
                                    "export.py's .torchscript file by that name, or the .pt it was exported from")
@@ -409,7 +410,7 @@ def check_torchscript(data, label):
     other globals, storages larger than their records. Nothing of the file runs here."""
     if data[:4] != ZIP_MAGIC:
         raise BadFile(f"{label}: not a TorchScript archive (export it with export.py)")
-    archive = Archive(data, label, error=BadFile, may_compress=lambda name: name.startswith("code/"))
+    archive = Archive(data, label, BadFile, UnsafeTorchScript, may_compress=lambda name: name.startswith("code/"))
     if not archive.is_torchscript:
         raise BadFile(f"{label}: not a TorchScript archive (export it with export.py)")
     for name in archive.sizes:
