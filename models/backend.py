@@ -183,9 +183,13 @@ class InferenceBackend(nn.Module):
         data = Path(self.weights).read_bytes()
         check_torchscript(data, f"--weights {self.weights}")
         extra = {METADATA_KEY: ""}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=FutureWarning)  # torch.jit.load's deprecation notice
-            self.jit = torch.jit.load(io.BytesIO(data), map_location=self.device, _extra_files=extra)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", category=FutureWarning)  # torch.jit.load's deprecation notice
+                self.jit = torch.jit.load(io.BytesIO(data), map_location=self.device, _extra_files=extra)
+        except RuntimeError as e:  # code that passed the check but does not compile, a damaged archive
+            why = " ".join(str(e).split())[:200]
+            raise BadFile(f"--weights {self.weights}: not a loadable TorchScript file ({why})") from None
         self.jit.eval()
         if not extra[METADATA_KEY]:
             raise BadFile(f"--weights {self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")

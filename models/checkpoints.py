@@ -42,6 +42,7 @@ import functools
 import io
 import pickle
 import re
+import reprlib
 import warnings
 from pathlib import Path, PurePath, PurePosixPath, PureWindowsPath
 from types import SimpleNamespace
@@ -145,6 +146,8 @@ def _check_model_size(cfg, state):
     """Refuse (ValueError) a model YAML that describes more weights than `state` holds, before the model is built:
     a few bytes of YAML (`width_multiple: 100`) can describe gigabytes. Built on the meta device, the layers
     allocate nothing; a model that loads `state` strictly has exactly as many values."""
+    if not isinstance(cfg, dict):  # a string would name a YAML file on this machine
+        raise ValueError(f"its model YAML is a {type(cfg).__name__}, not a mapping")
     d = yaml_model_load(cfg)
     with torch.device("meta"):
         layers, _ = parse_model(d, d.get("ch", 3))
@@ -264,31 +267,44 @@ def _children(x):
     if isinstance(x, dict):
         return [*x.keys(), *x.values()]
     if isinstance(x, (list, tuple, set, frozenset)):
-        return x
+        return list(x)
     if isinstance(x, (str, bytes, int, float, type, torch.Tensor, np.ndarray)) or not hasattr(x, "__dict__"):
-        return ()
-    return vars(x).values()
+        return []
+    return list(vars(x).values())
 
 
 def _check_contents(ckpt, size, path):
-    """Refuse a loaded file whose tensors describe more than 4x its size + 64 MiB, or that nests deeper than
-    MAX_NESTING. Tensors are views: a stride-0 view of a few bytes can describe gigabytes, which any conversion
-    (`.float()`, an optimizer's cast) would allocate; official YOLOv5 files keep a few expanded anchor grids."""
-    limit, total, seen, todo = 4 * size + (64 << 20), 0, set(), [(ckpt, 0)]
-    while todo:
-        x, depth = todo.pop()
-        if id(x) in seen:
+    """Refuse a loaded file that would cost far more than its bytes to use: tensors describing more than 4x its size
+    + 64 MiB (a stride-0 view of a few bytes can describe gigabytes, which any conversion allocates; official YOLOv5
+    files keep a few expanded anchor grids), nesting deeper than MAX_NESTING, a structure that contains itself, or
+    shared references that unfold to far more than the file holds (every walk of it, a repr, to_safe, would)."""
+    limit, tensor_bytes, unfolded = 4 * size + (64 << 20), 0, {}
+    max_values = size + 1_000_000  # each value the pickle builds costs it at least a byte, unless shared
+    todo, on_path = [(ckpt, 0, False)], set()
+    while todo:  # depth first; a node's unfolded size (1 + its children's) is known when it is left
+        x, depth, leaving = todo.pop()
+        if leaving:
+            on_path.discard(id(x))
+            unfolded[id(x)] = 1 + sum(unfolded[id(c)] for c in _children(x))
+            if unfolded[id(x)] > max_values:
+                raise UnsafeCheckpoint(f"refusing {path}: its shared references unfold to more than {max_values} "
+                                       "values")
             continue
-        seen.add(id(x))
+        if id(x) in on_path:
+            raise UnsafeCheckpoint(f"refusing {path}: it contains itself, which no checkpoint does")
+        if id(x) in unfolded:
+            continue
         if depth > MAX_NESTING:
             raise UnsafeCheckpoint(f"refusing {path}: it nests deeper than {MAX_NESTING} levels, which no checkpoint "
                                    "does")
         if isinstance(x, (torch.Tensor, np.ndarray)):
-            total += x.numel() * x.element_size() if isinstance(x, torch.Tensor) else x.nbytes
-            if total > limit:
+            tensor_bytes += x.numel() * x.element_size() if isinstance(x, torch.Tensor) else x.nbytes
+            if tensor_bytes > limit:
                 raise UnsafeCheckpoint(f"refusing {path}: its tensors describe more than {limit} bytes, far more "
                                        f"than its {size} bytes hold")
-        todo.extend((c, depth + 1) for c in _children(x))
+        on_path.add(id(x))
+        todo.append((x, depth, True))
+        todo.extend((c, depth + 1, False) for c in _children(x))
 
 
 _SAFE_LEAVES = (type(None), bool, int, float, str, bytes, torch.Tensor, nn.Parameter, torch.Size,
@@ -435,7 +451,7 @@ def _names(names, nc):
     pairs = enumerate(names) if isinstance(names, (list, tuple)) else dict(names).items()
     out = {int(k): v for k, v in pairs if type(k) is int or (isinstance(k, str) and k.isdecimal())}
     if len(out) != len(names) or not all(isinstance(v, (str, int, float)) for v in out.values()):
-        raise ValueError(f"names must map class indices to names, got {str(names)[:60]}")
+        raise ValueError(f"names must map class indices to names, got {reprlib.repr(names)}")
     return {k: str(v) for k, v in out.items()}
 
 

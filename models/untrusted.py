@@ -20,6 +20,7 @@ import ast
 import io
 import pickletools
 import re
+import reprlib
 import zipfile
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from dataclasses import dataclass, field
@@ -251,11 +252,11 @@ def storage_claims(pids, label, legacy=False):
         size = len(pid) if isinstance(pid, tuple) else 0
         if kind != "storage" or size != (6 if legacy else 5):
             raise UnsafeCheckpoint(f"refusing {label}: it refers to external data torch would not read as a "
-                                   f"storage ({str(pid)[:80]})")
+                                   f"storage ({reprlib.repr(pid)})")
         _, storage_type, key, _, numel = pid[:5]
         itemsize = _itemsize(storage_type)
         if itemsize is None or not isinstance(key, (str, bytes)) or type(numel) is not int or numel < 0:
-            raise UnsafeCheckpoint(f"refusing {label}: it declares a storage torch cannot size ({str(pid)[:80]})")
+            raise UnsafeCheckpoint(f"refusing {label}: it declares a storage torch cannot size ({reprlib.repr(pid)})")
         claims.setdefault(_text(key), numel * itemsize)
     return claims
 
@@ -359,6 +360,9 @@ _TORCHSCRIPT_CALLS = frozenset({"annotate", "getattr", "int", "float"})
 _TORCHSCRIPT_ROOTS = frozenset({"torch", "ops"})
 _RESERVED = _TORCHSCRIPT_ROOTS | _TORCHSCRIPT_CALLS | {"CONSTANTS", "__torch__"}
 _FORWARD = re.compile(r"forward\d*")
+# the characters of traced code: no comments, escapes, other quotes, semicolons, tabs or non-ASCII, so that Python's
+# parser (which reads the code here) and TorchScript's (which compiles it) cannot split it differently
+_NOT_SOURCE = re.compile(r'[^A-Za-z0-9_ \n.,:()=\[\]"\->]')
 _TORCHSCRIPT_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AnnAssign, ast.Assign, ast.Attribute, ast.Call,
                       ast.Constant, ast.List, ast.Load, ast.Name, ast.Return, ast.Store, ast.Subscript, ast.Tuple,
                       ast.UnaryOp, ast.USub, ast.arg, ast.arguments, ast.keyword)
@@ -415,9 +419,12 @@ def check_torchscript(data, label):
         raise BadFile(f"{label}: not a TorchScript archive (export it with export.py)")
     for name in archive.sizes:
         if name.startswith("code/") and name.endswith(".py"):
+            source = archive.read(name).decode("latin-1")
+            odd = _NOT_SOURCE.search(source)
             try:
-                problem = _code_problem(ast.parse(archive.read(name).decode("utf-8")))
-            except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+                problem = f"the character {odd[0]!r}, which traced code never holds" if odd else _code_problem(
+                    ast.parse(source))
+            except (SyntaxError, ValueError) as e:
                 problem = f"code that does not parse ({_first_line(e)})"
             if problem:
                 raise UnsafeTorchScript(f"refusing {label}: its code {name} holds {problem}")

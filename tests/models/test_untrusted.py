@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import PurePosixPath, PureWindowsPath
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import untrusted_corpus as corpus
@@ -26,10 +27,10 @@ from test_checkpoints import V5_PATHS, X, fp16_exact, save_official, v5_where
 import hubconf
 from engine.exporter import Exporter
 from models.backend import InferenceBackend
-from models.checkpoints import UnsafeCheckpoint, attempt_load, load_checkpoint
+from models.checkpoints import UnsafeCheckpoint, attempt_load, load_checkpoint, model_to_ckpt
 from models.untrusted import TORCHSCRIPT_OPS, UnsafeTorchScript, check_torchscript
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
-from utils.errors import BadCheckpoint, BadFile, run_cli
+from utils.errors import BadCheckpoint, BadFile, UserError, run_cli
 from utils.files import ROOT
 
 
@@ -309,3 +310,63 @@ def test_scripts_exit_2_with_one_line(files, tmp_path):
         assert r.returncode == 2 and "Traceback" not in r.stdout + r.stderr, (script, r.stderr[-2000:])
         assert len(errors) == 1 and errors[0].startswith("error: refusing "), (script, errors)
     assert no_payload_ran(files) and not list(tmp_path.glob("*.patch"))
+
+
+# ------------------------------------------------------------------ structures that cost more than their bytes
+def _contains_itself():
+    loop = []
+    loop.append(loop)
+    return loop
+
+
+def _laughs(levels=40):
+    x = ["lol"]
+    for _ in range(levels):
+        x = [x, x]
+    return x
+
+
+def _deep(levels=200):
+    x = []
+    for _ in range(levels):
+        x = [x]
+    return x
+
+
+@pytest.mark.parametrize("words,make", [("contains itself", _contains_itself), ("unfold to more", _laughs),
+                                        ("nests deeper", _deep)])
+def test_structures_that_cost_more_than_their_bytes(tmp_path, words, make):
+    """A few kilobytes of memo references can describe a self-containing list (recursion in any walk of it) or 2^40
+    values (any repr or copy of it): refused on loading, before the trainer or an error message walks it."""
+    path = tmp_path / "c.pt"
+    torch.save({**corpus.our_checkpoint(), "opt": make()}, path)
+    with pytest.raises(UnsafeCheckpoint, match=words):
+        load_checkpoint(path)
+
+
+def test_a_model_yaml_is_a_mapping_not_a_file_name(tmp_path):
+    path = tmp_path / "name.pt"
+    torch.save(corpus.our_checkpoint(yaml="/etc/hostname"), path)
+    with pytest.raises(BadCheckpoint, match="its model YAML is a str, not a mapping"):
+        attempt_load(path)
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+def test_damaged_bytes_are_one_line_errors(tmp_path, fmt):
+    """Bytes flipped in the archive structure, the pickle and the storages, and truncations: each file loads or is
+    refused with a user error, never another exception."""
+    src = tmp_path / "src.pt"
+    ckpt = {"model": model_to_ckpt(DetectionModel("yolov5n.yaml", nc=3)), "ema": None}
+    torch.save(ckpt, src, _use_new_zipfile_serialization=fmt == "zip")
+    data = src.read_bytes()
+    rng = np.random.default_rng(0)
+    spots = [*rng.integers(0, 4096, 12), *rng.integers(len(data) - 4096, len(data), 12), *rng.integers(0, len(data), 6)]
+    for i, spot in enumerate(spots):
+        damaged = bytearray(data)
+        damaged[spot] ^= int(rng.integers(1, 256))
+        path = tmp_path / f"d{i}.pt"
+        path.write_bytes(bytes(damaged) if i % 5 else bytes(damaged[:spot]))
+        try:
+            attempt_load(path, fuse=False)
+        except UserError:
+            pass
