@@ -64,25 +64,25 @@ class Archive:
             raise error(f"{label}: not a readable archive ({_first_line(e)})") from None
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
-            raise unsafe(f"refusing {label}: it holds two records named {dup!r}, which torch.save never "
-                                   "writes (two readers may pick different ones)")
+            raise unsafe(f"refusing {label}: it holds two records named {dup!r}, which torch.save never writes "
+                         "(two readers may pick different ones)")
         spans, self.sizes, self.label = [], {}, label
         for name, header, offset, size in records:
             entry = entries.get(header)
             if entry is None or entry.filename.partition("/")[2] != name or entry.file_size != size:
-                raise unsafe(f"refusing {label}: its record {name!r} reads differently to torch and to "
-                                       "zipfile (a damaged or crafted archive)")
+                raise unsafe(f"refusing {label}: its record {name!r} reads differently to torch and to zipfile "
+                             "(a damaged or crafted archive)")
             stored = entry.compress_type == zipfile.ZIP_STORED and entry.compress_size == size
             if not stored and not (may_compress(name) and size <= self.MAX_CODE_BYTES):
-                raise unsafe(f"refusing {label}: its record {name!r} is compressed, which torch.save "
-                                       "never writes")
+                raise unsafe(f"refusing {label}: its record {name!r} is compressed, which torch.save never "
+                             "writes")
             spans.append((offset, entry.compress_size, name))
             self.sizes[name] = size
         end = 0
         for offset, length, name in sorted(spans):
             if offset < end or offset + length > len(data):
                 raise unsafe(f"refusing {label}: its record {name!r} claims bytes it does not hold "
-                                       "(overlapping another or beyond the end of the file)")
+                             "(overlapping another or beyond the end of the file)")
             end = offset + length
 
     def read(self, name):
@@ -345,9 +345,9 @@ def check_checkpoint(data, label, refuse_globals):
 
 
 # ------------------------------------------------------------------------------------------------ TorchScript
-# What torch.jit.trace writes for every model export.py exports (YOLOv5/v7/v8 detect, segment, classify; fp32 and
-# fp16, static and dynamic): the tensor operators below, `annotate`/`getattr`/`int`/`float`, and `forward` methods
-# of submodules. tests/models/test_untrusted.py exports each family and fails when a new operator appears.
+# What torch.jit.trace writes for every model export.py exports (YOLOv5/v7/v8 detect, segment, classify, static and
+# dynamic, traced on the CPU in fp32): the tensor operators below, `annotate`/`getattr`/`int`/`float`, and `forward`
+# methods of submodules. tests/models/test_untrusted.py exports each family and fails when a new operator appears.
 TORCHSCRIPT_OPS = frozenset({
     *(f"torch.{op}" for op in (
         "_convolution", "adaptive_avg_pool2d", "add", "arange", "cat", "chunk", "contiguous", "device", "div",
@@ -430,7 +430,7 @@ def check_torchscript(data, label):
                 raise UnsafeTorchScript(f"refusing {label}: its code {name} holds {problem}")
         elif name.startswith("code/") and not name.endswith(".py.debug_pkl"):
             raise UnsafeTorchScript(f"refusing {label}: its code folder holds {name}, which is not TorchScript source")
-        elif name.endswith(".pkl"):
+        elif name.endswith((".pkl", ".debug_pkl")):  # debug pickles too: torch.jit.load reads them
             _check_torchscript_pickle(archive, name, label)
 
 
