@@ -371,6 +371,12 @@ _TORCHSCRIPT_GLOBALS = re.compile(r"torch\._utils\._rebuild_tensor_v2|collection
                                   r"|torch\.jit\._pickle\.(build_intlist|restore_type_tag)|__torch__\.(?!torch\.classes\.).+")
 
 
+# the records torch.jit.save writes for a traced module (anything else, e.g. model.json, would take torch.jit.load
+# down another path: the pre-1.4 format reads tensors from sizes its JSON declares)
+_TORCHSCRIPT_RECORDS = re.compile(r"(data|constants|traced_inputs)(\.pkl|/\d+)|version|byteorder|extra/[\w.-]+"
+                                  r"|\.data/(version|serialization_id)|\.format_version|\.storage_alignment|code/.+")
+
+
 def _dotted(node):
     """'torch.cat' for the expression torch.cat, None for anything that is not a chain of names."""
     parts = []
@@ -417,6 +423,10 @@ def check_torchscript(data, label):
     archive = Archive(data, label, BadFile, UnsafeTorchScript, may_compress=lambda name: name.startswith("code/"))
     if not archive.is_torchscript:
         raise BadFile(f"{label}: not a TorchScript archive (export it with export.py)")
+    odd = [n for n in archive.sizes if not _TORCHSCRIPT_RECORDS.fullmatch(n)]
+    if odd or not {"data.pkl", "constants.pkl"} <= archive.sizes.keys():
+        raise UnsafeTorchScript(f"refusing {label}: it holds {odd[:3] or 'no data.pkl and constants.pkl'}, unlike "
+                                "what export.py writes")
     for name in archive.sizes:
         if name.startswith("code/") and name.endswith(".py"):
             source = archive.read(name).decode("latin-1")

@@ -197,6 +197,8 @@ def test_torchscript_pickles_and_members_beyond_the_exporter_are_refused(export)
                                                      replace={f"{top}/constants.pkl": evil_pickle}),
             "not TorchScript source": corpus.rezip(export.path, export.folder / "so.torchscript",
                                                    extra=[(f"{top}/code/__torch__/evil.so", b"\x7fELF")]),
+            "model.json": corpus.rezip(export.path, export.folder / "json.torchscript",
+                                       extra=[(f"{top}/model.json", b"{}")]),
         }
     for words, path in cases.items():
         with pytest.raises(UnsafeTorchScript, match=words):
