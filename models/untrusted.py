@@ -61,7 +61,8 @@ class Archive:
             records = [(n, self.reader.get_record_header_offset(n), self.reader.get_record_offset(n),
                         self.reader.get_record_size(n)) for n in names]
         except (RuntimeError, zipfile.BadZipFile, ValueError) as e:
-            raise error(f"{label}: not a readable archive ({_first_line(e)})") from None
+            what = "checkpoint" if issubclass(error, BadCheckpoint) else "TorchScript archive"
+            raise error(f"{label}: not a readable {what} ({_first_line(e)})") from None
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             raise unsafe(f"refusing {label}: it holds two records named {dup!r}, which torch.save never writes "

@@ -103,7 +103,7 @@ def test_appended_bytes_change_nothing_torch_reads(tmp_path):
     second_end.write_bytes(path.read_bytes() + b"PK\x05\x06" + b"\0" * 18)
     with torch.no_grad():
         torch.testing.assert_close(attempt_load(tailed, fuse=False)(X)[0], attempt_load(path, fuse=False)(X)[0])
-    with pytest.raises(BadCheckpoint, match="not a readable archive"):
+    with pytest.raises(BadCheckpoint, match="not a readable checkpoint"):
         attempt_load(second_end)
 
 
