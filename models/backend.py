@@ -7,6 +7,7 @@ PyTorch model would have told (stride, names, task, nc, image size, output nesti
 """
 
 import dataclasses
+import io
 import json
 import warnings
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from models.checkpoints import attempt_load
+from models.untrusted import check_torchscript
 from models.yolo import ClassificationModel, SegmentationModel
 from utils.dist import is_main_process
 from utils.errors import BadFile, BadOption
@@ -68,6 +70,32 @@ def export_metadata(model, imgsz, batch, dynamic, half, structure):
         "half": bool(half),
         "outputs": structure,
     }
+
+
+_METADATA_TYPES = {"task": str, "stride": int, "names": dict, "nc": int, "imgsz": list, "batch": int, "dynamic": bool,
+                   "half": bool, "outputs": (int, list)}
+
+
+def _parse_metadata(text, weights):
+    """The JSON an exported file carries (export_metadata), checked for the keys and types the backend reads."""
+    try:
+        meta = json.loads(text)
+    except ValueError as e:
+        raise BadFile(f"--weights {weights}: its '{METADATA_KEY}' metadata is not JSON ({e})") from None
+    bad = [k for k, t in _METADATA_TYPES.items() if not isinstance(meta, dict) or not isinstance(meta.get(k), t)]
+    if not bad and meta["task"] not in ("detect", "segment", "classify"):
+        bad = ["task"]
+    if not bad and not all(k.isdecimal() for k in meta["names"]):
+        bad = ["names"]
+    if not bad and meta.get("layout") is not None:
+        try:
+            meta["layout"] = dataclasses.asdict(OutputLayout(**meta["layout"]))
+        except TypeError:
+            bad = ["layout"]
+    if bad:
+        raise BadFile(f"--weights {weights}: its '{METADATA_KEY}' metadata lacks or mistypes {bad}: export it again "
+                      "with export.py")
+    return meta
 
 
 def _weights_format(weights):
@@ -147,17 +175,25 @@ class InferenceBackend(nn.Module):
         meta = self.session.get_modelmeta().custom_metadata_map
         if METADATA_KEY not in meta:
             raise BadFile(f"--weights {self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
-        return json.loads(meta[METADATA_KEY])
+        return _parse_metadata(meta[METADATA_KEY], self.weights)
 
     def _load_torchscript(self):
+        """TorchScript is code: the archive is checked (models/untrusted.check_torchscript) and then loaded from the
+        same bytes, so nothing torch compiles or runs was not checked."""
+        data = Path(self.weights).read_bytes()
+        check_torchscript(data, f"--weights {self.weights}")
         extra = {METADATA_KEY: ""}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=FutureWarning)  # torch.jit.load's deprecation notice
-            self.jit = torch.jit.load(self.weights, map_location=self.device, _extra_files=extra)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", category=FutureWarning)  # torch.jit.load's deprecation notice
+                self.jit = torch.jit.load(io.BytesIO(data), map_location=self.device, _extra_files=extra)
+        except RuntimeError as e:  # code that passed the check but does not compile, a damaged archive
+            why = " ".join(str(e).split())[:200]
+            raise BadFile(f"--weights {self.weights}: not a loadable TorchScript file ({why})") from None
         self.jit.eval()
         if not extra[METADATA_KEY]:
             raise BadFile(f"--weights {self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
-        return json.loads(extra[METADATA_KEY])
+        return _parse_metadata(extra[METADATA_KEY], self.weights)
 
     # ---------------------------------------------------------------- inference
     def forward(self, im):

@@ -1,20 +1,31 @@
 """Checkpoints: the one loader for every `.pt` file the project reads, and our own checkpoint format.
 
-Nothing a file holds may run code. Every file goes through `load_checkpoint`, in two steps:
-1. Its pickle is read statically (pickletools, nothing built) and every global it names is checked against an
-   allow-list; any other global is refused with one line naming the file and the global before anything runs.
-2. It is then unpickled by torch's `weights_only` unpickler, which builds only what the allow-list admits.
+Nothing a file holds may run code, and nothing it claims is allocated before it is checked. `load_checkpoint` reads
+the file's bytes once and, before torch sees them (models/untrusted.py, which decides on the bytes torch reads):
+1. Decides what the file is as torch does (a zip archive exactly when it starts with the zip magic, read with
+   torch's own archive reader; else a pre-1.6 torch file) and refuses TorchScript archives, duplicate, overlapping
+   or compressed records, and pre-1.6 files that pickle whole modules (torch's restricted loader cannot read those;
+   the message says how to re-save them).
+2. Reads the exact pickle torch will unpickle statically (nothing built): every global it names must be on the
+   allow-list below, and every storage it declares must fit in the bytes the file holds for it.
+3. Hands the same bytes to torch.load(weights_only=True), torch's restricted unpickler, with the stand-ins below
+   admitted through torch.serialization.safe_globals. There is no other unpickler, and torch.load is
+   never asked to unpickle without its restrictions.
+4. Refuses a result whose tensors describe far more memory than the file (views of one small storage, which a
+   conversion would materialise) or that nests deeper than any checkpoint.
 
 The allow-list (`allowed_global`): torch's own tensor/storage rebuilders and value types (`TORCH_GLOBALS`), the
 `torch.nn` layer classes of official YOLO trees (`NN_LAYERS`), numpy's array/scalar reconstructors with numeric dtypes
 (`NUMPY_GLOBALS`: official YOLOv7 and old YOLOv5 files store `best_fitness` as numpy, and checkpoints of earlier
 versions of this project the numpy RNG state), the torchvision transforms Ultralytics classifiers keep
-(`TORCHVISION_NAMES`), and any class of the official packages (`OFFICIAL_PREFIXES`), which is replaced by an empty
-nn.Module stub that only keeps the state the pickle gives it, so none of their code is needed or run.
+(`TORCHVISION_NAMES`), pathlib paths by exact name (`PATH_TYPES`, rebuilt as pure paths: official `opt` dicts hold
+them), and any class of the official packages (`OFFICIAL_PREFIXES`), which is replaced by an empty nn.Module stub
+that only keeps the state the pickle gives it, so none of their code is needed or run.
 `builtins.getattr` is admitted only as a stand-in that accepts a stubbed class and returns a placeholder (YOLOv5 and
 early YOLOv8 segmentation files pickle `Detect.forward` that way). Refused: everything else, in particular builtins
 (eval, exec, __import__, open), functools, os/posix/nt, sys, subprocess, runpy, importlib, pickle, shutil and
-webbrowser.
+webbrowser. An unpickled official tree is read from its dicts (`_module_state`), never through nn.Module methods that
+would call hooks the file stored.
 
 Our format (saved by the trainer through `save_checkpoint`): a dict with `epoch, best_fitness, model, ema, updates,
 optimizer, scheduler, scaler, rng, opt, hyp, metrics, date, version`, where `model` and `ema` are `model_to_ckpt`
@@ -23,28 +34,28 @@ lists/tuples/dicts of them (`to_safe` converts numpy arrays, Paths and namespace
 
 Official files pickle whole module trees under `models.*` (YOLOv5 and YOLOv7 GitHub: the same paths with different
 class bodies), `yolov5.models.*` / `yolov5.utils.*` (the pip yolov5 package) and `ultralytics.*`; our model is built
-from the stub tree's `yaml` and loaded with its `state_dict()`.
+from the stub tree's `yaml` and loaded with its state. Anything malformed in a file's model is a BadCheckpoint.
 """
 
+import contextlib
 import functools
+import io
 import pickle
-import pickletools
 import re
-import types
+import reprlib
 import warnings
-import zipfile
-from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
-from pathlib import Path, PurePath
+from pathlib import Path, PurePath, PurePosixPath, PureWindowsPath
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from models.untrusted import UnsafeCheckpoint, check_checkpoint
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel, parse_model, yaml_model_load
 from utils.data.downloads import fetch
 from utils.dist import de_parallel
-from utils.errors import BadCheckpoint, BadFile
+from utils.errors import BadCheckpoint, BadFile, UserError
 from utils.files import atomic_save
 from utils.loggers import LOGGER
 
@@ -103,7 +114,8 @@ def _torchvision_global(path):
     return getattr(T, TORCHVISION_NAMES[path])
 
 
-# torch >= 2.6 can allow named extra globals in its weights_only unpickler; older ones use ours for every file
+# torch >= 2.6 admits named stand-ins in its weights_only unpickler (safe_globals with (object, name) pairs); older
+# versions load our checkpoints, which need none, and refuse official module trees with a line saying why
 TORCH_SAFE_GLOBALS = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 6)
 _np_core = (np._core if hasattr(np, "_core") else np.core).multiarray
 NUMPY_GLOBALS = {  # numpy 1.x pickles name numpy.core, numpy 2.x numpy._core: the same functions
@@ -113,10 +125,6 @@ NUMPY_GLOBALS = {  # numpy 1.x pickles name numpy.core, numpy 2.x numpy._core: t
 }
 # the classes of numeric dtype objects: torch's unpickler checks the type of what it builds (never object dtype)
 _NUMPY_DTYPE_TYPES = [type(np.dtype(c)) for c in "?bBhHiIlLqQefd"]
-
-
-class UnsafeCheckpoint(BadCheckpoint):
-    """A file that references a global no model checkpoint needs: refused before anything in it runs."""
 
 
 def model_to_ckpt(model, half=True):
@@ -134,11 +142,26 @@ def _float_state(state):
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
+def _check_model_size(cfg, state):
+    """Refuse (ValueError) a model YAML that describes more weights than `state` holds, before the model is built:
+    a few bytes of YAML (`width_multiple: 100`) can describe gigabytes. Built on the meta device, the layers
+    allocate nothing; a model that loads `state` strictly has exactly as many values."""
+    if not isinstance(cfg, dict):  # a string would name a YAML file on this machine
+        raise ValueError(f"its model YAML is a {type(cfg).__name__}, not a mapping")
+    d = yaml_model_load(cfg)
+    with torch.device("meta"):
+        layers, _ = parse_model(d, d.get("ch", 3))
+    need, have = sum(t.numel() for t in layers.state_dict().values()), sum(t.numel() for t in state.values())
+    if need > have:
+        raise ValueError(f"its model YAML describes {need} weights but the file holds {have}")
+
+
 def model_from_ckpt(d):
     """Rebuild a float32 model from a `model_to_ckpt` dict."""
+    _check_model_size(d["yaml"], d["state_dict"])
     model = MODEL_CLASSES[d["class"]](d["yaml"])
     model.load_state_dict(_float_state(d["state_dict"]))
-    model.names = dict(d["names"])
+    model.names = _names(d["names"], model.nc)
     return model
 
 
@@ -172,62 +195,17 @@ def _stub_getattr(obj, name):
 
 # globals resolved to something else than what they name: restricted stand-ins
 _RESTRICTED = {"builtins.getattr": _stub_getattr}
+# paths are plain values (official `opt` dicts hold them), rebuilt as pure paths: a WindowsPath cannot be built on
+# Linux nor a PosixPath on Windows, and neither touches the file system; Python >= 3.13 names them pathlib._local.*
+PATH_TYPES = {f"pathlib{mod}.{name}": cls for mod in ("", "._local")
+              for name, cls in (("PosixPath", PurePosixPath), ("WindowsPath", PureWindowsPath),
+                                ("PurePosixPath", PurePosixPath), ("PureWindowsPath", PureWindowsPath))}
 
 
 def allowed_global(path):
     """True if a checkpoint may reference the global `module.name`."""
     return (path in TORCH_GLOBALS or path in NN_LAYERS or path in NUMPY_GLOBALS or path in TORCHVISION_NAMES
-            or path in _RESTRICTED or path.startswith(OFFICIAL_PREFIXES))
-
-
-_STRING_OPS = {"UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING", "SHORT_BINSTRING"}
-
-
-def _pickle_globals(f):
-    """The globals one pickle in `f` names, read statically (nothing is built). STACK_GLOBAL takes its names from
-    the two values pushed last, which is how picklers write them; an unnamed one is reported as such."""
-    found, memo, pushed = [], {}, []
-    for op, arg, _ in pickletools.genops(f):
-        if op.name in ("GLOBAL", "INST"):
-            module, name = arg.split(" ", 1)
-            # Python 2 names (protocol 2, torch.save's default), mapped as torch's unpickler maps them
-            module, name = NAME_MAPPING.get((module, name), (IMPORT_MAPPING.get(module, module), name))
-            found.append(f"{module}.{name}")
-        elif op.name == "STACK_GLOBAL":
-            names = pushed[-2:]
-            ok = len(names) == 2 and all(isinstance(n, str) for n in names)
-            found.append(".".join(names) if ok else "an unnamed global (STACK_GLOBAL)")
-        elif op.name.startswith("EXT"):
-            found.append(f"copyreg extension {arg}")
-        if op.name in _STRING_OPS:
-            pushed.append(arg)
-        elif op.name in ("GET", "BINGET", "LONG_BINGET"):
-            pushed.append(memo.get(arg))
-        elif op.name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
-            memo[len(memo) if op.name == "MEMOIZE" else arg] = pushed[-1] if pushed else None
-        elif op.stack_after:
-            pushed.append(None)
-    return found
-
-
-def checkpoint_globals(path):
-    """Every global named by the pickles of a checkpoint: data.pkl of a torch.save zip, else the pickles at the
-    start of the file (a pre-1.6 torch file has five, then raw storage bytes; a plain pickle has one)."""
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            return [g for n in z.namelist() if n.endswith("data.pkl") for g in _pickle_globals(z.read(n))]
-    found = []
-    with open(path, "rb") as f:
-        for i in range(5):
-            try:
-                found += _pickle_globals(f)
-            except ValueError:  # not (or no longer) pickle data
-                if i == 0:
-                    raise
-                break
-            if not f.peek(1):
-                break
-    return found
+            or path in _RESTRICTED or path in PATH_TYPES or path.startswith(OFFICIAL_PREFIXES))
 
 
 def _refuse_unsafe(path, names):
@@ -239,61 +217,40 @@ def _refuse_unsafe(path, names):
 def _safe_globals(names):
     """The (object, name) pairs torch's weights_only unpickler needs beyond its defaults for these globals."""
     pairs = [(_stub_class(g), g) for g in names if g.startswith(OFFICIAL_PREFIXES)]
-    pairs += [(obj, g) for g, obj in {**NN_LAYERS, **NUMPY_GLOBALS, **_RESTRICTED}.items()]
+    pairs += [(obj, g) for g, obj in {**NN_LAYERS, **NUMPY_GLOBALS, **_RESTRICTED, **PATH_TYPES}.items()]
     pairs += [(_torchvision_global(g), g) for g in names if g in TORCHVISION_NAMES]
     return pairs + [(t, f"numpy.dtypes.{t.__name__}") for t in _NUMPY_DTYPE_TYPES]
-
-
-class _AllowListUnpickler(pickle.Unpickler):
-    """For pre-1.6 (non-zip) torch files, which torch's weights_only unpickler cannot read (they record the classes of
-    nn.Modules as persistent ids), and for every file under torch < 2.6: the same allow-list, enforced on every
-    global the unpickler resolves."""
-
-    def find_class(self, module, name):
-        module, name = NAME_MAPPING.get((module, name), (IMPORT_MAPPING.get(module, module), name))
-        path = f"{module}.{name}"
-        if not allowed_global(path):
-            raise _Refused(f"it references {path}, which no model checkpoint needs")
-        if path.startswith(OFFICIAL_PREFIXES):
-            return _stub_class(path)
-        if path in TORCHVISION_NAMES:
-            return _torchvision_global(path)
-        extra = {**NN_LAYERS, **NUMPY_GLOBALS, **_RESTRICTED}
-        return extra[path] if path in extra else super().find_class(module, name)  # torch's own
-
-
-def _allow_list_pickle_module():
-    """A pickle-module look-alike for torch.load(pickle_module=...)."""
-    mod = types.ModuleType("allow_list_pickle")
-    mod.Unpickler = _AllowListUnpickler
-    mod.load = lambda f, **kwargs: _AllowListUnpickler(f, **kwargs).load()
-    return mod
 
 
 def load_checkpoint(path):
     """Read any checkpoint file (ours or official) without running code from it. Returns what it holds.
 
-    Raises UnsafeCheckpoint for a file naming a global outside the allow-list, BadCheckpoint for one that is not a
-    readable checkpoint (truncated, empty, another format).
+    Raises UnsafeCheckpoint for a file that names a global outside the allow-list or claims what it does not hold,
+    BadCheckpoint for one that is not a readable checkpoint (truncated, empty, another format).
     """
     path = Path(path)
     try:
-        names = list(dict.fromkeys(checkpoint_globals(path)))
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        data = path.read_bytes()  # once: the checks and torch read the same bytes
+    except OSError as e:
         raise BadCheckpoint(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
-    _refuse_unsafe(path, names)
+    names = list(dict.fromkeys(check_checkpoint(data, path, functools.partial(_refuse_unsafe, path))))
+    if not TORCH_SAFE_GLOBALS and any(g not in TORCH_GLOBALS for g in names):
+        raise BadCheckpoint(f"{path}: official module trees load safely only with torch >= 2.6 (this is "
+                            f"{torch.__version__}): upgrade torch")
+    admitted = contextlib.nullcontext()
+    if TORCH_SAFE_GLOBALS:
+        admitted = torch.serialization.safe_globals(_safe_globals(names))
     try:
-        if TORCH_SAFE_GLOBALS and zipfile.is_zipfile(path):
-            with torch.serialization.safe_globals(_safe_globals(names)):
-                return torch.load(path, map_location="cpu", weights_only=True)
-        with warnings.catch_warnings():  # stub classes have no source for torch to compare with the saved one
-            warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", pickle_module=_allow_list_pickle_module(), weights_only=False)
+        with admitted, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # protocol notes of torch's unpickler; the file is refused or loaded
+            ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for damaged files; none of them is our bug
         refused = next((c for c in _exception_chain(e) if isinstance(c, _Refused)), None)
         if refused is not None:
             raise UnsafeCheckpoint(f"refusing {path}: {refused}") from None
         raise BadCheckpoint(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    _check_contents(ckpt, len(data), path)
+    return ckpt
 
 
 def _exception_chain(e):
@@ -301,6 +258,53 @@ def _exception_chain(e):
     while e is not None:
         yield e
         e = e.__cause__ or e.__context__
+
+
+MAX_NESTING = 64  # official module trees nest about 15 deep (model.model[i].m[j].cv1.conv._parameters)
+
+
+def _children(x):
+    if isinstance(x, dict):
+        return [*x.keys(), *x.values()]
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return list(x)
+    if isinstance(x, (str, bytes, int, float, type, torch.Tensor, np.ndarray)) or not hasattr(x, "__dict__"):
+        return []
+    return list(vars(x).values())
+
+
+def _check_contents(ckpt, size, path):
+    """Refuse a loaded file that would cost far more than its bytes to use: tensors describing more than 4x its size
+    + 64 MiB (a stride-0 view of a few bytes can describe gigabytes, which any conversion allocates; official YOLOv5
+    files keep a few expanded anchor grids), nesting deeper than MAX_NESTING, a structure that contains itself, or
+    shared references that unfold to far more than the file holds (every walk of it, a repr, to_safe, would)."""
+    limit, tensor_bytes, unfolded = 4 * size + (64 << 20), 0, {}
+    max_values = size + 1_000_000  # each value the pickle builds costs it at least a byte, unless shared
+    todo, on_path = [(ckpt, 0, False)], set()
+    while todo:  # depth first; a node's unfolded size (1 + its children's) is known when it is left
+        x, depth, leaving = todo.pop()
+        if leaving:
+            on_path.discard(id(x))
+            unfolded[id(x)] = 1 + sum(unfolded[id(c)] for c in _children(x))
+            if unfolded[id(x)] > max_values:
+                raise UnsafeCheckpoint(f"refusing {path}: its shared references unfold to more than {max_values} "
+                                       "values")
+            continue
+        if id(x) in on_path:
+            raise UnsafeCheckpoint(f"refusing {path}: it contains itself, which no checkpoint does")
+        if id(x) in unfolded:
+            continue
+        if depth > MAX_NESTING:
+            raise UnsafeCheckpoint(f"refusing {path}: it nests deeper than {MAX_NESTING} levels, which no checkpoint "
+                                   "does")
+        if isinstance(x, (torch.Tensor, np.ndarray)):
+            tensor_bytes += x.numel() * x.element_size() if isinstance(x, torch.Tensor) else x.nbytes
+            if tensor_bytes > limit:
+                raise UnsafeCheckpoint(f"refusing {path}: its tensors describe more than {limit} bytes, far more "
+                                       f"than its {size} bytes hold")
+        on_path.add(id(x))
+        todo.append((x, depth, True))
+        todo.extend((c, depth + 1, False) for c in _children(x))
 
 
 _SAFE_LEAVES = (type(None), bool, int, float, str, bytes, torch.Tensor, nn.Parameter, torch.Size,
@@ -399,18 +403,56 @@ def _match_classifier(state):
     raise ValueError("official classifier without a YAML matches none of models/yolov5[nsmlx]-cls.yaml")
 
 
+def _module_tree(tree):
+    """(name, module) of an unpickled tree and its submodules, read from the `_modules` dicts (nn.Module's own
+    walkers would run the hooks a file can store)."""
+    todo, found = [("", tree)], []
+    while todo:
+        name, m = todo.pop()
+        if not isinstance(m, nn.Module) or not isinstance(vars(m).get("_modules", {}), dict):
+            raise ValueError(f"'{name}' is a {type(m).__name__}, not a module")
+        found.append((name, m))
+        subs = vars(m).get("_modules", {}).items()
+        todo += [(f"{name}.{k}" if name else str(k), v) for k, v in subs if v is not None]
+    return found
+
+
+def _module_state(tree):
+    """What `tree.state_dict()` gives, float32, taken from each module's `_parameters` and `_buffers` dicts."""
+    state = {}
+    for name, m in _module_tree(tree):
+        d = vars(m)
+        transient = d.get("_non_persistent_buffers_set", set())
+        tensors = [*d.get("_parameters", {}).items(), *((k, v) for k, v in d.get("_buffers", {}).items()
+                                                        if k not in transient)]
+        for k, v in tensors:
+            if v is not None:
+                if not isinstance(v, torch.Tensor):
+                    raise ValueError(f"'{name}.{k}' is a {type(v).__name__}, not a tensor")
+                state[f"{name}.{k}" if name else k] = v
+    return _float_state(state)
+
+
 def _copy_batchnorm_settings(src, dst):
     """eps/momentum as the official tree had them (its YAML cannot say that YOLOv8-cls keeps the torch defaults)."""
-    src_bn = {n: m for n, m in src.named_modules() if isinstance(m, nn.BatchNorm2d)}
+    src_bn = {n: vars(m) for n, m in _module_tree(src) if isinstance(m, nn.BatchNorm2d)}
     for n, m in dst.named_modules():
         if n in src_bn:
-            m.eps, m.momentum = src_bn[n].eps, src_bn[n].momentum
+            eps, momentum = src_bn[n].get("eps"), src_bn[n].get("momentum")
+            if type(eps) is not float or not (momentum is None or type(momentum) is float):
+                raise ValueError(f"BatchNorm '{n}' has eps {eps!r:.40} and momentum {momentum!r:.40}")
+            m.eps, m.momentum = eps, momentum
 
 
 def _names(names, nc):
-    if isinstance(names, (list, tuple)):
-        return dict(enumerate(names))
-    return dict(names) if names else {i: str(i) for i in range(nc)}
+    """{class index: name} from a list or dict of names (numbers are names too), or '0', '1', ... when absent."""
+    if not names:
+        return {i: str(i) for i in range(nc)}
+    pairs = enumerate(names) if isinstance(names, (list, tuple)) else dict(names).items()
+    out = {int(k): v for k, v in pairs if type(k) is int or (isinstance(k, str) and k.isdecimal())}
+    if len(out) != len(names) or not all(isinstance(v, (str, int, float)) for v in out.values()):
+        raise ValueError(f"names must map class indices to names, got {reprlib.repr(names)}")
+    return {k: str(v) for k, v in out.items()}
 
 
 def _from_official(tree, path):
@@ -418,30 +460,42 @@ def _from_official(tree, path):
     kind = type(tree).__name__
     if not isinstance(tree, _Stub) or kind not in OFFICIAL_CLASSES:
         raise BadCheckpoint(f"{path}: unsupported official model class '{getattr(tree, 'official_path', kind)}'")
-    state = _float_state(tree.state_dict())
-    cfg = tree.__dict__.get("yaml")
+    state = _module_state(tree)
+    cfg = vars(tree).get("yaml")
+    if cfg:
+        _check_model_size(cfg, state)
     model = OFFICIAL_CLASSES[kind](cfg) if cfg else _match_classifier(state)
     own = model.state_dict()
     # YOLOv5 <= v6.0 and YOLOv7's deploy Detect also stored `anchor_grid`; ours derives it from anchors * stride
     state = {k: v for k, v in state.items() if k in own or not k.endswith(".anchor_grid")}
     model.load_state_dict(state)
     _copy_batchnorm_settings(tree, model)
-    model.names = _names(tree.__dict__.get("names"), model.nc)
+    model.names = _names(vars(tree).get("names"), model.nc)
     return model
 
 
 def _model_entry(ckpt, path):
-    """The model a checkpoint holds: its `ema` if present, else `model`."""
+    """The model a checkpoint holds: its `ema` if present, else `model`. Whatever in it does not build a model (a
+    missing key, a wrong type, a YAML the parser refuses, weights of other shapes) is a BadCheckpoint."""
     entry = None
     if isinstance(ckpt, dict):
         entry = ckpt.get("ema") if ckpt.get("ema") is not None else ckpt.get("model")
     if entry is None:
         raise BadCheckpoint(f"{path}: not a model checkpoint (expected a dict with a 'model' or 'ema' entry)")
-    if isinstance(entry, dict):
-        if entry.get("class") not in MODEL_CLASSES or not isinstance(entry.get("state_dict"), dict):
-            raise BadCheckpoint(f"{path}: its model entry is not one this project wrote")
-        return model_from_ckpt(entry)
-    return _from_official(entry, path)
+    if isinstance(entry, dict) and (entry.get("class") not in MODEL_CLASSES
+                                    or not isinstance(entry.get("state_dict"), dict)):
+        raise BadCheckpoint(f"{path}: its model entry is not one this project wrote")
+    try:
+        return model_from_ckpt(entry) if isinstance(entry, dict) else _from_official(entry, path)
+    except BadCheckpoint:
+        raise
+    except (UserError, KeyError, AttributeError, TypeError, ValueError, IndexError, RuntimeError) as e:
+        raise BadCheckpoint(f"{path}: its model is malformed ({type(e).__name__}: {_one_line(e)})") from e
+
+
+def _one_line(e):
+    text = " ".join(str(e).split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def attempt_load(weights, device="cpu", fuse=True):

@@ -205,6 +205,11 @@ def _scaling(d):
     return d.get("depth_multiple", 1.0), d.get("width_multiple", 1.0), float("inf")
 
 
+# Bounds on what a YAML may ask for (official models: under 110 rows, blocks repeated at most 12 times); a model
+# YAML can come from a checkpoint file, and every row and repeat builds Python objects before any weight is checked
+MAX_ROWS, MAX_REPEATS = 1024, 256
+
+
 def _build_layer(row, d, section, j, ch, depth, width, max_channels):
     """One YAML row -> (module, output channels); a row that cannot be built is a BadModelYaml naming its line."""
     if not isinstance(row, list) or len(row) != 4:
@@ -215,6 +220,8 @@ def _build_layer(row, d, section, j, ch, depth, width, max_channels):
     kwargs = {"act": a for a in args if isinstance(a, nn.Module)}
     args = [a for a in args if not isinstance(a, nn.Module)]
     n = max(round(n * depth), 1) if n > 1 else n
+    if not 1 <= n <= MAX_REPEATS:
+        raise BadModelYaml(f"{_where(d, section, j)}: repeats {name} {n} times, expected 1..{MAX_REPEATS}")
     try:
         args, n, c2 = _layer_args(m, f, n, args, ch, width, max_channels)
         m_ = nn.Sequential(*(m(*args, **kwargs) for _ in range(n))) if n > 1 else m(*args, **kwargs)
@@ -235,6 +242,8 @@ def parse_model(d, ch):
     depth, width, max_channels = _scaling(d)
     ch = [ch] if isinstance(ch, int) else list(ch)
     rows = [("backbone", j, r) for j, r in enumerate(d["backbone"])] + [("head", j, r) for j, r in enumerate(d["head"])]
+    if len(rows) > MAX_ROWS:
+        raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: {len(rows)} layers, more than {MAX_ROWS}")
     layers, save = [], []
     for i, (section, j, row) in enumerate(rows):
         m_, c2 = _build_layer(row, d, section, j, ch, depth, width, max_channels)

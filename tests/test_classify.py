@@ -80,7 +80,7 @@ def test_train_writes_run_folder(trained):
     rows = list(csv.DictReader(open(d / "results.csv")))
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     assert {"metrics/accuracy_top1", "metrics/accuracy_top5", "fitness"} <= set(rows[0])
-    ckpt = torch.load(d / "weights/best.pt", weights_only=False)
+    ckpt = torch.load(d / "weights/best.pt", weights_only=True)
     assert ckpt["optimizer"] is None and ckpt["model"]["class"] == "ClassificationModel"
     assert ckpt["model"]["names"] == NAMES
     assert ckpt["hyp"]["label_smoothing"] == yaml_load(ROOT / "data/hyps/hyp.cls.yaml")["label_smoothing"]

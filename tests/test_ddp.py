@@ -92,11 +92,11 @@ def test_torchrun_killed_run_resumes(tmp_path):
     proc.wait(timeout=120)
     assert results.exists(), "the first run never finished an epoch"
     last = project / "exp" / "weights" / "last.pt"
-    done = torch.load(last, weights_only=False)["epoch"]
+    done = torch.load(last, weights_only=True)["epoch"]
     assert done < 5
     r = torchrun([str(ROOT / "train.py"), "--resume", str(last), "--device", "cpu", "--workers", "0"], ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader(open(results)))
     epochs = [int(row["epoch"]) for row in rows]
     assert epochs[-1] == 5 and epochs[-(5 - done):] == list(range(done + 1, 6))
-    assert torch.load(last, weights_only=False)["optimizer"] is None  # finished and stripped
+    assert torch.load(last, weights_only=True)["optimizer"] is None  # finished and stripped

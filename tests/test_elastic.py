@@ -53,7 +53,7 @@ def _check_run(run_dir, reference, expected_starts):
         starts = [" ".join(line.split()[1:3]) for line in lines]
         assert starts == ["0 0", expected_starts], (rank, starts)
     assert not list(run_dir.rglob("*.tmp")), "a temp file survived the next save"
-    assert torch.load(run_dir / "weights" / "last.pt", weights_only=False)["optimizer"] is None  # finished
+    assert torch.load(run_dir / "weights" / "last.pt", weights_only=True)["optimizer"] is None  # finished
     diff = _max_diff(torch.load(run_dir / "final_weights.pt"), reference)
     assert diff <= 1e-6, f"resumed run ends {diff:.3g} away from the uninterrupted one"
 
@@ -158,7 +158,7 @@ def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tm
             run(DetectionTrainer, train.parse_opt(_train_args(data, tmp_path, name, workers) + single),
                 callbacks={"on_train_start": [stop_at(epoch, batch)]})
         last = tmp_path / name / "weights" / "last.pt"
-        ckpt = torch.load(last, weights_only=False)
+        ckpt = torch.load(last, weights_only=True)
         # the last checkpoint: the end of epoch 0, or one inside epoch 1 (--save-interval 1it saves after each
         # optimizer step, and accumulation spaces the steps)
         assert ckpt["epoch"] + 1 == epoch and (0 < ckpt["batch"] <= batch if batch else ckpt["batch"] == 0)

@@ -223,7 +223,7 @@ def _check_run_folder(trainer, epochs):
     rows = _results(trainer)
     assert [int(r["epoch"]) for r in rows] == list(range(epochs))
     assert {"train/box_loss", "train/seg_loss", "metrics/mAP50(B)", "metrics/mAP50-95(M)", "fitness"} <= set(rows[0])
-    ckpt = torch.load(d / "weights/best.pt", weights_only=False)
+    ckpt = torch.load(d / "weights/best.pt", weights_only=True)
     assert ckpt["optimizer"] is None and ckpt["model"]["state_dict"]  # stripped at the end of training
     assert {"metrics/mAP50(M)", "metrics/mAP50-95(M)"} <= set(trainer.metrics)
 

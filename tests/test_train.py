@@ -36,7 +36,7 @@ def test_train_writes_run_folder(trained_v5):
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     assert {"train/box_loss", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "lr/pg0"} <= set(rows[0])
     assert list(d.glob("events.out.tfevents*")), "TensorBoard scalars"
-    ckpt = torch.load(d / "weights/best.pt", weights_only=False)
+    ckpt = torch.load(d / "weights/best.pt", weights_only=True)
     assert ckpt["optimizer"] is None and ckpt["model"]["state_dict"]  # stripped at the end of training
     assert "fitness" in metrics
 
@@ -76,7 +76,7 @@ def test_resume_restores_exact_state(shapes_detect, tmp_path):
     with pytest.raises(_Interrupt):
         run(DetectionTrainer, opt, callbacks={"on_fit_epoch_end": [_interrupt_after_first_epoch]})
     last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
-    saved = torch.load(last, weights_only=False)
+    saved = torch.load(last, weights_only=True)
     assert saved["epoch"] == 0 and saved["optimizer"] is not None
 
     seen = {}

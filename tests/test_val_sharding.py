@@ -19,6 +19,7 @@ from engine.tasks.classify import ClassificationValidator
 from engine.tasks.detect import DetectionValidator
 from engine.tasks.segment import SegmentationValidator
 from engine.validator import ShardedBatchSampler, ValOptions
+from models.checkpoints import from_safe, to_safe
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from tests.ddp_utils import free_port, spawn
 from utils.files import ROOT
@@ -85,7 +86,8 @@ def _worker(rank, world_size, cases, out):
     torch.set_num_threads(1)
     for case, data_path in cases:
         stats, matrix, jdict, seen = _validate(case, Path(data_path), Path(out) / case / f"rank{rank}")
-        torch.save({"stats": stats, "matrix": matrix, "jdict": jdict, "seen": seen}, Path(out) / case / f"{rank}.pt")
+        results = to_safe({"stats": stats, "matrix": matrix, "jdict": jdict, "seen": seen})  # weights_only-loadable
+        torch.save(results, Path(out) / case / f"{rank}.pt")
 
 
 def _perturb(model, task):
@@ -137,7 +139,7 @@ def test_two_ranks_equal_one_process(sharded, case):
         single, matrix, jdict, seen = _validate(case, Path(data[case]), root / case / "single")
     finally:
         torch.set_num_threads(threads)
-    ranks = [torch.load(root / case / f"{r}.pt", weights_only=False) for r in range(2)]
+    ranks = [from_safe(torch.load(root / case / f"{r}.pt", weights_only=True)) for r in range(2)]
     for r in ranks:  # every rank returns rank 0's results
         assert r["stats"] == single, (r["stats"], single)
     sharded = ranks[0]

@@ -88,7 +88,10 @@ def test_one_line_errors(tmp_path):
 
 def _record_downloads(monkeypatch):
     calls = []
-    monkeypatch.setattr(dy, "download", lambda urls, dir, threads=1: calls.append((urls, Path(dir), threads)))
+    def record(urls, dir, threads=1, within=None):
+        calls.append((urls, Path(dir), threads))
+
+    monkeypatch.setattr(dy, "download", record)
     return calls
 
 

@@ -49,7 +49,7 @@ def test_ckpt_round_trip_through_torch_save(tmp_path, make):
     assert d["class"] == type(model).__name__ and d["names"] == model.names and d["yaml"] == model.yaml
     assert all(v.dtype == torch.float16 for v in d["state_dict"].values() if v.is_floating_point())
     torch.save({"model": d}, tmp_path / "m.pt")
-    back = model_from_ckpt(torch.load(tmp_path / "m.pt", weights_only=False)["model"]).eval()
+    back = model_from_ckpt(torch.load(tmp_path / "m.pt", weights_only=True)["model"]).eval()
     assert type(back) is type(model) and back.names == model.names
     assert all(p.dtype == torch.float32 for p in back.parameters())
     with torch.no_grad():

@@ -39,7 +39,7 @@ def test_parity(name, inputs):
     model = cls(cfg, nc=80).eval()
     assert model_key_shapes(model) == key_shapes(PARITY / f"{name}.keys.txt")
     model.load_state_dict(float_state(PARITY / f"{name}.state.pt"), strict=True)
-    ref = torch.load(PARITY / f"{name}.out.pt", weights_only=False)
+    ref = torch.load(PARITY / f"{name}.out.pt", weights_only=True)
     for key in ("x320", "x256x320"):
         with torch.no_grad():
             got = outputs(name, model(inputs[key]))

@@ -39,6 +39,7 @@ from models.checkpoints import (
     save_checkpoint,
     to_safe,
 )
+from models.untrusted import check_checkpoint
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils.files import ROOT
 
@@ -102,26 +103,36 @@ def test_payloads_refused_before_anything_runs(tmp_path, kind, fmt, no_unpicklin
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("fmt,torch_allowlist", [("zip", True), ("zip", False), ("legacy", True)])
-def test_unpickler_refuses_what_the_scan_would_miss(monkeypatch, tmp_path, fmt, torch_allowlist):
-    """Second line: with the static scan switched off, the unpickler itself still refuses the payload (torch's
-    weights_only one, or ours for pre-zip files and torch < 2.6), and a legitimate official file still loads."""
-    monkeypatch.setattr(checkpoints, "TORCH_SAFE_GLOBALS", torch_allowlist)
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+def test_unpickler_refuses_what_the_scan_would_miss(monkeypatch, tmp_path, fmt):
+    """Second line: with the static check of globals switched off, torch's weights_only unpickler itself still
+    refuses the payload, and a legitimate official file still loads."""
     model = fp16_exact(DetectionModel("yolov5n.yaml", nc=3))
-    official = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model", legacy=fmt == "legacy",
-                             edit=_extras)
-    with torch.no_grad():
-        torch.testing.assert_close(attempt_load(official, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
+    official = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model", edit=_extras)
     marker = tmp_path / "pwned"
     path = write(our_checkpoint(date=payloads(marker)["os.system"][0]), tmp_path / "best.pt", fmt)
-    monkeypatch.setattr(checkpoints, "checkpoint_globals", lambda path: [])
+    monkeypatch.setattr(checkpoints, "_refuse_unsafe", lambda path, names: None)
+    with torch.no_grad():
+        torch.testing.assert_close(attempt_load(official, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
     with pytest.raises(BadCheckpoint, match="system"):
         attempt_load(path)
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("fmt", ["zip", "legacy"])
-def test_getattr_reaches_only_official_stubs(monkeypatch, tmp_path, fmt):
+def test_older_torch_loads_ours_and_refuses_official_trees(monkeypatch, tmp_path):
+    """torch < 2.6 cannot admit the stand-ins by name: our checkpoints (torch's default types only) still load,
+    official module trees are refused with a line saying why, never read another way."""
+    monkeypatch.setattr(checkpoints, "TORCH_SAFE_GLOBALS", False)
+    model = fp16_exact(DetectionModel("yolov5n.yaml", nc=3))
+    ours = write(our_checkpoint(model), tmp_path / "ours.pt", "zip")
+    official = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model")
+    with torch.no_grad():
+        torch.testing.assert_close(attempt_load(ours, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
+    with pytest.raises(BadCheckpoint, match=r"torch >= 2\.6"):
+        attempt_load(official)
+
+
+def test_getattr_reaches_only_official_stubs(monkeypatch, tmp_path):
     """Protocol-2 pickles write a function kept on a class (YOLOv5's `Segment.detect = Detect.forward`) as
     getattr(Detect, 'forward'): that loads. getattr on anything real is refused while unpickling."""
     model = fp16_exact(SegmentationModel("yolov5n-seg.yaml", nc=3))
@@ -137,12 +148,12 @@ def test_getattr_reaches_only_official_stubs(monkeypatch, tmp_path, fmt):
         tree.model[-1].detect = detect_cls.forward
 
     path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "SegmentationModel",
-                         edit=detect_forward_attribute, legacy=fmt == "legacy")
-    assert "builtins.getattr" in checkpoints.checkpoint_globals(path)
+                         edit=detect_forward_attribute)
+    assert "builtins.getattr" in check_checkpoint(path.read_bytes(), path, lambda names: None)
     with torch.no_grad():
         torch.testing.assert_close(attempt_load(path, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
     evil = write({"model": Call(Call(builtins.getattr, collections.OrderedDict, "fromkeys"), ["a"])},
-                 tmp_path / "evil.pt", fmt)
+                 tmp_path / "evil.pt", "zip")
     with pytest.raises(UnsafeCheckpoint, match=r"it calls getattr on collections\.OrderedDict"):
         attempt_load(evil)
 
@@ -311,11 +322,17 @@ def test_official_formats_load_with_the_same_outputs(monkeypatch, tmp_path, fami
                                    atol=0, rtol=0)
 
 
-def test_pre_zip_official_file_loads(monkeypatch, tmp_path):
+def test_pre_zip_files_load_through_the_restricted_loader_or_say_how_to_resave(monkeypatch, tmp_path):
+    """Pre-1.6 (non-zip) files go through torch's weights_only unpickler like any other: ours (tensors and plain
+    values) load; one that pickles whole modules, which that unpickler cannot read, is refused with how to
+    re-save it where its code is trusted."""
     model = fp16_exact(DetectionModel("yolov5n.yaml", nc=3))
-    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model", legacy=True)
+    ours = write(our_checkpoint(model), tmp_path / "ours.pt", "legacy")
     with torch.no_grad():
-        torch.testing.assert_close(attempt_load(path, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
+        torch.testing.assert_close(attempt_load(ours, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
+    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model", legacy=True)
+    with pytest.raises(UnsafeCheckpoint, match=r"pre-1\.6 torch file that pickles whole modules.*re-save it as a zip"):
+        attempt_load(path)
 
 
 @pytest.mark.parametrize("name", [
@@ -340,12 +357,20 @@ def test_pip_and_github_files_of_one_model_agree(monkeypatch, tmp_path):
 
 
 def test_no_unsafe_loading_outside_the_checkpoint_loader():
-    """The one place allowed to read pickles is models/checkpoints.py; everything else goes through it."""
+    """The one place allowed to read pickles is models/checkpoints.py (with models/untrusted.py, which reads them
+    without building anything); everything else goes through it. Nothing anywhere, tests included, asks torch.load
+    to unpickle without its restrictions, and torch.jit.load is reached only after check_torchscript."""
     pattern = re.compile(r"weights_only\s*=\s*False|allow_pickle\s*=\s*True|pickle\.loads?\(|torch\.load\(")
-    offenders = []
+    offenders, unrestricted, jit = [], [], []
     for f in ROOT.rglob("*.py"):
         rel = f.relative_to(ROOT).as_posix()
-        if rel.startswith(("tests/", ".")) or "/." in rel or rel == "models/checkpoints.py":
+        if rel.startswith(".") or "/." in rel:
             continue
-        offenders += [f"{rel}:{i}" for i, line in enumerate(f.read_text().splitlines(), 1) if pattern.search(line)]
+        lines = list(enumerate(f.read_text().splitlines(), 1))
+        unrestricted += [f"{rel}:{i}" for i, line in lines if re.search(r"weights_only\s*=\s*False", line)]
+        jit += [f"{rel}:{i}" for i, line in lines if "jit.load(" in line and not rel.startswith("tests/")]
+        if not rel.startswith("tests/") and rel not in ("models/checkpoints.py", "models/untrusted.py"):
+            offenders += [f"{rel}:{i}" for i, line in lines if pattern.search(line)]
     assert not offenders, f"unsafe loading outside models/checkpoints.py: {offenders}"
+    assert not unrestricted, f"unrestricted torch.load: {unrestricted}"
+    assert len(jit) == 1 and jit[0].startswith("models/backend.py"), jit

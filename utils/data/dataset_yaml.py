@@ -6,11 +6,13 @@ or lists of them, relative to `path`), `names` (list or {id: name}), optional `n
 `synthetic: {task, n_train, n_val, seed, ...}` (utils.data.synthetic.generate_dataset arguments) or `download:`.
 
 `download:` is data, never code: an http(s) archive URL or a list of them (fetched and unpacked beside the dataset
-root, i.e. into its parent), and a list may also hold `{urls: <URL or list>, dir: <folder relative to the root's
-parent>, threads: <int, optional>}` items for files that go into a subfolder (data/coco.yaml). The official
-repositories also run a `bash ...` command or a Python script found there; a YAML can come from anywhere, so such an
-entry is refused (nothing this project reads may run code), as is any other key, URL scheme or a `dir` outside the
-root's parent, all checked before anything is fetched.
+root, i.e. into its parent, each file landing inside the root), and a list may also hold `{urls: <URL or list>,
+dir: <folder relative to the root's parent>, threads: <int, optional>}` items for files that go into that folder
+(data/coco.yaml). The official repositories also run a `bash ...` command or a Python script found there; a YAML can
+come from anywhere, so such an entry is refused (nothing this project reads may run code), as is any other key, URL
+scheme, a URL that does not name a zip or tar archive, or a `dir` outside the root's parent, all checked before
+anything is fetched. What is fetched is unpacked as data only (utils.data.downloads: data files, no links, devices
+or setuid bits) and deleted.
 Errors are one line naming the file and the problem; under DDP call these inside torch_distributed_zero_first.
 """
 
@@ -20,7 +22,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from utils.data.downloads import download
+from utils.data.downloads import ARCHIVE_SUFFIXES, download, is_archive
 from utils.data.image_files import class_folders
 from utils.data.synthetic import generate_dataset
 from utils.errors import BadDataset
@@ -153,6 +155,9 @@ def _url(u, label, where):
     parsed = urllib.parse.urlparse(u)
     if parsed.scheme not in ("http", "https") or not parsed.netloc or any(c.isspace() for c in u):
         raise DatasetError(f"{label}: {where} {u!r:.80} is not an http(s) URL")
+    if not is_archive(parsed.path):
+        raise DatasetError(f"{label}: {where} {u!r:.80} does not name a zip or tar archive "
+                           f"({', '.join(ARCHIVE_SUFFIXES)}); a dataset download delivers data archives only")
     return u
 
 
@@ -179,7 +184,8 @@ def download_plan(spec, label, root):
     """The `download:` entry `spec` as [(urls, folder, threads)], or DatasetError naming `label` and the problem.
 
     Bare URLs go into root.parent (the official archives hold the dataset folder itself); a mapping item
-    `{urls, dir, threads}` into root.parent / dir. Nothing is fetched or created here."""
+    `{urls, dir, threads}` into root.parent / dir. What lands in root.parent itself may only fill the root
+    (run_download). Nothing is fetched or created here."""
     parent, where = root.parent, "'download'"
     if isinstance(spec, str) and spec.split():
         if _is_script(spec):
@@ -217,7 +223,10 @@ def run_download(spec, label, root):
     plan = download_plan(spec, label, root)
     t = time.time()
     for urls, folder, threads in plan:
-        download(urls, dir=folder, threads=threads)
+        try:  # into the root's parent only the root itself, not the user's other files there
+            download(urls, dir=folder, threads=threads, within=root if folder == root.parent else folder)
+        except BadDataset as e:
+            raise DatasetError(f"{label}: {e}") from None
     LOGGER.info(f"Dataset download finished in {time.time() - t:.1f}s: {root}")
 
 

@@ -3,11 +3,18 @@
 Several processes, also on several machines sharing the dataset folder, may run the same download at once: each
 fetches into its own temporary file and unpacks into its own temporary folder, and everything becomes visible under
 its final name by rename only (utils.files.publish), so nobody reads a half-written file.
+
+A dataset download delivers data, nothing else (`download`): what it fetches must be a zip or tar archive by its
+content, and only data files (DATA_SUFFIXES: images, videos, labels, annotations) are unpacked, as plain files
+without modes or owners, and only inside the folder the caller names; the archive is deleted after. An archive
+holding a link, a device node, a FIFO or a setuid/setgid file is refused whole (no dataset needs one); other files
+(code, libraries, `.pth`, licences) are left out with one warning naming them.
 """
 
 import errno
 import os
 import shutil
+import stat
 import tarfile
 import time
 import urllib.parse
@@ -16,8 +23,17 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from utils.data.image_files import IMG_FORMATS, VID_FORMATS, suffix
+from utils.errors import BadDataset
 from utils.files import publish, temp_sibling
 from utils.loggers import LOGGER
+
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+DATA_SUFFIXES = IMG_FORMATS | VID_FORMATS | {"txt", "json", "yaml", "yml", "csv", "xml"}
+
+
+class UnsafeArchive(BadDataset):
+    """A downloaded file that is not a data archive, or an archive holding what no dataset needs."""
 
 
 def _fetch_into(url, path, retries):
@@ -38,32 +54,63 @@ def fetch(url, dest, retries=3):
     return publish(dest, lambda tmp: _fetch_into(url, tmp, retries))
 
 
-def _inside(root, member):
-    """Archive member paths must stay under the extraction folder (no '../' escapes)."""
-    target = (root / member).resolve()
-    return target == root or root in target.parents
+def _within(folder, path):
+    """True if `path` (resolved) is `folder` or lies under it."""
+    return path == folder or folder in path.parents
 
 
-def unpack(archive, dest):
-    """Extract a .zip / .tar / .tar.gz / .tgz into `dest`."""
+def _zip_members(z):
+    """[(name, is_file, unix mode)] of a zip (the mode is in the high bits of external_attr where a Unix tool
+    wrote it, else 0)."""
+    return [(i.filename, not i.is_dir(), i.external_attr >> 16) for i in z.infolist()]
+
+
+def _tar_members(t):
+    return [(m.name, m.isfile(), m.mode | (stat.S_IFREG if m.isfile() else stat.S_IFDIR if m.isdir() else
+                                            stat.S_IFLNK)) for m in t.getmembers()]
+
+
+def _select(archive, members, dest, within):
+    """The member names to unpack: regular data files inside `within` (a folder under or equal to `dest`). Refuses
+    (UnsafeArchive) links, devices, FIFOs, setuid/setgid files and paths leaving `dest`; leaves out other files and
+    files outside `within` with one warning."""
+    keep, left_out = [], []
+    for name, is_file, mode in members:
+        kind = stat.S_IFMT(mode)
+        if kind not in (0, stat.S_IFREG, stat.S_IFDIR) or mode & (stat.S_ISUID | stat.S_ISGID):
+            raise UnsafeArchive(f"{archive.name}: refusing to unpack {name!r} (a link, device, FIFO or setuid/setgid "
+                                "file, which no dataset needs)")
+        target = (dest / name).resolve()
+        if not _within(dest, target):
+            raise UnsafeArchive(f"{archive.name}: refusing to unpack {name!r}, which leads outside {dest}")
+        if is_file:
+            (keep if suffix(name) in DATA_SUFFIXES and _within(within, target) else left_out).append(name)
+    if left_out:
+        LOGGER.warning(f"{archive.name}: left out {len(left_out)} files that are not data or lie outside {within.name}:"
+                       f" {', '.join(left_out[:5])}{', ...' if len(left_out) > 5 else ''}")
+    return keep
+
+
+def unpack(archive, dest, within=None):
+    """Unpack the data files of a zip or tar archive (decided by its content) into `dest`, each of them inside
+    `within` (default: `dest`). UnsafeArchive for anything else."""
     archive, dest = Path(archive), Path(dest).resolve()
-    if archive.suffix == ".zip":
+    within = Path(within).resolve() if within else dest
+    with open(archive, "rb") as f:
+        is_zip = f.read(4) == b"PK\x03\x04"
+    if is_zip:
         with zipfile.ZipFile(archive) as z:
-            bad = [m for m in z.namelist() if not _inside(dest, m)]
-            if bad:
-                raise ValueError(f"{archive}: refusing to extract paths outside {dest}: {bad[:3]}")
-            z.extractall(dest)
-    else:
+            z.extractall(dest, members=_select(archive, _zip_members(z), dest, within))  # zipfile writes no modes
+    elif tarfile.is_tarfile(archive):
         with tarfile.open(archive) as t:
-            bad = [m.name for m in t.getmembers() if not _inside(dest, m.name) or m.issym() or m.islnk()]
-            if bad:
-                raise ValueError(f"{archive}: refusing to extract links or paths outside {dest}: {bad[:3]}")
-            t.extractall(dest)
+            keep = set(_select(archive, _tar_members(t), dest, within))
+            t.extractall(dest, members=[m for m in t.getmembers() if m.name in keep], filter="data")
+    else:
+        raise UnsafeArchive(f"{archive.name}: not a zip or tar archive; a dataset download must be one")
 
 
 def is_archive(path):
-    name = str(path).lower()
-    return name.endswith((".zip", ".tar", ".tar.gz", ".tgz"))
+    return str(path).lower().endswith(ARCHIVE_SUFFIXES)
 
 
 def _move_into(src, dst):
@@ -84,35 +131,39 @@ def _move_into(src, dst):
             os.replace(entry, target)
 
 
-def _unpack_into(archive, dir):
+def _unpack_into(archive, dir, within):
     """Unpack into a temporary folder beside the content, then move the result into `dir` (see _move_into)."""
     tmp = temp_sibling(dir / Path(archive).name)
     try:
-        unpack(archive, tmp)
+        unpack(archive, tmp, tmp / within.relative_to(dir))
         _move_into(tmp, dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def download(urls, dir=".", unzip=True, delete=True, threads=1):
-    """Download each URL into `dir` (skipping files already there), then unpack archives into `dir`."""
+def download(urls, dir=".", threads=1, within=None):
+    """Download each archive URL into `dir` (skipping files already there), unpack its data files into `dir`, each
+    inside the folder `within` (default `dir`; the dataset root for archives that hold the dataset folder itself),
+    and delete the archive, also when it is refused."""
     dir = Path(dir)
+    within = Path(within) if within else dir
     dir.mkdir(parents=True, exist_ok=True)
 
     def one(url):
         dest = dir / Path(urllib.parse.urlparse(url).path).name
+        if not is_archive(dest):
+            raise UnsafeArchive(f"{url}: does not name a zip or tar archive; a dataset download must be one")
         if not dest.exists():
             LOGGER.info(f"Downloading {url} to {dest}...")
             fetch(url, dest)
-        if unzip and is_archive(dest):
-            LOGGER.info(f"Unpacking {dest}...")
-            try:
-                _unpack_into(dest, dir)
-            except FileNotFoundError:
-                if dest.exists():
-                    raise  # else another process unpacked this archive and deleted it: its content is in place
-            if delete:
-                dest.unlink(missing_ok=True)
+        LOGGER.info(f"Unpacking {dest}...")
+        try:
+            _unpack_into(dest, dir, within)
+        except FileNotFoundError:
+            if dest.exists():
+                raise  # else another process unpacked this archive and deleted it: its content is in place
+        finally:
+            dest.unlink(missing_ok=True)
 
     urls = [urls] if isinstance(urls, (str, Path)) else list(urls)
     if threads > 1:

@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 
 from utils.data.augment import letterbox
-from utils.data.downloads import download
+from utils.data.downloads import fetch
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, suffix
 from utils.data.sources import LoadImages, SourceNotFound
 from utils.errors import BadFile
@@ -50,7 +50,8 @@ def open_source(source, imgsz=640, stride=32, auto=True, transforms=None, vid_st
     if _is_url(s):
         name = _url_file(s)
         if not Path(name).is_file():
-            download(s, dir=".", unzip=False)
+            LOGGER.info(f"Downloading {s} to {name}...")
+            fetch(s, Path(name))
         s = name
     try:
         return LoadImages(s, **kwargs)
