@@ -46,7 +46,7 @@ def test_two_nodes_prepare_one_shared_dataset(tmp_path):
     for split, n in (("train", SYNTH["n_train"]), ("val", SYNTH["n_val"])):
         assert len(list((root / "images" / split).glob("*.jpg"))) == n
         assert len(list((root / "labels" / split).glob("*.txt"))) == n
-        assert json.loads((root / "labels" / f"{split}.cache").read_text())["format"] == FORMAT
+        assert json.loads((root / "labels" / f"{split}.yolo-engine.cache").read_text())["format"] == FORMAT
     npys = list(root.rglob("*.npy"))
     assert npys, "--cache disk wrote nothing"
     for f in npys:

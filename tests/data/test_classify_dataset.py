@@ -58,7 +58,7 @@ def test_corrupt_image_skipped_counted_and_cache_reused(shapes_cls, tmp_path, yo
     assert str(bad) not in [f for f, _ in ds.samples]
     assert any("11 images, 1 skipped" in m for m in yolo_log)
     assert any(str(bad) in m and "WARNING" in m for m in yolo_log)
-    assert (root / "train.cache").is_file()
+    assert (root / "train.yolo-engine.cache").is_file()
     again = ClassificationDataset(root / "train", imgsz=32)
     assert again.stats["cached"] and again.samples == ds.samples
 

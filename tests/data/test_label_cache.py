@@ -58,7 +58,7 @@ def _bad_caches(marker):
 @pytest.mark.parametrize("kind", list(_bad_caches("m")))
 def test_unusable_cache_is_rebuilt_with_one_warning(det_copy, yolo_log, kind, tmp_path):
     marker = tmp_path / "pwned"
-    cache = det_copy / "labels" / "train.cache"
+    cache = det_copy / "labels" / "train.yolo-engine.cache"
     content = _bad_caches(marker)[kind]
     if content is None:
         np.save(str(cache) + ".npy", {"version": "0.6", "labels": [Payload(marker)]}, allow_pickle=True)
@@ -72,13 +72,26 @@ def test_unusable_cache_is_rebuilt_with_one_warning(det_copy, yolo_log, kind, tm
     assert YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3).stats["cached"]  # rewritten, usable
 
 
+def test_the_official_cache_name_is_left_to_the_official_tools(det_copy, yolo_log):
+    """Ultralytics and yolov5 keep their pickled cache in labels/train.cache: ours lives beside it, so neither tool
+    makes the other rescan, and theirs is never read or rewritten."""
+    official = det_copy / "labels" / "train.cache"
+    official.write_bytes(b"\x93NUMPY pickled by another tool")
+    YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3)
+    again = YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3)
+    assert again.stats["cached"] and not [m for m in yolo_log if "ignoring label cache" in m]
+    assert official.read_bytes() == b"\x93NUMPY pickled by another tool"
+    assert label_cache.cache_path(det_copy / "labels" / "train") == det_copy / "labels" / "train.yolo-engine.cache"
+    assert label_cache.cache_path(det_copy / "train.txt") == det_copy / "train.yolo-engine.cache"
+
+
 def test_only_local_rank_zero_writes(det_copy, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3)
-    assert not (det_copy / "labels" / "train.cache").exists()
+    assert not (det_copy / "labels" / "train.yolo-engine.cache").exists()
     monkeypatch.setenv("LOCAL_RANK", "0")
     YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3)
-    assert (det_copy / "labels" / "train.cache").exists()
+    assert (det_copy / "labels" / "train.yolo-engine.cache").exists()
 
 
 def _bind_read_only(folder):
@@ -102,9 +115,9 @@ def read_only_data(det_copy, tmp_path, monkeypatch):
     with a payload. A real read-only bind mount where we may mount (root); else file modes (non-root; root ignores
     them); else writes into it fail as on a read-only filesystem."""
     marker = tmp_path / "pwned"
-    (det_copy / "labels" / "train.cache").write_bytes(b"\x00" * 100)
+    (det_copy / "labels" / "train.yolo-engine.cache").write_bytes(b"\x00" * 100)
     np.save(det_copy / "labels" / "val.npy", {"labels": [Payload(marker)]}, allow_pickle=True)
-    os.replace(det_copy / "labels" / "val.npy", det_copy / "labels" / "val.cache")
+    os.replace(det_copy / "labels" / "val.npy", det_copy / "labels" / "val.yolo-engine.cache")
     ro = _bind_read_only(det_copy) if os.geteuid() == 0 else None
     if ro is not None:
         with pytest.raises(OSError):
@@ -134,8 +147,8 @@ def test_training_runs_on_read_only_data_with_corrupt_and_foreign_caches(read_on
         "--data", str(data), "--cfg", "yolov5n.yaml", "--imgsz", "64", "--batch-size", "8", "--epochs", "1",
         "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"), "--name", "exp"]))
     assert "fitness" in metrics and (trainer.save_dir / "weights" / "best.pt").is_file()
-    assert (root / "labels" / "train.cache").read_bytes() == b"\x00" * 100  # nothing could be written there
+    assert (root / "labels" / "train.yolo-engine.cache").read_bytes() == b"\x00" * 100  # nothing could be written there
     assert not marker.exists()
     ignored = [m for m in yolo_log if "ignoring label cache" in m]
-    assert any("train.cache" in m for m in ignored) and any("val.cache" in m for m in ignored)
+    assert any("train.yolo-engine.cache" in m for m in ignored) and any("val.yolo-engine.cache" in m for m in ignored)
     assert len([m for m in yolo_log if "not writeable" in m]) == 1  # one folder, one warning

@@ -16,7 +16,7 @@ def _dataset(root, **kw):
 
 def test_label_cache_built_once_reused_and_rebuilt(det_copy, yolo_log):
     ds = _dataset(det_copy)
-    cache = det_copy / "labels" / "train.cache"
+    cache = det_copy / "labels" / "train.yolo-engine.cache"
     assert cache.is_file() and not ds.stats["cached"] and ds.stats["images"] == 16
     assert any("Scanning" in m and "16 images" in m for m in yolo_log)
 
@@ -89,7 +89,7 @@ def test_read_only_cache_location_only_warns(det_copy, monkeypatch, yolo_log):
 
     monkeypatch.setattr(label_cache, "publish", refuse)
     ds = _dataset(det_copy)
-    assert len(ds) == 16 and not (det_copy / "labels" / "train.cache").exists()
+    assert len(ds) == 16 and not (det_copy / "labels" / "train.yolo-engine.cache").exists()
     assert any("not writeable" in m for m in yolo_log)
 
 
@@ -105,4 +105,4 @@ def test_image_listing_rules(det_copy, tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere"):
         list_files(str(tmp_path / "nowhere"))
     ds = YOLODataset(str(lst), imgsz=96, nc=3)
-    assert len(ds) == 2 and (det_copy / "train.cache").is_file()
+    assert len(ds) == 2 and (det_copy / "train.yolo-engine.cache").is_file()

@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from utils.data.augment import SampleRNG, augment_hsv
 from utils.data.image_files import class_folders, files_hash, scan_files
-from utils.data.label_cache import load_cache, save_cache
+from utils.data.label_cache import cache_path, load_cache, save_cache
 from utils.data.labels import CACHE_VERSION, NoUsableImages, log_problems, read_image, verify_image
 from utils.data.loader import rank_indices
 from utils.errors import BadDataset
@@ -88,9 +88,9 @@ class ClassificationDataset(Dataset):
     """root/<class>/**/*.jpg. `names` {id: class name} is the class map every split shares (the training split's, or
     a checkpoint's); without it, the sorted folder names here. A folder not in the map is a BadDataset naming it; a
     class of the map without a folder here simply has no images in this split. Unreadable images are found once
-    (the result is cached in `<root>.cache`), skipped and counted; files that are not images, or not inside a class
-    folder, are listed in `problems` too. `dataset[i]` -> {'img': float32 (3, imgsz, imgsz), 'cls': int}, with
-    ClassifyTrainTransforms when augment, else classify_val_transforms.
+    (the result is cached in `<root>.yolo-engine.cache`), skipped and counted; files that are not images, or not
+    inside a class folder, are listed in `problems` too. `dataset[i]` -> {'img': float32 (3, imgsz, imgsz),
+    'cls': int}, with ClassifyTrainTransforms when augment, else classify_val_transforms.
 
     cache: 'ram' or 'disk' (.npy), limited to `cache_indices`, or to this rank's share when world_size > 1.
     """
@@ -148,9 +148,9 @@ class ClassificationDataset(Dataset):
 
     def _verify(self, candidates):
         files = [f for f, _ in candidates]
-        cache_path = self.root.parent / f"{self.root.name}.cache"
+        cache_file = cache_path(self.root)
         hash_ = files_hash(files, extra=f"{CACHE_VERSION} classify")
-        cache = load_cache(cache_path, hash_, self.prefix)
+        cache = load_cache(cache_file, hash_, self.prefix)
         cached = cache is not None
         if not cached:
             workers = min(8, os.cpu_count() or 1)
@@ -159,7 +159,7 @@ class ClassificationDataset(Dataset):
             msgs = [f"{f}: skipped, {e}" for f, e in zip(files, errors) if e]
             good = [i for i, e in enumerate(errors) if not e]
             cache = {"version": CACHE_VERSION, "hash": hash_, "good": good, "msgs": msgs}
-            save_cache(cache_path, cache, hash_, self.prefix)
+            save_cache(cache_file, cache, hash_, self.prefix)
         samples = [candidates[i] for i in cache["good"]]
         present, folders = {c for _, c in samples}, set(class_folders(self.root))
         empty = [f"{self.root / name}: skipped, class folder has no readable image"

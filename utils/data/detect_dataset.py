@@ -23,6 +23,7 @@ from utils.data.augment import (
     random_perspective,
 )
 from utils.data.image_files import IMG_FORMATS, img2label_paths, scan_files
+from utils.data.label_cache import cache_path
 from utils.data.label_formats import get_format
 from utils.data.labels import NoUsableImages, cache_labels, read_image
 from utils.data.loader import rank_indices
@@ -73,11 +74,8 @@ class YOLODataset(Dataset):
                                  f"{', '.join(sorted(IMG_FORMATS))}; {len(others)} other files)", ignored)
         label_files = img2label_paths(im_files)
         p = Path(img_path) if isinstance(img_path, (str, Path)) else None
-        if p is not None and p.is_file():  # a list file: train.txt -> train.cache
-            cache_path = p.with_suffix(".cache")
-        else:  # labels/train -> labels/train.cache
-            cache_path = Path(label_files[0]).parent.parent / f"{Path(label_files[0]).parent.name}.cache"
-        labels, self.stats = cache_labels(im_files, label_files, cache_path, nc, prefix, fmt=self.format)
+        split = p if p is not None and p.is_file() else Path(label_files[0]).parent  # a list file, or labels/train
+        labels, self.stats = cache_labels(im_files, label_files, cache_path(split), nc, prefix, fmt=self.format)
         self.problems = self.stats.pop("problems") + ignored
         self.stats["ignored"] = len(ignored)
         if ignored:

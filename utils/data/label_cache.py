@@ -1,4 +1,5 @@
-"""The `.cache` file beside a dataset's labels: the result of a label scan, saved so the next run skips the scan.
+"""The `.yolo-engine.cache` file beside a dataset's labels: the result of a label scan, saved so the next run
+skips the scan.
 
 Format: one JSON document, `{"format": FORMAT, "version": VERSION, "hash": ..., "data": ...}`. `data` is the
 caller's dict, with numpy arrays written as `{"__ndarray__": [dtype, shape, base64 bytes]}` (numeric dtypes only)
@@ -21,6 +22,9 @@ from utils.files import publish
 from utils.loggers import LOGGER
 
 FORMAT = "yolo-engine label cache"
+# `train.cache` is the official repos' name for their pickled cache: sharing it, each tool would rescan after the
+# other had run (seen on the GPU machine, docs/performance.md)
+SUFFIX = ".yolo-engine.cache"
 VERSION = 2  # 1 was the pickled .npy cache
 _warned_dirs = set()  # one "not writeable" warning per folder and process
 
@@ -101,3 +105,10 @@ def save_cache(path, data, hash_, prefix=""):
             _warned_dirs.add(path.parent)
             _warn(prefix, f"cache dir {path.parent} is not writeable, labels not cached ({e})")
         return False
+
+
+def cache_path(split_path):
+    """The cache of a split: labels/train -> labels/train.yolo-engine.cache, train.txt -> train.yolo-engine.cache."""
+    split_path = Path(split_path)
+    stem = split_path.stem if split_path.suffix == ".txt" else split_path.name
+    return split_path.with_name(stem + SUFFIX)

@@ -1,4 +1,4 @@
-"""Verifying YOLO-format images and label files, and the `.cache` file that saves doing it twice.
+"""Verifying YOLO-format images and label files, and the label cache that saves doing it twice.
 
 A label line is `cls` followed by what the task's label format reads (utils/data/label_formats.py: a box
 `cx cy w h` or a polygon `x1 y1 x2 y2 ...` for detect and segment), normalised to [0, 1]. The policy for what is
