@@ -1,3 +1,4 @@
+import logging
 import os
 from pathlib import Path
 
@@ -72,3 +73,24 @@ def no_leaked_launcher_env():
             os.environ[k] = v
     leaked = {k: v for k, v in after.items() if v != before[k]}
     assert not leaked, f"test left launcher environment variables changed: {leaked}"
+
+
+class LogLines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def yolo_log():
+    """Messages sent to the project's 'yolo' logger (attached directly: the app may turn off propagation)."""
+    logger = logging.getLogger("yolo")
+    handler, level = LogLines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.messages
+    logger.removeHandler(handler)
+    logger.setLevel(level)

@@ -20,30 +20,13 @@ import yaml
 from engine.hyp import read_hyp
 from models.checkpoints import model_to_ckpt
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from tests.conftest import LogLines
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS
 from utils.data.synthetic import generate_dataset
 from utils.errors import run_cli
 from utils.files import ROOT
 
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
-
-
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def log():
-    """Messages of the project's 'yolo' logger during the test."""
-    logger, handler = logging.getLogger("yolo"), _Lines()
-    logger.addHandler(handler)
-    yield handler.lines
-    logger.removeHandler(handler)
 
 
 def cli(argv, capsys):
@@ -71,7 +54,7 @@ def cls_run(tmp_path_factory):
     shutil.rmtree(root / "val" / "circle")
     import classify.train
 
-    logger, handler = logging.getLogger("yolo"), _Lines()
+    logger, handler = logging.getLogger("yolo"), LogLines()
     logger.addHandler(handler)
     try:
         trainer, _ = classify.train.main(classify.train.parse_opt([
@@ -79,7 +62,7 @@ def cls_run(tmp_path_factory):
             "--device", "cpu", "--noplots", "--project", str(root.parent / "runs")]))
     finally:
         logger.removeHandler(handler)
-    return trainer, root, handler.lines
+    return trainer, root, handler.messages
 
 
 def test_item1_val_scored_under_the_training_class_map(cls_run):
@@ -96,7 +79,7 @@ def test_item1_val_scored_under_the_training_class_map(cls_run):
     assert f"val: no folder here for class(es) blank, circle: no images of them in {root / 'val'}" in lines
 
 
-def test_item1_classify_val_uses_the_checkpoint_map(cls_run, tmp_path, log, capsys):
+def test_item1_classify_val_uses_the_checkpoint_map(cls_run, tmp_path, yolo_log, capsys):
     trainer, root, _ = cls_run
     data = tmp_path / "other"  # the same val images under a dataset whose train split sorts differently
     shutil.copytree(root / "val", data / "val")
@@ -106,7 +89,7 @@ def test_item1_classify_val_uses_the_checkpoint_map(cls_run, tmp_path, log, caps
     code, errors, stats = cli(["classify/val.py", "--weights", str(trainer.best), "--data", str(data), "--img", "32",
                                "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "val")], capsys)
     assert code == 0 and errors == [] and stats == {k: v for k, v in trainer.metrics.items() if "loss" not in k}
-    assert [line.split()[0] for line in log if line[:4] == "    "] == ["all", "rectangle", "triangle"]
+    assert [line.split()[0] for line in yolo_log if line[:4] == "    "] == ["all", "rectangle", "triangle"]
 
 
 def test_item2_a_val_class_that_train_lacks_is_an_error(cls_run, tmp_path, capsys):
@@ -194,7 +177,7 @@ def test_item8_a_loss_that_cannot_train_the_model_head(shapes_detect, tmp_path, 
     assert (code, errors) == (2, ["error: hyp loss 'v8seg' cannot train the model's Detect head (its loss is 'v5')"])
 
 
-def test_item8_a_partial_hyp_file_is_completed_from_the_model_default(shapes_detect, tmp_path, log):
+def test_item8_a_partial_hyp_file_is_completed_from_the_model_default(shapes_detect, tmp_path, yolo_log):
     import train
 
     f = tmp_path / "hyp.yaml"
@@ -203,7 +186,7 @@ def test_item8_a_partial_hyp_file_is_completed_from_the_model_default(shapes_det
                                                    "yolov8n.yaml")[1:]))
     default = read_hyp("hyp.v8.yaml")
     assert yaml.safe_load((trainer.save_dir / "hyp.yaml").read_text()) == {**default, "lr0": 0.002, "mosaic": 0.0}
-    note = [line for line in log if line.startswith(f"--hyp {f} sets 2 keys; taken from hyp.v8.yaml: ")]
+    note = [line for line in yolo_log if line.startswith(f"--hyp {f} sets 2 keys; taken from hyp.v8.yaml: ")]
     assert note == [f"--hyp {f} sets 2 keys; taken from hyp.v8.yaml: "
                     + ", ".join(f"{k}={v}" for k, v in default.items() if k not in ("lr0", "mosaic"))]
 
@@ -259,12 +242,13 @@ def test_item9_missing_or_empty_sources_are_errors(weights, tmp_path, capsys, sc
 
 
 @pytest.mark.parametrize("script", ["detect.py", "segment/predict.py", "classify/predict.py"])
-def test_item9_unreadable_videos_are_warnings_while_anything_is_read(weights, videos, tmp_path, capsys, log, script):
+def test_item9_unreadable_videos_are_warnings_while_anything_is_read(weights, videos, tmp_path, capsys, yolo_log,
+                                                                    script):
     files = [videos / "cut.mp4", videos / "half.avi", videos / "ok.jpg"]
     (tmp_path / "list.txt").write_text("".join(f"{f}\n" for f in files))
     code, errors, results = cli(_predict(script, weights, tmp_path / "list.txt", tmp_path), capsys)
     assert code == 0 and errors == [] and len(results) == 10 + 1
-    assert [m for m in log if m.startswith("WARNING")] == [
+    assert [m for m in yolo_log if m.startswith("WARNING")] == [
         f"WARNING: skipping video {videos / 'cut.mp4'}: cannot be opened (truncated, or not a video)",
         f"WARNING: video {videos / 'half.avi'} ended at frame 10 of the 20 it reports (truncated?)"]
     code, errors, _ = cli(_predict(script, weights, videos / "cut.mp4", tmp_path), capsys)

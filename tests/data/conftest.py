@@ -1,4 +1,3 @@
-import logging
 import shutil
 
 import pytest
@@ -36,24 +35,3 @@ def det_copy(shapes_det, tmp_path):
     dst = tmp_path / "det"
     shutil.copytree(shapes_det, dst, ignore=shutil.ignore_patterns("*.cache"))
     return dst
-
-
-class _ListHandler(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-@pytest.fixture
-def yolo_log():
-    """Messages sent to the project's 'yolo' logger (attached directly: the app may turn off propagation)."""
-    logger = logging.getLogger("yolo")
-    handler, level = _ListHandler(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler.messages
-    logger.removeHandler(handler)
-    logger.setLevel(level)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from utils.data.image_files import MISSING, entry_problem, files_hash
-from utils.data.label_cache import load_cache, save_cache
+from utils.data.label_cache import SUFFIX, load_cache, save_cache
 from utils.data.label_formats import BadLine, get_format
 from utils.errors import BadDataset
 from utils.imageio import read_image
@@ -205,7 +205,7 @@ def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=
         save_cache(cache_path, cache, hash_, prefix)
     s, msgs = cache["stats"], cache["msgs"]
     LOGGER.info(
-        f"{prefix}Scanning {Path(cache_path).with_suffix('')}... {s['images']} images ({s['backgrounds']} "
+        f"{prefix}Scanning {str(cache_path).removesuffix(SUFFIX)}... {s['images']} images ({s['backgrounds']} "
         f"backgrounds), {s['skipped']} skipped, {s['duplicates']} duplicate rows removed, {s['clipped']} labels "
         f"clipped, {s['truncated']} truncated JPEGs" + (" (cached)" if cached else "")
     )
