@@ -119,3 +119,17 @@ def test_copy_paste_mirrors_instances_that_do_not_hide_others():
     assert changed.sum() == changed[10:31, 56:73].sum() > 0  # nothing else moved
     same, kept = copy_paste(before.copy(), inst, 0.0, np.random.default_rng(0))
     assert kept is inst and (same == before).all()
+
+
+def test_hsv_gains_are_per_channel_lookups():
+    """The HSV augmentation is three lookup tables on OpenCV's HSV image: hue * g mod 180, saturation and value
+    * g clipped to 255 (checked channel by channel, against tables applied one at a time)."""
+    img = np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8)
+    out = augment_hsv(img.copy(), 0.5, 0.7, 0.4, np.random.default_rng(5))
+    g = np.random.default_rng(5).uniform(-1, 1, 3) * [0.5, 0.7, 0.4] + 1
+    x = np.arange(256)
+    hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
+    tables = [((x * g[0]) % 180).astype(np.uint8), np.clip(x * g[1], 0, 255).astype(np.uint8),
+              np.clip(x * g[2], 0, 255).astype(np.uint8)]
+    want = np.stack([t[hsv[..., c]] for c, t in enumerate(tables)], -1)
+    assert np.array_equal(out, cv2.cvtColor(want, cv2.COLOR_HSV2BGR))

@@ -299,13 +299,13 @@ def test_images_with_a_bad_line_never_reach_a_batch(tmp_path, monkeypatch):
     (root / "data.yaml").write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
                                                     "names": ["circle", "rectangle", "triangle"]}))
     loaded = []
-    real = detect_dataset.YOLODataset._source
+    real = detect_dataset.YOLODataset.load_image
 
     def spy(self, i):  # every image a batch is made of passes here, mosaic partners included
         loaded.append(self.im_files[i])
         return real(self, i)
 
-    monkeypatch.setattr(detect_dataset.YOLODataset, "_source", spy)
+    monkeypatch.setattr(detect_dataset.YOLODataset, "load_image", spy)
     trainer, _ = train.main(train.parse_opt([
         "--data", str(root / "data.yaml"), "--cfg", "yolov5n.yaml", "--imgsz", "64", "--batch-size", "4",
         "--epochs", "2", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs")]))

@@ -157,7 +157,8 @@ def test_label_cache_race(race):
         np.testing.assert_allclose(np.array(boxes, np.float32), rows[:, 1:], atol=2e-6)
     ims = list_files(str(root / "data" / "images" / "train"))
     hash_ = files_hash(ims + img2label_paths(ims), extra=f"{CACHE_VERSION} nc=3 {DetectLabels.line_format}")
-    assert load_cache(root / "data" / "labels" / "train.cache", hash_) is not None  # one complete, current cache
+    cache = root / "data" / "labels" / "train.yolo-engine.cache"
+    assert load_cache(cache, hash_) is not None  # one complete, current cache
     _no_temporaries(root / "data")
 
 

@@ -101,7 +101,7 @@ def letterbox(im, new_shape=(640, 640), color=(PAD_VALUE,) * 3, auto=True, scale
     return im, (new_unpad[0] / shape[1], new_unpad[1] / shape[0]), (dw, dh)
 
 
-def affine_matrix(in_shape, out_shape, degrees, translate, scale, shear, perspective, rng):
+def _affine_matrix(in_shape, out_shape, degrees, translate, scale, shear, perspective, rng):
     """3x3 homography: centre, perspective, rotate+scale, shear, translate. Returns (M, scale drawn)."""
     C = np.eye(3)
     C[0, 2], C[1, 2] = -in_shape[1] / 2, -in_shape[0] / 2
@@ -133,30 +133,22 @@ def box_candidates(box1, box2, wh_thr=2, ar_thr=100, area_thr=0.1, eps=1e-16):
 
 def random_perspective(img, inst, degrees=0.0, translate=0.1, scale=0.5, shear=0.0, perspective=0.0,
                        border=(0, 0), rng=None):
-    """Warp the image and its labels by a random homography; output size = input size + 2 * border (h, w)."""
-    rng = rng or np.random.default_rng()
-    out_shape = (img.shape[0] + 2 * border[0], img.shape[1] + 2 * border[1])
-    M, s = affine_matrix(img.shape, out_shape, degrees, translate, scale, shear, perspective, rng)
-    if border[0] or border[1] or (M != np.eye(3)).any():
-        img = warp_image(img, M, out_shape, perspective)
-    return img, warp_instances(inst, M, s, out_shape, perspective)
-
-
-def warp_image(img, M, out_shape, perspective=0.0):
-    size, fill = (out_shape[1], out_shape[0]), (PAD_VALUE,) * 3
-    if perspective:
-        return cv2.warpPerspective(img, M, dsize=size, borderValue=fill)
-    return cv2.warpAffine(img, M[:2], dsize=size, borderValue=fill)
-
-
-def warp_instances(inst, M, s, out_shape, perspective=0.0):
-    """Labels through the homography M (drawn with scale s) into an image of `out_shape` (h, w).
+    """Warp the image and its labels by a random homography; output size = input size + 2 * border (h, w).
 
     Polygons (when present) are resampled to 1000 points and warped, and each box is re-derived from its
     warped polygon, which fits far better than warping box corners. Boxes that end up too small are dropped.
     """
+    rng = rng or np.random.default_rng()
+    out_shape = (img.shape[0] + 2 * border[0], img.shape[1] + 2 * border[1])
+    M, s = _affine_matrix(img.shape, out_shape, degrees, translate, scale, shear, perspective, rng)
+    if border[0] or border[1] or (M != np.eye(3)).any():
+        size, fill = (out_shape[1], out_shape[0]), (PAD_VALUE,) * 3
+        if perspective:
+            img = cv2.warpPerspective(img, M, dsize=size, borderValue=fill)
+        else:
+            img = cv2.warpAffine(img, M[:2], dsize=size, borderValue=fill)
     if not len(inst):
-        return inst
+        return img, inst
     h, w = out_shape
     if inst.segments is not None:
         segments = [_transform_points(p, M, perspective).astype(np.float32) for p in resample_segments(inst.segments)]
@@ -170,35 +162,7 @@ def warp_instances(inst, M, s, out_shape, perspective=0.0):
     out = Instances(inst.cls.copy(), boxes, segments)
     out.clip(w, h)
     keep = box_candidates(inst.boxes * s, out.boxes, area_thr=0.01 if segments is not None else 0.10)
-    return out.select(keep)
-
-
-def placement(src_shape, size, offset):
-    """3x3 affine taking pixel (x, y) of an image of `src_shape` (h, w, ...) to where it lies once resized to `size`
-    (h, w) (cv2.resize's pixel-centre mapping) and shifted by `offset` (x, y)."""
-    sx, sy = size[1] / src_shape[1], size[0] / src_shape[0]
-    return np.array([[sx, 0, 0.5 * sx - 0.5 + offset[0]], [0, sy, 0.5 * sy - 0.5 + offset[1]], [0, 0, 1.0]])
-
-
-def draw_pieces(out, pieces, M):
-    """Paint pieces of a virtual canvas into `out` through the axis-aligned affine M (canvas -> out), each straight
-    from its source image: one interpolation per pixel, and neither the canvas nor the resized images are made.
-
-    pieces: (source image, (h, w) its size on the canvas, (x, y) its offset there, (x1, y1, x2, y2) the canvas
-    pixels it covers).
-    """
-    for src, size, offset, (x1, y1, x2, y2) in pieces:
-        # the output pixels whose centres fall in the piece's canvas pixels [x1, x2) x [y1, y2)
-        qx0, qx1 = (min(max(math.ceil(M[0, 0] * (x - 0.5) + M[0, 2]), 0), out.shape[1]) for x in (x1, x2))
-        qy0, qy1 = (min(max(math.ceil(M[1, 1] * (y - 0.5) + M[1, 2]), 0), out.shape[0]) for y in (y1, y2))
-        if qx1 <= qx0 or qy1 <= qy0:
-            continue
-        T = M @ placement(src.shape, size, offset)
-        T[0, 2] -= qx0
-        T[1, 2] -= qy0
-        # the piece's own edge pixels, not grey, for the output pixels that sample within half a pixel beyond it
-        out[qy0:qy1, qx0:qx1] = cv2.warpAffine(src, T[:2], (qx1 - qx0, qy1 - qy0), borderMode=cv2.BORDER_REPLICATE)
-    return out
+    return img, out.select(keep)
 
 
 def augment_hsv(img, hgain=0.5, sgain=0.5, vgain=0.5, rng=None):

@@ -16,15 +16,11 @@ from utils.data.augment import (
     PAD_VALUE,
     Instances,
     SampleRNG,
-    affine_matrix,
     augment_hsv,
     copy_paste,
-    draw_pieces,
     letterbox,
     mixup,
     random_perspective,
-    warp_image,
-    warp_instances,
 )
 from utils.data.image_files import IMG_FORMATS, img2label_paths, scan_files
 from utils.data.label_cache import cache_path
@@ -147,21 +143,17 @@ class YOLODataset(Dataset):
 
     def load_image(self, i):
         """Image i resized so its long side is imgsz: (BGR image, (h0, w0) original, (h, w) resized)."""
-        im, (h0, w0), (h, w) = self._source(i)
-        if im.shape[:2] != (h, w):
-            # INTER_AREA keeps detail when shrinking for validation; training favours the faster INTER_LINEAR
-            interp = cv2.INTER_LINEAR if (self.augment or h > h0) else cv2.INTER_AREA
-            im = cv2.resize(im, (w, h), interpolation=interp)
-        return im, (h0, w0), (h, w)
-
-    def _source(self, i):
-        """(image i as cached (resized) or read (original), (h0, w0) original, (h, w) with the long side imgsz)."""
         if self.ims[i] is not None:
             return self.ims[i]
         im = self._read(i)
         h0, w0 = im.shape[:2]
         r = self.imgsz / max(h0, w0)
-        return im, (h0, w0), (min(math.ceil(h0 * r), self.imgsz), min(math.ceil(w0 * r), self.imgsz))
+        if r != 1:
+            # INTER_AREA keeps detail when shrinking for validation; training favours the faster INTER_LINEAR
+            interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
+            size = (min(math.ceil(w0 * r), self.imgsz), min(math.ceil(h0 * r), self.imgsz))
+            im = cv2.resize(im, size, interpolation=interp)
+        return im, (h0, w0), im.shape[:2]
 
     def _save_npy(self, i):
         # published by rename: another process (or node) reading this .npy never sees a half-written one
@@ -188,46 +180,26 @@ class YOLODataset(Dataset):
         return Instances(lb["cls"][:, 0].copy(), boxes, segs)
 
     def load_mosaic(self, index, rng):
-        """Four images around a random centre of a 2s x 2s canvas, then warped and cropped back to s x s.
-
-        With no rotation, shear or perspective (the official defaults) and no copy-paste, the canvas is never
-        made: each image is warped once, straight from the file's pixels, into its part of the output."""
+        """Four images around a random centre of a 2s x 2s canvas, then warped and cropped back to s x s."""
         s = self.imgsz
         xc, yc = (int(v) for v in rng.uniform(s // 2, 3 * s // 2, 2))
         indices = [index, *rng.choice(self.pool, 3)]
         rng.shuffle(indices)
-        pieces, parts = [], []
+        canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, np.uint8)
+        parts = []
         for k, i in enumerate(indices):  # k: 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right of the centre
-            src, _, (h, w) = self._source(int(i))
+            img, _, (h, w) = self.load_image(int(i))
             ox, oy = (xc - w if k in (0, 2) else xc), (yc - h if k in (0, 1) else yc)
-            region = (max(ox, 0), max(oy, 0), min(ox + w, 2 * s), min(oy + h, 2 * s))
-            pieces.append((src, (h, w), (ox, oy), region))
+            x1, y1, x2, y2 = max(ox, 0), max(oy, 0), min(ox + w, 2 * s), min(oy + h, 2 * s)
+            canvas[y1:y2, x1:x2] = img[y1 - oy : y2 - oy, x1 - ox : x2 - ox]
             parts.append(self._instances(int(i), w, h, ox, oy))
         inst = Instances.concat(parts)
         inst.clip(2 * s, 2 * s)
         if inst.segments is not None:
             for seg in inst.segments:
                 np.clip(seg, 0, 2 * s, out=seg)
-        hyp = self.hyp
-        if hyp["copy_paste"] and inst.segments is not None:  # pastes on the canvas itself
-            canvas, inst = copy_paste(self._canvas(pieces), inst, hyp["copy_paste"], rng)
-            return self._perspective(canvas, inst, rng, border=(-s // 2, -s // 2))
-        M, scale = affine_matrix((2 * s, 2 * s), (s, s), hyp["degrees"], hyp["translate"], hyp["scale"], hyp["shear"],
-                                 hyp["perspective"], rng)
-        if hyp["perspective"] or M[0, 1] or M[1, 0]:
-            img = warp_image(self._canvas(pieces), M, (s, s), hyp["perspective"])
-        else:
-            img = draw_pieces(np.full((s, s, 3), PAD_VALUE, np.uint8), pieces, M)
-        return img, warp_instances(inst, M, scale, (s, s), hyp["perspective"])
-
-    def _canvas(self, pieces):
-        """The 2s x 2s mosaic canvas with each piece resized into its region."""
-        s = self.imgsz
-        canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, np.uint8)
-        for src, (h, w), (ox, oy), (x1, y1, x2, y2) in pieces:
-            img = src if src.shape[:2] == (h, w) else cv2.resize(src, (w, h), interpolation=cv2.INTER_LINEAR)
-            canvas[y1:y2, x1:x2] = img[y1 - oy : y2 - oy, x1 - ox : x2 - ox]
-        return canvas
+        canvas, inst = copy_paste(canvas, inst, self.hyp["copy_paste"], rng)
+        return self._perspective(canvas, inst, rng, border=(-s // 2, -s // 2))
 
     def _perspective(self, img, inst, rng, border=(0, 0)):
         h = self.hyp
