@@ -10,6 +10,7 @@ model brings its criterion (`model.init_criterion`).
 import contextlib
 import math
 import random
+import signal
 import time
 from collections import defaultdict
 from copy import deepcopy
@@ -23,6 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from engine.hyp import load_hyp, read_hyp
+from engine.interrupt import StopRequests, position, resume_command
 from engine.resume import (
     forget_run_dir,
     plan_run,
@@ -43,7 +45,7 @@ from utils.charts import RunPlots
 from utils.cli import check_imgsz
 from utils.data.labels import problems_listed_on_failure, write_problems
 from utils.data.loader import build_dataloader, default_workers, set_loader_epoch
-from utils.errors import BadCheckpoint, BadOption
+from utils.errors import BadCheckpoint, BadOption, Interrupted
 from utils.files import (
     increment_path,
     yaml_save,
@@ -99,6 +101,7 @@ class BaseTrainer:
         if self.opt.workers is None:
             self.opt.workers = default_workers(device)
         self.profile = RunProfile.for_run(self.opt.profile and self.main, device)  # --profile: rank 0's table
+        self.stop_requests = StopRequests(announce=self.main)  # its signal handlers are set while the loop runs
 
     # ---------------------------------------------------------------- hooks for task subclasses
     def get_data(self):
@@ -285,8 +288,7 @@ class BaseTrainer:
         self.best_fitness, self.metrics = ckpt["best_fitness"], ckpt["metrics"]
         self.stopper = EarlyStopping(self.opt.patience, self.best_fitness, ckpt["best_epoch"])
         self.last_save = (time.monotonic(), start * self.nb + batch - 1)
-        at = f"batch {batch}/{self.nb} of epoch {start}" if batch else f"epoch {start}"
-        LOGGER.info(f"Resuming training from {path} at {at} of {self.epochs}")
+        LOGGER.info(f"Resuming training from {path} {position(start, batch, self.epochs, self.nb)}")
 
     def rank_state(self):
         """What differs between ranks and must survive a restart: the RNG states, the epoch's running mean loss."""
@@ -297,25 +299,40 @@ class BaseTrainer:
         save_checkpoint(ckpt, self.last)
         if fitness == self.best_fitness:
             save_checkpoint(ckpt, self.best)
-        if self.opt.save_period > 0 and epoch % self.opt.save_period == 0:
-            save_checkpoint(ckpt, self.wdir / f"epoch{epoch}.pt")
+        if self.opt.save_period > 0 and (epoch + 1) % self.opt.save_period == 0:  # epochs are counted from 1
+            save_checkpoint(ckpt, self.wdir / f"epoch{epoch + 1}.pt")
 
-    def _save_due(self, ni):
-        """--save-interval: whether to checkpoint now (after an optimizer step). Rank 0's clock decides for all."""
+    def _checkpoint_due(self, ni):
+        """(stop, save) right after an optimizer step: whether a stop was asked for on any rank (Ctrl-C), and whether
+        to write last.pt (for the stop, or --save-interval, where rank 0's clock decides for all). One collective
+        answers both, so every rank takes the same decisions at the same step."""
         kind, every = self.save_interval
         t, last_ni = self.last_save
-        if kind == "it":
-            return ni - last_ni >= every
-        return kind == "s" and du.any_rank(self.main and time.monotonic() - t >= every)
+        timed = kind == "s" and self.main and time.monotonic() - t >= every
+        stop, timed = du.any_ranks(self.stop_requests.signum is not None, timed)
+        return stop, stop or timed or (kind == "it" and ni - last_ni >= every)
 
-    def save_inside_epoch(self, epoch, i):
-        """last.pt after batch i of `epoch`; every rank takes part (each one's RNG states go to rank 0)."""
+    def save_position(self, epoch, batch):
+        """last.pt after `batch` batches of `epoch` (0: at its start); every rank takes part (each one's RNG states
+        go to rank 0)."""
         with sigterm_deferred(), self.profile("checkpoints"):
             ranks = du.gather_objects(self.rank_state())
             if self.main:
-                save_checkpoint(self.checkpoint(epoch - 1, batch=i + 1, ranks=ranks), self.last)
+                save_checkpoint(self.checkpoint(epoch - 1, batch=batch, ranks=ranks), self.last)
             du.barrier()  # the checkpoint is on disk before any rank goes on (and may die)
-        self.last_save = (time.monotonic(), i + self.nb * epoch)
+        self.last_save = (time.monotonic(), batch - 1 + self.nb * epoch)
+
+    def interrupted(self, epoch, batch):
+        """Stop on request, last.pt holding `batch` batches of `epoch` (written by the caller; at an epoch's start
+        under --nosave, here). Rank 0 says how to resume; every rank leaves with the signal's exit status."""
+        if not batch and self.opt.nosave:
+            self.save_position(epoch, 0)
+        if self.main:
+            self.tb.close()
+            forget_run_dir()  # the user stopped the run: no torchrun restart is to continue it
+            LOGGER.info(f"interrupted {position(epoch, batch, self.epochs, self.nb)}: resume with "
+                        f"{resume_command(self.last)}")
+        raise Interrupted(self.stop_requests.signum or signal.SIGINT)
 
     # ---------------------------------------------------------------- the loop
     def train(self):
@@ -328,14 +345,19 @@ class BaseTrainer:
                 f"per rank x {self.world_size} ranks; accumulate {self.accumulate}\nLogging results to {self.save_dir}"
             )
         t0 = time.time()
-        for epoch in range(self.start_epoch, self.epochs):
-            self.epoch = epoch
-            with self.profile("train_loop"):
-                self.train_epoch(epoch, self.start_batch if epoch == self.start_epoch else 0)
-            stop = self.end_epoch(epoch)
-            # every rank must leave the loop together, or the ones that stay block forever in the next collective
-            if du.broadcast_object(stop):
-                break
+        with self.stop_requests:
+            for epoch in range(self.start_epoch, self.epochs):
+                self.epoch = epoch
+                with self.profile("train_loop"):
+                    done = self.train_epoch(epoch, self.start_batch if epoch == self.start_epoch else 0)
+                if done:
+                    self.interrupted(epoch, done)
+                stop = self.end_epoch(epoch)
+                # every rank must leave the loop together, or the ones that stay block forever in the next collective
+                if du.broadcast_object(stop):
+                    break
+                if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
+                    self.interrupted(epoch + 1, 0)
         if self.main:
             LOGGER.info(f"{epoch - self.start_epoch + 1} epochs completed in {(time.time() - t0) / 3600:.3f} hours.")
         self.final_eval()
@@ -359,7 +381,8 @@ class BaseTrainer:
                 g["betas"] = (float(np.interp(ni, [0, nw], [self.hyp["warmup_momentum"], self.momentum])), 0.999)
 
     def train_epoch(self, epoch, start_batch=0):
-        """One epoch, from batch `start_batch` when resuming inside it."""
+        """One epoch, from batch `start_batch` when resuming inside it. Returns None, or the batches done when it
+        stopped on request (Ctrl-C) after writing last.pt."""
         self.train_model.train()
         close = self.hyp.get("close_mosaic", 0)
         if close and epoch >= self.epochs - close and getattr(self.train_set, "mosaic", False):
@@ -376,6 +399,7 @@ class BaseTrainer:
             LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "GPU_mem", *names, "Instances", "Size"))
             pbar = tqdm(pbar, total=self.nb, initial=start_batch, bar_format="{l_bar}{bar:10}{r_bar}")
         self.optimizer.zero_grad()
+        stopped = None
         for i, batch in pbar:
             ni = i + self.nb * epoch
             if ni <= nw:
@@ -389,9 +413,14 @@ class BaseTrainer:
                 with self.profile("optimizer_step"):
                     self.optimizer_step()
                 self.last_opt_step = ni
-                # only right after a step: no accumulated gradient is lost with the process
-                if i + 1 < self.nb and self._save_due(ni):
-                    self.save_inside_epoch(epoch, i)
+                # only right after a step: no accumulated gradient is lost with the process (the epoch's last step
+                # is followed by end_epoch's checkpoint)
+                stop, save = self._checkpoint_due(ni) if i + 1 < self.nb else (False, False)
+                if save:
+                    self.save_position(epoch, i + 1)
+                if stop:
+                    stopped = i + 1
+                    break
             if self.main:
                 with self.profile("plots_logs"):  # the progress bar and the first batches' pictures
                     mem = f"{torch.cuda.memory_reserved() / 1e9 if self.device.type == 'cuda' else 0:.3g}G"
@@ -401,6 +430,10 @@ class BaseTrainer:
                         % (f"{epoch + 1}/{self.epochs}", mem, *self.mloss, n_inst, batch["img"].shape[-1])
                     )
                     self.plot_training_batch(batch, ni)
+        if self.main:
+            pbar.close()  # before any message, which would otherwise share the bar's line
+        if stopped:
+            return stopped
         self.tloss = du.all_reduce_mean(self.mloss)
         self.lr = {f"lr/pg{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}
         self.scheduler.step()
