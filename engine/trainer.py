@@ -12,7 +12,7 @@ import math
 import random
 import signal
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from copy import deepcopy
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +32,7 @@ from engine.resume import (
     rng_state,
     set_rng_state,
     sigterm_deferred,
+    strip_optimizer,
 )
 from models.checkpoints import (
     attempt_load,
@@ -42,7 +43,7 @@ from models.checkpoints import (
 )
 from utils import dist as du
 from utils.charts import RunPlots
-from utils.cli import check_imgsz
+from utils.cli import check_imgsz, parse_save_interval
 from utils.data.labels import problems_listed_on_failure, write_problems
 from utils.data.loader import build_dataloader, default_workers, set_loader_epoch
 from utils.errors import BadCheckpoint, BadOption, Interrupted
@@ -57,10 +58,13 @@ from utils.torch_utils import (
     ModelEMA,
     amp_settings,
     build_optimizer,
+    device_name,
     freeze_layers,
     init_seeds,
     lr_lambda,
     memory_format,
+    memory_used,
+    precision_text,
     resolve_optimizer,
     to_float32,
 )
@@ -179,7 +183,7 @@ class BaseTrainer:
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
         if self.main:
-            model.info(imgsz=self.opt.imgsz)  # layers, parameters, gradients, GFLOPs at the training size
+            model.info(imgsz=self.opt.imgsz)  # layers, parameters (trainable), GFLOPs at the training size
         self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn,
                                                            memory_format(self.device))
         stride = int(max(self.model.stride))
@@ -334,8 +338,22 @@ class BaseTrainer:
                         f"{resume_command(self.last)}")
         raise Interrupted(self.stop_requests.signum or signal.SIGINT)
 
+    def banner(self):
+        """One line on rank 0, before any work, saying what runs: devices, precision and why, torch, processes,
+        threads, workers and the run folder. Every rank names its device (a collective)."""
+        kind = {"cuda": "GPU", "cpu": "CPU"}.get(self.device.type, self.device.type)
+        devices = du.gather_objects(f"{kind} {device_name(self.device)}")
+        if not self.main:
+            return
+        where = ", ".join(f"{n} x {d}" if n > 1 else d for d, n in Counter(devices).items())
+        each = " each" if self.world_size > 1 else ""
+        LOGGER.info(f"Training on {where}; {precision_text(self.device, self.opt.amp)}; torch {torch.__version__}; "
+                    f"{self.world_size} process{'es' if self.world_size > 1 else ''} with {torch.get_num_threads()} "
+                    f"threads and {self.opt.workers} dataloader workers{each}; run folder {self.save_dir}")
+
     # ---------------------------------------------------------------- the loop
     def train(self):
+        self.banner()
         with self.profile("setup"):
             self._setup()
         self.run_callbacks("on_train_start")
@@ -386,7 +404,7 @@ class BaseTrainer:
         self.train_model.train()
         close = self.hyp.get("close_mosaic", 0)
         if close and epoch >= self.epochs - close and getattr(self.train_set, "mosaic", False):
-            LOGGER.info("Closing mosaic augmentation for the last epochs")
+            LOGGER.info(f"Closing mosaic from epoch {epoch + 1}/{self.epochs} on (close_mosaic: {close} epochs)")
             self.train_set.close_mosaic()
         # the order, the augmentations and the worker seeds of this epoch, from (seed, epoch, rank) alone
         set_loader_epoch(self.train_loader, epoch, start_batch)
@@ -396,7 +414,7 @@ class BaseTrainer:
             self.mloss = torch.zeros(len(names), device=self.device)
         pbar = enumerate(self.profile.timed(self.train_loader, "data_wait"), start_batch)
         if self.main:
-            LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "GPU_mem", *names, "Instances", "Size"))
+            LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "mem", *names, "Instances", "Size"))
             pbar = tqdm(pbar, total=self.nb, initial=start_batch, bar_format="{l_bar}{bar:10}{r_bar}")
         self.optimizer.zero_grad()
         stopped = None
@@ -423,7 +441,7 @@ class BaseTrainer:
                     break
             if self.main:
                 with self.profile("plots_logs"):  # the progress bar and the first batches' pictures
-                    mem = f"{torch.cuda.memory_reserved() / 1e9 if self.device.type == 'cuda' else 0:.3g}G"
+                    mem = f"{memory_used(self.device):.3g}G"  # GPU memory reserved, or this process's RSS
                     n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
                     pbar.set_description(
                         ("%11s" * 2 + "%11.4g" * (2 + len(names)))
@@ -510,8 +528,8 @@ class BaseTrainer:
             losses = {f"train/{n}_loss": float(v) for n, v in zip(self.criterion.loss_names, self.tloss)}
             row = {**losses, **{k: float(v) for k, v in self.metrics.items()}, **self.lr}
             with self.profile("plots_logs"):
-                self.csv.log(epoch, row)
-                self.tb.log(row, epoch)
+                self.csv.log(epoch + 1, row)  # epochs are numbered from 1 wherever a user reads them
+                self.tb.log(row, epoch + 1)
             stop = self.stopper(epoch, fitness)
             if not self.opt.nosave or final:
                 with sigterm_deferred(), self.profile("checkpoints"):
@@ -536,19 +554,6 @@ class BaseTrainer:
         if self.main:
             self.tb.close()
             LOGGER.info(f"Results saved to {self.save_dir}")
-
-
-def strip_optimizer(path):
-    """Keep only what inference and fine-tuning need: the EMA weights in fp16 as `model`, no optimizer, no training
-    position (smaller file; a bare --resume then knows the run has finished)."""
-    ckpt = load_checkpoint(path)
-    if ckpt.get("ema"):
-        ckpt["model"] = ckpt["ema"]
-    sd = ckpt["model"]["state_dict"]
-    ckpt["model"]["state_dict"] = {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
-    for k in ("ema", "optimizer", "scheduler", "scaler", "ranks", "rng", "updates"):  # rng: earlier versions' key
-        ckpt[k] = None
-    save_checkpoint(to_safe(ckpt), path)  # to_safe: a checkpoint of an earlier version may still hold numpy
 
 
 def run(trainer_cls, opt, callbacks=None):
@@ -578,16 +583,3 @@ def run(trainer_cls, opt, callbacks=None):
     # (it hosts it) while a peer still reports its own error would turn that peer's exit into a failure
     du.cleanup_ddp()
     return trainer, metrics
-
-
-def parse_save_interval(value):
-    """--save-interval: '10m', '90s', '2h' -> ('s', seconds); '500it' -> ('it', iterations); '0' or '' -> off."""
-    text = str(value or "0").strip().lower()
-    units = {"it": ("it", 1), "s": ("s", 1), "m": ("s", 60), "h": ("s", 3600)}
-    for suffix, (kind, scale) in units.items():
-        number = text[: -len(suffix)]
-        if text.endswith(suffix) and number.replace(".", "", 1).isdigit():
-            return (kind, float(number) * scale) if float(number) > 0 else ("off", 0)
-    if text.replace(".", "", 1).isdigit() and float(text) == 0:
-        return "off", 0
-    raise BadOption(f"--save-interval {value}: expected minutes, seconds, hours or iterations, e.g. 10m, 90s, 500it")
