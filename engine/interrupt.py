@@ -13,11 +13,8 @@ ends workers that take longer than its shutdown timeout.
 """
 
 import os
-import shlex
 import signal
-import sys
 import threading
-from pathlib import Path
 
 from utils import dist as du
 from utils.errors import Interrupted
@@ -72,23 +69,3 @@ def position(epoch, batch, epochs, nb):
     if batch:
         return f"at epoch {epoch + 1}/{epochs} batch {batch}/{nb}"
     return f"after epoch {epoch}/{epochs}" if epoch else f"at the start of epoch 1/{epochs}"
-
-
-def resume_command(last):
-    """The command line that continues from `last`: this script, under the launcher it was started by."""
-    script, path = _shown(sys.argv[0]), _shown(last)
-    if not du.is_distributed():
-        return f"python {script} --resume {path}"
-    nodes = "" if du.get_world_size() == du.get_local_world_size() else " --nnodes ... (on every machine)"
-    return f"python -m torch.distributed.run --nproc_per_node {du.get_local_world_size()}{nodes} {script} " \
-           f"--resume {path}"
-
-
-def _shown(path):
-    """A path as a user types it: relative to the working directory when inside it, quoted for the shell."""
-    p = Path(path).resolve()
-    try:
-        p = p.relative_to(Path.cwd())
-    except ValueError:
-        pass
-    return shlex.quote(str(p))

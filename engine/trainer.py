@@ -23,8 +23,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from engine.commands import next_commands, resume_command, shown
 from engine.hyp import load_hyp, read_hyp
-from engine.interrupt import StopRequests, position, resume_command
+from engine.interrupt import StopRequests, position
 from engine.resume import (
     forget_run_dir,
     plan_run,
@@ -82,6 +83,7 @@ class BaseTrainer:
 
     default_project = "runs/train"
     default_hyp = "hyp.scratch-low.yaml"  # for a model YAML that names no hyp file
+    scripts = ("val.py", "detect.py")  # the task's validate and predict scripts, for the commands a run suggests
 
     def __init__(self, opt, device, resume_from=None, save_dir=None):
         """Configuration only: what the options and the launch environment decide. Everything built from data,
@@ -136,6 +138,11 @@ class BaseTrainer:
 
     def fit_model_to_data(self):
         """Optional: adapt the model to the training set before training starts (AutoAnchor). Every rank calls it."""
+
+    def predict_source(self):
+        """The --source of the predict command a finished run suggests: the validation images."""
+        val = self.data["val"]
+        return shown(val if isinstance(val, (str, Path)) else val[0])
 
     # ---------------------------------------------------------------- callbacks
     def add_callback(self, event, fn):
@@ -554,6 +561,9 @@ class BaseTrainer:
         if self.main:
             self.tb.close()
             LOGGER.info(f"Results saved to {self.save_dir}")
+            if self.best.exists():
+                commands = next_commands(self.scripts, self.best, self.opt.data, self.predict_source(), self.opt.imgsz)
+                LOGGER.info("Next: " + "\n      ".join(commands))
 
 
 def run(trainer_cls, opt, callbacks=None):
