@@ -7,6 +7,7 @@ or `scales: {n: [depth, width, max_channels], ...}` (v8, one file for all sizes)
 """
 
 import ast
+import difflib
 import math
 import re
 from copy import deepcopy
@@ -89,7 +90,19 @@ def _find_yaml(cfg):
     for candidate in (path.with_name(unified), MODELS_DIR / unified):
         if match and candidate.is_file():
             return candidate, match.group(1)
-    raise BadModelYaml(f"model YAML '{cfg}' not found (also looked in {MODELS_DIR})")
+    close = difflib.get_close_matches(path.name, _model_names(), n=1, cutoff=0.8)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise BadModelYaml(f"model YAML '{cfg}' not found (also looked in {MODELS_DIR}){hint}")
+
+
+def _model_names():
+    """The model names --cfg takes: every YAML under models/, and for those with `scales`, each scale's name."""
+    names = []
+    for f in sorted(MODELS_DIR.glob("*.yaml")):
+        names.append(f.name)
+        if re.search(r"^scales:", f.read_text(), re.M):
+            names += [re.sub(r"^(yolov\d+)", rf"\g<1>{s}", f.name) for s in "nslmx"]
+    return names
 
 
 def yaml_model_load(cfg):

@@ -132,9 +132,8 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
                    help="auto: AdamW at a small lr for short runs, SGD at the hyp lr0 beyond 10k iterations")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (DDP only)")
     p.add_argument("--workers", type=int, default=None,
-                   help="max dataloader workers per rank (default: on a GPU, the rank's share of the cores less "
-                        "one, at most 16; on a CPU 2, or 0 where torch's threads fill the cores; see "
-                        "utils/data/loader.default_workers)")
+                   help="max dataloader workers per process (default: on a GPU, the process's share of the cores "
+                        "less one, at most 16; on a CPU 2, or 0 where torch's threads fill the cores)")
     p.add_argument("--project", default=None, help=f"runs go to PROJECT/NAME (default: {project})")
     p.add_argument("--name", default="exp", help="run folder name; exp2, exp3, ... when taken")
     p.add_argument("--exist-ok", action="store_true", help="write into PROJECT/NAME even if it exists (not over a run)")
