@@ -1,6 +1,6 @@
 """Where a run continues: --resume by hand, torchrun's automatic restarts, and the random states of every rank.
 
-Rules (README "Long runs and failures"):
+Rules (docs/distributed.md, "Stopping and resuming"):
 - A bare `--resume` continues the newest *unfinished* run (its last.pt still holds an optimizer) under the runs
   folder this command writes to (--project, else the task's default).
 - Options given with `--resume` that would change the run are refused, naming them; `--epochs` extends the run.

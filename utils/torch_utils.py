@@ -101,7 +101,7 @@ def amp_settings(device, amp):
     """(enabled, dtype) for training's autocast. 'auto' = fp16 on CUDA, bf16 on CPUs with native bf16, off elsewhere;
     'bf16' works on CPU and CUDA. bf16 on CPU was chosen by a study (benchmarks/study.py, shapes benchmark set, 30
     epochs, seeds 0-2): mean mAP50-95 yolov8n 0.359 against fp32's 0.369, yolov5n 0.194 against 0.187, with
-    whole runs 1.3-1.6x faster; README "Mixed precision" has the table."""
+    whole runs 1.3-1.6x faster; docs/recipes.md has the table."""
     if amp == "auto":
         amp = "fp16" if device.type == "cuda" else "bf16" if device.type == "cpu" and cpu_bf16_native() else "off"
     if amp == "off":
