@@ -367,7 +367,7 @@ class BaseTrainer:
         if self.main:
             LOGGER.info(
                 f"Image sizes {self.opt.imgsz} train, {self.opt.imgsz} val; {self.nb} batches of {self.batch_size} "
-                f"per rank x {self.world_size} ranks; accumulate {self.accumulate}\nLogging results to {self.save_dir}"
+                f"per rank x {self.world_size} ranks; accumulate {self.accumulate}"
             )
         t0 = time.time()
         with self.stop_requests:
