@@ -229,11 +229,11 @@ def test_results_csv_rows_are_keyed_by_epoch(tmp_path):
     from utils.loggers import CSVLogger
 
     log = CSVLogger(tmp_path / "results.csv")
-    log.log(0, {"a": 1.0})
-    log.log(1, {"a": 2.0})
-    log.log(1, {"a": 3.0, "b": 4.0})  # epoch 1 again after a resume: replaces its row
+    log.log(1, {"a": 1.0})
+    log.log(2, {"a": 2.0})
+    log.log(2, {"a": 3.0, "b": 4.0})  # epoch 2 again after a resume: replaces its row
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
-    assert [(r["epoch"], r["a"], r["b"]) for r in rows] == [("0", "1", ""), ("1", "3", "4")]
+    assert [(r["epoch"], r["a"], r["b"]) for r in rows] == [("1", "1", ""), ("2", "3", "4")]
     assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]
 
 
