@@ -195,3 +195,20 @@ def _hyp(tmp_path, text):
     f = tmp_path / "hyp.yaml"
     f.write_text(text)
     return f
+
+
+def test_an_interrupted_evolution_says_what_it_keeps(shapes_detect, tmp_path):
+    """The generation's trainer says how to resume its own training; the evolution adds that it does not resume."""
+    import train
+    from engine.evolve import evolve
+    from engine.tasks.detect import DetectionTrainer
+
+    def run(trainer_cls, opt):
+        if opt.name == "gen1":
+            raise Interrupted(signal.SIGINT)
+        return None, {"fitness": 0.5}
+
+    opt = train.parse_opt(["--data", str(shapes_detect), "--project", str(tmp_path), "--evolve", "3"])
+    with pytest.raises(Interrupted, match=r"generation 2/3; .*evolve.csv holds the 1 finished") as e:
+        evolve(DetectionTrainer, opt, run)
+    assert e.value.code == 130
