@@ -61,11 +61,3 @@ class StopRequests:
     def agreed(self):
         """Whether any rank was asked to stop: a collective, so every rank calls it at the same step."""
         return du.any_rank(self.signum is not None)
-
-
-def position(epoch, batch, epochs, nb):
-    """Where a run is, numbered as the progress bar and results.csv number epochs (from 1): `epoch` is the 0-based
-    index of the epoch under way, `batch` the batches of it done (0: none, the previous epoch is complete)."""
-    if batch:
-        return f"at epoch {epoch + 1}/{epochs} batch {batch}/{nb}"
-    return f"after epoch {epoch}/{epochs}" if epoch else f"at the start of epoch 1/{epochs}"

@@ -12,7 +12,7 @@ import math
 import random
 import signal
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from copy import deepcopy
 from datetime import datetime
 from pathlib import Path
@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from engine.commands import next_commands, resume_command, shown
 from engine.hyp import load_hyp, read_hyp
-from engine.interrupt import StopRequests, position
+from engine.interrupt import StopRequests
+from engine.messages import banner, next_commands, plural, position, resume_command, shown
 from engine.resume import (
     forget_run_dir,
     plan_run,
@@ -65,7 +65,6 @@ from utils.torch_utils import (
     lr_lambda,
     memory_format,
     memory_used,
-    precision_text,
     resolve_optimizer,
     to_float32,
 )
@@ -345,22 +344,17 @@ class BaseTrainer:
                         f"{resume_command(self.last)}")
         raise Interrupted(self.stop_requests.signum or signal.SIGINT)
 
-    def banner(self):
+    def log_banner(self):
         """One line on rank 0, before any work, saying what runs: devices, precision and why, torch, processes,
         threads, workers and the run folder. Every rank names its device (a collective)."""
         kind = {"cuda": "GPU", "cpu": "CPU"}.get(self.device.type, self.device.type)
         devices = du.gather_objects(f"{kind} {device_name(self.device)}")
-        if not self.main:
-            return
-        where = ", ".join(f"{n} x {d}" if n > 1 else d for d, n in Counter(devices).items())
-        each = " each" if self.world_size > 1 else ""
-        LOGGER.info(f"Training on {where}; {precision_text(self.device, self.opt.amp)}; torch {torch.__version__}; "
-                    f"{self.world_size} process{'es' if self.world_size > 1 else ''} with {torch.get_num_threads()} "
-                    f"threads and {self.opt.workers} dataloader workers{each}; run folder {self.save_dir}")
+        if self.main:
+            LOGGER.info(banner(devices, self.device, self.opt.amp, self.opt.workers, self.save_dir))
 
     # ---------------------------------------------------------------- the loop
     def train(self):
-        self.banner()
+        self.log_banner()
         with self.profile("setup"):
             self._setup()
         self.run_callbacks("on_train_start")
@@ -384,7 +378,8 @@ class BaseTrainer:
                 if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
                     self.interrupted(epoch + 1, 0)
         if self.main:
-            LOGGER.info(f"{epoch - self.start_epoch + 1} epochs completed in {(time.time() - t0) / 3600:.3f} hours.")
+            LOGGER.info(f"{plural(epoch - self.start_epoch + 1, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} "
+                        "hours.")
         self.final_eval()
         if self.main:
             forget_run_dir()

@@ -14,7 +14,8 @@ import time
 import pytest
 import torch
 
-from engine.interrupt import StopRequests, position
+from engine.interrupt import StopRequests
+from engine.messages import position
 from tests.ddp_utils import free_port
 from utils.errors import Interrupted
 from utils.files import ROOT

@@ -1,11 +1,37 @@
-"""Command lines a run prints for its user to copy: how to resume it, and what to run on its weights next."""
+"""What a run tells its user: the line it starts with, where it is, how to resume it and what to run next."""
 
 import shlex
 import sys
+from collections import Counter
 from pathlib import Path
+
+import torch
 
 from utils import dist as du
 from utils.files import ROOT
+from utils.torch_utils import precision_text
+
+
+def plural(n, noun, ending="s"):
+    return f"{n} {noun}{'' if n == 1 else ending}"
+
+
+def banner(devices, device, amp, workers, save_dir):
+    """The line a training run starts with: every rank's device (`devices`), the precision --amp gives on `device`
+    and why, torch, processes, threads, dataloader workers and the run folder."""
+    where = ", ".join(f"{n} x {d}" if n > 1 else d for d, n in Counter(devices).items())
+    n, threads = len(devices), torch.get_num_threads()
+    return (f"Training on {where}; {precision_text(device, amp)}; torch {torch.__version__}; "
+            f"{plural(n, 'process', 'es')} with {plural(threads, 'thread')} and {plural(workers, 'dataloader worker')}"
+            f"{' each' if n > 1 else ''}; run folder {save_dir}")
+
+
+def position(epoch, batch, epochs, nb):
+    """Where a run is, numbered as the progress bar and results.csv number epochs (from 1): `epoch` is the 0-based
+    index of the epoch under way, `batch` the batches of it done (0: none, the previous epoch is complete)."""
+    if batch:
+        return f"at epoch {epoch + 1}/{epochs} batch {batch}/{nb}"
+    return f"after epoch {epoch}/{epochs}" if epoch else f"at the start of epoch 1/{epochs}"
 
 
 def shown(path):
