@@ -98,3 +98,11 @@ def test_every_documented_command_parses(doc):
 def test_documented_python_compiles(doc):
     for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S):
         ast.parse(block)
+
+
+def test_the_cpu_install_hint_asks_for_the_versions_requirements_allow():
+    """Else pip replaces the CPU build with the CUDA one when it installs requirements.txt."""
+    wanted = {line.split(">")[0]: line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
+              if line.startswith(("torch>", "torchvision>"))}
+    hint = next(argv for _, argv in _commands(ROOT / "README.md") if "--index-url" in argv)
+    assert sorted(a for a in hint if a.startswith("torch")) == sorted(wanted.values())
