@@ -17,7 +17,7 @@ import numpy as np
 from engine.hyp import load_hyp
 from models.yolo import yaml_model_load
 from utils import dist as du
-from utils.errors import BadOption
+from utils.errors import BadOption, Interrupted
 from utils.files import increment_path, yaml_save
 from utils.loggers import LOGGER
 
@@ -95,7 +95,11 @@ def evolve(trainer_cls, opt, run):
         gen_opt.hyp = str(save_dir / f"gen{g}_hyp.yaml")
         yaml_save(gen_opt.hyp, hyp)
         LOGGER.info(f"evolve: generation {g + 1}/{opt.evolve}")
-        _, metrics = run(trainer_cls, gen_opt)
+        try:
+            _, metrics = run(trainer_cls, gen_opt)
+        except Interrupted as e:  # the trainer's resume line continues this generation's training, not the search
+            raise Interrupted(e.code - 128, f"evolve: stopped in generation {g + 1}/{opt.evolve}; {csv_file} holds "
+                                            f"the {g} finished ones (an evolution does not resume)") from None
         append_row(csv_file, metrics, hyp, keys)
     rows = read_rows(csv_file)
     best = max(rows, key=lambda r: r["fitness"])

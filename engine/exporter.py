@@ -80,6 +80,7 @@ class Exporter:
                 (self.export_onnx if fmt == "onnx" else self.export_torchscript)(wrapper, im, f, meta, len(flat))
             LOGGER.info(f"{fmt}: saved {f} ({f.stat().st_size / 1e6:.1f} MB)")
             files.append(f)
+        LOGGER.info(f"Results saved to {Path(opt.weights).parent}")
         return files
 
     def export_torchscript(self, wrapper, im, f, meta, n_out):

@@ -143,7 +143,8 @@ class BasePredictor:
                 f"Speed: {dt[0] * 1e3 / n:.1f}ms pre-process, {dt[1] * 1e3 / n:.1f}ms inference, "
                 f"{dt[2] * 1e3 / n:.1f}ms post-process per image at shape {shape}"
             )
-        if not self.args.nosave or self.args.save_txt:
+        a = self.args
+        if not a.nosave or a.save_txt or a.save_csv or a.save_crop:
             LOGGER.info(f"Results saved to {self.save_dir}")
         return results
 

@@ -1,6 +1,6 @@
 """Where a run continues: --resume by hand, torchrun's automatic restarts, and the random states of every rank.
 
-Rules (README "Long runs and failures"):
+Rules (docs/distributed.md, "Stopping and resuming"):
 - A bare `--resume` continues the newest *unfinished* run (its last.pt still holds an optimizer) under the runs
   folder this command writes to (--project, else the task's default).
 - Options given with `--resume` that would change the run are refused, naming them; `--epochs` extends the run.
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from models.checkpoints import load_checkpoint
+from models.checkpoints import load_checkpoint, save_checkpoint, to_safe
 from utils import dist as du
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.loggers import LOGGER
@@ -76,7 +76,8 @@ def resume_opt(opt, default_project, given=()):
         done = ckpt["epoch"] + 1
         if opt.epochs <= done:
             raise BadOption(f"--epochs {opt.epochs}: {path} has already trained {done} epochs")
-        LOGGER.info(f"--epochs {opt.epochs}: extending the run from {saved['epochs']} epochs")
+        change = "extending" if opt.epochs > saved["epochs"] else "shortening"
+        LOGGER.info(f"--epochs {opt.epochs}: {change} the run from {saved['epochs']} epochs")
         saved["epochs"] = opt.epochs
     saved.update(resume=False, device=opt.device, workers=opt.workers, profile=opt.profile)  # this launch's
     for k in ("save_interval", "local_rank"):
@@ -134,6 +135,19 @@ def plan_run(opt, default_project, given=()):
         saved, path = resume_opt(opt, default_project, given)
         return saved, path, path.parent.parent
     return opt, None, None
+
+
+def strip_optimizer(path):
+    """Keep only what inference and fine-tuning need: the EMA weights in fp16 as `model`, no optimizer, no training
+    position (smaller file; a bare --resume then knows the run has finished)."""
+    ckpt = load_checkpoint(path)
+    if ckpt.get("ema"):
+        ckpt["model"] = ckpt["ema"]
+    sd = ckpt["model"]["state_dict"]
+    ckpt["model"]["state_dict"] = {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
+    for k in ("ema", "optimizer", "scheduler", "scaler", "ranks", "rng", "updates"):  # rng: earlier versions' key
+        ckpt[k] = None
+    save_checkpoint(to_safe(ckpt), path)  # to_safe: a checkpoint of an earlier version may still hold numpy
 
 
 @contextlib.contextmanager

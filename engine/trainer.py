@@ -10,6 +10,7 @@ model brings its criterion (`model.init_criterion`).
 import contextlib
 import math
 import random
+import signal
 import time
 from collections import defaultdict
 from copy import deepcopy
@@ -23,6 +24,8 @@ from torch import nn
 from tqdm import tqdm
 
 from engine.hyp import load_hyp, read_hyp
+from engine.interrupt import StopRequests
+from engine.messages import banner, next_commands, plural, position, resume_command, shown
 from engine.resume import (
     forget_run_dir,
     plan_run,
@@ -30,6 +33,7 @@ from engine.resume import (
     rng_state,
     set_rng_state,
     sigterm_deferred,
+    strip_optimizer,
 )
 from models.checkpoints import (
     attempt_load,
@@ -40,10 +44,10 @@ from models.checkpoints import (
 )
 from utils import dist as du
 from utils.charts import RunPlots
-from utils.cli import check_imgsz
+from utils.cli import check_imgsz, parse_save_interval
 from utils.data.labels import problems_listed_on_failure, write_problems
 from utils.data.loader import build_dataloader, default_workers, set_loader_epoch
-from utils.errors import BadCheckpoint, BadOption
+from utils.errors import BadCheckpoint, BadOption, Interrupted
 from utils.files import (
     increment_path,
     yaml_save,
@@ -55,10 +59,12 @@ from utils.torch_utils import (
     ModelEMA,
     amp_settings,
     build_optimizer,
+    device_name,
     freeze_layers,
     init_seeds,
     lr_lambda,
     memory_format,
+    memory_used,
     resolve_optimizer,
     to_float32,
 )
@@ -76,6 +82,7 @@ class BaseTrainer:
 
     default_project = "runs/train"
     default_hyp = "hyp.scratch-low.yaml"  # for a model YAML that names no hyp file
+    scripts = ("val.py", "detect.py")  # the task's validate and predict scripts, for the commands a run suggests
 
     def __init__(self, opt, device, resume_from=None, save_dir=None):
         """Configuration only: what the options and the launch environment decide. Everything built from data,
@@ -99,6 +106,7 @@ class BaseTrainer:
         if self.opt.workers is None:
             self.opt.workers = default_workers(device)
         self.profile = RunProfile.for_run(self.opt.profile and self.main, device)  # --profile: rank 0's table
+        self.stop_requests = StopRequests(announce=self.main)  # its signal handlers are set while the loop runs
 
     # ---------------------------------------------------------------- hooks for task subclasses
     def get_data(self):
@@ -129,6 +137,11 @@ class BaseTrainer:
 
     def fit_model_to_data(self):
         """Optional: adapt the model to the training set before training starts (AutoAnchor). Every rank calls it."""
+
+    def predict_source(self):
+        """The --source of the predict command a finished run suggests: the validation images."""
+        val = self.data["val"]
+        return shown(val if isinstance(val, (str, Path)) else val[0])
 
     # ---------------------------------------------------------------- callbacks
     def add_callback(self, event, fn):
@@ -176,7 +189,7 @@ class BaseTrainer:
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
         if self.main:
-            model.info(imgsz=self.opt.imgsz)  # layers, parameters, gradients, GFLOPs at the training size
+            model.info(imgsz=self.opt.imgsz)  # layers, parameters (trainable), GFLOPs at the training size
         self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn,
                                                            memory_format(self.device))
         stride = int(max(self.model.stride))
@@ -285,8 +298,7 @@ class BaseTrainer:
         self.best_fitness, self.metrics = ckpt["best_fitness"], ckpt["metrics"]
         self.stopper = EarlyStopping(self.opt.patience, self.best_fitness, ckpt["best_epoch"])
         self.last_save = (time.monotonic(), start * self.nb + batch - 1)
-        at = f"batch {batch}/{self.nb} of epoch {start}" if batch else f"epoch {start}"
-        LOGGER.info(f"Resuming training from {path} at {at} of {self.epochs}")
+        LOGGER.info(f"Resuming training from {path} {position(start, batch, self.epochs, self.nb)}")
 
     def rank_state(self):
         """What differs between ranks and must survive a restart: the RNG states, the epoch's running mean loss."""
@@ -297,47 +309,77 @@ class BaseTrainer:
         save_checkpoint(ckpt, self.last)
         if fitness == self.best_fitness:
             save_checkpoint(ckpt, self.best)
-        if self.opt.save_period > 0 and epoch % self.opt.save_period == 0:
-            save_checkpoint(ckpt, self.wdir / f"epoch{epoch}.pt")
+        if self.opt.save_period > 0 and (epoch + 1) % self.opt.save_period == 0:  # epochs are counted from 1
+            save_checkpoint(ckpt, self.wdir / f"epoch{epoch + 1}.pt")
 
-    def _save_due(self, ni):
-        """--save-interval: whether to checkpoint now (after an optimizer step). Rank 0's clock decides for all."""
+    def _checkpoint_due(self, ni):
+        """(stop, save) right after an optimizer step: whether a stop was asked for on any rank (Ctrl-C), and whether
+        to write last.pt (for the stop, or --save-interval, where rank 0's clock decides for all). One collective
+        answers both, so every rank takes the same decisions at the same step."""
         kind, every = self.save_interval
         t, last_ni = self.last_save
-        if kind == "it":
-            return ni - last_ni >= every
-        return kind == "s" and du.any_rank(self.main and time.monotonic() - t >= every)
+        timed = kind == "s" and self.main and time.monotonic() - t >= every
+        stop, timed = du.any_ranks(self.stop_requests.signum is not None, timed)
+        return stop, stop or timed or (kind == "it" and ni - last_ni >= every)
 
-    def save_inside_epoch(self, epoch, i):
-        """last.pt after batch i of `epoch`; every rank takes part (each one's RNG states go to rank 0)."""
+    def save_position(self, epoch, batch):
+        """last.pt after `batch` batches of `epoch` (0: at its start); every rank takes part (each one's RNG states
+        go to rank 0)."""
         with sigterm_deferred(), self.profile("checkpoints"):
             ranks = du.gather_objects(self.rank_state())
             if self.main:
-                save_checkpoint(self.checkpoint(epoch - 1, batch=i + 1, ranks=ranks), self.last)
+                save_checkpoint(self.checkpoint(epoch - 1, batch=batch, ranks=ranks), self.last)
             du.barrier()  # the checkpoint is on disk before any rank goes on (and may die)
-        self.last_save = (time.monotonic(), i + self.nb * epoch)
+        self.last_save = (time.monotonic(), batch - 1 + self.nb * epoch)
+
+    def interrupted(self, epoch, batch):
+        """Stop on request, last.pt holding `batch` batches of `epoch` (written by the caller; at an epoch's start
+        under --nosave, here). Rank 0 says how to resume; every rank leaves with the signal's exit status."""
+        if not batch and self.opt.nosave:
+            self.save_position(epoch, 0)
+        if self.main:
+            self.tb.close()
+            forget_run_dir()  # the user stopped the run: no torchrun restart is to continue it
+            LOGGER.info(f"interrupted {position(epoch, batch, self.epochs, self.nb)}: resume with "
+                        f"{resume_command(self.last)}")
+        raise Interrupted(self.stop_requests.signum or signal.SIGINT)
+
+    def log_banner(self):
+        """One line on rank 0, before any work, saying what runs: devices, precision and why, torch, processes,
+        threads, workers and the run folder. Every rank names its device (a collective)."""
+        kind = {"cuda": "GPU", "cpu": "CPU"}.get(self.device.type, self.device.type)
+        devices = du.gather_objects(f"{kind} {device_name(self.device)}")
+        if self.main:
+            LOGGER.info(banner(devices, self.device, self.opt.amp, self.opt.workers, self.save_dir))
 
     # ---------------------------------------------------------------- the loop
     def train(self):
+        self.log_banner()
         with self.profile("setup"):
             self._setup()
         self.run_callbacks("on_train_start")
         if self.main:
             LOGGER.info(
                 f"Image sizes {self.opt.imgsz} train, {self.opt.imgsz} val; {self.nb} batches of {self.batch_size} "
-                f"per rank x {self.world_size} ranks; accumulate {self.accumulate}\nLogging results to {self.save_dir}"
+                f"per rank x {self.world_size} ranks; accumulate {self.accumulate}"
             )
         t0 = time.time()
-        for epoch in range(self.start_epoch, self.epochs):
-            self.epoch = epoch
-            with self.profile("train_loop"):
-                self.train_epoch(epoch, self.start_batch if epoch == self.start_epoch else 0)
-            stop = self.end_epoch(epoch)
-            # every rank must leave the loop together, or the ones that stay block forever in the next collective
-            if du.broadcast_object(stop):
-                break
+        with self.stop_requests:
+            for epoch in range(self.start_epoch, self.epochs):
+                self.epoch = epoch
+                with self.profile("train_loop"):
+                    done = self.train_epoch(epoch, self.start_batch if epoch == self.start_epoch else 0)
+                if done:
+                    self.interrupted(epoch, done)
+                stop = self.end_epoch(epoch)
+                # every rank must leave the loop together, or the ones that stay block forever in the next collective
+                if du.broadcast_object(stop):
+                    break
+                if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
+                    self.interrupted(epoch + 1, 0)
         if self.main:
-            LOGGER.info(f"{epoch - self.start_epoch + 1} epochs completed in {(time.time() - t0) / 3600:.3f} hours.")
+            LOGGER.info(f"{plural(epoch - self.start_epoch + 1, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} "
+                        "hours.")
         self.final_eval()
         if self.main:
             forget_run_dir()
@@ -359,11 +401,12 @@ class BaseTrainer:
                 g["betas"] = (float(np.interp(ni, [0, nw], [self.hyp["warmup_momentum"], self.momentum])), 0.999)
 
     def train_epoch(self, epoch, start_batch=0):
-        """One epoch, from batch `start_batch` when resuming inside it."""
+        """One epoch, from batch `start_batch` when resuming inside it. Returns None, or the batches done when it
+        stopped on request (Ctrl-C) after writing last.pt."""
         self.train_model.train()
         close = self.hyp.get("close_mosaic", 0)
         if close and epoch >= self.epochs - close and getattr(self.train_set, "mosaic", False):
-            LOGGER.info("Closing mosaic augmentation for the last epochs")
+            LOGGER.info(f"Closing mosaic from epoch {epoch + 1}/{self.epochs} on (close_mosaic: {close} epochs)")
             self.train_set.close_mosaic()
         # the order, the augmentations and the worker seeds of this epoch, from (seed, epoch, rank) alone
         set_loader_epoch(self.train_loader, epoch, start_batch)
@@ -373,9 +416,10 @@ class BaseTrainer:
             self.mloss = torch.zeros(len(names), device=self.device)
         pbar = enumerate(self.profile.timed(self.train_loader, "data_wait"), start_batch)
         if self.main:
-            LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "GPU_mem", *names, "Instances", "Size"))
+            LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "mem", *names, "Instances", "Size"))
             pbar = tqdm(pbar, total=self.nb, initial=start_batch, bar_format="{l_bar}{bar:10}{r_bar}")
         self.optimizer.zero_grad()
+        stopped = None
         for i, batch in pbar:
             ni = i + self.nb * epoch
             if ni <= nw:
@@ -389,18 +433,27 @@ class BaseTrainer:
                 with self.profile("optimizer_step"):
                     self.optimizer_step()
                 self.last_opt_step = ni
-                # only right after a step: no accumulated gradient is lost with the process
-                if i + 1 < self.nb and self._save_due(ni):
-                    self.save_inside_epoch(epoch, i)
+                # only right after a step: no accumulated gradient is lost with the process (the epoch's last step
+                # is followed by end_epoch's checkpoint)
+                stop, save = self._checkpoint_due(ni) if i + 1 < self.nb else (False, False)
+                if save:
+                    self.save_position(epoch, i + 1)
+                if stop:
+                    stopped = i + 1
+                    break
             if self.main:
                 with self.profile("plots_logs"):  # the progress bar and the first batches' pictures
-                    mem = f"{torch.cuda.memory_reserved() / 1e9 if self.device.type == 'cuda' else 0:.3g}G"
+                    mem = f"{memory_used(self.device):.3g}G"  # GPU memory reserved, or this process's RSS
                     n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
                     pbar.set_description(
                         ("%11s" * 2 + "%11.4g" * (2 + len(names)))
                         % (f"{epoch + 1}/{self.epochs}", mem, *self.mloss, n_inst, batch["img"].shape[-1])
                     )
                     self.plot_training_batch(batch, ni)
+        if self.main:
+            pbar.close()  # before any message, which would otherwise share the bar's line
+        if stopped:
+            return stopped
         self.tloss = du.all_reduce_mean(self.mloss)
         self.lr = {f"lr/pg{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}
         self.scheduler.step()
@@ -477,8 +530,8 @@ class BaseTrainer:
             losses = {f"train/{n}_loss": float(v) for n, v in zip(self.criterion.loss_names, self.tloss)}
             row = {**losses, **{k: float(v) for k, v in self.metrics.items()}, **self.lr}
             with self.profile("plots_logs"):
-                self.csv.log(epoch, row)
-                self.tb.log(row, epoch)
+                self.csv.log(epoch + 1, row)  # epochs are numbered from 1 wherever a user reads them
+                self.tb.log(row, epoch + 1)
             stop = self.stopper(epoch, fitness)
             if not self.opt.nosave or final:
                 with sigterm_deferred(), self.profile("checkpoints"):
@@ -503,19 +556,9 @@ class BaseTrainer:
         if self.main:
             self.tb.close()
             LOGGER.info(f"Results saved to {self.save_dir}")
-
-
-def strip_optimizer(path):
-    """Keep only what inference and fine-tuning need: the EMA weights in fp16 as `model`, no optimizer, no training
-    position (smaller file; a bare --resume then knows the run has finished)."""
-    ckpt = load_checkpoint(path)
-    if ckpt.get("ema"):
-        ckpt["model"] = ckpt["ema"]
-    sd = ckpt["model"]["state_dict"]
-    ckpt["model"]["state_dict"] = {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
-    for k in ("ema", "optimizer", "scheduler", "scaler", "ranks", "rng", "updates"):  # rng: earlier versions' key
-        ckpt[k] = None
-    save_checkpoint(to_safe(ckpt), path)  # to_safe: a checkpoint of an earlier version may still hold numpy
+            if self.best.exists():
+                commands = next_commands(self.scripts, self.best, self.opt.data, self.predict_source(), self.opt.imgsz)
+                LOGGER.info("Next: " + "\n      ".join(commands))
 
 
 def run(trainer_cls, opt, callbacks=None):
@@ -545,16 +588,3 @@ def run(trainer_cls, opt, callbacks=None):
     # (it hosts it) while a peer still reports its own error would turn that peer's exit into a failure
     du.cleanup_ddp()
     return trainer, metrics
-
-
-def parse_save_interval(value):
-    """--save-interval: '10m', '90s', '2h' -> ('s', seconds); '500it' -> ('it', iterations); '0' or '' -> off."""
-    text = str(value or "0").strip().lower()
-    units = {"it": ("it", 1), "s": ("s", 1), "m": ("s", 60), "h": ("s", 3600)}
-    for suffix, (kind, scale) in units.items():
-        number = text[: -len(suffix)]
-        if text.endswith(suffix) and number.replace(".", "", 1).isdigit():
-            return (kind, float(number) * scale) if float(number) > 0 else ("off", 0)
-    if text.replace(".", "", 1).isdigit() and float(text) == 0:
-        return "off", 0
-    raise BadOption(f"--save-interval {value}: expected minutes, seconds, hours or iterations, e.g. 10m, 90s, 500it")

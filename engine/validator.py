@@ -319,6 +319,9 @@ class BaseValidator:
                 dataset = validator.build_dataloader(cls.split_path(data, opt.task), stride).dataset
             if du.is_main_process():  # as training does
                 write_problems(validator.save_dir, {split: dataset.problems})
-            return validator(model, final=True)
+            stats = validator(model, final=True)
+            if du.is_main_process():
+                LOGGER.info(f"Results saved to {validator.save_dir}")
+            return stats
         finally:
             du.cleanup_ddp()

@@ -22,18 +22,21 @@ from utils.data.augment import letterbox
 from utils.imageio import read_image
 
 
-def _to_bgr(im):
-    """A path, PIL image or HWC RGB array -> (name, HWC BGR uint8 array)."""
+def _to_bgr(im, i=0):
+    """A path, PIL image or HWC RGB array -> (name, HWC BGR uint8 array). The name is the file's, also for a PIL
+    image opened from one; else what the input was and its place in the call (`image2`, `array1`)."""
     if isinstance(im, (str, Path)):
         bgr = read_image(im)
         if bgr is None:
             raise FileNotFoundError(f"cannot read image {im}")
         return Path(im).name, bgr
+    name = f"array{i}"
     if hasattr(im, "convert"):  # PIL
+        name = Path(getattr(im, "filename", "") or f"image{i}").name
         im = np.asarray(im.convert("RGB"))
     if not isinstance(im, np.ndarray) or im.ndim != 3 or im.shape[2] != 3:
         raise TypeError(f"expected an image path, a PIL image or an HWC RGB array, got {type(im).__name__}")
-    return "array", np.ascontiguousarray(im[..., ::-1]).astype(np.uint8)
+    return name, np.ascontiguousarray(im[..., ::-1]).astype(np.uint8)
 
 
 class Results:
@@ -87,7 +90,7 @@ class HubModel(nn.Module):
     def forward(self, ims, size=640, augment=False):
         """`augment`: test-time augmentation (models/tta.py) for detectors and segmenters."""
         ims = ims if isinstance(ims, (list, tuple)) else [ims]
-        files, im0s = zip(*(_to_bgr(im) for im in ims))
+        files, im0s = zip(*(_to_bgr(im, i) for i, im in enumerate(ims)))
         p = next(self.model.parameters())
         if self.classify:
             x = np.stack([cv2.resize(im, (size, size), interpolation=cv2.INTER_LINEAR)[..., ::-1] for im in im0s])

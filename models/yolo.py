@@ -7,6 +7,7 @@ or `scales: {n: [depth, width, max_channels], ...}` (v8, one file for all sizes)
 """
 
 import ast
+import difflib
 import math
 import re
 from copy import deepcopy
@@ -89,7 +90,19 @@ def _find_yaml(cfg):
     for candidate in (path.with_name(unified), MODELS_DIR / unified):
         if match and candidate.is_file():
             return candidate, match.group(1)
-    raise BadModelYaml(f"model YAML '{cfg}' not found (also looked in {MODELS_DIR})")
+    close = difflib.get_close_matches(path.name, _model_names(), n=1, cutoff=0.8)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise BadModelYaml(f"model YAML '{cfg}' not found (also looked in {MODELS_DIR}){hint}")
+
+
+def _model_names():
+    """The model names --cfg takes: every YAML under models/, and for those with `scales`, each scale's name."""
+    names = []
+    for f in sorted(MODELS_DIR.glob("*.yaml")):
+        names.append(f.name)
+        if re.search(r"^scales:", f.read_text(), re.M):
+            names += [re.sub(r"^(yolov\d+)", rf"\g<1>{s}", f.name) for s in "nslmx"]
+    return names
 
 
 def yaml_model_load(cfg):
@@ -289,10 +302,14 @@ class BaseModel(nn.Module):
         return x
 
     def fuse(self):
-        """Fold BatchNorm into convs, re-parameterise RepConv, fold YOLOv7 implicit layers; for inference."""
+        """Fold BatchNorm into convs, re-parameterise RepConv, fold YOLOv7 implicit layers; for inference. The
+        parameter count before folding is kept for `info`, so that every summary counts the same model."""
+        if not getattr(self, "fused", False):
+            self.unfused_params = sum(x.numel() for x in self.parameters())
         for m in list(self.modules()):
             if m is not self and callable(getattr(m, "fuse", None)):
                 m.fuse()
+        self.fused = True
         return self
 
     @property
@@ -304,7 +321,11 @@ class BaseModel(nn.Module):
         return build_criterion(self, hyp, **kwargs)
 
     def info(self, verbose=False, imgsz=640):
-        """Log and return (layers, parameters, gradients, GFLOPs at imgsz x imgsz)."""
+        """Log and return (layers, parameters, trainable parameters, GFLOPs at imgsz x imgsz).
+
+        Parameters are those of the model as trained (a fused model's count from before fusing, with the folded
+        count beside it), so training, val and export name the same number; the trainable ones are shown for a
+        model in training mode only, where they decide what the optimizer updates."""
         n_p = sum(x.numel() for x in self.parameters())
         n_g = sum(x.numel() for x in self.parameters() if x.requires_grad)
         if verbose:
@@ -313,24 +334,29 @@ class BaseModel(nn.Module):
                 n = len(m) if isinstance(m, nn.Sequential) else 1
                 LOGGER.info(f"{m.i:>3}{str(m.f):>18}{n:>3}{m.np:10.0f}  {m.type:<20}")
         gflops = self._gflops(imgsz)
-        LOGGER.info(f"{type(self).__name__}: {len(self.model)} layers, {n_p} parameters, {n_g} gradients, "
-                    f"{gflops:.1f} GFLOPs")
-        return len(self.model), n_p, n_g, gflops
+        if getattr(self, "fused", False):
+            counts = f"{self.unfused_params} parameters ({n_p} after fusing)"
+        else:
+            counts = f"{n_p} parameters" + (f" ({n_g} trainable)" if self.training else "")
+        name = type(self).__name__ + (" (fused)" if getattr(self, "fused", False) else "")
+        LOGGER.info(f"{name}: {len(self.model)} layers, {counts}, {gflops:.3g} GFLOPs at {imgsz} px")
+        return len(self.model), getattr(self, "unfused_params", n_p), n_g, gflops
 
     @torch.no_grad()
     def _gflops(self, imgsz):
-        """FLOPs of one image at the largest stride, scaled to imgsz (convolution cost grows with pixels). Counted as
-        torch's FlopCounterMode counts them, 2 per multiply-add of every convolution and linear layer, with forward
-        hooks: FlopCounterMode imports torch._dynamo, 1.4 s of a 6 s val.py run on a 2-core CPU."""
+        """FLOPs of one image at imgsz x imgsz, counted at the largest stride: convolution cost grows with the pixels,
+        a classifier's final linear layer (after global pooling) does not. Counted as torch's FlopCounterMode counts
+        them, 2 per multiply-add of every convolution and linear layer, with forward hooks: FlopCounterMode imports
+        torch._dynamo, 1.4 s of a 6 s val.py run on a 2-core CPU."""
         s = max(int(self.stride.max()), 32)
         p = next(self.parameters())
         x = torch.zeros(1, self.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype)
-        flops = []
+        flops, fixed = [], []
 
         def count(m, inputs, out):
             # weight[0]: the multiply-adds per output element (per input element for a transposed convolution)
             n = inputs[0].numel() if isinstance(m, nn.ConvTranspose2d) else out.numel()
-            flops.append(2 * n * m.weight[0].numel())
+            (fixed if isinstance(m, nn.Linear) else flops).append(2 * n * m.weight[0].numel())
 
         layers = (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)
         hooks = [m.register_forward_hook(count) for m in self.modules() if isinstance(m, layers)]
@@ -342,7 +368,7 @@ class BaseModel(nn.Module):
             self.train(training)
             for h in hooks:
                 h.remove()
-        return sum(flops) / 1e9 * (imgsz / s) ** 2
+        return (sum(flops) * (imgsz / s) ** 2 + sum(fixed)) / 1e9
 
 
 class DetectionModel(BaseModel):

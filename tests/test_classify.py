@@ -78,7 +78,7 @@ def test_train_writes_run_folder(trained):
               "confusion_matrix_normalized.png"):
         assert (d / f).is_file(), f
     rows = list(csv.DictReader(open(d / "results.csv")))
-    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
     assert {"metrics/accuracy_top1", "metrics/accuracy_top5", "fitness"} <= set(rows[0])
     ckpt = torch.load(d / "weights/best.pt", weights_only=True)
     assert ckpt["optimizer"] is None and ckpt["model"]["class"] == "ClassificationModel"

@@ -98,5 +98,5 @@ def test_torchrun_killed_run_resumes(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader(open(results)))
     epochs = [int(row["epoch"]) for row in rows]
-    assert epochs[-1] == 5 and epochs[-(5 - done):] == list(range(done + 1, 6))
+    assert epochs[-1] == 6 and epochs[-(5 - done):] == list(range(done + 2, 7))  # numbered from 1
     assert torch.load(last, weights_only=True)["optimizer"] is None  # finished and stripped

@@ -46,7 +46,7 @@ def _check_run(run_dir, reference, expected_starts):
     """One folder, each epoch once, the restart began where the last checkpoint was, the reference's weights."""
     assert not run_dir.with_name(f"{run_dir.name}2").exists(), "the restart opened a new run folder"
     epochs = [int(r["epoch"]) for r in csv.DictReader(open(run_dir / "results.csv"))]
-    assert epochs == list(range(EPOCHS))
+    assert epochs == list(range(1, EPOCHS + 1))
     for rank in (0, 1):
         # "restart epoch batch"; with c10d, a machine whose own worker did not fail may restart without counting
         lines = (run_dir / f"starts_rank{rank}.txt").read_text().splitlines()
@@ -73,7 +73,7 @@ def elastic_setup(tmp_path_factory):
                 _train_args(data, project, "ref", 0), _env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader(open(project / "ref" / "results.csv")))
-    assert [int(row["epoch"]) for row in rows] == list(range(EPOCHS))
+    assert [int(row["epoch"]) for row in rows] == list(range(1, EPOCHS + 1))
     return data, project, torch.load(project / "ref" / "final_weights.pt")
 
 
@@ -95,8 +95,9 @@ def test_killed_worker_restarts_where_the_run_was(elastic_setup, rdzv, kill, wor
     r = _launch(launcher, _train_args(data, project, name, workers), _env(**kill))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     print(f"{name}: {time.time() - t0:.1f} s with one restart")
-    at = f"batch {expected.split()[1]}/{NB} of epoch 1" if expected != "1 0" else "epoch 1"
-    assert f"at {at} of {EPOCHS}" in r.stdout
+    batch = int(expected.split()[1])  # the epoch is the second, 1 counted from 0
+    at = f"at epoch 2/{EPOCHS} batch {batch}/{NB}" if batch else f"after epoch 1/{EPOCHS}"
+    assert f"Resuming training from {project / name / 'weights' / 'last.pt'} {at}" in r.stdout
     _check_run(project / name, reference, expected)
 
 
@@ -166,7 +167,7 @@ def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tm
         run(DetectionTrainer, opt, callbacks={"on_train_end": [keep]})
         assert _max_diff(weights[name], weights["ref"]) <= 1e-6, name
         epochs = [int(r["epoch"]) for r in csv.DictReader(open(tmp_path / name / "results.csv"))]
-        assert epochs == list(range(EPOCHS))
+        assert epochs == list(range(1, EPOCHS + 1))
 
 
 def _fake_run(project, name, finished, epochs=5, mtime=None):
@@ -228,11 +229,11 @@ def test_results_csv_rows_are_keyed_by_epoch(tmp_path):
     from utils.loggers import CSVLogger
 
     log = CSVLogger(tmp_path / "results.csv")
-    log.log(0, {"a": 1.0})
-    log.log(1, {"a": 2.0})
-    log.log(1, {"a": 3.0, "b": 4.0})  # epoch 1 again after a resume: replaces its row
+    log.log(1, {"a": 1.0})
+    log.log(2, {"a": 2.0})
+    log.log(2, {"a": 3.0, "b": 4.0})  # epoch 2 again after a resume: replaces its row
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
-    assert [(r["epoch"], r["a"], r["b"]) for r in rows] == [("0", "1", ""), ("1", "3", "4")]
+    assert [(r["epoch"], r["a"], r["b"]) for r in rows] == [("1", "1", ""), ("2", "3", "4")]
     assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]
 
 

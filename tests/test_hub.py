@@ -35,8 +35,9 @@ def test_custom_matches_predictor_for_every_input_type(tmp_path, cfg):
     model = hub_load("custom", path=str(weights), device="cpu")
     model.conf = CONF
     rgb = np.asarray(Image.open(IMAGE).convert("RGB"))
-    results = model([str(IMAGE), rgb, Image.open(IMAGE)], size=96)
-    assert len(results) == 3 and len(results.xyxy[0]) > 0
+    results = model([str(IMAGE), rgb, Image.open(IMAGE), Image.fromarray(rgb)], size=96)
+    assert len(results) == 4 and len(results.xyxy[0]) > 0
+    assert results.files == (IMAGE.name, "array1", IMAGE.name, "image3")  # what print(results) names them
     for det in results.xyxy[1:]:
         torch.testing.assert_close(det, results.xyxy[0], atol=0.05, rtol=0)  # JPEG decoders may differ slightly
     # --amp off: the hub model runs in fp32 (on a CPU with native bf16 the predict scripts would not)

@@ -221,7 +221,7 @@ def _check_run_folder(trainer, epochs):
               "confusion_matrix_normalized.png"):
         assert (d / f).is_file(), f
     rows = _results(trainer)
-    assert [int(r["epoch"]) for r in rows] == list(range(epochs))
+    assert [int(r["epoch"]) for r in rows] == list(range(1, epochs + 1))
     assert {"train/box_loss", "train/seg_loss", "metrics/mAP50(B)", "metrics/mAP50-95(M)", "fitness"} <= set(rows[0])
     ckpt = torch.load(d / "weights/best.pt", weights_only=True)
     assert ckpt["optimizer"] is None and ckpt["model"]["state_dict"]  # stripped at the end of training

@@ -33,7 +33,7 @@ def test_train_writes_run_folder(trained_v5):
         assert (d / f).is_file(), f
     assert not (d / "profile.json").exists()  # only with --profile
     rows = list(csv.DictReader(open(d / "results.csv")))
-    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    assert [int(r["epoch"]) for r in rows] == [1, 2]  # as the progress bar numbers them
     assert {"train/box_loss", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "lr/pg0"} <= set(rows[0])
     assert list(d.glob("events.out.tfevents*")), "TensorBoard scalars"
     ckpt = torch.load(d / "weights/best.pt", weights_only=True)

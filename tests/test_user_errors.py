@@ -69,6 +69,7 @@ CASES = {
     "nc differs from names": (lambda w: _train(w, "--data", str(w["nc"])), ["nc.yaml", "nc=5 but 3 names"]),
     "missing train path": (lambda w: _train(w, "--data", str(w["no_train"])), ["no_train.yaml", "images/nowhere"]),
     "missing --weights file": (lambda w: _train(w, "--weights", str(w["t"] / "nowhere.pt")), ["nowhere.pt"]),
+    "--cfg typo": (lambda w: _train(w, "--cfg", "yolov8mm.yaml"), ["yolov8mm.yaml", "did you mean yolov8m.yaml?"]),
     "unknown module in model YAML": (lambda w: _train(w, "--cfg", str(w["bad_cfg"])),
                                      ["bad_cfg.yaml:", "backbone[2]", "unknown module 'Bogus'"]),
     "empty images folder": (lambda w: _train(w, "--data", str(w["empty"])), ["images/empty", "no supported files"]),

@@ -30,6 +30,12 @@ def _figure(**kwargs):
     return Figure(tight_layout=True, **kwargs)
 
 
+def _integer_ticks():
+    from matplotlib.ticker import MaxNLocator  # deferred with the rest of matplotlib
+
+    return MaxNLocator(integer=True)  # epochs are whole: no tick at 1.5
+
+
 def _save(fig, path, dpi=150):
     fig.savefig(path, dpi=dpi)
     return Path(path)
@@ -59,9 +65,11 @@ def plot_results(csv_path, path=None):
     ncol = min(5, len(cols))
     nrow = -(-len(cols) // ncol)
     fig = _figure(figsize=(3.2 * ncol, 2.8 * nrow))
-    epochs = data[:, header.index("epoch")] + 1 if "epoch" in header else np.arange(1, len(data) + 1)
+    epochs = data[:, header.index("epoch")] if "epoch" in header else np.arange(1, len(data) + 1)
+    epochs = epochs + 1 if len(epochs) and epochs.min() == 0 else epochs  # a file numbered from 0 (older runs)
     for k, i in enumerate(cols):
         ax = fig.add_subplot(nrow, ncol, k + 1)
+        ax.xaxis.set_major_locator(_integer_ticks())
         ax.plot(epochs, data[:, i], marker=".", linewidth=2, markersize=8, label="results")
         if len(data) >= 20:  # a trend line only where there are enough epochs to average
             ax.plot(epochs, _smooth(data[:, i], 0.05), ":", linewidth=2, label="smooth")

@@ -43,17 +43,32 @@ def check_options(opt):
                 raise BadOption(f"{flag} {v}: must be in {interval}{hint}")
 
 
-class Parser(argparse.ArgumentParser):
-    """The scripts' parser. It accepts the `--local-rank=N` / `--local_rank N` that the older launcher
-    `python -m torch.distributed.launch` passes, used only where LOCAL_RANK is not set. With `record_given`, the
-    namespace also holds `given`: the options this command line named (--resume refuses those that would change
-    the run)."""
+class HelpFormatter(argparse.HelpFormatter):
+    """--help with each option's default said once: appended where the help text does not already say it, left out
+    where there is nothing to say (a flag that is off, an option whose help explains its empty default)."""
 
-    def __init__(self, description, record_given=False):
-        super().__init__(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    def _get_help_string(self, action):
+        text, default = action.help or "", action.default
+        nothing = default is None or default is False or default == "" or default is argparse.SUPPRESS
+        if "default" in text or nothing or not action.option_strings:
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
+class Parser(argparse.ArgumentParser):
+    """The scripts' parser. With `launcher`, it accepts the `--local-rank=N` / `--local_rank N` that the older
+    launcher `python -m torch.distributed.launch` passes, used only where LOCAL_RANK is not set, listed last in
+    --help. With `record_given`, the namespace also holds `given`: the options this command line named (--resume
+    refuses those that would change the run)."""
+
+    def __init__(self, description, record_given=False, launcher=True):
+        super().__init__(description=description, formatter_class=HelpFormatter)
         self.record_given = record_given
-        self.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
-                          help="set by torch.distributed.launch; torchrun sets LOCAL_RANK instead")
+        if launcher:
+            self.add_argument_group("set by a launcher").add_argument(
+                "--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
+                help="the process's local rank, from torch.distributed.launch (torchrun sets LOCAL_RANK instead)")
 
     def error(self, message):
         """argparse's own complaints (an unknown option, `--epochs ten`) end as every user error does: one
@@ -64,7 +79,7 @@ class Parser(argparse.ArgumentParser):
         args = sys.argv[1:] if args is None else list(args)
         opt = super().parse_args(args, namespace)
         check_options(opt)
-        if opt.local_rank >= 0:
+        if getattr(opt, "local_rank", -1) >= 0:
             du.use_launcher_local_rank(opt.local_rank)
         if self.record_given:
             opt.given = self.named_options(args)
@@ -96,34 +111,35 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p = Parser(description, record_given=True)
     p.add_argument(*cfg_flags, dest="cfg", type=str, default=cfg_default,
                    help="model YAML (name under models/ or a path)")
-    p.add_argument("--weights", type=str, default="", help="initial weights: our .pt or an official one; '' = scratch")
+    p.add_argument("--weights", type=str, default="",
+                   help="initial weights, our .pt or an official one (default: none, train from scratch)")
     p.add_argument("--data", type=str, default=data_default, help=data_help)
-    p.add_argument("--hyp", type=str, default=None, help="hyperparameter YAML; default: the one the model YAML names")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch-size", type=int, default=16, help="total batch over all ranks")
+    p.add_argument("--hyp", type=str, default=None,
+                   help="hyperparameter YAML, may set only some keys (default: the file the model YAML names)")
+    p.add_argument("--epochs", type=int, default=30, help="epochs to train (with --resume: to train in all)")
+    p.add_argument("--batch-size", type=int, default=16, help="images per step, the total over all processes")
     p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default, help="train/val image size")
     p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
     p.add_argument("--resume", nargs="?", const=True, default=False, type=str2bool_or_path,
-                   help="resume the latest run, or the given last.pt")
+                   help="continue the newest unfinished run under --project, or the given last.pt")
     p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
     p.add_argument("--noval", action="store_true", help="only validate the final epoch")
     p.add_argument("--noplots", action="store_true", help="save no plots (results.png, labels.jpg, curves, ...)")
     p.add_argument("--cache", type=str, nargs="?", const="ram", default=None, choices=["ram", "disk"],
                    help="cache images in RAM (this rank's share only under DDP) or on disk")
-    p.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    p.add_argument("--device", default="", help="GPUs 0 or 0,1,2,3, or cpu (default: GPU 0 if there is one, else cpu)")
     p.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW", "auto"], default="auto",
                    help="auto: AdamW at a small lr for short runs, SGD at the hyp lr0 beyond 10k iterations")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (DDP only)")
     p.add_argument("--workers", type=int, default=None,
-                   help="max dataloader workers per rank (default: on a GPU, the rank's share of the cores less "
-                        "one, at most 8; on a CPU 2, or 0 where torch's threads fill the cores; see "
-                        "utils/data/loader.default_workers)")
-    p.add_argument("--project", default=None, help=f"save to project/name (default {project})")
-    p.add_argument("--name", default="exp", help="save to project/name")
-    p.add_argument("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")
+                   help="max dataloader workers per process (default: on a GPU, the process's share of the cores "
+                        "less one, at most 8; on a CPU 2, or 0 where torch's threads fill the cores)")
+    p.add_argument("--project", default=None, help=f"runs go to PROJECT/NAME (default: {project})")
+    p.add_argument("--name", default="exp", help="run folder name; exp2, exp3, ... when taken")
+    p.add_argument("--exist-ok", action="store_true", help="write into PROJECT/NAME even if it exists (not over a run)")
     p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
     p.add_argument("--patience", type=int, default=100, help="early stopping patience in epochs (0 = off)")
-    p.add_argument("--save-period", type=int, default=-1, help="also save a checkpoint every N epochs")
+    p.add_argument("--save-period", type=int, default=-1, help="also keep weights/epochN.pt every N epochs (-1: off)")
     p.add_argument("--save-interval", default="0",
                    help="also save last.pt inside epochs, every 10m / 90s / 2h or 500it (iterations); 0 = off")
     p.add_argument("--seed", type=int, default=0, help="global seed (each rank uses seed + 1 + RANK)")
@@ -150,18 +166,20 @@ def add_detect_train_args(p):
     p.add_argument("--image-weights", action="store_true",
                    help="draw training images weighted by class rarity and the last validation's per-class mAP")
     p.add_argument("--evolve", type=int, nargs="?", const=300, default=None,
-                   help="evolve hyperparameters for N generations (default 300); single process only")
+                   help="evolve hyperparameters for N generations (300 without N); single process only")
     return p
 
 
 def predict_parser(description, weights_default, imgsz_default, project):
     p = Parser(description)
-    p.add_argument("--weights", type=str, default=weights_default, help="model weights")
+    p.add_argument("--weights", type=str, default=weights_default, help="model weights: .pt, .onnx or .torchscript")
     p.add_argument("--source", type=str, default="data/images",
-                   help="image, folder, glob, video, URL, webcam index (0), rtsp/rtmp/http stream or .streams file")
+                   help="image, folder (its own files; 'DIR/**/*.jpg' also reads sub-folders), glob, video, .txt list, "
+                        "URL, webcam index (0), rtsp/rtmp/http stream or .streams file")
     p.add_argument("--vid-stride", type=int, default=1, help="process every n-th frame of videos and streams")
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default)
-    p.add_argument("--device", default="", help="cuda device, i.e. 0 or cpu")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default,
+                   help="inference size, long side in pixels (a static export takes its own)")
+    p.add_argument("--device", default="", help="GPU 0, or cpu (default: GPU 0 if there is one, else cpu)")
     p.add_argument("--view-img", action="store_true", help="show results in a window")
     p.add_argument("--save-txt", action="store_true", help="save results to labels/*.txt")
     p.add_argument("--save-conf", action="store_true", help="add confidences to --save-txt lines")
@@ -171,9 +189,9 @@ def predict_parser(description, weights_default, imgsz_default, project):
     p.add_argument("--line-thickness", type=int, default=None, help="box line width in pixels (default: by image size)")
     p.add_argument("--hide-labels", action="store_true", help="draw boxes without class names")
     p.add_argument("--hide-conf", action="store_true", help="draw class names without confidences")
-    p.add_argument("--project", default=None, help=f"save to project/name (default {project})")
-    p.add_argument("--name", default="exp")
-    p.add_argument("--exist-ok", action="store_true")
+    p.add_argument("--project", default=None, help=f"results go to PROJECT/NAME (default: {project})")
+    p.add_argument("--name", default="exp", help="results folder name; exp2, exp3, ... when taken")
+    p.add_argument("--exist-ok", action="store_true", help="write into PROJECT/NAME even if it exists")
     p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
     p.add_argument("--amp", choices=["auto", "off", "bf16"], default="auto",
                    help=".pt models: bf16 = bfloat16 autocast (CPU or CUDA); auto = bf16 on CPUs that compute it "
@@ -186,17 +204,20 @@ def val_parser(description, data_default, project, defaults, boxes=True):
     the one place their default values are written; `boxes` adds the NMS and prediction-saving options."""
     p = Parser(description)
     p.add_argument("--data", type=str, default=data_default, help=DATA_HELP["boxes" if boxes else "classify"])
-    p.add_argument("--weights", type=str, required=True, help="model weights")
-    p.add_argument("--batch-size", type=int, default=defaults.batch, help="images per batch on each rank")
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=defaults.imgsz)
+    p.add_argument("--weights", type=str, required=True, help="model weights: .pt, or a .onnx/.torchscript made "
+                                                               "with export.py --dynamic")
+    p.add_argument("--batch-size", type=int, default=defaults.batch, help="images per batch on each process")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=defaults.imgsz,
+                   help="validation size, long side in pixels")
     p.add_argument("--task", default="val", choices=["val", "test", "speed"] if boxes else ["val", "test"],
                    help="split to evaluate" + (", or speed" if boxes else ""))
-    p.add_argument("--device", default="", help="cuda device, i.e. 0 or cpu (under torchrun: one GPU per rank)")
-    p.add_argument("--workers", type=int, default=defaults.workers, help="max dataloader workers per rank")
+    p.add_argument("--device", default="", help="GPU 0, or cpu; under torchrun one GPU per process (default: GPU 0 "
+                                                "if there is one, else cpu)")
+    p.add_argument("--workers", type=int, default=defaults.workers, help="max dataloader workers per process")
     p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
-    p.add_argument("--project", default=project, help="save to project/name")
-    p.add_argument("--name", default="exp")
-    p.add_argument("--exist-ok", action="store_true")
+    p.add_argument("--project", default=project, help="results go to PROJECT/NAME")
+    p.add_argument("--name", default="exp", help="results folder name; exp2, exp3, ... when taken")
+    p.add_argument("--exist-ok", action="store_true", help="write into PROJECT/NAME even if it exists")
     if boxes:
         p.add_argument("--save-txt", action="store_true", help="save predictions to labels/*.txt")
         p.add_argument("--save-json", action="store_true", help="save COCO-format predictions and run pycocotools")
@@ -227,3 +248,16 @@ def check_imgsz(imgsz, stride):
     if new != imgsz:
         LOGGER.warning(f"WARNING: --img {imgsz} is not a multiple of the model's largest stride {stride}: using {new}")
     return new
+
+
+def parse_save_interval(value):
+    """--save-interval: '10m', '90s', '2h' -> ('s', seconds); '500it' -> ('it', iterations); '0' or '' -> off."""
+    text = str(value or "0").strip().lower()
+    units = {"it": ("it", 1), "s": ("s", 1), "m": ("s", 60), "h": ("s", 3600)}
+    for suffix, (kind, scale) in units.items():
+        number = text[: -len(suffix)]
+        if text.endswith(suffix) and number.replace(".", "", 1).isdigit():
+            return (kind, float(number) * scale) if float(number) > 0 else ("off", 0)
+    if text.replace(".", "", 1).isdigit() and float(text) == 0:
+        return "off", 0
+    raise BadOption(f"--save-interval {value}: expected minutes, seconds, hours or iterations, e.g. 10m, 90s, 500it")

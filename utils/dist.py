@@ -352,11 +352,16 @@ def gather_objects(obj, dst=0):
 
 def any_rank(flag):
     """True on every rank if `flag` is true on any (a decision all ranks must take together)."""
+    return any_ranks(flag)[0]
+
+
+def any_ranks(*flags):
+    """For each flag, True on every rank if it is true on any: several decisions in one collective."""
     if not (dist.is_available() and dist.is_initialized()):
-        return bool(flag)
-    t = torch.tensor([float(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        return tuple(bool(f) for f in flags)
+    t = torch.tensor([float(f) for f in flags], device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return tuple(bool(v) for v in t.tolist())
 
 
 def all_reduce_mean(tensor):

@@ -4,6 +4,7 @@ Raise a `UserError` subclass where the mistake is detected, with a message that 
 problem. A script's `if __name__ == "__main__":` line is `run_cli(main, parse_opt)`: a UserError becomes one
 `error: <message>` line on stderr and exit status 2, on every rank; any other exception is a bug in the project and
 keeps its traceback. Each subclass is also a ValueError, so callers that catch ValueError keep working.
+A user's stop (Ctrl-C, SIGTERM) ends with status 128 + the signal number and no traceback either (`Interrupted`).
 """
 
 import gc
@@ -41,6 +42,16 @@ class BadModelYaml(UserError, ValueError):
 
 class BadCheckpoint(UserError, ValueError):
     """A weights / last.pt file is truncated, not ours, or does not fit the run (names the file)."""
+
+
+class Interrupted(BaseException):
+    """The user stopped the command with a signal. A BaseException, as KeyboardInterrupt is, so that no `except
+    Exception` on the way up mistakes it for a failure to recover from. `message` is what is left to say (the trainer
+    has already said how to resume); the exit status is 128 + the signal number, as the shell reports a signal."""
+
+    def __init__(self, signum=signal.SIGINT, message=""):
+        super().__init__(message)
+        self.code, self.message = 128 + int(signum), message
 
 
 def report_user_error(e, file=None):
@@ -85,6 +96,19 @@ def run_cli(main, parse_opt):
         report_user_error(e)
         if dist.is_available() and dist.is_initialized():
             _grace_for_peers()
-            sys.stdout.flush()
-            os._exit(2)
+            _exit_now(2)
         sys.exit(2)
+    except (KeyboardInterrupt, Interrupted) as e:
+        stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT, "interrupted (Ctrl-C)")
+        if stop.message:
+            print(stop.message, file=sys.stderr, flush=True)
+        if dist.is_available() and dist.is_initialized():
+            _exit_now(stop.code)  # the ranks stopped together; leaving the group cleanly could wait on a peer
+        sys.exit(stop.code)
+
+
+def _exit_now(code):
+    """Leave at once (no atexit handlers, no process-group teardown), with what was printed flushed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

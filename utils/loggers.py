@@ -30,9 +30,10 @@ def set_logging(rank=-1, verbose=True):
 
 
 class CSVLogger:
-    """results.csv: one row per epoch, keyed by epoch. A resumed run that repeats an epoch (killed after the row,
-    before the checkpoint) replaces that epoch's row; the file is rewritten whole and renamed into place, so a kill
-    mid-write leaves the previous version."""
+    """results.csv: one row per epoch, keyed by epoch, numbered from 1 as the progress bar numbers them. A resumed run
+    that repeats an epoch (killed after the row, before the checkpoint) replaces that epoch's row; the file is
+    rewritten whole and renamed into place, so a kill mid-write leaves the previous version. A file written by an
+    earlier version, which numbered epochs from 0, is renumbered when a resumed run first writes to it."""
 
     def __init__(self, path):
         self.path = path
@@ -41,7 +42,10 @@ class CSVLogger:
         if not self.path.exists():
             return {}
         with open(self.path, newline="") as f:
-            return {int(r["epoch"]): r for r in csv.DictReader(f)}
+            rows = {int(r["epoch"]): r for r in csv.DictReader(f)}
+        if 0 in rows:  # numbered from 0: every run's first row was epoch 0
+            rows = {e + 1: {**r, "epoch": e + 1} for e, r in rows.items()}
+        return rows
 
     def log(self, epoch, values):
         rows = self.rows()

@@ -1,8 +1,11 @@
 """Training utilities: seeding, EMA, optimizer parameter groups, LR schedules, early stopping, timing."""
 
 import math
+import os
+import platform
 import random
 import re
+import sys
 import time
 from copy import deepcopy
 from functools import lru_cache
@@ -27,15 +30,64 @@ def init_seeds(seed=0, deterministic=False):
 
 
 @lru_cache(maxsize=None)
-def cpu_bf16_native(cpuinfo="/proc/cpuinfo"):
-    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16). torch's own mkldnn check also passes
-    on CPUs that only emulate bf16, where it is slower than fp32; without /proc/cpuinfo (macOS, Windows) the answer
-    is no, and fp32 stays the default."""
+def cpu_bf16_flags(cpuinfo="/proc/cpuinfo"):
+    """The CPU flags that say it computes bfloat16 in hardware (avx512_bf16, amx_bf16), as a sorted tuple; empty
+    without /proc/cpuinfo (macOS, Windows)."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
-        return False
-    return re.search(r"\b(avx512_bf16|amx_bf16)\b", text) is not None
+        return ()
+    return tuple(sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16)\b", text))))
+
+
+def cpu_bf16_native(cpuinfo="/proc/cpuinfo"):
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX-BF16). torch's own mkldnn check also passes
+    on CPUs that only emulate bf16, where it is slower than fp32; without /proc/cpuinfo the answer is no, and fp32
+    stays the default."""
+    return bool(cpu_bf16_flags(cpuinfo))
+
+
+def precision_text(device, amp):
+    """What --amp resolves to on `device`, and why: for the line a run starts with."""
+    enabled, dtype = amp_settings(device, amp)
+    what = "fp32" if not enabled else "fp16 autocast + GradScaler" if dtype == torch.float16 else "bf16 autocast"
+    if amp != "auto":
+        why = f"--amp {amp}"
+    elif device.type != "cpu":
+        why = f"--amp auto on {device.type.upper()}"
+    elif enabled:
+        why = f"--amp auto: the CPU has {' and '.join(cpu_bf16_flags()) or 'native bf16'}"
+    else:
+        why = "--amp auto: the CPU has no native bf16 (avx512_bf16, amx_bf16)"
+    return f"{what} ({why})"
+
+
+def device_name(device):
+    """The hardware behind a torch device: the GPU's name, or the CPU model from /proc/cpuinfo."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        found = None
+    return found.group(1).strip() if found else platform.processor() or platform.machine() or "CPU"
+
+
+def memory_used(device):
+    """The progress bar's `mem`, in GB: GPU memory torch holds (reserved) on CUDA, the process's resident memory
+    on CPU (its peak where /proc is missing)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_reserved(device) / 1e9
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        import resource
+    except ImportError:  # Windows: no /proc and no resource module; the column shows 0
+        return 0.0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak * (1 if sys.platform == "darwin" else 1024) / 1e9  # bytes on macOS, KiB on Linux
 
 
 def memory_format(device):
@@ -49,7 +101,7 @@ def amp_settings(device, amp):
     """(enabled, dtype) for training's autocast. 'auto' = fp16 on CUDA, bf16 on CPUs with native bf16, off elsewhere;
     'bf16' works on CPU and CUDA. bf16 on CPU was chosen by a study (benchmarks/study.py, shapes benchmark set, 30
     epochs, seeds 0-2): mean mAP50-95 yolov8n 0.359 against fp32's 0.369, yolov5n 0.194 against 0.187, with
-    whole runs 1.3-1.6x faster; README "Mixed precision" has the table."""
+    whole runs 1.3-1.6x faster; docs/recipes.md has the table."""
     if amp == "auto":
         amp = "fp16" if device.type == "cuda" else "bf16" if device.type == "cpu" and cpu_bf16_native() else "off"
     if amp == "off":
@@ -126,7 +178,7 @@ class EarlyStopping:
         stop = (epoch - self.best_epoch) >= self.patience
         if stop:
             LOGGER.info(
-                f"Early stop: no improvement in the last {self.patience} epochs; best at epoch {self.best_epoch}"
+                f"Early stop: no improvement in the last {self.patience} epochs; best at epoch {self.best_epoch + 1}"
             )
         return stop
 

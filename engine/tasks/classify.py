@@ -1,5 +1,8 @@
 """Classification task: trainer, validator and predictor hooks for YOLOv5-cls and YOLOv8-cls."""
 
+import shlex
+from pathlib import Path
+
 import torch
 
 from engine.predictor import BasePredictor
@@ -51,9 +54,14 @@ class ClassificationTrainer(BaseTrainer):
     default_project = "runs/train-cls"
     # an official classifier's YAML names no hyp file, and the detection default would bring detection crop scales
     default_hyp = "hyp.cls.yaml"
+    scripts = ("classify/val.py", "classify/predict.py")
 
     def get_data(self):
         return check_cls_dataset(self.opt.data)
+
+    def predict_source(self):
+        """The validation images, which sit in class folders: a glob, since --source reads a folder itself only."""
+        return shlex.quote(str(Path(self.data["val"]) / "*" / "*"))
 
     def build_model(self, nc, names):
         model = build_classifier(self.opt.cfg, nc, names)

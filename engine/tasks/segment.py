@@ -14,6 +14,7 @@ from utils.plots import colors
 
 class SegmentationTrainer(DetectionTrainer):
     default_project = "runs/train-seg"
+    scripts = ("segment/val.py", "segment/predict.py")
 
     @staticmethod
     def model_class():

@@ -69,3 +69,29 @@ def test_transforms_and_missing_source(shapes_det, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="empty"):
         LoadImages(str(tmp_path / "empty"))
+
+
+def test_a_folder_is_read_itself_not_its_sub_folders(shapes_det, tmp_path, caplog):
+    """detect.py --source DIR --project DIR/runs, run twice: the second run must not read the first run's output."""
+    import logging
+    import shutil
+
+    from utils.loggers import LOGGER
+
+    files = _images(shapes_det)
+    folder = tmp_path / "photos"
+    (folder / "runs" / "exp").mkdir(parents=True)
+    for f in files[:2]:
+        shutil.copy(f, folder / f.name)
+    shutil.copy(files[2], folder / "runs" / "exp" / files[2].name)  # a drawn result of an earlier run
+    caplog.set_level(logging.INFO, logger=LOGGER.name)
+    LOGGER.addHandler(caplog.handler)  # the project's logger does not propagate to the root logger
+    try:
+        got = [x[0] for x in LoadImages(str(folder), imgsz=96)]
+    finally:
+        LOGGER.removeHandler(caplog.handler)
+    assert got == [str(folder / f.name) for f in files[:2]]
+    assert f"1 sub-folder(s) not read (runs); --source '{folder}/**/*' reads them too" in caplog.text
+    assert len(list(LoadImages(str(folder / "**" / "*"), imgsz=96))) == 3  # the glob the note gives recurses
+    with pytest.raises(FileNotFoundError, match=r"its 1 sub-folder\(s\) are not read: --source '.*runs/\*\*/\*'"):
+        LoadImages(str(folder / "runs"))

@@ -40,7 +40,7 @@ def test_half_precision_validation_runs_in_it_and_agrees_with_fp32(tmp_path, dty
     assert dtypes == {dtype, torch.float32}  # the convs in half precision, the head's decoded outputs in fp32
     assert len(NAMES) == model.nc
     # the losses see every raw output: bf16's 8 significand bits move them by about 0.1 %. (An untrained model's mAP
-    # is a few lucky matches, too few to compare; README "Mixed precision" compares mAP of trained models.)
+    # is a few lucky matches, too few to compare; docs/recipes.md compares mAP of trained models.)
     losses = [k for k in full if k.startswith("val/")]
     assert losses
     for k in losses:

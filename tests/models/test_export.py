@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import cv2
+import numpy as np
 import pytest
 import torch
 from models_testutil import NAMES, assert_close_per_channel, save_checkpoint
@@ -92,10 +94,18 @@ def test_detect_script_gives_the_pt_boxes_from_onnx_and_torchscript(shapes_detec
         if k.startswith("model.24.m.") and k.endswith("bias"):
             v.copy_(torch.randn(v.shape, generator=torch.Generator().manual_seed(2)) * 2)
     torch.save(ckpt, weights)
-    cmd = [sys.executable, str(ROOT / "export.py"), "--weights", str(weights), "--include", "onnx", "torchscript",
-           "--img", "96", "--dynamic"]
-    subprocess.run(cmd, check=True, timeout=300, cwd=tmp_path, capture_output=True)
-    source = Path(shapes_detect).parent / "images" / "val"
+    # export.py's defaults: the README promises the .pt's boxes at the same --img, on images that are not square
+    cmd = [sys.executable, str(ROOT / "export.py"), "--weights", str(weights), "--include", "onnx", "torchscript"]
+    r = subprocess.run(cmd, check=True, timeout=300, cwd=tmp_path, capture_output=True, text=True)
+    assert f"Results saved to {tmp_path}" in r.stdout
+    source = tmp_path / "images"
+    source.mkdir()
+    val = sorted((Path(shapes_detect).parent / "images" / "val").glob("*.jpg"))
+    for f in val:
+        (source / f.name).write_bytes(f.read_bytes())
+    # a wide image: letterboxed for the .pt to 96 x 64 (the stride's multiple), where a fixed-size export pads to 96
+    wide = np.hstack([cv2.resize(cv2.imread(str(f)), (128, 128)) for f in val[:2]])
+    cv2.imwrite(str(source / "wide.jpg"), wide)
     runs = {}
     for suffix in (".pt", ".onnx", ".torchscript"):
         opt = detect.parse_opt(["--weights", str(weights.with_suffix(suffix)), "--source", str(source), "--imgsz",

@@ -111,7 +111,7 @@ def test_classification_val_batch_grid(tmp_path):
 
 def test_model_summary_printed_once_before_training(seg_run):
     _, records = seg_run
-    pattern = r"SegmentationModel: (\d+) layers, (\d+) parameters, (\d+) gradients, ([\d.]+) GFLOPs"
+    pattern = r"SegmentationModel: (\d+) layers, (\d+) parameters \((\d+) trainable\), ([\d.]+) GFLOPs at 64 px"
     found = [(i, re.match(pattern, m)) for i, m in enumerate(records) if re.match(pattern, m)]
     assert len(found) == 1, "one summary, at the start"
     i, m = found[0]

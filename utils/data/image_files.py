@@ -50,10 +50,14 @@ def _read_list_file(path):
     return out
 
 
-def _walk(folder, others):
+SUBFOLDER = "a sub-folder, not read"  # the reason a non-recursive scan gives for the folders it meets
+
+
+def _walk(folder, others, recursive=True):
     """Every entry under `folder` that is not itself a folder, plus folders named like an image file (which the
     scan then names as such). Symlinked folders are followed, each real folder entered once (a link back up is not
-    a loop); a folder that cannot be listed goes to `others` with the reason."""
+    a loop); a folder that cannot be listed goes to `others` with the reason. Not `recursive`: the folder's own
+    entries, its sub-folders going to `others` as SUBFOLDER."""
     found, seen = [], set()
 
     def visit(d):
@@ -71,7 +75,9 @@ def _walk(folder, others):
                 is_dir = entry.is_dir()
             except OSError:  # a symlink loop: a candidate, which the scan then names
                 is_dir = False
-            if is_dir:
+            if is_dir and not recursive:
+                others.append((entry.path, SUBFOLDER))
+            elif is_dir:
                 if suffix(entry.name) in MEDIA_FORMATS:
                     found.append(entry.path)
                 visit(entry.path)
@@ -82,19 +88,21 @@ def _walk(folder, others):
     return sorted(found)
 
 
-def _expand(entry, others):
-    """One source entry -> candidate file paths (not yet filtered by format); problems met go to `others`."""
+def _expand(entry, others, recursive=True):
+    """One source entry -> candidate file paths (not yet filtered by format); problems met go to `others`. A folder
+    is walked into its sub-folders when `recursive`; a glob goes where it says (`**` for any depth)."""
     s = str(entry)
     if any(c in s for c in "*?["):
         return [f for f in sorted(glob.glob(s, recursive=True)) if not os.path.isdir(f) or suffix(f) in MEDIA_FORMATS]
     p = Path(s)
     if p.is_dir():
-        return _walk(p, others)
+        return _walk(p, others, recursive)
     if p.is_file():
         if suffix(p) == "txt":
             files = []
             for line in _read_list_file(p):
-                files += _expand(line, others) if Path(line).is_dir() or any(c in line for c in "*?[") else [line]
+                is_many = Path(line).is_dir() or any(c in line for c in "*?[")
+                files += _expand(line, others, recursive) if is_many else [line]
             return files
         return [str(p)]
     raise FileNotFoundError(f"{s} does not exist")
@@ -105,17 +113,17 @@ def _is_own_cache(f, stems):
     return suffix(f) == "npy" and os.path.splitext(f)[0] in stems
 
 
-def scan_files(source, formats=IMG_FORMATS):
-    """(files, others) from a path, folder (recursive, symlinked folders followed), glob, list .txt, or a list of
-    those: `files` has a suffix in `formats` (whatever it turns out to be: the scan says what is wrong with a folder
-    or dangling link named x.jpg), in sorted order for folders and globs, as listed for lists; `others` is (path,
-    reason) for every other entry met, so that nothing is left out without a word.
+def scan_files(source, formats=IMG_FORMATS, recursive=True):
+    """(files, others) from a path, folder (with its sub-folders when `recursive`, symlinked folders followed), glob,
+    list .txt, or a list of those: `files` has a suffix in `formats` (whatever it turns out to be: the scan says
+    what is wrong with a folder or dangling link named x.jpg), in sorted order for folders and globs, as listed for
+    lists; `others` is (path, reason) for every other entry met, so that nothing is left out without a word.
 
     Raises FileNotFoundError naming an entry that does not exist."""
     entries = source if isinstance(source, (list, tuple)) else [source]
     found, others = [], []
     for entry in entries:
-        found += _expand(entry, others)
+        found += _expand(entry, others, recursive)
     found, seen = [os.path.normpath(f) for f in found], set()
     others += [(f, "a repeated entry (used once)") for f in found if f in seen or seen.add(f)]
     found = list(dict.fromkeys(found))  # given order, no repeats

@@ -22,8 +22,8 @@ from utils.files import publish
 from utils.loggers import LOGGER
 
 FORMAT = "yolo-engine label cache"
-# `train.cache` is the official repos' name for their pickled cache: sharing it, each tool would rescan after the
-# other had run (seen on the GPU machine, docs/performance.md)
+# not `train.cache`, the official repos' name for their pickled cache: on a shared name each tool would rescan after
+# the other had run
 SUFFIX = ".yolo-engine.cache"
 VERSION = 2  # 1 was the pickled .npy cache
 _warned_dirs = set()  # one "not writeable" warning per folder and process

@@ -1,11 +1,12 @@
 """Prediction inputs: images and videos from a file, folder, glob, list .txt file or a list of those."""
 
+import os
 
 import cv2
 import numpy as np
 
 from utils.data.augment import letterbox
-from utils.data.image_files import IMG_FORMATS, VID_FORMATS, list_files, suffix
+from utils.data.image_files import IMG_FORMATS, SUBFOLDER, VID_FORMATS, scan_files, suffix
 from utils.errors import BadFile
 from utils.imageio import is_utf8, printable, read_image
 from utils.loggers import LOGGER
@@ -29,10 +30,7 @@ class LoadImages:
     """
 
     def __init__(self, source, imgsz=640, stride=32, auto=True, transforms=None, vid_stride=1):
-        try:
-            self.files = list_files(source, IMG_FORMATS | VID_FORMATS)
-        except FileNotFoundError as e:
-            raise SourceNotFound(str(e)) from None
+        self.files = self._find(source)
         self.source = source
         self.video_flag = [suffix(f) in VID_FORMATS for f in self.files]
         self.nf = len(self.files)
@@ -43,6 +41,26 @@ class LoadImages:
 
     def __len__(self):
         return self.nf
+
+    @staticmethod
+    def _find(source):
+        """The image and video files of `source`. A folder is read itself, not its sub-folders (a run's output
+        under it would become input): they are named in one note, with the glob that reads them."""
+        formats = IMG_FORMATS | VID_FORMATS
+        try:
+            files, others = scan_files(source, formats, recursive=False)
+        except FileNotFoundError as e:
+            raise SourceNotFound(str(e)) from None
+        skipped = [printable(p) for p, why in others if why == SUBFOLDER]
+        hint = f"--source '{os.path.join(os.path.dirname(skipped[0]), '**', '*')}' reads them too" if skipped else ""
+        if not files:
+            where = f"; its {len(skipped)} sub-folder(s) are not read: {hint}" if skipped else ""
+            raise SourceNotFound(f"no supported files found in {source} (formats: {', '.join(sorted(formats))})"
+                                 f"{where}")
+        if skipped:
+            names = ", ".join(os.path.basename(p) for p in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+            LOGGER.info(f"note: {len(skipped)} sub-folder(s) not read ({names}); {hint}")
+        return files
 
     def __iter__(self):
         self._release()

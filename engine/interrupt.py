@@ -1,0 +1,63 @@
+"""Stopping a training run on request: Ctrl-C (SIGINT), and SIGTERM outside torchrun.
+
+The first signal only asks: the loop stops at its next safe point (right after an optimizer step, when no
+accumulated gradient would be lost, or at the end of an epoch), every rank agreeing on the same step, writes
+last.pt with the exact position, prints how to resume and exits 130 (SIGINT) or 143 (SIGTERM). A second Ctrl-C in
+a single process exits at once, without saving.
+
+Under torchrun SIGTERM stays the launcher's: the agent sends it to the surviving workers when a peer died, to
+restart the group, and the peers cannot agree on anything then (engine/resume.py only defers it while a checkpoint
+is written). The agent also passes the terminal's Ctrl-C on to its workers, which are in the terminal's process
+group as well, so each worker sees one Ctrl-C twice: there a repeated SIGINT is not a second request, and the agent
+ends workers that take longer than its shutdown timeout.
+"""
+
+import os
+import signal
+import threading
+
+from utils import dist as du
+from utils.errors import Interrupted
+from utils.loggers import LOGGER
+
+NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
+class StopRequests:
+    """Signal handlers for the training loop (a context manager); `signum` is the first signal received, or None.
+
+    DataLoader workers are forked with these handlers and ignore the signals (the pid check): the terminal sends
+    Ctrl-C to them too, and a worker that died of it would take the batches the loop still needs to reach its stop.
+    """
+
+    def __init__(self, announce=True):
+        self.announce = announce  # rank 0 says that the stop is under way
+        self.launched = bool(os.environ.get("TORCHELASTIC_RUN_ID"))  # by torchrun, whose SIGTERM restarts groups
+        self.signum, self.pid, self.previous = None, os.getpid(), {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            for s in (signal.SIGINT,) if self.launched else (signal.SIGINT, signal.SIGTERM):
+                self.previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous = {}
+
+    def _handle(self, signum, frame):
+        if os.getpid() != self.pid:
+            return
+        if self.signum is None:
+            self.signum = signum
+            if self.announce:
+                again = "" if self.launched else "; Ctrl-C again exits at once, without saving"
+                LOGGER.warning(f"\n{NAMES[signum]}: stopping after the next optimizer step or at the end of the "
+                               f"epoch, to save last.pt{again}")
+        elif not self.launched:
+            raise Interrupted(signum, f"{NAMES[signum]} again: exiting at once, without saving")
+
+    def agreed(self):
+        """Whether any rank was asked to stop: a collective, so every rank calls it at the same step."""
+        return du.any_rank(self.signum is not None)

@@ -1,0 +1,65 @@
+"""What a run tells its user: the line it starts with, where it is, how to resume it and what to run next."""
+
+import shlex
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from utils import dist as du
+from utils.files import ROOT
+from utils.torch_utils import precision_text
+
+
+def plural(n, noun, ending="s"):
+    return f"{n} {noun}{'' if n == 1 else ending}"
+
+
+def banner(devices, device, amp, workers, save_dir):
+    """The line a training run starts with: every rank's device (`devices`), the precision --amp gives on `device`
+    and why, torch, processes, threads, dataloader workers and the run folder."""
+    where = ", ".join(f"{n} x {d}" if n > 1 else d for d, n in Counter(devices).items())
+    n, threads = len(devices), torch.get_num_threads()
+    return (f"Training on {where}; {precision_text(device, amp)}; torch {torch.__version__}; "
+            f"{plural(n, 'process', 'es')} with {plural(threads, 'thread')} and {plural(workers, 'dataloader worker')}"
+            f"{' each' if n > 1 else ''}; run folder {save_dir}")
+
+
+def position(epoch, batch, epochs, nb):
+    """Where a run is, numbered as the progress bar and results.csv number epochs (from 1): `epoch` is the 0-based
+    index of the epoch under way, `batch` the batches of it done (0: none, the previous epoch is complete)."""
+    if batch:
+        return f"at epoch {epoch + 1}/{epochs} batch {batch}/{nb}"
+    return f"after epoch {epoch}/{epochs}" if epoch else f"at the start of epoch 1/{epochs}"
+
+
+def shown(path):
+    """A path as a user types it: relative to the working directory when inside it, quoted for the shell."""
+    p = Path(path).resolve()
+    try:
+        p = p.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return shlex.quote(str(p))
+
+
+def resume_command(last):
+    """The command line that continues from `last`: this script, under the launcher it was started by."""
+    script, path = shown(sys.argv[0]), shown(last)
+    if not du.is_distributed():
+        return f"python {script} --resume {path}"
+    nodes = "" if du.get_world_size() == du.get_local_world_size() else " --nnodes ... (on every machine)"
+    return f"python -m torch.distributed.run --nproc_per_node {du.get_local_world_size()}{nodes} {script} " \
+           f"--resume {path}"
+
+
+def next_commands(scripts, weights, data, source, imgsz):
+    """Validate, predict and export commands for a finished run's weights. `scripts` is the task's (val, predict)
+    pair of script paths under the repository root; `data` the --data given, `source` what to predict on."""
+    val, predict = (shown(ROOT / s) for s in scripts)
+    w, img = shown(weights), f"--img {imgsz}"
+    data = shown(data) if Path(data).exists() else shlex.quote(str(data))  # else a name found under data/
+    return [f"python {val} --weights {w} --data {data} {img}",
+            f"python {predict} --weights {w} --source {source} {img}",
+            f"python {shown(ROOT / 'export.py')} --weights {w} --include onnx {img}"]

@@ -1,0 +1,108 @@
+"""The scripts' --help, and the commands the documents show: every option has help text and its default once, the
+launcher's option comes last; every command in README.md and docs/*.md parses with the options its script has, so
+the documents cannot drift from the scripts."""
+
+import ast
+import contextlib
+import importlib
+import io
+import re
+import shlex
+
+import pytest
+
+from utils.files import ROOT
+
+SCRIPTS = ["train", "val", "detect", "export", "segment.train", "segment.val", "segment.predict", "classify.train",
+           "classify.val", "classify.predict"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _help(module):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+        importlib.import_module(module).parse_opt(["--help"])
+    assert e.value.code == 0
+    return out.getvalue()
+
+
+def _entries(text):
+    """{first option string: (invocation, help text)} of a --help output."""
+    entries, current = {}, None
+    for line in text.splitlines():
+        if re.match(r"^  -", line):
+            invocation, _, help_text = line.strip().partition("  ")
+            current = invocation.split()[0].rstrip(",")
+            entries[current] = [invocation, help_text.strip()]
+        elif current and re.match(r"^ {4,}\S", line):
+            entries[current][1] = (entries[current][1] + " " + line.strip()).strip()
+        else:
+            current = None
+    return entries
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_help_says_every_option_and_its_default_once(module):
+    text = _help(module)
+    entries = _entries(text)
+    assert "--weights" in entries and "(default: None)" not in text
+    for flag, (_, help_text) in entries.items():
+        assert help_text, f"{module} {flag} has no help"
+        assert help_text.count("(default") <= 1, f"{module} {flag}: {help_text}"
+    if module != "export":
+        assert list(entries)[-1] == "--local-rank", "the launcher's option comes last"
+
+
+def _commands(doc):
+    """(line, argv) of every shell command in the ```bash blocks of `doc`, continuation lines joined."""
+    text = doc.read_text()
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()
+            for part in re.split(r"&&|;", line):
+                if part.strip() and not part.strip().startswith("#"):
+                    yield part.strip(), shlex.split(part)
+
+
+def _script_args(argv):
+    """(module, args) of a command that runs one of SCRIPTS, directly or under torchrun; None for other commands.
+    The launcher's own options are checked by torchrun's parser."""
+    if argv[:1] != ["python"]:
+        return None
+    rest = argv[1:]
+    if rest[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
+        from torch.distributed.run import get_args_parser
+
+        launcher = get_args_parser().parse_args(rest[2:])
+        rest = [launcher.training_script, *launcher.training_script_args]
+    if not rest or not rest[0].endswith(".py"):
+        return None
+    assert (ROOT / rest[0]).is_file(), f"{rest[0]} does not exist"
+    module = rest[0].removesuffix(".py").replace("/", ".")
+    return (module, rest[1:]) if module in SCRIPTS else None
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+def test_every_documented_command_parses(doc):
+    parsed = 0
+    for line, argv in _commands(doc):
+        found = _script_args(argv)
+        if found:
+            module, args = found
+            importlib.import_module(module).parse_opt(args)  # a BadOption names what does not parse
+            parsed += 1
+    assert parsed or doc.name != "README.md"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+def test_documented_python_compiles(doc):
+    for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S):
+        ast.parse(block)
+
+
+def test_the_cpu_install_hint_asks_for_the_versions_requirements_allow():
+    """Else pip replaces the CPU build with the CUDA one when it installs requirements.txt."""
+    wanted = {line.split(">")[0]: line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
+              if line.startswith(("torch>", "torchvision>"))}
+    hint = next(argv for _, argv in _commands(ROOT / "README.md") if "--index-url" in argv)
+    assert sorted(a for a in hint if a.startswith("torch")) == sorted(wanted.values())

@@ -1,0 +1,26 @@
+"""results.csv numbers epochs from 1; a file numbered from 0 by an earlier version still takes a resumed run's rows."""
+
+import csv
+
+from utils.loggers import CSVLogger
+
+
+def _epochs(path):
+    return [int(r["epoch"]) for r in csv.DictReader(open(path))]
+
+
+def test_rows_are_keyed_by_epoch_from_1(tmp_path):
+    log = CSVLogger(tmp_path / "results.csv")
+    log.log(1, {"a": 0.5})
+    log.log(2, {"a": 0.25})
+    log.log(2, {"a": 0.125})  # an epoch done twice (killed after its row) keeps one row, the last
+    assert _epochs(log.path) == [1, 2]
+    assert [r["a"] for r in csv.DictReader(open(log.path))] == ["0.5", "0.125"]
+
+
+def test_a_file_numbered_from_0_is_renumbered_when_a_resumed_run_writes(tmp_path):
+    f = tmp_path / "results.csv"
+    f.write_text("epoch,a\n0,0.5\n1,0.25\n")  # two epochs done by an earlier version
+    CSVLogger(f).log(3, {"a": 0.125})  # the third epoch, as this version numbers it
+    assert _epochs(f) == [1, 2, 3]
+    assert [r["a"] for r in csv.DictReader(open(f))] == ["0.5", "0.25", "0.125"]
