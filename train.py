@@ -17,10 +17,12 @@ Usage:
         $ python train.py --resume runs/train/exp/weights/last.pt
 """
 
+from functools import partial
+
 from engine.evolve import evolve
 from engine.tasks.detect import DetectionTrainer
-from engine.trainer import run
-from utils.cli import add_detect_train_args, train_parser
+from engine.trainer import run as run_training
+from utils.cli import add_detect_train_args, options_from_kwargs, train_parser
 from utils.errors import run_cli
 
 
@@ -30,10 +32,16 @@ def parse_opt(argv=None):
     return p.parse_args(argv)
 
 
-def main(opt):
+def main(opt, callbacks=None):
+    """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
     if opt.evolve:
-        return evolve(DetectionTrainer, opt, run)
-    return run(DetectionTrainer, opt)
+        return evolve(DetectionTrainer, opt, partial(run_training, callbacks=callbacks))
+    return run_training(DetectionTrainer, opt, callbacks)
+
+
+def run(callbacks=None, **options):
+    """For Python: `run(data="data/shapes.yaml", epochs=3, callbacks=[MyLogger()])`, options named as the flags."""
+    return main(options_from_kwargs(parse_opt, options), callbacks)
 
 
 if __name__ == "__main__":

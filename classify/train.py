@@ -8,11 +8,9 @@ Usage:
     $ python classify/train.py --resume runs/train-cls/exp/weights/last.pt
 """
 
-
-
 from engine.tasks.classify import ClassificationTrainer
-from engine.trainer import run
-from utils.cli import DATA_HELP, train_parser
+from engine.trainer import run as run_training
+from utils.cli import DATA_HELP, options_from_kwargs, train_parser
 from utils.errors import run_cli
 
 
@@ -22,8 +20,14 @@ def parse_opt(argv=None):
     return p.parse_args(argv)
 
 
-def main(opt):
-    return run(ClassificationTrainer, opt)
+def main(opt, callbacks=None):
+    """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
+    return run_training(ClassificationTrainer, opt, callbacks)
+
+
+def run(callbacks=None, **options):
+    """For Python: `run(data="data/shapes-cls", epochs=3, callbacks=[MyLogger()])`, options named as the flags."""
+    return main(options_from_kwargs(parse_opt, options), callbacks)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import math
 import random
 import signal
 import time
-from collections import defaultdict
 from copy import deepcopy
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from engine.callbacks import Callbacks
 from engine.hyp import load_hyp, read_hyp
 from engine.interrupt import StopRequests
 from engine.messages import banner, next_commands, plural, position, resume_command, shown
@@ -93,8 +93,7 @@ class BaseTrainer:
         self.resume_from = resume_from
         self.save_interval = parse_save_interval(self.opt.save_interval)
         self.rank, self.local_rank, self.world_size = du.get_rank(), du.get_local_rank(), du.get_world_size()
-        self.main = self.rank in (-1, 0)
-        self.callbacks = defaultdict(list)
+        self.is_main = self.rank in (-1, 0)
         self.epochs = self.opt.epochs
         if self.opt.batch_size % self.world_size:
             raise BadOption(f"--batch-size {self.opt.batch_size} must be a multiple of WORLD_SIZE {self.world_size}")
@@ -105,8 +104,12 @@ class BaseTrainer:
         self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
         if self.opt.workers is None:
             self.opt.workers = default_workers(device)
-        self.profile = RunProfile.for_run(self.opt.profile and self.main, device)  # --profile: rank 0's table
-        self.stop_requests = StopRequests(announce=self.main)  # its signal handlers are set while the loop runs
+        self.profile = RunProfile.for_run(self.opt.profile and self.is_main, device)  # --profile: rank 0's table
+        self.stop_requests = StopRequests(announce=self.is_main)  # its signal handlers are set while the loop runs
+        self.epoch_row = {}  # the row results.csv gets for the epoch that ended: losses, metrics, learning rates
+        self.callbacks = Callbacks()
+        for listener in self.default_callbacks():
+            self.callbacks.attach(listener)
 
     # ---------------------------------------------------------------- hooks for task subclasses
     def get_data(self):
@@ -143,27 +146,34 @@ class BaseTrainer:
         val = self.data["val"]
         return shown(val if isinstance(val, (str, Path)) else val[0])
 
-    # ---------------------------------------------------------------- callbacks
+    # ---------------------------------------------------------------- callbacks (engine/callbacks.py)
+    def default_callbacks(self):
+        """The listeners every run has: results.csv, TensorBoard scalars and, unless --noplots, the run's pictures."""
+        listeners = [CSVLogger(self.save_dir / "results.csv"), TensorBoardLogger(self.save_dir)]
+        return listeners if self.opt.noplots else [*listeners, RunPlots()]
+
     def add_callback(self, event, fn):
-        self.callbacks[event].append(fn)
+        self.callbacks.add(event, fn)
 
     def run_callbacks(self, event):
-        with self.profile("plots_logs"):  # callbacks draw and log (utils/charts.RunPlots)
-            for fn in self.callbacks[event]:
-                fn(self)
+        """Fire `event` (on rank 0 only, unless the event is declared for every rank); listeners' time is charged to
+        plotting/logging."""
+        if self.callbacks.has(event):
+            with self.profile("plots_logs"):
+                self.callbacks.fire(event, self, main=self.is_main)
 
     # ---------------------------------------------------------------- set-up
     def _make_save_dir(self, save_dir):
         project = Path(self.opt.project or self.default_project)
         path, found = None, []
-        if self.main:
+        if self.is_main:
             path = save_dir or increment_path(project / self.opt.name, exist_ok=self.opt.exist_ok)
             # a known folder (a resume, a torchrun restart) is continued, not refused
             found = [] if save_dir else [f for f in RUN_FILES if (path / f).exists()]
             if not found:
                 record_run_dir(path)  # a torchrun restart continues in this folder
         # every rank must agree on one folder (and on refusing it); only rank 0 looks at the disk
-        path, found = du.broadcast_object((str(path), found) if self.main else None)
+        path, found = du.broadcast_object((str(path), found) if self.is_main else None)
         if found:  # appending to its results.csv or replacing its weights would mix two runs
             raise BadOption(f"--exist-ok: {path} holds another run ({', '.join(found)}); choose a new --name, "
                             f"or continue that run with --resume {Path(path) / 'weights' / 'last.pt'}")
@@ -188,13 +198,13 @@ class BaseTrainer:
             self.hyp = {**self.hyp, "label_smoothing": self.opt.label_smoothing}
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
-        if self.main:
+        if self.is_main:
             model.info(imgsz=self.opt.imgsz)  # layers, parameters (trainable), GFLOPs at the training size
         self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn,
                                                            memory_format(self.device))
         stride = int(max(self.model.stride))
 
-        with problems_listed_on_failure(self.save_dir, "train", write=self.main):
+        with problems_listed_on_failure(self.save_dir, "train", write=self.is_main):
             with du.torch_distributed_zero_first(self.local_rank):
                 self.train_set = self.build_dataset(self.data["train"], "train", stride)
         self.fit_model_to_data()
@@ -203,7 +213,7 @@ class BaseTrainer:
         # every rank validates its share of the val set (engine/validator.py), so every rank has the loader
         self.validator = self.build_validator()
         self.validator.profile = self.profile  # its plots are timed apart from validation
-        with problems_listed_on_failure(self.save_dir, "val", {"train": self.train_set.problems}, write=self.main):
+        with problems_listed_on_failure(self.save_dir, "val", {"train": self.train_set.problems}, write=self.is_main):
             self.val_loader = self.validator.build_dataloader(self.data["val"], stride)
         self.val_set = self.val_loader.dataset
 
@@ -220,14 +230,11 @@ class BaseTrainer:
         self.last_save = (time.monotonic(), -1)  # (time, ni) of the last checkpoint, for --save-interval
         if self.resume_from:
             self._resume(self.resume_from)
-        self.csv = self.tb = None
-        if self.main:
+        if self.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             yaml_save(self.save_dir / "opt.yaml", vars(self.opt))
             yaml_save(self.save_dir / "hyp.yaml", self.hyp)
             write_problems(self.save_dir, {"train": self.train_set.problems, "val": self.val_set.problems})
-            self.csv = CSVLogger(self.save_dir / "results.csv")
-            self.tb = TensorBoardLogger(self.save_dir)
 
     def _setup_optimizer(self):
         """Accumulation, scaled weight decay, optimizer, warmup settings and the LR schedule."""
@@ -275,7 +282,7 @@ class BaseTrainer:
 
     def _resume(self, path):
         """Every rank continues from rank 0's copy of `path` (the other ranks may be on machines without it)."""
-        ckpt = du.broadcast_object(load_checkpoint(path) if self.main else None)
+        ckpt = du.broadcast_object(load_checkpoint(path) if self.is_main else None)
         start, batch = ckpt["epoch"] + 1, ckpt["batch"]
         if start >= self.epochs:
             raise BadCheckpoint(f"{path}: training to {self.epochs} epochs is finished, nothing to resume")
@@ -318,7 +325,7 @@ class BaseTrainer:
         answers both, so every rank takes the same decisions at the same step."""
         kind, every = self.save_interval
         t, last_ni = self.last_save
-        timed = kind == "s" and self.main and time.monotonic() - t >= every
+        timed = kind == "s" and self.is_main and time.monotonic() - t >= every
         stop, timed = du.any_ranks(self.stop_requests.signum is not None, timed)
         return stop, stop or timed or (kind == "it" and ni - last_ni >= every)
 
@@ -327,7 +334,7 @@ class BaseTrainer:
         go to rank 0)."""
         with sigterm_deferred(), self.profile("checkpoints"):
             ranks = du.gather_objects(self.rank_state())
-            if self.main:
+            if self.is_main:
                 save_checkpoint(self.checkpoint(epoch - 1, batch=batch, ranks=ranks), self.last)
             du.barrier()  # the checkpoint is on disk before any rank goes on (and may die)
         self.last_save = (time.monotonic(), batch - 1 + self.nb * epoch)
@@ -337,8 +344,8 @@ class BaseTrainer:
         under --nosave, here). Rank 0 says how to resume; every rank leaves with the signal's exit status."""
         if not batch and self.opt.nosave:
             self.save_position(epoch, 0)
-        if self.main:
-            self.tb.close()
+        self.run_callbacks("on_train_interrupted")
+        if self.is_main:
             forget_run_dir()  # the user stopped the run: no torchrun restart is to continue it
             LOGGER.info(f"interrupted {position(epoch, batch, self.epochs, self.nb)}: resume with "
                         f"{resume_command(self.last)}")
@@ -349,7 +356,7 @@ class BaseTrainer:
         threads, workers and the run folder. Every rank names its device (a collective)."""
         kind = {"cuda": "GPU", "cpu": "CPU"}.get(self.device.type, self.device.type)
         devices = du.gather_objects(f"{kind} {device_name(self.device)}")
-        if self.main:
+        if self.is_main:
             LOGGER.info(banner(devices, self.device, self.opt.amp, self.opt.workers, self.save_dir))
 
     # ---------------------------------------------------------------- the loop
@@ -357,8 +364,9 @@ class BaseTrainer:
         self.log_banner()
         with self.profile("setup"):
             self._setup()
+        self.run_callbacks("on_pretrain_routine_end")
         self.run_callbacks("on_train_start")
-        if self.main:
+        if self.is_main:
             LOGGER.info(
                 f"Image sizes {self.opt.imgsz} train, {self.opt.imgsz} val; {self.nb} batches of {self.batch_size} "
                 f"per rank x {self.world_size} ranks; accumulate {self.accumulate}"
@@ -377,11 +385,11 @@ class BaseTrainer:
                     break
                 if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
                     self.interrupted(epoch + 1, 0)
-        if self.main:
+        if self.is_main:
             LOGGER.info(f"{plural(epoch - self.start_epoch + 1, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} "
                         "hours.")
         self.final_eval()
-        if self.main:
+        if self.is_main:
             forget_run_dir()
         du.barrier()
         self.run_callbacks("on_train_end")
@@ -415,7 +423,7 @@ class BaseTrainer:
         if not start_batch:
             self.mloss = torch.zeros(len(names), device=self.device)
         pbar = enumerate(self.profile.timed(self.train_loader, "data_wait"), start_batch)
-        if self.main:
+        if self.is_main:
             LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "mem", *names, "Instances", "Size"))
             pbar = tqdm(pbar, total=self.nb, initial=start_batch, bar_format="{l_bar}{bar:10}{r_bar}")
         self.optimizer.zero_grad()
@@ -441,7 +449,7 @@ class BaseTrainer:
                 if stop:
                     stopped = i + 1
                     break
-            if self.main:
+            if self.is_main:
                 with self.profile("plots_logs"):  # the progress bar and the first batches' pictures
                     mem = f"{memory_used(self.device):.3g}G"  # GPU memory reserved, or this process's RSS
                     n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
@@ -450,7 +458,8 @@ class BaseTrainer:
                         % (f"{epoch + 1}/{self.epochs}", mem, *self.mloss, n_inst, batch["img"].shape[-1])
                     )
                     self.plot_training_batch(batch, ni)
-        if self.main:
+                self.run_callbacks("on_train_batch_end")
+        if self.is_main:
             pbar.close()  # before any message, which would otherwise share the bar's line
         if stopped:
             return stopped
@@ -503,7 +512,7 @@ class BaseTrainer:
             self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
             world_size=self.world_size, seed=self.opt.seed, sampler=self.train_sampler(), drop_single=True,
         )
-        if loader.drop_last and self.main:
+        if loader.drop_last and self.is_main:
             which = ("the same image every epoch (rect batches are not shuffled): choose another --batch-size to "
                      "train on it") if getattr(self.train_set, "rect", False) else "a different image each epoch"
             LOGGER.warning(f"WARNING: {len(loader.sampler)} training images per rank at {self.batch_size} per batch: "
@@ -517,25 +526,24 @@ class BaseTrainer:
         stop = False
         ranks = du.gather_objects(self.rank_state())  # for the checkpoint
         final = epoch + 1 == self.epochs
-        if self.main:
+        if self.is_main:
             self.run_callbacks("on_train_epoch_end")
         if not self.opt.noval or final:
             # rank 0's EMA: the ranks' EMA parameters agree, their BatchNorm buffers (each rank's own statistics) not
             with self.profile("validation"):
                 self.metrics = self.validator(du.broadcast_state(self.ema.ema),
                                               amp_dtype=self.amp_dtype if self.amp else None)
-        if self.main:
+            self.run_callbacks("on_val_end")
+        if self.is_main:
             fitness = self.metrics.get("fitness", 0.0)
             self.best_fitness = max(self.best_fitness, fitness)
             losses = {f"train/{n}_loss": float(v) for n, v in zip(self.criterion.loss_names, self.tloss)}
-            row = {**losses, **{k: float(v) for k, v in self.metrics.items()}, **self.lr}
-            with self.profile("plots_logs"):
-                self.csv.log(epoch + 1, row)  # epochs are numbered from 1 wherever a user reads them
-                self.tb.log(row, epoch + 1)
+            self.epoch_row = {**losses, **{k: float(v) for k, v in self.metrics.items()}, **self.lr}
             stop = self.stopper(epoch, fitness)
             if not self.opt.nosave or final:
                 with sigterm_deferred(), self.profile("checkpoints"):
                     self.save(epoch, fitness, ranks)
+                self.run_callbacks("on_model_save")
             self.run_callbacks("on_fit_epoch_end")
         du.barrier()
         return stop
@@ -543,7 +551,7 @@ class BaseTrainer:
     def final_eval(self):
         """Rank 0 strips the optimizer from the saved weights; then every rank validates best.pt once more, with
         per-class output. Rank 0 reads the file and sends the weights: the other ranks may run on other machines."""
-        if self.main:
+        if self.is_main:
             with self.profile("checkpoints"):
                 for f in (self.last, self.best):
                     if f.exists():
@@ -551,10 +559,11 @@ class BaseTrainer:
         if du.broadcast_object(self.best.exists()):
             LOGGER.info(f"\nValidating {self.best}...")
             with self.profile("validation"):
-                model = attempt_load(self.best, device=self.device, fuse=False) if self.main else deepcopy(self.ema.ema)
+                model = (attempt_load(self.best, device=self.device, fuse=False) if self.is_main
+                         else deepcopy(self.ema.ema))
                 self.metrics = self.validator(du.broadcast_state(model), final=True)
-        if self.main:
-            self.tb.close()
+            self.run_callbacks("on_val_end")
+        if self.is_main:
             LOGGER.info(f"Results saved to {self.save_dir}")
             if self.best.exists():
                 commands = next_commands(self.scripts, self.best, self.opt.data, self.predict_source(), self.opt.imgsz)
@@ -564,9 +573,9 @@ class BaseTrainer:
 def run(trainer_cls, opt, callbacks=None):
     """Entry point shared by every task's train.py: device, process group, resume, train, clean exit.
 
-    `callbacks` maps event names ('on_train_start', 'on_train_epoch_end', 'on_fit_epoch_end', 'on_train_end')
-    to lists of functions taking the trainer. Under torchrun, a restarted worker group continues the run it belongs
-    to (engine/resume.py).
+    `callbacks`: listener objects with `on_<event>` methods, or a dict {event: [functions taking the trainer]}, added
+    after the default ones (engine/callbacks.py names the events). Under torchrun, a restarted worker group continues
+    the run it belongs to (engine/resume.py).
     """
     set_logging(du.get_rank())
     if opt.hyp:  # checked before any work (the options were, by the parser)
@@ -578,11 +587,7 @@ def run(trainer_cls, opt, callbacks=None):
     # rank 0 reads the disk and decides; a user error there is raised on every rank
     opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given)
     trainer = trainer_cls(opt, device, resume_from=resume_from, save_dir=save_dir)
-    if not opt.noplots:
-        RunPlots().attach(trainer)
-    for event, fns in (callbacks or {}).items():
-        for fn in fns:
-            trainer.add_callback(event, fn)
+    trainer.callbacks.extend(callbacks)
     metrics = trainer.train()
     # only after a clean run: after an error the process exits at once, and rank 0 tearing down the group's store
     # (it hosts it) while a peer still reports its own error would turn that peer's exit into a failure

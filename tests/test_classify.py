@@ -152,7 +152,7 @@ def _detector_ckpt(cfg, path):
     return path
 
 
-class _Stop(Exception):
+class _Stop(BaseException):  # a callback's Exception is a warning (engine/callbacks.py); this stops
     pass
 
 

@@ -62,7 +62,7 @@ def detect_source():
     return ROOT / "data" / "images"
 
 
-class _Interrupt(Exception):
+class _Interrupt(BaseException):  # a callback's Exception is a warning (engine/callbacks.py); this stops
     pass
 
 

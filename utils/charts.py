@@ -184,23 +184,14 @@ def draw_confusion_matrix(array, labels, path, normalize=True):
 
 
 class RunPlots:
-    """Trainer callbacks that draw a run's pictures on rank 0: labels.jpg and the TensorBoard model graph at the start,
-    results.png at the end (a second or more of matplotlib per call: too slow for every epoch of small runs), then
-    every image of the run folder to TensorBoard.
+    """Trainer callbacks (engine/callbacks.py) that draw a run's pictures on rank 0: labels.jpg and the TensorBoard
+    model graph after set-up, results.png at the end (a second or more of matplotlib per call: too slow for every
+    epoch of small runs), then every image of the run folder to TensorBoard.
 
     The validator draws its own charts (val batches, curves, confusion matrices) on the final validation.
     """
 
-    EVENTS = ("on_train_start", "on_train_end")
-
-    def attach(self, trainer):
-        for event in self.EVENTS:
-            trainer.add_callback(event, getattr(self, event))
-        return self
-
-    def on_train_start(self, trainer):
-        if not trainer.main:
-            return
+    def on_pretrain_routine_end(self, trainer):
         cls, boxes = trainer.train_set.label_arrays()
         plot_labels(cls, boxes, trainer.names, trainer.save_dir / "labels.jpg")
         with _tensorboard(trainer.save_dir) as writer:
@@ -208,7 +199,7 @@ class RunPlots:
                 _add_graph(writer, trainer.model, int(max(trainer.model.stride)))
 
     def on_train_end(self, trainer):
-        if not trainer.main:
+        if not trainer.is_main:  # an event of every rank
             return
         plot_results(trainer.save_dir / "results.csv")
         with _tensorboard(trainer.save_dir) as writer:

@@ -43,6 +43,20 @@ def check_options(opt):
                 raise BadOption(f"{flag} {v}: must be in {interval}{hint}")
 
 
+def options_from_kwargs(parse_opt, options):
+    """What `parse_opt` makes of an empty command line, with `options` (named as the flags, dashes as underscores:
+    `batch_size=8`) in place of the defaults, checked as a command line is; for scripts' `run(**options)`."""
+    opt = parse_opt([])
+    unknown = sorted(set(options) - set(vars(opt)) - {"given"})
+    if unknown:
+        raise BadOption(f"unknown option {', '.join(unknown)}; known: {', '.join(sorted(vars(opt)))}")
+    vars(opt).update(options)
+    check_options(opt)
+    if hasattr(opt, "given"):
+        opt.given = sorted(options)
+    return opt
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """--help with each option's default said once: appended where the help text does not already say it, left out
     where there is nothing to say (a flag that is off, an option whose help explains its empty default)."""

@@ -1,5 +1,5 @@
-"""The project's one logger (every module imports LOGGER from here), and the per-epoch CSV and TensorBoard writers
-that the trainer calls on rank 0."""
+"""The project's one logger (every module imports LOGGER from here), and the per-epoch results.csv and TensorBoard
+writers: training callbacks (engine/callbacks.py) that read the epoch's row the trainer keeps (`trainer.epoch_row`)."""
 
 import csv
 import logging
@@ -38,6 +38,9 @@ class CSVLogger:
     def __init__(self, path):
         self.path = path
 
+    def on_fit_epoch_end(self, trainer):
+        self.log(trainer.epoch + 1, trainer.epoch_row)
+
     def rows(self):
         if not self.path.exists():
             return {}
@@ -60,17 +63,30 @@ class CSVLogger:
 
 
 class TensorBoardLogger:
-    """Scalars (losses, metrics, learning rates) per epoch; silently absent if tensorboard is not installed."""
+    """Scalars (losses, metrics, learning rates) per epoch in the run folder, from set-up to the end of the run (or its
+    interruption); absent, with one warning, if tensorboard is not installed."""
 
     def __init__(self, log_dir):
+        self.log_dir = log_dir
+        self.writer = None
+
+    def on_pretrain_routine_end(self, trainer):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             LOGGER.warning("tensorboard not installed: no TensorBoard logs (pip install tensorboard)")
-            self.writer = None
             return
-        self.writer = SummaryWriter(str(log_dir))
-        LOGGER.info(f"TensorBoard: tensorboard --logdir {log_dir.parent}")
+        self.writer = SummaryWriter(str(self.log_dir))
+        LOGGER.info(f"TensorBoard: tensorboard --logdir {self.log_dir.parent}")
+
+    def on_fit_epoch_end(self, trainer):
+        self.log(trainer.epoch_row, trainer.epoch + 1)
+
+    def on_train_end(self, trainer):
+        self.close()
+
+    def on_train_interrupted(self, trainer):
+        self.close()
 
     def log(self, scalars, step):
         if self.writer is None:
@@ -82,3 +98,4 @@ class TensorBoardLogger:
     def close(self):
         if self.writer is not None:
             self.writer.close()
+            self.writer = None

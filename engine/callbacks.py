@@ -1,0 +1,84 @@
+"""The events a training run fires, and the callbacks that listen to them.
+
+A callback is a function taking the trainer, or an object whose methods are named after events (`on_fit_epoch_end
+(self, trainer)`); `Callbacks.attach` adds every such method. Names are checked against `EVENTS` when a callback is
+added, so a misspelled event is refused instead of never firing. results.csv (`utils.loggers.ResultsCSV`),
+TensorBoard (`utils.loggers.TensorBoardLogger`) and the run's pictures (`utils.charts.RunPlots`) are callbacks
+attached by default (`BaseTrainer.default_callbacks`); a tracker is one more.
+
+A callback that raises an Exception is reported as one warning naming it and the event, and the run goes on: a
+listener never ends the training it listens to. A BaseException (Ctrl-C, `utils.errors.Interrupted`, SystemExit)
+passes through, so a callback can still stop a run on purpose.
+"""
+
+from utils.loggers import LOGGER
+
+# event: what has just happened, and what the trainer holds for a callback to read then
+EVENTS = {
+    "on_pretrain_routine_end": "set-up is done (data, model, criterion, optimizer, a resumed state); save_dir exists",
+    "on_train_start": "the first epoch is about to start: start_epoch, start_batch (a resumed run starts inside)",
+    "on_train_batch_end": "a batch is done: epoch, mloss (the epoch's running mean losses so far)",
+    "on_train_epoch_end": "an epoch's batches are done, before its validation: tloss (mean over every rank)",
+    "on_val_end": "a validation is done (each epoch's and the final one): metrics",
+    "on_fit_epoch_end": "an epoch is done, validated and saved: epoch_row (the row results.csv gets)",
+    "on_model_save": "last.pt (and best.pt where it improved) was written at the end of an epoch: last, best",
+    "on_train_interrupted": "the run stops on request (Ctrl-C); last.pt holds the position to resume from",
+    "on_train_end": "training and the final validation are done: metrics holds best.pt's results",
+}
+# fired on every rank (a callback that writes files checks `trainer.is_main`); every other event fires on rank 0 only
+EVERY_RANK = frozenset({"on_train_start", "on_train_end"})
+
+
+def callback_name(fn):
+    """How a message names a callback: `Class.method` or the function's name."""
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+class Callbacks:
+    """The listeners of one run, by event, in the order they were added."""
+
+    def __init__(self):
+        self.listeners = {event: [] for event in EVENTS}
+
+    def add(self, event, fn):
+        if event not in EVENTS:
+            raise ValueError(f"unknown event {event!r} for callback {callback_name(fn)}; events: {', '.join(EVENTS)}")
+        if not callable(fn):
+            raise TypeError(f"callback for {event} is not callable: {fn!r}")
+        self.listeners[event].append(fn)
+
+    def attach(self, listener):
+        """Add every `on_*` method of `listener` under its name; a method named like an event but not one is refused
+        (a misspelling would otherwise never fire)."""
+        names = [n for n in dir(listener) if n.startswith("on_") and callable(getattr(listener, n))]
+        if not names:
+            raise ValueError(f"{type(listener).__name__} has no on_* method; events: {', '.join(EVENTS)}")
+        for name in names:
+            self.add(name, getattr(listener, name))
+        return listener
+
+    def extend(self, callbacks):
+        """Callbacks as `run` takes them: a dict {event: [functions]}, or an iterable of listener objects."""
+        if isinstance(callbacks, dict):
+            for event, fns in callbacks.items():
+                for fn in fns if isinstance(fns, (list, tuple)) else [fns]:
+                    self.add(event, fn)
+        else:
+            for listener in callbacks or ():
+                self.attach(listener)
+
+    def has(self, event):
+        return bool(self.listeners[event])
+
+    def fire(self, event, trainer, main=True):
+        """Call the event's listeners with `trainer`; rank-0 events are skipped where `main` is False."""
+        if event not in EVENTS:
+            raise ValueError(f"unknown event {event!r}")
+        if not main and event not in EVERY_RANK:
+            return
+        for fn in self.listeners[event]:
+            try:
+                fn(trainer)
+            except Exception as e:  # a BaseException (a stop) passes; anything else must not end the run
+                LOGGER.warning(f"WARNING: callback {callback_name(fn)} failed on {event} and is skipped this time: "
+                               f"{type(e).__name__}: {e}")
