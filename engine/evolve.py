@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.hyp import load_hyp
+from engine.hyp import default_hyp_file, load_hyp
 from models.yolo import yaml_model_load
 from utils import dist as du
 from utils.errors import BadOption, Interrupted
@@ -110,5 +110,5 @@ def evolve(trainer_cls, opt, run):
 
 
 def _base_hyp(opt, trainer_cls):
-    """The hyp the trainer would load (BaseTrainer.load_hyp): --hyp completed from the model YAML's hyp file."""
-    return load_hyp(opt.hyp, yaml_model_load(opt.cfg).get("hyp") or trainer_cls.default_hyp)
+    """The hyp the trainer would load (BaseTrainer.load_hyp): --hyp completed from the model's default hyp file."""
+    return load_hyp(opt.hyp, default_hyp_file(yaml_model_load(opt.cfg), trainer_cls.default_hyp))

@@ -1,60 +1,88 @@
-"""Hyperparameter files: which keys exist (each has a reader), what values they take, and how a partial file is
-completed.
+"""Hyperparameter files: who reads which key, what values it takes, which file a model defaults to, and how a partial
+file is completed.
 
-A hyp file is data: it is checked in both directions before any work. A key that nothing reads is refused (so a
-value the user sets is never silently ignored); a value of the wrong type or outside its range is refused naming
-the key. A file that sets only some keys (`--hyp my.yaml` with `lr0: 0.001`) is completed from the model's default
-hyp file (the one its YAML names, else the task's), and the run says which keys it took from there; the completed
-dict is what hyp.yaml in the run folder holds.
+Each reader declares the keys it reads next to its code: a dict {key: the values it takes} (`HYP_KEYS` of a module,
+`hyp_keys` of a class) and the defaults of the keys it can do without (`HYP_DEFAULTS` / `hyp_defaults`). `READERS`
+lists them. A hyp file is checked in both directions: a key that no reader reads is refused (a value the user sets
+is never silently ignored), and so is a key a reader of this run needs that neither the file nor its default file
+gives; each is one `error:` line naming the key and its reader. A value of the wrong type or outside its range is
+refused naming the key.
+
+A file that sets only some keys (`--hyp my.yaml` with `lr0: 0.001`) is completed from the model's default hyp file
+(`default_hyp_file`: the one its YAML names, else the task's), and the run says which keys it took from there; the
+completed dict is what hyp.yaml in the run folder holds.
 """
 
 import math
+import sys
+from pathlib import Path
+from typing import NamedTuple
 
+from utils import autoanchor, schedule
+from utils import loss as criteria
 from utils.cli import in_interval
+from utils.data import augment
+from utils.data.classify_dataset import ClassifyTrainTransforms
 from utils.errors import BadOption
-from utils.files import find_file, yaml_load
+from utils.files import ROOT, find_file, yaml_load
 from utils.loggers import LOGGER
-from utils.loss import REGISTRY as LOSSES
 
-# Every hyperparameter something reads, by reader; a hyp file with any other key is refused, so that a value the
-# user sets is never silently ignored (official files carry `iou_t`, which no YOLO code reads).
-HYP_KEYS = {
-    "optimizer and schedule (engine/trainer.py, utils/torch_utils.py)": (
-        "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr", "nbs",
-        "close_mosaic"),
-    "criteria (utils/loss/)": (
-        "loss", "box", "cls", "obj", "dfl", "cls_pw", "obj_pw", "anchor_t", "fl_gamma", "label_smoothing"),
-    "augmentation (utils/data/)": (
-        "hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud", "fliplr",
-        "mosaic", "mixup", "copy_paste"),
-}
-# The values each key's reader can work with (not what is sensible): a learning rate of 0 trains nothing, a
-# probability is in [0, 1], a momentum of 1 never forgets, a crop or zoom scale of 1 leaves nothing of the image, a
-# shear of 90 degrees is infinite, no label fits an anchor_t of 1 or less. Brackets as in mathematics.
-RANGES = {
-    "lr0": "(0, inf)", "lrf": "[0, inf)", "momentum": "[0, 1)", "weight_decay": "[0, inf)",
-    "warmup_epochs": "[0, inf)", "warmup_momentum": "[0, 1)", "warmup_bias_lr": "[0, inf)", "nbs": "[1, inf)",
-    "close_mosaic": "[0, inf)", "box": "[0, inf)", "cls": "[0, inf)", "obj": "[0, inf)", "dfl": "[0, inf)",
-    "cls_pw": "(0, inf)", "obj_pw": "(0, inf)", "anchor_t": "(1, inf)", "fl_gamma": "[0, inf)",
-    "label_smoothing": "[0, 1)", "hsv_h": "[0, 1]", "hsv_s": "[0, 1]", "hsv_v": "[0, 1]", "degrees": "[0, 180]",
-    "translate": "[0, 1]", "scale": "[0, 1)", "shear": "[0, 90)", "perspective": "[0, inf)", "flipud": "[0, 1]",
-    "fliplr": "[0, 1]", "mosaic": "[0, 1]", "mixup": "[0, 1]", "copy_paste": "[0, 1]",
-}
-WHOLE = {"nbs", "close_mosaic"}  # counts (images, epochs)
+
+class Reader(NamedTuple):
+    """Code that reads hyperparameters: its name, its file, {key: values it takes}, {key: default}."""
+
+    name: str
+    module: str
+    keys: dict
+    defaults: dict
+
+    @classmethod
+    def of(cls, owner, name=None):
+        """The declaration of a module (HYP_KEYS, HYP_DEFAULTS) or a class (hyp_keys, hyp_defaults)."""
+        if isinstance(owner, type):
+            return cls(name or owner.__name__, _source(sys.modules[owner.__module__]), owner.hyp_keys,
+                       owner.hyp_defaults)
+        return cls(name or owner.__name__, _source(owner), owner.HYP_KEYS, owner.HYP_DEFAULTS)
+
+    def __str__(self):
+        return f"{self.name} ({self.module})"
+
+
+def _source(module):
+    return Path(module.__file__).resolve().relative_to(ROOT).as_posix()
+
+
+SCHEDULE = Reader.of(schedule, "the optimizer and its schedule")
+# every reader in the project; official files carry `iou_t`, which no YOLO code reads, so it is refused
+READERS = (
+    SCHEDULE,
+    Reader.of(criteria, "the criterion choice"),
+    *(Reader.of(c) for c in dict.fromkeys(criteria.REGISTRY.values())),
+    Reader.of(augment, "detection augmentation"),
+    Reader.of(ClassifyTrainTransforms, "classification augmentation"),
+    Reader.of(autoanchor, "AutoAnchor"),
+)
+
+
+def known_keys():
+    """{key: the values it takes}, over every reader (readers of one key agree on them: a test checks it)."""
+    return {k: v for r in READERS for k, v in r.keys.items()}
 
 
 def check_value(key, value, where):
-    """Raise BadOption naming `where` and `key` unless `value` is what the key's reader takes."""
-    if key == "loss":
-        if value not in LOSSES:
-            raise BadOption(f"{where}: loss {value!r:.40} is not a criterion; known: {', '.join(LOSSES)}")
+    """Raise BadOption naming `where` and `key` unless `value` is what the key's readers take."""
+    values = known_keys()[key]
+    if values == "criterion":
+        if value not in criteria.REGISTRY:
+            raise BadOption(f"{where}: loss {value!r:.40} is not a criterion; known: {', '.join(criteria.REGISTRY)}")
         return
+    whole = values.endswith(" whole")
+    interval = values.removesuffix(" whole")
     number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    whole = key in WHOLE
-    if not (number and in_interval(value, RANGES[key]) and (not whole or value == int(value))):
+    if not (number and in_interval(value, interval) and (not whole or value == int(value))):
         kind = "a whole number" if whole else "a number"
         hint = " (YAML reads 1e-3 as text: write 1.0e-3)" if isinstance(value, str) and _numeric(value) else ""
-        raise BadOption(f"{where}: {key} must be {kind} in {RANGES[key]}, got {type(value).__name__} "
+        raise BadOption(f"{where}: {key} must be {kind} in {interval}, got {type(value).__name__} "
                         f"{value!r:.40}{hint}")
 
 
@@ -71,14 +99,20 @@ def read_hyp(name):
     and the key."""
     path = find_file(name, "data/hyps")
     hyp = yaml_load(path)
-    known = {k for keys in HYP_KEYS.values() for k in keys}
-    unknown = sorted(set(hyp) - known, key=str)
+    known = known_keys()
+    unknown = sorted(set(hyp) - set(known), key=str)
     if unknown:
         raise BadOption(f"--hyp {path}: {', '.join(map(repr, unknown))} is read by nothing in this project "
                         f"(remove it); known keys: {', '.join(sorted(known))}")
     for k, v in hyp.items():
         check_value(k, v, f"--hyp {path}")
     return hyp
+
+
+def default_hyp_file(model_yaml, task_default):
+    """The hyp file a model trains with unless --hyp says otherwise: the one its YAML names (`hyp:`), else the task's
+    (`BaseTrainer.default_hyp`)."""
+    return model_yaml.get("hyp") or task_default
 
 
 def load_hyp(given, default):
@@ -93,3 +127,13 @@ def load_hyp(given, default):
         LOGGER.info(f"--hyp {given} sets {len(hyp)} keys; taken from {default}: "
                     + ", ".join(f"{k}={base[k]}" for k in taken))
     return {**base, **hyp}
+
+
+def require_keys(hyp, readers, given, default):
+    """BadOption naming the first key that one of `readers` (this run's) reads without a default and `hyp` (loaded
+    from --hyp `given` and the `default` file) lacks."""
+    for reader in readers:
+        missing = [k for k in reader.keys if k not in hyp and k not in reader.defaults]
+        if missing:
+            where = f"--hyp {given} (completed from {default})" if given else f"hyp {default}"
+            raise BadOption(f"{where}: {missing[0]!r} is missing; {reader} reads it")

@@ -17,13 +17,12 @@ from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from engine.callbacks import Callbacks
-from engine.hyp import load_hyp, read_hyp
+from engine.hyp import SCHEDULE, Reader, default_hyp_file, load_hyp, read_hyp, require_keys
 from engine.interrupt import StopRequests
 from engine.messages import banner, next_commands, plural, position, resume_command, shown
 from engine.resume import (
@@ -53,7 +52,9 @@ from utils.files import (
     yaml_save,
 )
 from utils.loggers import LOGGER, CSVLogger, TensorBoardLogger, set_logging
+from utils.loss import criterion_class
 from utils.profiling import RunProfile
+from utils.schedule import Schedule
 from utils.torch_utils import (
     EarlyStopping,
     ModelEMA,
@@ -62,19 +63,14 @@ from utils.torch_utils import (
     device_name,
     freeze_layers,
     init_seeds,
-    lr_lambda,
     memory_format,
     memory_used,
-    resolve_optimizer,
     to_float32,
 )
 
 __version__ = "0.1.0"
 
 RUN_FILES = ("results.csv", "weights/last.pt", "weights/best.pt")  # a folder holding any of these is a run
-
-
-NBS = 64  # default nominal batch size: gradients are accumulated to about this many images per optimizer step
 
 
 class BaseTrainer:
@@ -180,9 +176,14 @@ class BaseTrainer:
         return Path(path)
 
     def load_hyp(self, model):
-        """--hyp, completed from the model's default hyp file (the one its YAML names, else `default_hyp`), or that
-        file itself (engine/hyp.py)."""
-        return load_hyp(self.opt.hyp, getattr(model, "default_hyp", None) or self.default_hyp)
+        """--hyp, completed from the model's default hyp file, or that file itself (engine/hyp.py); every key this run's
+        readers need (the schedule's, the criterion's) must be there. --label-smoothing wins over the files."""
+        default = default_hyp_file(model.yaml, self.default_hyp)
+        hyp = load_hyp(self.opt.hyp, default)
+        require_keys(hyp, (SCHEDULE, Reader.of(criterion_class(model, hyp))), self.opt.hyp, default)
+        if self.opt.label_smoothing is not None:  # a new dict: the files stay as read
+            hyp = {**hyp, "label_smoothing": self.opt.label_smoothing}
+        return hyp
 
     def _setup(self):
         """Build everything the loop needs, in dependency order; every attribute not set in __init__ is set here."""
@@ -194,8 +195,6 @@ class BaseTrainer:
             model = self.build_model(self.nc, self.names)  # may download official weights: one rank per machine
         self.opt.imgsz = check_imgsz(self.opt.imgsz, int(max(model.stride)))
         self.hyp = self.load_hyp(model)
-        if self.opt.label_smoothing is not None:  # the flag wins over the hyp file (a new dict, files stay as read)
-            self.hyp = {**self.hyp, "label_smoothing": self.opt.label_smoothing}
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
         if self.is_main:
@@ -237,23 +236,14 @@ class BaseTrainer:
             write_problems(self.save_dir, {"train": self.train_set.problems, "val": self.val_set.problems})
 
     def _setup_optimizer(self):
-        """Accumulation, scaled weight decay, optimizer, warmup settings and the LR schedule."""
-        total_batch = self.batch_size * self.world_size
-        self.nbs = self.hyp.get("nbs", NBS)  # a hyp may lower it so that small datasets get enough steps
-        self.accumulate = max(round(self.nbs / total_batch), 1)
-        # weight decay is applied once per optimizer step; scale it to the images per step (a new name, the hyp
-        # dict itself is never changed)
-        self.weight_decay = self.hyp["weight_decay"] * total_batch * self.accumulate / self.nbs
-        iterations = math.ceil(len(self.train_set) / max(total_batch, self.nbs)) * self.epochs
-        # the criterion's larger auto step was measured from scratch; fine-tuning keeps the Ultralytics fit, so
-        # pretrained features are not overwritten by it
-        gain = 1.0 if self.opt.weights else self.criterion.auto_lr_gain
-        name, self.lr0, self.momentum = resolve_optimizer(self.opt.optimizer, self.hyp, self.nc, iterations, gain)
-        self.optimizer = build_optimizer(self.model, name, self.lr0, self.momentum, self.weight_decay)
-        # a bias warmup from 0.1 suits SGD; Adam-family steps are already lr-sized, so there it would blow up
-        self.warmup_bias_lr = self.hyp["warmup_bias_lr"] if name == "SGD" else 0.0
-        self.lf = lr_lambda(self.epochs, self.hyp["lrf"], self.opt.cos_lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
+        """The schedule (accumulation, scaled weight decay, optimizer choice, warmup; utils/schedule.py), the optimizer
+        and the LR scheduler."""
+        self.schedule = Schedule.plan(
+            self.hyp, self.opt.optimizer, self.epochs, self.batch_size * self.world_size, len(self.train_set),
+            self.nb, self.nc, pretrained=bool(self.opt.weights), cos_lr=self.opt.cos_lr)
+        s = self.schedule
+        self.optimizer = build_optimizer(self.model, s.optimizer, s.lr0, s.momentum, s.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=s.lr_factor)
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint(self, epoch, batch=0, ranks=None):
@@ -369,7 +359,7 @@ class BaseTrainer:
         if self.is_main:
             LOGGER.info(
                 f"Image sizes {self.opt.imgsz} train, {self.opt.imgsz} val; {self.nb} batches of {self.batch_size} "
-                f"per rank x {self.world_size} ranks; accumulate {self.accumulate}"
+                f"per rank x {self.world_size} ranks; accumulate {self.schedule.accumulate}"
             )
         t0 = time.time()
         with self.stop_requests:
@@ -396,29 +386,16 @@ class BaseTrainer:
         self.profile.report(self.save_dir)
         return self.metrics
 
-    def _warmup(self, ni, nw, epoch):
-        total_batch = self.batch_size * self.world_size
-        self.accumulate = max(1, int(np.interp(ni, [0, nw], [1, self.nbs / total_batch]).round()))
-        for j, g in enumerate(self.optimizer.param_groups):
-            # the bias group (index 2) starts high and falls to lr0; the others rise from 0
-            start = self.warmup_bias_lr if j == 2 else 0.0
-            g["lr"] = float(np.interp(ni, [0, nw], [start, g["initial_lr"] * self.lf(epoch)]))
-            if "momentum" in g:
-                g["momentum"] = float(np.interp(ni, [0, nw], [self.hyp["warmup_momentum"], self.momentum]))
-            elif "betas" in g:
-                g["betas"] = (float(np.interp(ni, [0, nw], [self.hyp["warmup_momentum"], self.momentum])), 0.999)
-
     def train_epoch(self, epoch, start_batch=0):
         """One epoch, from batch `start_batch` when resuming inside it. Returns None, or the batches done when it
         stopped on request (Ctrl-C) after writing last.pt."""
         self.train_model.train()
-        close = self.hyp.get("close_mosaic", 0)
-        if close and epoch >= self.epochs - close and getattr(self.train_set, "mosaic", False):
-            LOGGER.info(f"Closing mosaic from epoch {epoch + 1}/{self.epochs} on (close_mosaic: {close} epochs)")
+        if self.schedule.mosaic_closed(epoch) and getattr(self.train_set, "mosaic", False):
+            LOGGER.info(f"Closing mosaic from epoch {epoch + 1}/{self.epochs} on (close_mosaic: "
+                        f"{self.schedule.close_mosaic} epochs)")
             self.train_set.close_mosaic()
         # the order, the augmentations and the worker seeds of this epoch, from (seed, epoch, rank) alone
         set_loader_epoch(self.train_loader, epoch, start_batch)
-        nw = max(round(self.hyp["warmup_epochs"] * self.nb), 100) if self.hyp["warmup_epochs"] > 0 else -1
         names = self.criterion.loss_names
         if not start_batch:
             self.mloss = torch.zeros(len(names), device=self.device)
@@ -430,10 +407,10 @@ class BaseTrainer:
         stopped = None
         for i, batch in pbar:
             ni = i + self.nb * epoch
-            if ni <= nw:
-                self._warmup(ni, nw, epoch)
+            if ni <= self.schedule.warmup_iters:
+                self.schedule.warmup(self.optimizer, ni, epoch)
             batch = self.multi_scale(self.preprocess_batch(batch), ni)
-            step_now = ni - self.last_opt_step >= self.accumulate
+            step_now = ni - self.last_opt_step >= self.schedule.accumulate_at(ni)
             with self.profile("forward_backward", items=len(batch["img"]) * self.world_size):  # all ranks' images
                 loss, items = self.forward_backward(batch, sync=step_now)
             self.mloss = (self.mloss * i + items) / (i + 1)

@@ -129,6 +129,10 @@ def _refit(head, labels, thr, imgsz):
     return new
 
 
+HYP_KEYS = {"anchor_t": "(1, inf)"}  # the hyp key it reads: no label fits an anchor ratio limit of 1 or less
+HYP_DEFAULTS = {}
+
+
 def check_anchors(model, labels, hyp, imgsz):
     """Refit an anchor-based head's anchors to `labels` (dataset label dicts) if they fit poorly; no-op for
     anchor-free heads. Collective under DDP: every rank must call it."""

@@ -235,15 +235,13 @@ def build_optimizer(model, name, lr, momentum, weight_decay):
     return opt
 
 
-def resolve_optimizer(name, hyp, nc, iterations, lr_gain=1.0):
-    """`auto` follows the Ultralytics rule: long runs (> 10k iterations) use SGD with the hyp's lr0; short runs use
+def resolve_optimizer(name, lr0, momentum, nc, iterations, lr_gain=1.0):
+    """`auto` follows the Ultralytics rule: long runs (> 10k iterations) use SGD at the hyp's lr0; short runs use
     AdamW at a small nc-dependent lr, because from scratch on a small dataset SGD at 0.01 barely moves in a few
-    epochs. That lr was fitted on YOLOv8; `lr_gain` is the criterion's own multiplier of it (`auto_lr_gain`).
-    Returns (name, lr0, momentum) without touching `hyp`."""
-    if name != "auto":
-        return name, hyp["lr0"], hyp["momentum"]
-    if iterations > 10000:
-        return "SGD", hyp["lr0"], hyp["momentum"]
+    epochs. That lr was fitted on YOLOv8; `lr_gain` multiplies it (the hyp's `lr_auto_gain`, utils/schedule.py).
+    Returns (name, lr0, momentum)."""
+    if name != "auto" or iterations > 10000:
+        return ("SGD" if name == "auto" else name), lr0, momentum
     return "AdamW", round(0.002 * 5 / (4 + nc) * lr_gain, 6), 0.9
 
 

@@ -14,8 +14,15 @@ from utils.ops import resample_segments, segment2box
 
 PAD_VALUE = 114
 
-# YOLOv5 hyp.scratch-low.yaml augmentation values: used for keys a hyp dict does not give
-DEFAULT_AUG = {
+# The hyp keys detection/segmentation augmentation reads (engine/hyp.py checks files against them): the values each
+# can take (a crop or zoom scale of 1 leaves nothing of the image, a shear of 90 degrees is infinite), and for a hyp
+# dict that leaves one out, YOLOv5's hyp.scratch-low.yaml value
+HYP_KEYS = {
+    "hsv_h": "[0, 1]", "hsv_s": "[0, 1]", "hsv_v": "[0, 1]", "degrees": "[0, 180]", "translate": "[0, 1]",
+    "scale": "[0, 1)", "shear": "[0, 90)", "perspective": "[0, inf)", "flipud": "[0, 1]", "fliplr": "[0, 1]",
+    "mosaic": "[0, 1]", "mixup": "[0, 1]", "copy_paste": "[0, 1]",
+}
+HYP_DEFAULTS = {
     "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0, "translate": 0.1, "scale": 0.5, "shear": 0.0,
     "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.0, "copy_paste": 0.0,
 }

@@ -50,13 +50,18 @@ class ClassifyTrainTransforms:
     gains from the hyp dict, done with OpenCV lookups (torchvision's tensor ColorJitter is ~10x slower on CPU).
     Call with a BGR uint8 image and a numpy Generator; returns an RGB float32 tensor in [0, 1]."""
 
+    # the hyp keys it reads (engine/hyp.py checks files against them), and the defaults of those a dict leaves out
+    hyp_keys = {"scale": "[0, 1)", "fliplr": "[0, 1]", "flipud": "[0, 1]", "hsv_h": "[0, 1]", "hsv_s": "[0, 1]",
+                "hsv_v": "[0, 1]"}
+    hyp_defaults = {"scale": 0.92, "fliplr": 0.5, "flipud": 0.0, "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4}
+
     def __init__(self, imgsz, hyp=None):
-        hyp = hyp or {}
+        hyp = {**self.hyp_defaults, **(hyp or {})}
         self.imgsz = imgsz
-        self.scale = (1.0 - hyp["scale"], 1.0) if "scale" in hyp else (0.08, 1.0)
+        self.scale = (1.0 - hyp["scale"], 1.0)
         self.log_ratio = (math.log(3 / 4), math.log(4 / 3))
-        self.fliplr, self.flipud = hyp.get("fliplr", 0.5), hyp.get("flipud", 0.0)
-        self.hsv = (hyp.get("hsv_h", 0.015), hyp.get("hsv_s", 0.7), hyp.get("hsv_v", 0.4))
+        self.fliplr, self.flipud = hyp["fliplr"], hyp["flipud"]
+        self.hsv = (hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
 
     def crop_box(self, h, w, rng):
         """(top, left, height, width) of a random crop, as torchvision's RandomResizedCrop draws it."""

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from utils.data.augment import (
-    DEFAULT_AUG,
+    HYP_DEFAULTS,
     PAD_VALUE,
     Instances,
     SampleRNG,
@@ -61,7 +61,7 @@ class YOLODataset(Dataset):
             raise ValueError(f"cache must be 'ram', 'disk' or None, got '{cache}'")
         self.imgsz, self.augment, self.rect, self.stride, self.prefix = imgsz, augment, rect, stride, prefix
         self.format = get_format(task)
-        self.hyp = {**DEFAULT_AUG, **(hyp or {})}  # a merged copy: the caller's dict is never modified
+        self.hyp = {**HYP_DEFAULTS, **(hyp or {})}  # a merged copy: the caller's dict is never modified
         self.mosaic = augment and not rect  # rect batches need each image's own aspect ratio
         self.rng = SampleRNG(seed)
         try:

@@ -35,9 +35,13 @@ FITS = {"v5": {"v5", "ota"}, "ota": {"v5", "ota"}, "v8": {"v8"}, "v5seg": {"v5se
         "cls": {"cls"}}
 
 
-def build_criterion(model, hyp, imgsz=640):
-    """The criterion named by `hyp['loss']`, else by the head's `default_loss`; `imgsz` (train image size)
-    scales the anchor-based objectness gain. The hyp dict is only read."""
+# the hyp key this module reads: which criterion trains the model (default: the head's own)
+HYP_KEYS = {"loss": "criterion"}
+HYP_DEFAULTS = {"loss": None}
+
+
+def criterion_class(model, hyp):
+    """The criterion class named by `hyp['loss']`, else by the head's `default_loss`."""
     head = de_parallel(model).model[-1]
     own = getattr(head, "default_loss", None)
     name = hyp.get("loss") or own
@@ -45,12 +49,19 @@ def build_criterion(model, hyp, imgsz=640):
         raise BadOption(f"unknown loss {name!r}; known: {', '.join(REGISTRY)}")
     if own is not None and own not in FITS[name]:
         raise BadOption(f"hyp loss {name!r} cannot train the model's {type(head).__name__} head (its loss is {own!r})")
-    return REGISTRY[name](model, hyp, imgsz)
+    return REGISTRY[name]
+
+
+def build_criterion(model, hyp, imgsz=640):
+    """The criterion `criterion_class` names; `imgsz` (train image size) scales the anchor-based objectness gain. The
+    hyp dict is only read."""
+    return criterion_class(model, hyp)(model, hyp, imgsz)
 
 
 __all__ = [
     "REGISTRY",
     "build_criterion",
+    "criterion_class",
     "Assignment",
     "TaskAlignedAssigner",
     "ClassificationLoss",

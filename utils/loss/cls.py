@@ -14,10 +14,11 @@ class ClassificationLoss:
 
     loss_names = ("cls",)
     nbs = 64
-    auto_lr_gain = 1.0  # `--optimizer auto` uses the Ultralytics AdamW lr as it is
+    hyp_keys = {"label_smoothing": "[0, 1)"}  # what engine/hyp.py checks files against
+    hyp_defaults = {"label_smoothing": 0.0}
 
     def __init__(self, model, hyp, imgsz=640):
-        self.label_smoothing = hyp.get("label_smoothing", 0.0)
+        self.label_smoothing = {**self.hyp_defaults, **hyp}["label_smoothing"]
 
     def __call__(self, preds, batch):
         ce = F.cross_entropy(preds, batch["cls"], label_smoothing=self.label_smoothing, reduction="sum")

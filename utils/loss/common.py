@@ -4,20 +4,10 @@ import torch
 import torch.nn.functional as F
 
 from utils.dist import de_parallel
-from utils.errors import BadOption
 
 
 def detection_head(model):
     return de_parallel(model).model[-1]
-
-
-def require(hyp, keys, criterion):
-    """Fail early, naming the criterion, when the hyp dict lacks a gain it needs (a user's choice of hyp file or
-    `loss:`, so a BadOption)."""
-    missing = [k for k in keys if k not in hyp]
-    if missing:
-        raise BadOption(f"the {criterion} criterion needs hyp keys {missing}; is this the right hyp file for the "
-                        "model?")
 
 
 def level_balance(nl):

@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import torch
 
-from utils.loss.common import bce, detection_head, level_balance, require, smooth_labels
+from utils.loss.common import bce, detection_head, level_balance, smooth_labels
 from utils.ops import bbox_iou
 
 # Grid offsets (in units of g = 0.5 cell) to the centre cell and its left, upper, right and lower neighbours.
@@ -66,13 +66,13 @@ class V5DetectionLoss:
     """YOLOv5 detection loss over the anchor `Detect` head's train output: list of (B, na, ny, nx, 5 + nc)."""
 
     loss_names = ("box", "obj", "cls")
-    # `--optimizer auto` from scratch multiplies its AdamW lr (0.002 * 5 / (4 + nc)) by this. yolov5n, 30 epochs on
-    # the benchmark shapes set (benchmarks/study.py), mAP50-95: x1 0.200 (the official yolov5 package at x1: 0.187),
-    # x3 0.288, x6 0.360, x10 0.395. Larger steps were not tried: 10 keeps nc=80 at an ordinary Adam lr (1.2e-3).
-    auto_lr_gain = 10.0
+    # the hyp keys it reads (engine/hyp.py checks files against them) and the defaults of those a file may leave out
+    hyp_keys = {"box": "[0, inf)", "cls": "[0, inf)", "obj": "[0, inf)", "anchor_t": "(1, inf)", "cls_pw": "(0, inf)",
+                "obj_pw": "(0, inf)", "fl_gamma": "[0, inf)", "label_smoothing": "[0, 1)"}
+    hyp_defaults = {"cls_pw": 1.0, "obj_pw": 1.0, "fl_gamma": 0.0, "label_smoothing": 0.0}
 
     def __init__(self, model, hyp, imgsz=640):
-        require(hyp, ("box", "cls", "obj", "anchor_t"), type(self).__name__)
+        hyp = {**self.hyp_defaults, **hyp}
         self.head = detection_head(model)
         nl, nc = self.head.nl, self.head.nc
         self.nl, self.nc = nl, nc
@@ -81,10 +81,8 @@ class V5DetectionLoss:
         self.cls_gain = hyp["cls"] * nc / 80 * 3 / nl
         self.obj_gain = hyp["obj"] * (imgsz / 640) ** 2 * 3 / nl
         self.anchor_t = hyp["anchor_t"]
-        self.cls_pw = hyp.get("cls_pw", 1.0)
-        self.obj_pw = hyp.get("obj_pw", 1.0)
-        self.fl_gamma = hyp.get("fl_gamma", 0.0)
-        self.cp, self.cn = smooth_labels(hyp.get("label_smoothing", 0.0))
+        self.cls_pw, self.obj_pw, self.fl_gamma = hyp["cls_pw"], hyp["obj_pw"], hyp["fl_gamma"]
+        self.cp, self.cn = smooth_labels(hyp["label_smoothing"])
         self.balance = level_balance(nl)
 
     def anchors(self, device):

@@ -5,7 +5,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from utils.loss.common import detection_head, pad_targets, require
+from utils.loss.common import detection_head, pad_targets
 from utils.loss.tal import Assignment, TaskAlignedAssigner
 from utils.ops import bbox2dist, bbox_iou, dist2bbox, make_anchors
 
@@ -45,13 +45,10 @@ class V8DetectionLoss:
     """
 
     loss_names = ("box", "cls", "dfl")
-    # `--optimizer auto` from scratch multiplies its AdamW lr (0.002 * 5 / (4 + nc)) by this. yolov8n, 30 epochs on the
-    # benchmark shapes set (benchmarks/study.py), mAP50-95: x1 0.369 (Ultralytics at x1: 0.376), x2 0.486, x4 0.598;
-    # larger steps were not tried.
-    auto_lr_gain = 4.0
+    hyp_keys = {"box": "[0, inf)", "cls": "[0, inf)", "dfl": "[0, inf)"}  # what engine/hyp.py checks files against
+    hyp_defaults = {}
 
     def __init__(self, model, hyp, imgsz=640):
-        require(hyp, ("box", "cls", "dfl"), type(self).__name__)
         self.head = detection_head(model)
         self.nc, self.reg_max = self.head.nc, self.head.reg_max
         if self.reg_max < 2:

@@ -4,7 +4,6 @@ import pytest
 import torch
 from loss_fakes import HYP_V5, HYP_V8, box_masks, fake_model, missing_grads
 
-from utils.errors import BadOption
 from utils.loss import REGISTRY, build_criterion
 
 CASES = [  # (fake kind, nm, default_loss, hyp)
@@ -62,8 +61,3 @@ def test_every_head_parameter_gets_grad_when_one_image_is_empty(kind, nm, name, 
     loss, _ = crit(model(batch["img"]), batch)
     loss.backward()
     assert missing_grads(model.model[1]) == []
-
-
-def test_wrong_hyp_file_is_named():
-    with pytest.raises(BadOption, match="obj"):
-        build_criterion(fake_model("anchor"), HYP_V8)

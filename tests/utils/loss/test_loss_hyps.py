@@ -9,7 +9,7 @@ from utils.loss import build_criterion
 
 HYPS = Path(__file__).resolve().parents[3] / "data" / "hyps"
 TRAIN_KEYS = {"lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr",
-              "label_smoothing", "hsv_h", "hsv_s", "hsv_v", "fliplr", "flipud", "scale"}
+              "lr_auto_gain", "label_smoothing", "hsv_h", "hsv_s", "hsv_v", "fliplr", "flipud", "scale"}
 DETECT_KEYS = TRAIN_KEYS | {"box", "cls", "degrees", "translate", "shear", "perspective", "mosaic", "mixup",
                             "copy_paste", "close_mosaic"}
 ANCHOR_KEYS = DETECT_KEYS | {"obj", "obj_pw", "cls_pw", "anchor_t", "fl_gamma"}

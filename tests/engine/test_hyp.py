@@ -1,0 +1,69 @@
+"""Hyperparameter keys are declared by their readers and checked both ways: a key nothing reads and a key this run's
+readers need are each one `error:` line naming the key and its reader, exit status 2."""
+
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+import train
+from engine.hyp import READERS, Reader, known_keys, read_hyp, require_keys
+from engine.trainer import BaseTrainer
+from models.yolo import DetectionModel
+from utils.errors import BadOption, run_cli
+from utils.files import ROOT
+from utils.loss import V5DetectionLoss
+
+
+def cli(argv, capsys):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run_cli(train.main, lambda: train.parse_opt(argv))
+    return e.value.code, [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+
+
+def _args(data, tmp_path, *extra):
+    return ["--data", str(data), "--imgsz", "64", "--batch-size", "4", "--epochs", "1", "--workers", "0",
+            "--device", "cpu", "--project", str(tmp_path / "runs"), *extra]
+
+
+def test_readers_of_one_key_agree_and_every_shipped_file_is_complete():
+    for key, values in known_keys().items():
+        assert {r.keys[key] for r in READERS if key in r.keys} == {values}, key
+    for f in sorted((ROOT / "data" / "hyps").glob("*.yaml")):
+        read_hyp(f)  # every key is read by something, every value in range
+
+
+def test_the_first_missing_key_is_named_with_its_reader():
+    with pytest.raises(BadOption, match=r"^hyp hyp.v8.yaml: 'obj' is missing; V5DetectionLoss \(utils/loss/v5.py\)"):
+        require_keys(read_hyp("hyp.v8.yaml"), [Reader.of(V5DetectionLoss)], None, "hyp.v8.yaml")
+
+
+def test_an_unknown_key_is_one_line_naming_it(shapes_detect, tmp_path, capsys):
+    f = tmp_path / "hyp.yaml"
+    f.write_text("lr0: 0.01\nmosiac: 1.0\n")  # misspelled
+    code, lines = cli(_args(shapes_detect, tmp_path, "--hyp", str(f)), capsys)
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith(f"error: --hyp {f}: 'mosiac' is read by nothing in this project (remove it)")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_key_is_one_line_naming_its_reader(shapes_detect, tmp_path, capsys):
+    partial = {k: v for k, v in read_hyp("hyp.v8.yaml").items() if k != "dfl"}
+    (tmp_path / "partial.yaml").write_text(yaml.safe_dump(partial))
+    model = yaml.safe_load((ROOT / "models" / "yolov8.yaml").read_text())
+    (tmp_path / "yolov8n.yaml").write_text(yaml.safe_dump({**model, "hyp": str(tmp_path / "partial.yaml")}))
+    code, lines = cli(_args(shapes_detect, tmp_path, "--cfg", str(tmp_path / "yolov8n.yaml")), capsys)
+    assert (code, lines) == (2, [f"error: hyp {tmp_path / 'partial.yaml'}: 'dfl' is missing; V8DetectionLoss "
+                                 "(utils/loss/v8.py) reads it"])
+
+
+def test_a_classifier_hyp_for_a_detector_is_completed_not_a_traceback():
+    """`--cfg yolov8n.yaml --hyp hyp.cls.yaml` once ended in a KeyError inside the criterion: now the detector's keys
+    come from its own default file, and the classifier's values where both have the key."""
+    opt = SimpleNamespace(hyp="hyp.cls.yaml", label_smoothing=None)
+    model = DetectionModel("yolov8n.yaml", nc=3)
+    hyp = BaseTrainer.load_hyp(SimpleNamespace(opt=opt, default_hyp=BaseTrainer.default_hyp), model)
+    v8, cls = read_hyp("hyp.v8.yaml"), read_hyp("hyp.cls.yaml")
+    assert hyp == {**v8, **cls} and hyp["dfl"] == v8["dfl"] and hyp["lr_auto_gain"] == cls["lr_auto_gain"]
+    model.init_criterion(hyp, imgsz=64)
