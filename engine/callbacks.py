@@ -16,14 +16,14 @@ from utils.loggers import LOGGER
 # event: what has just happened, and what the trainer holds for a callback to read then
 EVENTS = {
     "on_pretrain_routine_end": "set-up is done (data, model, criterion, optimizer, a resumed state); save_dir exists",
-    "on_train_start": "the first epoch is about to start: start_epoch, start_batch (a resumed run starts inside)",
-    "on_train_batch_end": "a batch is done: epoch, mloss (the epoch's running mean losses so far)",
-    "on_train_epoch_end": "an epoch's batches are done, before its validation: tloss (mean over every rank)",
-    "on_val_end": "a validation is done (each epoch's and the final one): metrics",
-    "on_fit_epoch_end": "an epoch is done, validated and saved: epoch_row (the row results.csv gets)",
-    "on_model_save": "last.pt (and best.pt where it improved) was written at the end of an epoch: last, best",
+    "on_train_start": "the first epoch is about to start at state.epoch, state.batch (a resumed run starts inside)",
+    "on_train_batch_end": "a batch is done: state.batch of state.epoch, state.mean_losses (the epoch's so far)",
+    "on_train_epoch_end": "an epoch's batches are done, before its validation: train_losses (means over every rank)",
+    "on_val_end": "a validation is done (each epoch's and the final one): state.metrics",
+    "on_fit_epoch_end": "state.epoch is done, validated and saved: epoch_row (the row results.csv gets)",
+    "on_model_save": "last.pt (and best.pt where fitness improved) was written: checkpointer.last, checkpointer.best",
     "on_train_interrupted": "the run stops on request (Ctrl-C); last.pt holds the position to resume from",
-    "on_train_end": "training and the final validation are done: metrics holds best.pt's results",
+    "on_train_end": "training and the final validation are done: state.metrics holds best.pt's results",
 }
 # fired on every rank (a callback that writes files checks `trainer.is_main`); every other event fires on rank 0 only
 EVERY_RANK = frozenset({"on_train_start", "on_train_end"})

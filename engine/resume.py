@@ -1,4 +1,4 @@
-"""Where a run continues: --resume by hand, torchrun's automatic restarts, and the random states of every rank.
+"""Where a run continues: --resume by hand and torchrun's automatic restarts (engine/checkpointer.py restores it).
 
 Rules (docs/distributed.md, "Stopping and resuming"):
 - A bare `--resume` continues the newest *unfinished* run (its last.pt still holds an optimizer) under the runs
@@ -10,20 +10,13 @@ Rules (docs/distributed.md, "Stopping and resuming"):
   last.pt if one was written, with no flag from the user. The record is removed when the run ends.
 """
 
-import contextlib
 import os
-import random
-import signal
 import socket
 import tempfile
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
-import torch
-
-from models.checkpoints import load_checkpoint, save_checkpoint, to_safe
+from models.checkpoints import load_checkpoint
 from utils import dist as du
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.loggers import LOGGER
@@ -135,58 +128,3 @@ def plan_run(opt, default_project, given=()):
         saved, path = resume_opt(opt, default_project, given)
         return saved, path, path.parent.parent
     return opt, None, None
-
-
-def strip_optimizer(path):
-    """Keep only what inference and fine-tuning need: the EMA weights in fp16 as `model`, no optimizer, no training
-    position (smaller file; a bare --resume then knows the run has finished)."""
-    ckpt = load_checkpoint(path)
-    if ckpt.get("ema"):
-        ckpt["model"] = ckpt["ema"]
-    sd = ckpt["model"]["state_dict"]
-    ckpt["model"]["state_dict"] = {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
-    for k in ("ema", "optimizer", "scheduler", "scaler", "ranks", "rng", "updates"):  # rng: earlier versions' key
-        ckpt[k] = None
-    save_checkpoint(to_safe(ckpt), path)  # to_safe: a checkpoint of an earlier version may still hold numpy
-
-
-@contextlib.contextmanager
-def sigterm_deferred():
-    """Finish a checkpoint before dying of SIGTERM: when a peer dies, torchrun sends SIGTERM to the survivors, and
-    rank 0 is then often in the middle of saving the state the restart needs. Re-raised when the block ends."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if received:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
-# ------------------------------------------------------------------------------------------------ random states
-# Stored as tensors, ints, floats and lists, which a weights_only load accepts.
-def rng_state():
-    """This process's global RNG states (torch, CUDA, numpy, python)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "gauss": float(gauss)},
-        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss_next},
-    }
-
-
-def set_rng_state(state):
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"].tolist()), p["gauss"]))

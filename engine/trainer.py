@@ -4,16 +4,17 @@ Task subclasses (engine/tasks/*.py) override a few hooks: `get_data`, `build_mod
 `build_dataset(path, mode, stride)`, `build_validator()`, `preprocess_batch`, and optionally
 `plot_training_batch`. Hooks get what they need as arguments or from attributes `_setup` assigned before calling
 them (opt, hyp, nc, names, batch_size, save_dir). The loop itself knows nothing about tasks or YOLO versions: the
-model brings its criterion (`model.init_criterion`).
+model brings its criterion (`model.init_criterion`). Checkpoints are the Checkpointer's (engine/checkpointer.py),
+logging and plots are listeners of the loop's events (engine/callbacks.py).
 """
 
 import contextlib
+import dataclasses
 import math
 import random
 import signal
 import time
 from copy import deepcopy
-from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,35 +23,19 @@ from torch import nn
 from tqdm import tqdm
 
 from engine.callbacks import Callbacks
+from engine.checkpointer import Checkpointer, LoopState, sigterm_deferred
 from engine.hyp import SCHEDULE, Reader, default_hyp_file, load_hyp, read_hyp, require_keys
 from engine.interrupt import StopRequests
 from engine.messages import banner, next_commands, plural, position, resume_command, shown
-from engine.resume import (
-    forget_run_dir,
-    plan_run,
-    record_run_dir,
-    rng_state,
-    set_rng_state,
-    sigterm_deferred,
-    strip_optimizer,
-)
-from models.checkpoints import (
-    attempt_load,
-    load_checkpoint,
-    model_to_ckpt,
-    save_checkpoint,
-    to_safe,
-)
+from engine.resume import forget_run_dir, plan_run, record_run_dir
+from models.checkpoints import attempt_load
 from utils import dist as du
 from utils.charts import RunPlots
-from utils.cli import check_imgsz, parse_save_interval
+from utils.cli import check_imgsz
 from utils.data.labels import problems_listed_on_failure, write_problems
 from utils.data.loader import build_dataloader, default_workers, set_loader_epoch
-from utils.errors import BadCheckpoint, BadOption, Interrupted
-from utils.files import (
-    increment_path,
-    yaml_save,
-)
+from utils.errors import BadOption, Interrupted
+from utils.files import increment_path, yaml_save
 from utils.loggers import LOGGER, CSVLogger, TensorBoardLogger, set_logging
 from utils.loss import criterion_class
 from utils.profiling import RunProfile
@@ -68,8 +53,6 @@ from utils.torch_utils import (
     to_float32,
 )
 
-__version__ = "0.1.0"
-
 RUN_FILES = ("results.csv", "weights/last.pt", "weights/best.pt")  # a folder holding any of these is a run
 
 
@@ -81,13 +64,12 @@ class BaseTrainer:
     scripts = ("val.py", "detect.py")  # the task's validate and predict scripts, for the commands a run suggests
 
     def __init__(self, opt, device, resume_from=None, save_dir=None):
-        """Configuration only: what the options and the launch environment decide. Everything built from data,
-        model and hyp is assigned in `_setup`, in one place and one order. `save_dir` continues a known run folder
-        (a resume, a torchrun restart); None chooses a new one."""
+        """What the options and the launch environment decide; every other attribute is declared here and built by
+        `_setup` from the data, the model and the hyperparameters, in one place and one order. `save_dir` continues a
+        known run folder (a resume, a torchrun restart); None chooses a new one."""
         self.opt = SimpleNamespace(**vars(opt)) if not isinstance(opt, SimpleNamespace) else opt
         self.device = device
         self.resume_from = resume_from
-        self.save_interval = parse_save_interval(self.opt.save_interval)
         self.rank, self.local_rank, self.world_size = du.get_rank(), du.get_local_rank(), du.get_world_size()
         self.is_main = self.rank in (-1, 0)
         self.epochs = self.opt.epochs
@@ -95,13 +77,22 @@ class BaseTrainer:
             raise BadOption(f"--batch-size {self.opt.batch_size} must be a multiple of WORLD_SIZE {self.world_size}")
         self.batch_size = self.opt.batch_size // self.world_size  # per rank
         self.save_dir = self._make_save_dir(save_dir)
-        self.wdir = self.save_dir / "weights"
-        self.last, self.best = self.wdir / "last.pt", self.wdir / "best.pt"
+        self.checkpointer = Checkpointer(self.save_dir, self.opt.save_interval, self.opt.save_period)
         self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
         if self.opt.workers is None:
             self.opt.workers = default_workers(device)
         self.profile = RunProfile.for_run(self.opt.profile and self.is_main, device)  # --profile: rank 0's table
         self.stop_requests = StopRequests(announce=self.is_main)  # its signal handlers are set while the loop runs
+        # built by _setup: the data, the model (unwrapped; train_model is what DDP wraps) and its criterion
+        self.data, self.nc, self.names, self.hyp = None, 0, {}, {}
+        self.model = self.train_model = self.criterion = None
+        self.train_set = self.train_loader = self.validator = None
+        self.batches_per_epoch = 0  # per rank
+        self.schedule = self.optimizer = self.scheduler = self.ema = self.scaler = self.stopper = None
+        # the loop: its state (what a checkpoint holds of it) and what each epoch leaves for the listeners
+        self.state = LoopState()
+        self.train_losses = {}  # the epoch's mean loss items over every rank, by results.csv column
+        self.learning_rates = {}  # each parameter group's lr at the epoch's end
         self.epoch_row = {}  # the row results.csv gets for the epoch that ended: losses, metrics, learning rates
         self.callbacks = Callbacks()
         for listener in self.default_callbacks():
@@ -128,7 +119,7 @@ class BaseTrainer:
         batch["img"] = batch["img"].to(self.device, non_blocking=True).float() / 255
         return batch
 
-    def plot_training_batch(self, batch, ni):
+    def plot_training_batch(self, batch, step):
         """Optional: save an image of the first training batches."""
 
     def train_sampler(self):
@@ -186,8 +177,28 @@ class BaseTrainer:
         return hyp
 
     def _setup(self):
-        """Build everything the loop needs, in dependency order; every attribute not set in __init__ is set here."""
+        """Build everything the loop needs, in dependency order."""
         init_seeds(self.opt.seed + 1 + max(self.rank, 0), deterministic=self.opt.deterministic)
+        self._setup_model()
+        self._setup_data()
+        self._setup_optimizer()
+        self.ema = ModelEMA(self.model)  # on every rank, which all validate with it
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp and self.amp_dtype == torch.float16)
+        self.state = LoopState()
+        if self.resume_from:
+            self.state = self.checkpointer.restore(self, self.resume_from)
+        if self.state.mean_losses is None:
+            self.state.mean_losses = torch.zeros(len(self.criterion.loss_names), device=self.device)
+        self.stopper = EarlyStopping(self.opt.patience, self.state.best_fitness, self.state.best_epoch)
+        if self.is_main:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            yaml_save(self.save_dir / "opt.yaml", vars(self.opt))
+            yaml_save(self.save_dir / "hyp.yaml", self.hyp)
+            write_problems(self.save_dir, {"train": self.train_set.problems,
+                                           "val": self.validator.dataloader.dataset.problems})
+
+    def _setup_model(self):
+        """The dataset dict, the model, the training size, the hyperparameters and the criterion."""
         with du.torch_distributed_zero_first(self.local_rank):
             self.data = self.get_data()  # may download or generate; rank 0 of each machine goes first
         self.nc, self.names = self.data["nc"], self.data["names"]
@@ -200,134 +211,44 @@ class BaseTrainer:
         if self.is_main:
             model.info(imgsz=self.opt.imgsz)  # layers, parameters (trainable), GFLOPs at the training size
         self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn,
-                                                           memory_format(self.device))
-        stride = int(max(self.model.stride))
+                                                        memory_format(self.device))
 
+    def _setup_data(self):
+        """The training set and loader, and the validator with this rank's share of the validation set."""
+        stride = int(max(self.model.stride))
         with problems_listed_on_failure(self.save_dir, "train", write=self.is_main):
             with du.torch_distributed_zero_first(self.local_rank):
                 self.train_set = self.build_dataset(self.data["train"], "train", stride)
         self.fit_model_to_data()
         self.train_loader = self._build_train_loader()
-        self.nb = len(self.train_loader)
+        self.batches_per_epoch = len(self.train_loader)
         # every rank validates its share of the val set (engine/validator.py), so every rank has the loader
         self.validator = self.build_validator()
         self.validator.profile = self.profile  # its plots are timed apart from validation
         with problems_listed_on_failure(self.save_dir, "val", {"train": self.train_set.problems}, write=self.is_main):
-            self.val_loader = self.validator.build_dataloader(self.data["val"], stride)
-        self.val_set = self.val_loader.dataset
-
-        self._setup_optimizer()
-        self.ema = ModelEMA(self.model)  # on every rank, which all validate with it
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp and self.amp_dtype == torch.float16)
-        # loop state; _resume may overwrite it. start_batch > 0: resume inside epoch start_epoch, with the running
-        # mean of its losses so far (mloss)
-        self.start_epoch, self.start_batch, self.epoch, self.last_opt_step = 0, 0, 0, -1
-        self.mloss = torch.zeros(len(self.criterion.loss_names), device=self.device)
-        self.best_fitness, self.metrics = 0.0, {}
-        self.tloss, self.lr = None, {}
-        self.stopper = EarlyStopping(self.opt.patience, 0.0, 0)
-        self.last_save = (time.monotonic(), -1)  # (time, ni) of the last checkpoint, for --save-interval
-        if self.resume_from:
-            self._resume(self.resume_from)
-        if self.is_main:
-            self.save_dir.mkdir(parents=True, exist_ok=True)
-            yaml_save(self.save_dir / "opt.yaml", vars(self.opt))
-            yaml_save(self.save_dir / "hyp.yaml", self.hyp)
-            write_problems(self.save_dir, {"train": self.train_set.problems, "val": self.val_set.problems})
+            self.validator.build_dataloader(self.data["val"], stride)
 
     def _setup_optimizer(self):
         """The schedule (accumulation, scaled weight decay, optimizer choice, warmup; utils/schedule.py), the optimizer
         and the LR scheduler."""
         self.schedule = Schedule.plan(
             self.hyp, self.opt.optimizer, self.epochs, self.batch_size * self.world_size, len(self.train_set),
-            self.nb, self.nc, pretrained=bool(self.opt.weights), cos_lr=self.opt.cos_lr)
+            self.batches_per_epoch, self.nc, pretrained=bool(self.opt.weights), cos_lr=self.opt.cos_lr)
         s = self.schedule
         self.optimizer = build_optimizer(self.model, s.optimizer, s.lr0, s.momentum, s.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=s.lr_factor)
 
-    # ---------------------------------------------------------------- checkpoints
-    def checkpoint(self, epoch, batch=0, ranks=None):
-        """Everything a run needs to continue exactly: after `batch` batches of epoch `epoch` + 1 (batch 0: at the
-        end of `epoch`), with every rank's own state (`ranks`: `rank_state()` of each, gathered on rank 0).
-        to_safe converts what weights_only loading refuses, so anything added here is stored safely."""
-        return to_safe({
-            "epoch": epoch,
-            "batch": batch,
-            "last_opt_step": self.last_opt_step,
-            "ranks": ranks,
-            "best_fitness": self.best_fitness,
-            "best_epoch": self.stopper.best_epoch,
-            "model": model_to_ckpt(self.model, half=False),
-            "ema": model_to_ckpt(self.ema.ema, half=False),
-            "updates": self.ema.updates,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "opt": vars(self.opt),
-            "hyp": self.hyp,
-            "metrics": self.metrics,
-            "date": datetime.now().isoformat(),
-            "version": __version__,
-        })
-
-    def _resume(self, path):
-        """Every rank continues from rank 0's copy of `path` (the other ranks may be on machines without it)."""
-        ckpt = du.broadcast_object(load_checkpoint(path) if self.is_main else None)
-        start, batch = ckpt["epoch"] + 1, ckpt["batch"]
-        if start >= self.epochs:
-            raise BadCheckpoint(f"{path}: training to {self.epochs} epochs is finished, nothing to resume")
-        self.model.load_state_dict({k: v.float() for k, v in ckpt["model"]["state_dict"].items()})
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.scaler.load_state_dict(ckpt["scaler"])
-        if self.ema is not None:
-            self.ema.ema.load_state_dict({k: v.float() for k, v in ckpt["ema"]["state_dict"].items()})
-            self.ema.updates = ckpt["updates"]
-        ranks = ckpt["ranks"]
-        if len(ranks) == max(self.world_size, 1):
-            set_rng_state(ranks[max(self.rank, 0)]["rng"])
-            self.mloss = ranks[max(self.rank, 0)]["mloss"].to(self.device)
-        else:
-            LOGGER.warning(f"{path} holds the state of {len(ranks)} ranks, this run has {self.world_size}: "
-                           f"continuing with fresh random states, from the start of epoch {start}")
-            batch = 0  # another world size shards the epoch differently
-        self.start_epoch, self.start_batch, self.last_opt_step = start, batch, ckpt["last_opt_step"]
-        self.best_fitness, self.metrics = ckpt["best_fitness"], ckpt["metrics"]
-        self.stopper = EarlyStopping(self.opt.patience, self.best_fitness, ckpt["best_epoch"])
-        self.last_save = (time.monotonic(), start * self.nb + batch - 1)
-        LOGGER.info(f"Resuming training from {path} {position(start, batch, self.epochs, self.nb)}")
-
-    def rank_state(self):
-        """What differs between ranks and must survive a restart: the RNG states, the epoch's running mean loss."""
-        return {"rng": rng_state(), "mloss": self.mloss.cpu()}
-
-    def save(self, epoch, fitness, ranks):
-        ckpt = self.checkpoint(epoch, ranks=ranks)
-        save_checkpoint(ckpt, self.last)
-        if fitness == self.best_fitness:
-            save_checkpoint(ckpt, self.best)
-        if self.opt.save_period > 0 and (epoch + 1) % self.opt.save_period == 0:  # epochs are counted from 1
-            save_checkpoint(ckpt, self.wdir / f"epoch{epoch + 1}.pt")
-
-    def _checkpoint_due(self, ni):
-        """(stop, save) right after an optimizer step: whether a stop was asked for on any rank (Ctrl-C), and whether
-        to write last.pt (for the stop, or --save-interval, where rank 0's clock decides for all). One collective
-        answers both, so every rank takes the same decisions at the same step."""
-        kind, every = self.save_interval
-        t, last_ni = self.last_save
-        timed = kind == "s" and self.is_main and time.monotonic() - t >= every
-        stop, timed = du.any_ranks(self.stop_requests.signum is not None, timed)
-        return stop, stop or timed or (kind == "it" and ni - last_ni >= every)
-
+    # ---------------------------------------------------------------- checkpoints (engine/checkpointer.py)
     def save_position(self, epoch, batch):
         """last.pt after `batch` batches of `epoch` (0: at its start); every rank takes part (each one's RNG states
         go to rank 0)."""
         with sigterm_deferred(), self.profile("checkpoints"):
-            ranks = du.gather_objects(self.rank_state())
+            ranks = du.gather_objects(self.checkpointer.rank_state(self.state))
             if self.is_main:
-                save_checkpoint(self.checkpoint(epoch - 1, batch=batch, ranks=ranks), self.last)
+                state = dataclasses.replace(self.state, epoch=epoch, batch=batch)
+                self.checkpointer.save_last(self.checkpointer.checkpoint(self, state, ranks))
             du.barrier()  # the checkpoint is on disk before any rank goes on (and may die)
-        self.last_save = (time.monotonic(), batch - 1 + self.nb * epoch)
+        self.checkpointer.saved(batch - 1 + self.batches_per_epoch * epoch)
 
     def interrupted(self, epoch, batch):
         """Stop on request, last.pt holding `batch` batches of `epoch` (written by the caller; at an epoch's start
@@ -337,8 +258,8 @@ class BaseTrainer:
         self.run_callbacks("on_train_interrupted")
         if self.is_main:
             forget_run_dir()  # the user stopped the run: no torchrun restart is to continue it
-            LOGGER.info(f"interrupted {position(epoch, batch, self.epochs, self.nb)}: resume with "
-                        f"{resume_command(self.last)}")
+            LOGGER.info(f"interrupted {position(epoch, batch, self.epochs, self.batches_per_epoch)}: resume with "
+                        f"{resume_command(self.checkpointer.last)}")
         raise Interrupted(self.stop_requests.signum or signal.SIGINT)
 
     def log_banner(self):
@@ -358,15 +279,14 @@ class BaseTrainer:
         self.run_callbacks("on_train_start")
         if self.is_main:
             LOGGER.info(
-                f"Image sizes {self.opt.imgsz} train, {self.opt.imgsz} val; {self.nb} batches of {self.batch_size} "
-                f"per rank x {self.world_size} ranks; accumulate {self.schedule.accumulate}"
+                f"Image sizes {self.opt.imgsz} train, {self.opt.imgsz} val; {self.batches_per_epoch} batches of "
+                f"{self.batch_size} per rank x {self.world_size} ranks; accumulate {self.schedule.accumulate}"
             )
-        t0 = time.time()
+        t0, first = time.time(), self.state.epoch
         with self.stop_requests:
-            for epoch in range(self.start_epoch, self.epochs):
-                self.epoch = epoch
+            for epoch in range(first, self.epochs):
                 with self.profile("train_loop"):
-                    done = self.train_epoch(epoch, self.start_batch if epoch == self.start_epoch else 0)
+                    done = self.train_epoch(epoch)
                 if done:
                     self.interrupted(epoch, done)
                 stop = self.end_epoch(epoch)
@@ -376,83 +296,99 @@ class BaseTrainer:
                 if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
                     self.interrupted(epoch + 1, 0)
         if self.is_main:
-            LOGGER.info(f"{plural(epoch - self.start_epoch + 1, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} "
-                        "hours.")
+            LOGGER.info(f"{plural(epoch - first + 1, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} hours.")
         self.final_eval()
         if self.is_main:
             forget_run_dir()
         du.barrier()
         self.run_callbacks("on_train_end")
         self.profile.report(self.save_dir)
-        return self.metrics
+        return self.state.metrics
 
-    def train_epoch(self, epoch, start_batch=0):
-        """One epoch, from batch `start_batch` when resuming inside it. Returns None, or the batches done when it
-        stopped on request (Ctrl-C) after writing last.pt."""
+    def train_epoch(self, epoch):
+        """Epoch `epoch`, from batch `state.batch` (a run resumed inside it). Returns None, or the batches done when
+        it stopped on request (Ctrl-C) after writing last.pt."""
+        start = self.state.batch
+        self._start_epoch(epoch, start)
+        batches = enumerate(self.profile.timed(self.train_loader, "data_wait"), start)
+        bar = self._progress_bar(batches, start) if self.is_main else batches
+        self.optimizer.zero_grad()
+        for i, batch in bar:
+            step = i + self.batches_per_epoch * epoch  # global batch number
+            if step <= self.schedule.warmup_iters:
+                self.schedule.warmup(self.optimizer, step, epoch)
+            batch = self.multi_scale(self.preprocess_batch(batch), step)
+            step_now = step - self.state.last_opt_step >= self.schedule.accumulate_at(step)
+            with self.profile("forward_backward", items=len(batch["img"]) * self.world_size):  # all ranks' images
+                _, items = self.forward_backward(batch, sync=step_now)
+            self.state.mean_losses = (self.state.mean_losses * i + items) / (i + 1)
+            self.state.batch = i + 1
+            if step_now and self._step(epoch, i + 1, step):
+                if self.is_main:
+                    bar.close()
+                return i + 1
+            if self.is_main:
+                self._show_progress(bar, batch, epoch, step)
+                self.run_callbacks("on_train_batch_end")
+        if self.is_main:
+            bar.close()  # before any message, which would otherwise share the bar's line
+        names = self.criterion.loss_names
+        self.train_losses = {f"train/{n}_loss": float(v) for n, v in
+                             zip(names, du.all_reduce_mean(self.state.mean_losses))}
+        self.learning_rates = {f"lr/pg{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}
+        self.scheduler.step()
+
+    def _start_epoch(self, epoch, start):
+        """Train mode, mosaic closed for the last epochs, the loader set to the epoch, the running mean reset."""
         self.train_model.train()
         if self.schedule.mosaic_closed(epoch) and getattr(self.train_set, "mosaic", False):
             LOGGER.info(f"Closing mosaic from epoch {epoch + 1}/{self.epochs} on (close_mosaic: "
                         f"{self.schedule.close_mosaic} epochs)")
             self.train_set.close_mosaic()
         # the order, the augmentations and the worker seeds of this epoch, from (seed, epoch, rank) alone
-        set_loader_epoch(self.train_loader, epoch, start_batch)
-        names = self.criterion.loss_names
-        if not start_batch:
-            self.mloss = torch.zeros(len(names), device=self.device)
-        pbar = enumerate(self.profile.timed(self.train_loader, "data_wait"), start_batch)
-        if self.is_main:
-            LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "mem", *names, "Instances", "Size"))
-            pbar = tqdm(pbar, total=self.nb, initial=start_batch, bar_format="{l_bar}{bar:10}{r_bar}")
-        self.optimizer.zero_grad()
-        stopped = None
-        for i, batch in pbar:
-            ni = i + self.nb * epoch
-            if ni <= self.schedule.warmup_iters:
-                self.schedule.warmup(self.optimizer, ni, epoch)
-            batch = self.multi_scale(self.preprocess_batch(batch), ni)
-            step_now = ni - self.last_opt_step >= self.schedule.accumulate_at(ni)
-            with self.profile("forward_backward", items=len(batch["img"]) * self.world_size):  # all ranks' images
-                loss, items = self.forward_backward(batch, sync=step_now)
-            self.mloss = (self.mloss * i + items) / (i + 1)
-            if step_now:
-                with self.profile("optimizer_step"):
-                    self.optimizer_step()
-                self.last_opt_step = ni
-                # only right after a step: no accumulated gradient is lost with the process (the epoch's last step
-                # is followed by end_epoch's checkpoint)
-                stop, save = self._checkpoint_due(ni) if i + 1 < self.nb else (False, False)
-                if save:
-                    self.save_position(epoch, i + 1)
-                if stop:
-                    stopped = i + 1
-                    break
-            if self.is_main:
-                with self.profile("plots_logs"):  # the progress bar and the first batches' pictures
-                    mem = f"{memory_used(self.device):.3g}G"  # GPU memory reserved, or this process's RSS
-                    n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
-                    pbar.set_description(
-                        ("%11s" * 2 + "%11.4g" * (2 + len(names)))
-                        % (f"{epoch + 1}/{self.epochs}", mem, *self.mloss, n_inst, batch["img"].shape[-1])
-                    )
-                    self.plot_training_batch(batch, ni)
-                self.run_callbacks("on_train_batch_end")
-        if self.is_main:
-            pbar.close()  # before any message, which would otherwise share the bar's line
-        if stopped:
-            return stopped
-        self.tloss = du.all_reduce_mean(self.mloss)
-        self.lr = {f"lr/pg{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}
-        self.scheduler.step()
+        set_loader_epoch(self.train_loader, epoch, start)
+        if not start:
+            self.state.mean_losses = torch.zeros(len(self.criterion.loss_names), device=self.device)
 
-    def multi_scale(self, batch, ni):
-        """--multi-scale: resize step ni's images so the long side is a random multiple of the stride in
+    def _step(self, epoch, done, step):
+        """The optimizer step after `done` batches of `epoch`; then last.pt if due. Returns whether to stop (a stop
+        request). Decided only right after a step, so no accumulated gradient is lost with the process; the epoch's
+        last step is followed by end_epoch's checkpoint."""
+        with self.profile("optimizer_step"):
+            self.optimizer_step()
+        self.state.last_opt_step = step
+        if done == self.batches_per_epoch:
+            return False
+        stop, save = self.checkpointer.due(step, self.stop_requests.signum is not None, self.is_main)
+        if save:
+            self.save_position(epoch, done)
+        return stop
+
+    def _progress_bar(self, batches, start):
+        names = self.criterion.loss_names
+        LOGGER.info(("\n" + "%11s" * (4 + len(names))) % ("Epoch", "mem", *names, "Instances", "Size"))
+        return tqdm(batches, total=self.batches_per_epoch, initial=start, bar_format="{l_bar}{bar:10}{r_bar}")
+
+    def _show_progress(self, bar, batch, epoch, step):
+        """The progress bar's line and the first batches' pictures (rank 0)."""
+        with self.profile("plots_logs"):
+            mem = f"{memory_used(self.device):.3g}G"  # GPU memory reserved, or this process's RSS
+            n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
+            bar.set_description(
+                ("%11s" * 2 + "%11.4g" * (2 + len(self.criterion.loss_names)))
+                % (f"{epoch + 1}/{self.epochs}", mem, *self.state.mean_losses, n_inst, batch["img"].shape[-1])
+            )
+            self.plot_training_batch(batch, step)
+
+    def multi_scale(self, batch, step):
+        """--multi-scale: resize global batch `step`'s images so the long side is a random multiple of the stride in
         [0.5, 1.5] x imgsz (labels are normalised, so they stay). The size is drawn from a generator seeded by
-        (seed, ni): every rank draws the same one without communicating, so no rank waits on a larger batch."""
+        (seed, step): every rank draws the same one without communicating, so no rank waits on a larger batch."""
         if not self.opt.multi_scale:
             return batch
         gs = max(int(self.model.stride.max()), 32)
         lo, hi = max(math.ceil(self.opt.imgsz * 0.5 / gs), 1), max(math.floor(self.opt.imgsz * 1.5 / gs), 1)
-        size = random.Random(f"{self.opt.seed}-{ni}").randint(lo, hi) * gs
+        size = random.Random(f"{self.opt.seed}-{step}").randint(lo, hi) * gs
         img = batch["img"]
         sf = size / max(img.shape[2:])
         if sf != 1:
@@ -499,51 +435,57 @@ class BaseTrainer:
 
     def end_epoch(self, epoch):
         """Every rank validates its share; rank 0 logs and saves while the others wait at the barrier. Returns the
-        stop decision."""
+        stop decision; the state then points at the next epoch."""
         stop = False
-        ranks = du.gather_objects(self.rank_state())  # for the checkpoint
+        ranks = du.gather_objects(self.checkpointer.rank_state(self.state))  # for the checkpoint
         final = epoch + 1 == self.epochs
-        if self.is_main:
-            self.run_callbacks("on_train_epoch_end")
+        self.run_callbacks("on_train_epoch_end")
         if not self.opt.noval or final:
             # rank 0's EMA: the ranks' EMA parameters agree, their BatchNorm buffers (each rank's own statistics) not
             with self.profile("validation"):
-                self.metrics = self.validator(du.broadcast_state(self.ema.ema),
-                                              amp_dtype=self.amp_dtype if self.amp else None)
+                self.state.metrics = self.validator(du.broadcast_state(self.ema.ema),
+                                                    amp_dtype=self.amp_dtype if self.amp else None)
             self.run_callbacks("on_val_end")
         if self.is_main:
-            fitness = self.metrics.get("fitness", 0.0)
-            self.best_fitness = max(self.best_fitness, fitness)
-            losses = {f"train/{n}_loss": float(v) for n, v in zip(self.criterion.loss_names, self.tloss)}
-            self.epoch_row = {**losses, **{k: float(v) for k, v in self.metrics.items()}, **self.lr}
-            stop = self.stopper(epoch, fitness)
-            if not self.opt.nosave or final:
-                with sigterm_deferred(), self.profile("checkpoints"):
-                    self.save(epoch, fitness, ranks)
-                self.run_callbacks("on_model_save")
-            self.run_callbacks("on_fit_epoch_end")
+            stop = self._log_and_save(epoch, final, ranks)
         du.barrier()
+        self.state.epoch, self.state.batch = epoch + 1, 0
+        return stop
+
+    def _log_and_save(self, epoch, final, ranks):
+        """Rank 0 at an epoch's end: fitness, early stopping, the epoch's row, the checkpoints. Returns the stop."""
+        fitness = self.state.metrics.get("fitness", 0.0)
+        improved = fitness >= self.state.best_fitness
+        self.state.best_fitness = max(self.state.best_fitness, fitness)
+        stop = self.stopper(epoch, fitness)
+        self.state.best_epoch = self.stopper.best_epoch
+        metrics = {k: float(v) for k, v in self.state.metrics.items()}
+        self.epoch_row = {**self.train_losses, **metrics, **self.learning_rates}
+        if not self.opt.nosave or final:
+            with sigterm_deferred(), self.profile("checkpoints"):
+                after = dataclasses.replace(self.state, epoch=epoch + 1, batch=0)
+                self.checkpointer.save(self.checkpointer.checkpoint(self, after, ranks), epoch, improved)
+            self.run_callbacks("on_model_save")
+        self.run_callbacks("on_fit_epoch_end")
         return stop
 
     def final_eval(self):
         """Rank 0 strips the optimizer from the saved weights; then every rank validates best.pt once more, with
         per-class output. Rank 0 reads the file and sends the weights: the other ranks may run on other machines."""
+        best = self.checkpointer.best
         if self.is_main:
             with self.profile("checkpoints"):
-                for f in (self.last, self.best):
-                    if f.exists():
-                        strip_optimizer(f)
-        if du.broadcast_object(self.best.exists()):
-            LOGGER.info(f"\nValidating {self.best}...")
+                self.checkpointer.finish()
+        if du.broadcast_object(best.exists()):
+            LOGGER.info(f"\nValidating {best}...")
             with self.profile("validation"):
-                model = (attempt_load(self.best, device=self.device, fuse=False) if self.is_main
-                         else deepcopy(self.ema.ema))
-                self.metrics = self.validator(du.broadcast_state(model), final=True)
+                model = attempt_load(best, device=self.device, fuse=False) if self.is_main else deepcopy(self.ema.ema)
+                self.state.metrics = self.validator(du.broadcast_state(model), final=True)
             self.run_callbacks("on_val_end")
         if self.is_main:
             LOGGER.info(f"Results saved to {self.save_dir}")
-            if self.best.exists():
-                commands = next_commands(self.scripts, self.best, self.opt.data, self.predict_source(), self.opt.imgsz)
+            if best.exists():
+                commands = next_commands(self.scripts, best, self.opt.data, self.predict_source(), self.opt.imgsz)
                 LOGGER.info("Next: " + "\n      ".join(commands))
 
 

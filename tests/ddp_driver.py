@@ -26,7 +26,7 @@ def weights_hash(model):
 
 def instrument(trainer):
     trainer.n_saves, trainer.n_empty = 0, 0
-    save, preprocess = trainer.save, trainer.preprocess_batch
+    save, preprocess = trainer.checkpointer.save, trainer.preprocess_batch
 
     def counting_save(*a, **k):
         trainer.n_saves += 1
@@ -37,7 +37,7 @@ def instrument(trainer):
             trainer.n_empty += 1
         return preprocess(batch)
 
-    trainer.save, trainer.preprocess_batch = counting_save, counting_preprocess
+    trainer.checkpointer.save, trainer.preprocess_batch = counting_save, counting_preprocess
 
 
 def report(trainer):

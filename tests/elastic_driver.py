@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import engine.trainer as trainer_module  # noqa: E402
+import engine.checkpointer as checkpointer_module  # noqa: E402
 import train  # noqa: E402
 from engine.tasks.detect import DetectionTrainer  # noqa: E402
 from engine.trainer import run  # noqa: E402
@@ -37,15 +37,15 @@ def arm(trainer):
     rank, restart = max(du.get_rank(), 0), du.get_restart_count()
     trainer.save_dir.mkdir(parents=True, exist_ok=True)
     with open(trainer.save_dir / f"starts_rank{rank}.txt", "a") as f:
-        f.write(f"{restart} {trainer.start_epoch} {trainer.start_batch} {time.time():.3f}\n")
+        f.write(f"{restart} {trainer.state.epoch} {trainer.state.batch} {time.time():.3f}\n")
     if restart or rank != int(os.environ.get("KILL_RANK", -1)):
         return
     epoch, batch = (int(v) for v in os.environ["KILL_AT"].split(":"))
-    preprocess, save = trainer.preprocess_batch, trainer_module.save_checkpoint
+    preprocess, save = trainer.preprocess_batch, checkpointer_module.save_checkpoint
     seen = {"n": 0}
 
     def reached():
-        return seen["n"] >= epoch * trainer.nb + batch
+        return seen["n"] >= epoch * trainer.batches_per_epoch + batch
 
     def counting_preprocess(b):
         if reached() and not os.environ.get("KILL_IN_SAVE"):
@@ -61,7 +61,7 @@ def arm(trainer):
         return save(obj, path)
 
     trainer.preprocess_batch = counting_preprocess
-    trainer_module.save_checkpoint = partial_save
+    checkpointer_module.save_checkpoint = partial_save
 
 
 def report(trainer):

@@ -68,11 +68,12 @@ def cls_run(tmp_path_factory):
 def test_item1_val_scored_under_the_training_class_map(cls_run):
     trainer, root, lines = cls_run
     assert trainer.names == {0: "blank", 1: "circle", 2: "rectangle", 3: "triangle"}
-    samples = trainer.val_set.samples
+    samples = trainer.validator.dataloader.dataset.samples
     assert len(samples) == 6 and all(os.path.basename(os.path.dirname(f)) == trainer.names[c] for f, c in samples)
     m = trainer.validator.confusion.matrix  # [predicted, true]
     assert m[:, [0, 1]].sum() == 0 and m[:, 2].sum() == 3 and m[:, 3].sum() == 3
-    rows = [line.split()[0] for line in lines[lines.index(f"\nValidating {trainer.best}..."):] if line[:4] == "    "]
+    best = trainer.checkpointer.best
+    rows = [line.split()[0] for line in lines[lines.index(f"\nValidating {best}..."):] if line[:4] == "    "]
     assert rows == ["all", "rectangle", "triangle"], rows
     problems = (trainer.save_dir / "data_problems.txt").read_text().splitlines()
     assert problems == [f"train: {root / 'train' / 'blank'}: skipped, class folder has no readable image"]
@@ -86,9 +87,10 @@ def test_item1_classify_val_uses_the_checkpoint_map(cls_run, tmp_path, yolo_log,
     for name in ("blank", "circle", "rectangle", "triangle"):
         (data / "train" / name).mkdir(parents=True)
         shutil.copy(next((root / "val" / "rectangle").iterdir()), data / "train" / name / "x.jpg")
-    code, errors, stats = cli(["classify/val.py", "--weights", str(trainer.best), "--data", str(data), "--img", "32",
-                               "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "val")], capsys)
-    assert code == 0 and errors == [] and stats == {k: v for k, v in trainer.metrics.items() if "loss" not in k}
+    code, errors, stats = cli(["classify/val.py", "--weights", str(trainer.checkpointer.best), "--data", str(data),
+                               "--img", "32", "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "val")],
+                              capsys)
+    assert code == 0 and errors == [] and stats == {k: v for k, v in trainer.state.metrics.items() if "loss" not in k}
     assert [line.split()[0] for line in yolo_log if line[:4] == "    "] == ["all", "rectangle", "triangle"]
 
 
@@ -108,7 +110,7 @@ def test_item2_a_val_class_that_train_lacks_is_an_error(cls_run, tmp_path, capsy
 
 def test_item3_a_last_batch_of_one_image_is_left_out(cls_run):
     trainer, _, lines = cls_run
-    assert trainer.train_loader.drop_last and trainer.nb == 6 and len(trainer.train_set) == 25
+    assert trainer.train_loader.drop_last and trainer.batches_per_epoch == 6 and len(trainer.train_set) == 25
     assert ("WARNING: 25 training images per rank at 4 per batch: the last batch would hold one image, which "
             "BatchNorm cannot train on; it is left out, a different image each epoch") in lines
     assert (trainer.save_dir / "results.csv").is_file()

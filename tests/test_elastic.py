@@ -143,7 +143,7 @@ def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tm
             preprocess, seen = trainer.preprocess_batch, {"n": 0}
 
             def counting(b):
-                if seen["n"] == epoch * trainer.nb + batch:
+                if seen["n"] == epoch * trainer.batches_per_epoch + batch:
                     raise Stop
                 seen["n"] += 1
                 return preprocess(b)
@@ -248,7 +248,7 @@ def test_save_leaves_no_temp_files_of_killed_saves(tmp_path):
 
 
 def test_save_interval_values():
-    from engine.trainer import parse_save_interval
+    from engine.checkpointer import parse_save_interval
     from utils.errors import BadOption
 
     assert parse_save_interval("10m") == ("s", 600.0) and parse_save_interval("90s") == ("s", 90.0)

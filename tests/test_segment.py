@@ -225,7 +225,7 @@ def _check_run_folder(trainer, epochs):
     assert {"train/box_loss", "train/seg_loss", "metrics/mAP50(B)", "metrics/mAP50-95(M)", "fitness"} <= set(rows[0])
     ckpt = torch.load(d / "weights/best.pt", weights_only=True)
     assert ckpt["optimizer"] is None and ckpt["model"]["state_dict"]  # stripped at the end of training
-    assert {"metrics/mAP50(M)", "metrics/mAP50-95(M)"} <= set(trainer.metrics)
+    assert {"metrics/mAP50(M)", "metrics/mAP50-95(M)"} <= set(trainer.state.metrics)
 
 
 def test_v8_short_run_learns_masks(v8_run):

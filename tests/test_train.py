@@ -67,7 +67,7 @@ class _Interrupt(BaseException):  # a callback's Exception is a warning (engine/
 
 
 def _interrupt_after_first_epoch(trainer):
-    if trainer.epoch == 0:
+    if trainer.state.epoch == 0:
         raise _Interrupt
 
 
@@ -82,7 +82,7 @@ def test_resume_restores_exact_state(shapes_detect, tmp_path):
     seen = {}
 
     def capture(trainer):
-        seen["start_epoch"] = trainer.start_epoch
+        seen["start_epoch"] = trainer.state.epoch
         seen["lrs"] = [g["lr"] for g in trainer.optimizer.param_groups]
         seen["opt_state"] = trainer.optimizer.state_dict()
         seen["ema_updates"] = trainer.ema.updates

@@ -39,7 +39,7 @@ class CSVLogger:
         self.path = path
 
     def on_fit_epoch_end(self, trainer):
-        self.log(trainer.epoch + 1, trainer.epoch_row)
+        self.log(trainer.state.epoch + 1, trainer.epoch_row)
 
     def rows(self):
         if not self.path.exists():
@@ -80,7 +80,7 @@ class TensorBoardLogger:
         LOGGER.info(f"TensorBoard: tensorboard --logdir {self.log_dir.parent}")
 
     def on_fit_epoch_end(self, trainer):
-        self.log(trainer.epoch_row, trainer.epoch + 1)
+        self.log(trainer.epoch_row, trainer.state.epoch + 1)
 
     def on_train_end(self, trainer):
         self.close()

@@ -64,7 +64,7 @@ class Recorder:
 
     def on_model_save(self, trainer):
         self.events.append("on_model_save")
-        assert trainer.last.is_file()
+        assert trainer.checkpointer.last.is_file()
 
     def on_fit_epoch_end(self, trainer):
         self.events.append("on_fit_epoch_end")
@@ -82,7 +82,7 @@ def test_a_run_fires_the_declared_events_and_survives_a_failing_callback(shapes_
         workers=0, device="cpu", project=str(tmp_path), noplots=True,
     )
     assert "fitness" in metrics
-    n = trainer.nb
+    n = trainer.batches_per_epoch
     assert recorder.events == (["on_pretrain_routine_end"] + ["on_train_batch_end"] * n
                                + ["on_val_end", "on_model_save", "on_fit_epoch_end", "on_val_end", "on_train_end"])
     assert any("Recorder.on_train_end failed on on_train_end" in m for m in yolo_log)

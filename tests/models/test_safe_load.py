@@ -25,8 +25,8 @@ import detect
 import segment.predict
 import train
 import val
+from engine.checkpointer import strip_optimizer
 from engine.resume import resume_opt
-from engine.trainer import strip_optimizer
 from models import checkpoints
 from models.checkpoints import (
     BadCheckpoint,

@@ -1,0 +1,58 @@
+"""The Checkpointer: a checkpoint's loop state is LoopState's, written and read in one place, and a restore gives back
+the state it was saved at."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine.checkpointer import Checkpointer, LoopState
+from models.checkpoints import load_checkpoint
+from models.yolo import DetectionModel
+from utils.torch_utils import ModelEMA, build_optimizer
+
+
+def _trainer(seed, epochs=10):
+    torch.manual_seed(seed)
+    model = DetectionModel("yolov5n.yaml", nc=2)
+    optimizer = build_optimizer(model, "SGD", 0.01, 0.9, 0.0005)
+    return SimpleNamespace(
+        model=model, ema=ModelEMA(model), optimizer=optimizer, is_main=True, rank=-1, world_size=1, epochs=epochs,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1 - e / epochs), device=torch.device("cpu"),
+        scaler=torch.amp.GradScaler("cpu", enabled=False), opt=SimpleNamespace(cfg="yolov5n.yaml"), hyp={"lr0": 0.01},
+        batches_per_epoch=7,
+    )
+
+
+def test_loop_state_round_trips_through_a_checkpoint(tmp_path):
+    checkpointer = Checkpointer(tmp_path, save_interval="3it")
+    saved = LoopState(epoch=3, batch=5, last_opt_step=25, best_fitness=0.25, best_epoch=2,
+                      metrics={"fitness": 0.25, "metrics/mAP50(B)": 0.5}, mean_losses=torch.tensor([0.5, 0.25, 1.0]))
+    source = _trainer(0)
+    source.ema.updates = 9
+    ckpt = checkpointer.checkpoint(source, saved, ranks=[Checkpointer.rank_state(saved)])
+    checkpointer.save(ckpt, epoch=2, improved=True)
+    on_disk = load_checkpoint(checkpointer.last)
+    assert (on_disk["epoch"], on_disk["batch"]) == (2, 5)  # "epoch" is the last finished one
+    assert load_checkpoint(checkpointer.best)["last_opt_step"] == 25
+
+    target = _trainer(1)
+    restored = checkpointer.restore(target, checkpointer.last)
+    assert restored == dataclasses.replace(saved, mean_losses=restored.mean_losses)
+    assert torch.equal(restored.mean_losses, saved.mean_losses)
+    assert target.ema.updates == 9
+    assert all(torch.equal(a, b) for a, b in zip(source.model.state_dict().values(),
+                                                  target.model.state_dict().values()))
+    assert checkpointer.last_save[1] == 3 * 7 + 5 - 1  # --save-interval counts from the restored position
+    assert checkpointer.due(3 * 7 + 5 + 2, False, True) == (False, True)
+
+
+def test_a_finished_run_is_not_restored(tmp_path):
+    from utils.errors import BadCheckpoint
+
+    checkpointer = Checkpointer(tmp_path)
+    state = LoopState(epoch=10, mean_losses=torch.zeros(3))
+    checkpointer.save_last(checkpointer.checkpoint(_trainer(0), state, ranks=[Checkpointer.rank_state(state)]))
+    with pytest.raises(BadCheckpoint, match="training to 10 epochs is finished"):
+        checkpointer.restore(_trainer(0), checkpointer.last)
