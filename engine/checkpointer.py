@@ -86,7 +86,7 @@ class Checkpointer:
             "optimizer": trainer.optimizer.state_dict(),
             "scheduler": trainer.scheduler.state_dict(),
             "scaler": trainer.scaler.state_dict(),
-            "opt": vars(trainer.opt),
+            "opt": trainer.opt.to_dict(),
             "hyp": trainer.hyp,
             "date": datetime.now().isoformat(),
             "version": project_version(),

@@ -16,14 +16,11 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+from engine.options import TrainOptions
 from models.checkpoints import load_checkpoint
 from utils import dist as du
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.loggers import LOGGER
-
-# options that may come with --resume: this launch's hardware, where to look for runs, the run's length, and
-# whether to profile this launch
-RESUME_MAY_SET = {"resume", "device", "workers", "project", "epochs", "save_interval", "local_rank", "profile"}
 
 
 def is_unfinished(ckpt):
@@ -44,11 +41,13 @@ def find_unfinished_run(search_dir):
     raise BadOption(f"--resume: no last.pt found under {where}")
 
 
-def resume_opt(opt, default_project, given=()):
+def resume_opt(opt, default_project, given=(), options=TrainOptions):
     """For --resume [path]: (the run's saved options with this launch's device/workers and any --epochs, path).
 
-    `given` names the options on the command line; any outside RESUME_MAY_SET is refused.
+    `given` names the options on the command line; any that `options` (the task's class) does not let --resume
+    change is refused.
     """
+    rules = options.resume_rules()
     path = Path(opt.resume) if isinstance(opt.resume, str) else find_unfinished_run(opt.project or default_project)
     if not path.is_file():
         raise BadFile(f"--resume {path}: file not found")
@@ -57,7 +56,7 @@ def resume_opt(opt, default_project, given=()):
         raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no options)")
     if not is_unfinished(ckpt):
         raise BadCheckpoint(f"--resume {path}: the run has finished (no optimizer state): nothing to resume")
-    refused = sorted(set(given) - RESUME_MAY_SET)
+    refused = sorted(set(given) - set(rules))
     if refused:
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)
         raise BadOption(f"--resume continues a run with its own options; {flags} would change it (start a new run "
@@ -72,10 +71,10 @@ def resume_opt(opt, default_project, given=()):
         change = "extending" if opt.epochs > saved["epochs"] else "shortening"
         LOGGER.info(f"--epochs {opt.epochs}: {change} the run from {saved['epochs']} epochs")
         saved["epochs"] = opt.epochs
-    saved.update(resume=False, device=opt.device, workers=opt.workers, profile=opt.profile)  # this launch's
-    for k in ("save_interval", "local_rank"):
-        if k in given:
+    for k, rule in rules.items():
+        if rule == "launch" or (rule == "given" and k in given):
             saved[k] = getattr(opt, k)
+    saved["resume"] = False
     return SimpleNamespace(**saved), path
 
 
@@ -113,18 +112,19 @@ def forget_run_dir():
         record.unlink(missing_ok=True)
 
 
-def plan_run(opt, default_project, given=()):
-    """Rank 0: (options, checkpoint to resume from or None, run folder or None for a new one)."""
+def plan_run(opt, default_project, given=(), options=TrainOptions):
+    """Rank 0: (options, checkpoint to resume from or None, run folder or None for a new one); `options`: the task's
+    options class."""
     run_dir = elastic_run_dir()
     if run_dir is not None:
         last = run_dir / "weights" / "last.pt"
         if last.is_file() and is_unfinished(load_checkpoint(last)):
             LOGGER.info(f"torchrun restart {du.get_restart_count()}: resuming {last}")
-            saved, _ = resume_opt(SimpleNamespace(**{**vars(opt), "resume": str(last)}), default_project)
+            saved, _ = resume_opt(SimpleNamespace(**{**vars(opt), "resume": str(last)}), default_project, (), options)
             return saved, last, run_dir
         LOGGER.info(f"torchrun restart {du.get_restart_count()}: no checkpoint yet, starting over in {run_dir}")
         return opt, None, run_dir
     if opt.resume:
-        saved, path = resume_opt(opt, default_project, given)
+        saved, path = resume_opt(opt, default_project, given, options)
         return saved, path, path.parent.parent
     return opt, None, None

@@ -16,7 +16,6 @@ import signal
 import time
 from copy import deepcopy
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -27,6 +26,7 @@ from engine.checkpointer import Checkpointer, LoopState, sigterm_deferred
 from engine.hyp import SCHEDULE, Reader, default_hyp_file, load_hyp, read_hyp, require_keys
 from engine.interrupt import StopRequests
 from engine.messages import banner, next_commands, plural, position, resume_command, shown
+from engine.options import TrainOptions
 from engine.resume import forget_run_dir, plan_run, record_run_dir
 from models.checkpoints import attempt_load
 from utils import dist as du
@@ -61,13 +61,16 @@ class BaseTrainer:
 
     default_project = "runs/train"
     default_hyp = "hyp.scratch-low.yaml"  # for a model YAML that names no hyp file
+    options = TrainOptions  # the task's options class (engine/options.py)
     scripts = ("val.py", "detect.py")  # the task's validate and predict scripts, for the commands a run suggests
 
     def __init__(self, opt, device, resume_from=None, save_dir=None):
         """What the options and the launch environment decide; every other attribute is declared here and built by
         `_setup` from the data, the model and the hyperparameters, in one place and one order. `save_dir` continues a
         known run folder (a resume, a torchrun restart); None chooses a new one."""
-        self.opt = SimpleNamespace(**vars(opt)) if not isinstance(opt, SimpleNamespace) else opt
+        opt = opt if isinstance(opt, self.options) else self.options.from_values(opt)
+        workers = default_workers(device) if opt.workers is None else opt.workers
+        self.opt = dataclasses.replace(opt, loader_workers=workers)
         self.device = device
         self.resume_from = resume_from
         self.rank, self.local_rank, self.world_size = du.get_rank(), du.get_local_rank(), du.get_world_size()
@@ -79,8 +82,6 @@ class BaseTrainer:
         self.save_dir = self._make_save_dir(save_dir)
         self.checkpointer = Checkpointer(self.save_dir, self.opt.save_interval, self.opt.save_period)
         self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
-        if self.opt.workers is None:
-            self.opt.workers = default_workers(device)
         self.profile = RunProfile.for_run(self.opt.profile and self.is_main, device)  # --profile: rank 0's table
         self.stop_requests = StopRequests(announce=self.is_main)  # its signal handlers are set while the loop runs
         # built by _setup: the data, the model (unwrapped; train_model is what DDP wraps) and its criterion
@@ -192,7 +193,7 @@ class BaseTrainer:
         self.stopper = EarlyStopping(self.opt.patience, self.state.best_fitness, self.state.best_epoch)
         if self.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            yaml_save(self.save_dir / "opt.yaml", vars(self.opt))
+            yaml_save(self.save_dir / "opt.yaml", self.opt.to_dict())
             yaml_save(self.save_dir / "hyp.yaml", self.hyp)
             write_problems(self.save_dir, {"train": self.train_set.problems,
                                            "val": self.validator.dataloader.dataset.problems})
@@ -204,12 +205,12 @@ class BaseTrainer:
         self.nc, self.names = self.data["nc"], self.data["names"]
         with du.torch_distributed_zero_first(self.local_rank):
             model = self.build_model(self.nc, self.names)  # may download official weights: one rank per machine
-        self.opt.imgsz = check_imgsz(self.opt.imgsz, int(max(model.stride)))
+        self.opt = dataclasses.replace(self.opt, train_imgsz=check_imgsz(self.opt.imgsz, int(max(model.stride))))
         self.hyp = self.load_hyp(model)
-        self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.imgsz)
+        self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.train_imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
         if self.is_main:
-            model.info(imgsz=self.opt.imgsz)  # layers, parameters (trainable), GFLOPs at the training size
+            model.info(imgsz=self.opt.train_imgsz)  # layers, parameters (trainable), GFLOPs at the training size
         self.train_model, self.model = du.prepare_model(model, self.device, self.opt.sync_bn,
                                                         memory_format(self.device))
 
@@ -268,7 +269,7 @@ class BaseTrainer:
         kind = {"cuda": "GPU", "cpu": "CPU"}.get(self.device.type, self.device.type)
         devices = du.gather_objects(f"{kind} {device_name(self.device)}")
         if self.is_main:
-            LOGGER.info(banner(devices, self.device, self.opt.amp, self.opt.workers, self.save_dir))
+            LOGGER.info(banner(devices, self.device, self.opt.amp, self.opt.loader_workers, self.save_dir))
 
     # ---------------------------------------------------------------- the loop
     def train(self):
@@ -278,10 +279,9 @@ class BaseTrainer:
         self.run_callbacks("on_pretrain_routine_end")
         self.run_callbacks("on_train_start")
         if self.is_main:
-            LOGGER.info(
-                f"Image sizes {self.opt.imgsz} train, {self.opt.imgsz} val; {self.batches_per_epoch} batches of "
-                f"{self.batch_size} per rank x {self.world_size} ranks; accumulate {self.schedule.accumulate}"
-            )
+            size = self.opt.train_imgsz
+            LOGGER.info(f"Image sizes {size} train, {size} val; {self.batches_per_epoch} batches of {self.batch_size} "
+                        f"per rank x {self.world_size} ranks; accumulate {self.schedule.accumulate}")
         t0, first = time.time(), self.state.epoch
         with self.stop_requests:
             for epoch in range(first, self.epochs):
@@ -387,7 +387,8 @@ class BaseTrainer:
         if not self.opt.multi_scale:
             return batch
         gs = max(int(self.model.stride.max()), 32)
-        lo, hi = max(math.ceil(self.opt.imgsz * 0.5 / gs), 1), max(math.floor(self.opt.imgsz * 1.5 / gs), 1)
+        size = self.opt.train_imgsz
+        lo, hi = max(math.ceil(size * 0.5 / gs), 1), max(math.floor(size * 1.5 / gs), 1)
         size = random.Random(f"{self.opt.seed}-{step}").randint(lo, hi) * gs
         img = batch["img"]
         sf = size / max(img.shape[2:])
@@ -422,7 +423,7 @@ class BaseTrainer:
 
     def _build_train_loader(self):
         loader = build_dataloader(
-            self.train_set, self.batch_size, self.opt.workers, shuffle=True, rank=self.rank,
+            self.train_set, self.batch_size, self.opt.loader_workers, shuffle=True, rank=self.rank,
             world_size=self.world_size, seed=self.opt.seed, sampler=self.train_sampler(), drop_single=True,
         )
         if loader.drop_last and self.is_main:
@@ -485,7 +486,8 @@ class BaseTrainer:
         if self.is_main:
             LOGGER.info(f"Results saved to {self.save_dir}")
             if best.exists():
-                commands = next_commands(self.scripts, best, self.opt.data, self.predict_source(), self.opt.imgsz)
+                commands = next_commands(self.scripts, best, self.opt.data, self.predict_source(),
+                                         self.opt.train_imgsz)
                 LOGGER.info("Next: " + "\n      ".join(commands))
 
 
@@ -504,7 +506,7 @@ def run(trainer_cls, opt, callbacks=None):
     opt = deepcopy(opt)
     given = vars(opt).pop("given", ())  # the options on the command line, which --resume may refuse
     # rank 0 reads the disk and decides; a user error there is raised on every rank
-    opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given)
+    opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given, trainer_cls.options)
     trainer = trainer_cls(opt, device, resume_from=resume_from, save_dir=save_dir)
     trainer.callbacks.extend(callbacks)
     metrics = trainer.train()

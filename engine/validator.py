@@ -61,8 +61,10 @@ class ValOptions:
 
     @classmethod
     def from_train(cls, opt, batch, **task_options):
-        """For validation inside training: the training image size and workers, `batch` images per rank."""
-        return cls(imgsz=opt.imgsz, batch=batch, workers=opt.workers, plots=not opt.noplots, **task_options)
+        """For validation inside training (`opt`: TrainOptions after set-up): the training image size and workers,
+        `batch` images per rank."""
+        return cls(imgsz=opt.train_imgsz, batch=batch, workers=opt.loader_workers, plots=not opt.noplots,
+                   **task_options)
 
 
 class ShardedBatchSampler(Sampler):

@@ -1,9 +1,11 @@
 """End to end on CPU: train.py -> val.py -> detect.py on a tiny synthetic dataset, resume, atomic saves."""
 
 import csv
+import dataclasses
 
 import pytest
 import torch
+import yaml
 
 import detect
 import train
@@ -136,7 +138,10 @@ def test_workers_default_is_resolved_for_the_device(shapes_detect, tmp_path):
 
     args = [a for a in _train_args(shapes_detect, tmp_path) if a not in ("--workers", "0")]
     trainer = DetectionTrainer(train.parse_opt(args), torch.device("cpu"))
-    assert trainer.opt.workers == default_workers(torch.device("cpu"))
+    assert trainer.opt.workers is None  # as given: the resolved count is a derived field
+    assert trainer.opt.loader_workers == default_workers(torch.device("cpu"))
+    with pytest.raises(dataclasses.FrozenInstanceError):  # the options are frozen once set up
+        trainer.opt.workers = 4
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +190,7 @@ def test_img_not_a_stride_multiple_is_rounded_up_with_one_warning(shapes_detect,
         LOGGER.removeHandler(handler)
     assert [m for m in seen if "--img 100" in m] == ["WARNING: --img 100 is not a multiple of the model's largest "
                                                       "stride 32: using 128"]
-    assert trainer.opt.imgsz == trainer.train_set.imgsz == 128
+    assert (trainer.opt.imgsz, trainer.opt.train_imgsz, trainer.train_set.imgsz) == (100, 128, 128)
     assert len(list(csv.DictReader(open(trainer.save_dir / "results.csv")))) == 1
-    assert "imgsz: 128" in (trainer.save_dir / "opt.yaml").read_text()
+    saved = yaml.safe_load((trainer.save_dir / "opt.yaml").read_text())
+    assert (saved["imgsz"], saved["train_imgsz"]) == (100, 128)  # what was given, and what the run used

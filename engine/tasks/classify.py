@@ -73,7 +73,7 @@ class ClassificationTrainer(BaseTrainer):
         """The training set (the validation set comes from the validator's `build_dataset`), under the dataset's
         one class map."""
         return ClassificationDataset(
-            path, imgsz=self.opt.imgsz, augment=True, hyp=self.hyp, cache=self.opt.cache, prefix=f"{mode}: ",
+            path, imgsz=self.opt.train_imgsz, augment=True, hyp=self.hyp, cache=self.opt.cache, prefix=f"{mode}: ",
             rank=get_rank(), world_size=get_world_size(), seed=self.opt.seed, names=self.names,
         )
 

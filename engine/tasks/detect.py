@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.options import DetectTrainOptions
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
@@ -47,6 +48,7 @@ def single_class(data):
 
 class DetectionTrainer(BaseTrainer):
     default_project = "runs/train"
+    options = DetectTrainOptions
     task = "detect"
 
     def get_data(self):
@@ -71,7 +73,7 @@ class DetectionTrainer(BaseTrainer):
         """The training set (the validation set comes from the validator's `build_dataset`)."""
         return YOLODataset(
             path,
-            imgsz=self.opt.imgsz,
+            imgsz=self.opt.train_imgsz,
             batch_size=self.batch_size,
             augment=True,
             hyp=self.hyp,
@@ -91,7 +93,7 @@ class DetectionTrainer(BaseTrainer):
     def fit_model_to_data(self):
         # a resumed run's anchors come with its weights (refitting them would desynchronise the YAML copy)
         if not (self.opt.noautoanchor or self.resume_from):
-            check_anchors(self.model, self.train_set.labels, self.hyp, self.opt.imgsz)
+            check_anchors(self.model, self.train_set.labels, self.hyp, self.opt.train_imgsz)
 
     def train_sampler(self):
         if not self.opt.image_weights:

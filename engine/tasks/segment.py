@@ -2,6 +2,7 @@
 
 import torch
 
+from engine.options import SegmentTrainOptions
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
 from engine.validator import ValOptions
 from models.yolo import SegmentationModel
@@ -14,6 +15,7 @@ from utils.plots import colors
 
 class SegmentationTrainer(DetectionTrainer):
     default_project = "runs/train-seg"
+    options = SegmentTrainOptions
     scripts = ("segment/val.py", "segment/predict.py")
 
     @staticmethod

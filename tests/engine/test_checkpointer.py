@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import train
 from engine.checkpointer import Checkpointer, LoopState
+from engine.options import TrainOptions
 from models.checkpoints import load_checkpoint
 from models.yolo import DetectionModel
 from utils.torch_utils import ModelEMA, build_optimizer
@@ -20,8 +22,8 @@ def _trainer(seed, epochs=10):
     return SimpleNamespace(
         model=model, ema=ModelEMA(model), optimizer=optimizer, is_main=True, rank=-1, world_size=1, epochs=epochs,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1 - e / epochs), device=torch.device("cpu"),
-        scaler=torch.amp.GradScaler("cpu", enabled=False), opt=SimpleNamespace(cfg="yolov5n.yaml"), hyp={"lr0": 0.01},
-        batches_per_epoch=7,
+        scaler=torch.amp.GradScaler("cpu", enabled=False), opt=TrainOptions.from_values(train.parse_opt([])),
+        hyp={"lr0": 0.01}, batches_per_epoch=7,
     )
 
 

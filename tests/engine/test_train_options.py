@@ -1,0 +1,37 @@
+"""Typed training options: each train script's parser and its task's options class name the same options, derived
+values are their own fields, and what --resume may change is the fields' metadata."""
+
+import dataclasses
+
+import pytest
+
+import train
+from classify import train as cls_train
+from engine.options import DetectTrainOptions, SegmentTrainOptions, TrainOptions
+from segment import train as seg_train
+
+
+@pytest.mark.parametrize("script, options", [(train, DetectTrainOptions), (seg_train, SegmentTrainOptions),
+                                             (cls_train, TrainOptions)])
+def test_every_option_of_a_train_script_is_a_field_of_its_class(script, options):
+    parsed = script.parse_opt([])
+    fields = {f.name for f in dataclasses.fields(options) if not f.metadata.get("derived")}
+    assert set(vars(parsed)) - {"given"} == fields
+    opt = options.from_values(parsed)
+    assert opt.train_imgsz is None and opt.loader_workers is None  # set-up derives them
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opt.imgsz = 64
+
+
+def test_what_resume_may_change_is_declared_on_the_fields():
+    assert TrainOptions.resume_rules() == {
+        "epochs": "extend", "resume": "launch", "device": "launch", "workers": "launch", "project": "search",
+        "save_interval": "given", "profile": "launch", "local_rank": "given"}
+    assert SegmentTrainOptions.resume_rules() == TrainOptions.resume_rules()  # no task extra may change a run
+
+
+def test_a_checkpoint_s_derived_values_are_derived_again():
+    saved = {**TrainOptions.from_values(cls_train.parse_opt([])).to_dict(), "train_imgsz": 999, "loader_workers": 9,
+             "single_cls": True}  # a detection run's option, unknown to a classifier
+    opt = TrainOptions.from_values(saved)
+    assert (opt.train_imgsz, opt.loader_workers) == (None, None) and not hasattr(opt, "single_cls")
