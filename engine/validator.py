@@ -5,8 +5,10 @@ batch (matches, confidences, classes, losses, COCO JSON rows); rank 0 gathers th
 order and computes the metrics from them. Each batch holds the same images at the same letterbox shape as in a
 single process, so the model sees the same tensors and the metrics come out identical to one process.
 
-Task subclasses implement `get_data`, `build_dataset`, `init_metrics`, `postprocess`, `update_metrics` (returns the
-batch's record), `get_stats` (from the merged records) and `print_results`.
+Task subclasses implement `get_data`, `build_dataset`, `init_metrics`, `postprocess` (the batch's predictions, one
+record per image holding what the later steps need), `update_metrics` (returns the batch's record of matches),
+`get_stats` (from the merged records) and `print_results`. What a batch is (e.g. how its masks read) travels in the
+batch dict; nothing per batch is kept on the validator between these calls.
 """
 
 import contextlib
@@ -109,6 +111,7 @@ class BaseValidator:
         self.dataloader = None
         self.speed = {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0}
         self.seen = 0
+        self.metrics = self.confusion = None  # a validation's, made by init_metrics
 
     # ---------------------------------------------------------------- hooks for task subclasses
     @staticmethod
@@ -123,12 +126,13 @@ class BaseValidator:
     def init_metrics(self, model):
         raise NotImplementedError
 
-    def postprocess(self, preds):
+    def postprocess(self, preds, batch):
+        """The eval output of a batch -> its predictions, one record per image."""
         raise NotImplementedError
 
     def loss_inputs(self, preds):
-        """The part of the eval-mode output that the training criterion takes."""
-        return preds[1]
+        """What the training criterion takes, from the eval-mode output."""
+        raise NotImplementedError
 
     def update_metrics(self, preds, batch):
         """Return this batch's record: a dict of lists (one entry per image or per batch), merged in batch order."""
@@ -153,7 +157,7 @@ class BaseValidator:
 
     def merge_shards(self, shards):
         """Combine what is not per batch (rank 0): the confusion matrices are counts, so they add up."""
-        if getattr(self, "confusion", None) is not None:
+        if self.confusion is not None:
             self.confusion.matrix = sum(s["confusion"] for s in shards)
 
     def preprocess(self, batch, device, half):
@@ -226,7 +230,7 @@ class BaseValidator:
                 preds = to_float32(model(batch["img"]))  # losses, NMS and metrics take fp32 (autocast, --half)
             t2 = time_sync()
             loss = self._loss(preds, batch)
-            preds = self.postprocess(preds)
+            preds = self.postprocess(preds, batch)
             t3 = time_sync()
             record = self.update_metrics(preds, batch)
             if loss is not None:
@@ -249,7 +253,7 @@ class BaseValidator:
         """Every rank's records on rank 0, merged in batch order: {key: list}, as one process would have them.
         None on the other ranks."""
         shard = {"records": records, "seen": self.seen}
-        if getattr(self, "confusion", None) is not None:
+        if self.confusion is not None:
             shard["confusion"] = self.confusion.matrix
         shards = du.gather_objects(shard)
         if shards is None:

@@ -108,8 +108,8 @@ class Segment(Detect):
 
     @property
     def output_layout(self):
-        """Eval output `(y, proto, x)`."""
-        return OutputLayout(self.nc, self.nm, objectness=True, channels_last=True, proto=(1,))
+        """Eval output `(y, proto, x)`; the criterion takes the train output `(x, proto)`."""
+        return OutputLayout(self.nc, self.nm, objectness=True, channels_last=True, proto=(1,), train=((2,), (1,)))
 
 
 class IDetect(Detect):

@@ -234,7 +234,8 @@ class OutputLayout:
     Every anchor's row is, in order: the box as xywh input pixels, an objectness column if `objectness`, `nc` class
     scores, `nm` mask coefficients. `channels_last`: rows are (B, anchors, C) (v5/v7) rather than (B, C, anchors)
     (v8). The eval output is either the prediction tensor alone or a tuple starting with it; `proto` is the index
-    path of the mask prototypes in that tuple (empty when the head has none).
+    path of the mask prototypes in that tuple (empty when the head has none). `train` holds the index paths of what
+    the head returns in train mode, which its criterion takes: one path, or one per item of a tuple.
     """
 
     nc: int
@@ -242,9 +243,12 @@ class OutputLayout:
     objectness: bool = False
     channels_last: bool = True
     proto: tuple = ()
+    train: tuple = ((1,),)
 
     def __post_init__(self):
-        object.__setattr__(self, "proto", tuple(self.proto))  # a list after a JSON round trip (export metadata)
+        # lists after a JSON round trip (export metadata)
+        object.__setattr__(self, "proto", tuple(self.proto))
+        object.__setattr__(self, "train", tuple(tuple(path) for path in self.train))
 
     @property
     def cls(self):
@@ -261,14 +265,23 @@ class OutputLayout:
         """The prediction tensor as (B, anchors, C) rows."""
         return prediction if self.channels_last else prediction.transpose(1, 2)
 
+    def train_output(self, output):
+        """The train-mode output (what the criterion takes), from the eval output."""
+        parts = [_item(output, path) for path in self.train]
+        return parts[0] if len(parts) == 1 else tuple(parts)
+
     def split(self, output):
         """(prediction tensor, prototypes or None) from the eval output, or from the prediction tensor alone."""
         if isinstance(output, torch.Tensor):
             return output, None
-        proto = output
-        for i in self.proto:
-            proto = proto[i]
-        return output[0], proto if self.proto else None
+        return output[0], _item(output, self.proto) if self.proto else None
+
+
+def _item(output, path):
+    """The item at index `path` of nested tuples."""
+    for i in path:
+        output = output[i]
+    return output
 
 
 def non_max_suppression(

@@ -97,19 +97,18 @@ def _image_masks(masks, i, target_rows, overlap):
 
 
 def plot_images(images, targets, paths=None, fname="images.jpg", names=None, masks=None, max_size=1920,
-                max_subplots=16):  # fmt: skip
+                max_subplots=16, overlap=True):  # fmt: skip
     """Save a mosaic JPEG of a batch with its boxes (and masks).
 
     images: (B, 3, H, W) RGB, uint8 or float in [0, 1]. targets: (N, 6) [batch_idx, cls, cx, cy, w, h], boxes
     normalised (0..1) or in pixels; (N, 7) adds a confidence column (predictions, shown when >= 0.25).
-    masks: overlap mode (B, h, w) or one per target (N, h, w), told apart by their count and values (where the
-    two readings could both apply, each image has exactly one target and they agree). Returns the saved path.
+    masks: with `overlap`, one map per image (B, h, w) whose value k marks the image's k-th target (a batch's
+    `overlap` says which it holds); else one per target (N, h, w). Returns the saved path.
     """
     ims = _to_uint8_hwc(images[:max_subplots])  # only the drawn images leave the GPU and are converted
     targets = _numpy(targets)
     targets = targets.reshape(-1, targets.shape[-1]) if targets.size else np.zeros((0, 6), dtype=np.float32)
     masks = None if masks is None else _numpy(masks)
-    overlap = masks is not None and (len(masks) != len(targets) or masks.max(initial=0) > 1)
     bs, h, w = ims.shape[0], ims.shape[1], ims.shape[2]
     ns = math.ceil(bs**0.5)
     scale = min(1.0, max_size / (ns * max(h, w)))

@@ -82,9 +82,9 @@ class ClassificationTrainer(BaseTrainer):
         batch["cls"] = batch["cls"].to(self.device)
         return batch
 
-    def plot_training_batch(self, batch, ni):
-        if ni < 3:
-            plot_images(batch["img"], whole_image_targets(batch["cls"]), fname=self.save_dir / f"train_batch{ni}.jpg",
+    def plot_training_batch(self, batch, step):
+        if step < 3:
+            plot_images(batch["img"], whole_image_targets(batch["cls"]), fname=self.save_dir / f"train_batch{step}.jpg",
                         names=self.names)
 
     def build_validator(self):
@@ -126,7 +126,8 @@ class ClassificationValidator(BaseValidator):
         self.metrics = ClassifyMetrics()
         self.confusion = ConfusionMatrix(nc=self.nc, task="classify")
 
-    def postprocess(self, preds):
+    def postprocess(self, preds, batch):
+        """Class probabilities (B, nc): one row per image."""
         return preds[0] if isinstance(preds, (list, tuple)) else preds
 
     def loss_inputs(self, probs):

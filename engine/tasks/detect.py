@@ -32,10 +32,10 @@ from utils.plots import colors, plot_images
 MAX_PLOTTED_PREDS = 30  # per image in val_batch*_pred.jpg: the most confident, enough to judge a tile
 
 
-def prediction_targets(preds):
+def prediction_targets(boxes):
     """Per-image NMS outputs (n, 6+) xyxy conf cls -> plot_images rows (N, 7): image, cls, xywh pixels, conf."""
     rows = [torch.cat((torch.full_like(p[:, :1], i), p[:, 5:6], ops.xyxy2xywh(p[:, :4]), p[:, 4:5]), 1)
-            for i, p in enumerate(preds)]
+            for i, p in enumerate(boxes)]
     return torch.cat(rows).float() if rows else torch.zeros((0, 7))
 
 
@@ -105,7 +105,7 @@ class DetectionTrainer(BaseTrainer):
 
     def _class_maps(self):
         """Per-class mAP50-95 of the last validation (rank 0), zeros before the first one."""
-        metrics = getattr(self.validator, "metrics", None)
+        metrics = self.validator.metrics
         return metrics.maps(self.nc) if metrics is not None else np.zeros(self.nc)
 
     def build_validator(self):
@@ -118,10 +118,10 @@ class DetectionTrainer(BaseTrainer):
         batch["targets"] = batch["targets"].to(self.device)
         return batch
 
-    def plot_training_batch(self, batch, ni):
-        if ni < 3:
-            plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"train_batch{ni}.jpg",
-                        self.names, masks=batch.get("masks"))
+    def plot_training_batch(self, batch, step):
+        if step < 3:
+            plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"train_batch{step}.jpg",
+                        self.names, masks=batch.get("masks"), overlap=batch.get("overlap"))
 
 
 class DetectionValidator(BaseValidator):
@@ -132,6 +132,10 @@ class DetectionValidator(BaseValidator):
     def __init__(self, args, save_dir, names, criterion=None, label_nc=None):
         super().__init__(args, save_dir, names, criterion, label_nc)
         self.iouv = torch.linspace(0.5, 0.95, 10)
+        self.layout = None  # the model's output_layout, read by init_metrics
+        # the last validation's: every image's matches (for inspection), COCO JSON rows, whether any image had a
+        # prediction, labels per class
+        self.records, self.jdict, self.has_preds, self.nt_per_class = {}, [], False, None
 
     @staticmethod
     def get_data(data, options):
@@ -154,8 +158,9 @@ class DetectionValidator(BaseValidator):
     def description(self):
         return ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
 
-    def postprocess(self, preds):
-        return ops.non_max_suppression(
+    def postprocess(self, preds, batch):
+        """One record per image: `boxes` (n, 6 + nm) xyxy input pixels, conf, cls (and mask coefficients)."""
+        boxes = ops.non_max_suppression(
             preds,
             conf_thres=self.args.conf,
             iou_thres=self.args.iou,
@@ -163,6 +168,10 @@ class DetectionValidator(BaseValidator):
             max_det=self.args.max_det,
             layout=self.layout,
         )  # no time limit: dropping the images left when it runs out would bias mAP (max_nms bounds the work)
+        return [{"boxes": b} for b in boxes]
+
+    def loss_inputs(self, preds):
+        return self.layout.train_output(preds)
 
     def _labels_native(self, batch, si):
         """Labels of image si as (cls (n,), xyxy boxes (n, 4)) in original-image pixels."""
@@ -184,7 +193,8 @@ class DetectionValidator(BaseValidator):
 
     def update_metrics(self, preds, batch):
         record = self.new_record()
-        for si, pred in enumerate(preds):
+        for si, image in enumerate(preds):
+            pred = image["boxes"]
             self.seen += 1
             cls, tboxes = self._labels_native(batch, si)
             record["target_cls"].append(cls.cpu())
@@ -193,9 +203,10 @@ class DetectionValidator(BaseValidator):
                 if len(cls):
                     self.confusion.process_batch(None, labelsn.cpu())
                 continue
+            image = self.decode(image, batch)
             predn = self._native_preds(pred, batch, si)
             correct = process_batch(predn[:, :6], labelsn, self.iouv.to(pred.device))
-            self.update_extra(record, pred, predn, batch, si, correct)
+            self.match_extra(record, image, batch, si, correct)
             record["tp"].append(correct.cpu())
             record["conf"].append(predn[:, 4].cpu())
             record["pred_cls"].append(predn[:, 5].cpu())
@@ -204,11 +215,17 @@ class DetectionValidator(BaseValidator):
             if self.args.save_txt:
                 self.save_txt(predn, batch["shapes"][si][0], self.save_dir / "labels" / f"{path.stem}.txt")
             if self.args.save_json:
-                record["json"] += self.pred_to_json(predn, path)
+                record["json"] += self.pred_to_json(image, predn, batch, si)
         return record
 
-    def update_extra(self, record, pred, predn, batch, si, correct):
-        """Hook for subclasses (segmentation adds mask matching)."""
+    def decode(self, image, batch):
+        """Hook for subclasses: image's record with what its matching needs and postprocess left undone
+        (segmentation: its masks)."""
+        return image
+
+    def match_extra(self, record, image, batch, si, correct):
+        """Hook for subclasses: matches beyond the boxes' `correct` for image si's predictions `image` (segmentation
+        adds its masks')."""
 
     def save_txt(self, predn, shape, file):
         file.parent.mkdir(parents=True, exist_ok=True)
@@ -218,8 +235,9 @@ class DetectionValidator(BaseValidator):
             for (cx, cy, bw, bh), conf, c in zip(xywhn.tolist(), predn[:, 4].tolist(), predn[:, 5].tolist()):
                 f.write(f"{int(c)} {cx:.6g} {cy:.6g} {bw:.6g} {bh:.6g} {conf:.6g}\n")
 
-    def pred_to_json(self, predn, path):
-        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map())
+    def pred_to_json(self, image, predn, batch, si):
+        """COCO JSON rows of image si's predictions (`predn`: its boxes in original-image pixels)."""
+        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(Path(batch["paths"][si])), self.class_map())
 
     def class_map(self):
         return list(range(1000))
@@ -266,13 +284,14 @@ class DetectionValidator(BaseValidator):
 
     def plot_val_batch(self, batch, preds, bi):
         plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"val_batch{bi}_labels.jpg",
-                    self.names, masks=batch.get("masks"))
-        preds = [p[:MAX_PLOTTED_PREDS] for p in preds]
-        plot_images(batch["img"], prediction_targets(preds), batch["paths"], self.save_dir / f"val_batch{bi}_pred.jpg",
-                    self.names, masks=self.plotted_pred_masks(preds, batch))
+                    self.names, masks=batch.get("masks"), overlap=batch.get("overlap"))
+        boxes = [image["boxes"][:MAX_PLOTTED_PREDS] for image in preds]
+        plot_images(batch["img"], prediction_targets(boxes), batch["paths"], self.save_dir / f"val_batch{bi}_pred.jpg",
+                    self.names, masks=self.plotted_pred_masks(preds, batch), overlap=False)
 
     def plotted_pred_masks(self, preds, batch):
-        """Masks of the plotted predictions (segmentation); None for boxes only."""
+        """Masks (N, H, W) of the plotted predictions, in prediction_targets' order (segmentation); None for boxes
+        only."""
         return None
 
     @classmethod

@@ -1,9 +1,11 @@
 """Segmentation task: the detection hooks plus masks (YOLOv5-seg and YOLOv8-seg)."""
 
+from pathlib import Path
+
 import torch
 
 from engine.options import SegmentTrainOptions
-from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
+from engine.tasks.detect import MAX_PLOTTED_PREDS, DetectionPredictor, DetectionTrainer, DetectionValidator
 from engine.validator import ValOptions
 from models.yolo import SegmentationModel
 from utils import ops
@@ -23,7 +25,7 @@ class SegmentationTrainer(DetectionTrainer):
         return SegmentationModel
 
     def dataset_kwargs(self, mode):
-        return {"task": SegmentLabels(overlap=not self.opt.no_overlap, mask_ratio=4)}
+        return {"task": SegmentLabels(overlap=not self.opt.no_overlap)}
 
     def preprocess_batch(self, batch):
         batch = super().preprocess_batch(batch)
@@ -42,7 +44,7 @@ class SegmentationValidator(DetectionValidator):
     and ground truth from its 1/4-resolution map, as the official validators do."""
 
     def dataset_kwargs(self):
-        return {"task": SegmentLabels(overlap=not self.args.no_overlap, mask_ratio=4)}
+        return {"task": SegmentLabels(overlap=not self.args.no_overlap)}
 
     def init_metrics(self, model):
         super().init_metrics(model)
@@ -56,26 +58,30 @@ class SegmentationValidator(DetectionValidator):
             "Class", "Images", "Instances", "Box(P", "R", "mAP50", "mAP50-95)", "Mask(P", "R", "mAP50", "mAP50-95)",
         )
 
-    def postprocess(self, preds):
-        det, self.protos = self.layout.split(preds)
-        return super().postprocess(det)
+    def postprocess(self, preds, batch):
+        """One record per image: `boxes` as detection's (with mask coefficients), `proto` its prototypes."""
+        det, protos = self.layout.split(preds)
+        return [{**image, "proto": proto} for image, proto in zip(super().postprocess(det, batch), protos)]
 
-    def loss_inputs(self, preds):
-        """The train-mode layout: v5 (x, proto) from its eval (y, proto, x); v8 (x, mc, proto), its eval's 2nd item."""
-        return preds[1] if isinstance(preds[1], (list, tuple)) else (preds[2], preds[1])
+    def decode(self, image, batch):
+        """The record with `masks` (n, H, W) at the input size, upsampled from its prototypes (coefficients and boxes
+        in fp32: under --half they come in fp16). One image at a time: a batch's at once would hold up to max_det
+        input-size masks per image."""
+        b, shape = image["boxes"], batch["img"].shape[2:]
+        masks = ops.process_mask(image["proto"], b[:, 6:].float(), b[:, :4].float(), shape, upsample=True)
+        return {**image, "masks": masks}
 
-    def _gt_masks(self, batch, si, n):
+    @staticmethod
+    def _gt_masks(batch, si, n):
         """Ground-truth masks of image si's n targets as bool (n, h, w): from the overlap map, or the per-instance
-        stack."""
-        if self.args.no_overlap:
-            return batch["masks"][batch["targets"][:, 0] == si].gt(0.5)
-        return instance_masks(batch["masks"][si], n)
+        stack, as the batch's `overlap` says."""
+        if batch["overlap"]:
+            return instance_masks(batch["masks"][si], n)
+        return batch["masks"][batch["targets"][:, 0] == si].gt(0.5)
 
-    def update_extra(self, record, pred, predn, batch, si, correct):
+    def match_extra(self, record, image, batch, si, correct):
         """Mask matches of image si, in the same rows as its box matches (`correct`)."""
-        shape = batch["img"].shape[2:]
-        # float coefficients and boxes: under --half they come in fp16, and process_mask works in fp32
-        pred_masks = ops.process_mask(self.protos[si], pred[:, 6:].float(), pred[:, :4].float(), shape, upsample=True)
+        pred, pred_masks = image["boxes"], image["masks"]
         gt_cls = batch["targets"][batch["targets"][:, 0] == si, 1:2]
         if len(gt_cls):
             gt = self._gt_masks(batch, si, len(gt_cls))
@@ -83,21 +89,20 @@ class SegmentationValidator(DetectionValidator):
         else:
             tp_m = torch.zeros_like(correct)
         record["tp_m"].append(tp_m.cpu())
-        if self.args.save_json:
-            self._native_masks = ops.scale_masks(pred_masks, batch["shapes"][si][0], batch["shapes"][si][1])
 
-    def pred_to_json(self, predn, path):
-        rles = masks_to_rle(self._native_masks.gt(0.5).cpu().numpy())
+    def pred_to_json(self, image, predn, batch, si):
+        """Boxes and masks in original-image pixels, the masks as COCO RLE."""
+        native = ops.scale_masks(image["masks"], batch["shapes"][si][0], batch["shapes"][si][1])
+        rles = masks_to_rle(native.gt(0.5).cpu().numpy())
+        path = Path(batch["paths"][si])
         return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map(), rles=rles)
 
     def curve_metrics(self):
         return [("", self.metrics.box), ("Mask", self.metrics.seg)]
 
     def plotted_pred_masks(self, preds, batch):
-        """Per-prediction masks (N, H, W) in the order of prediction_targets."""
-        shape = batch["img"].shape[2:]
-        masks = [ops.process_mask(self.protos[i], p[:, 6:].float(), p[:, :4].float(), shape, upsample=True)
-                 for i, p in enumerate(preds) if len(p)]
+        masks = [self.decode({**image, "boxes": image["boxes"][:MAX_PLOTTED_PREDS]}, batch)["masks"]
+                 for image in preds if len(image["boxes"])]
         return torch.cat(masks).float() if masks else None
 
     def _concat_stats(self, records):

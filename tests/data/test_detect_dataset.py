@@ -93,6 +93,7 @@ def test_segment_collate_and_masks_on_polygons(shapes_seg):
     ds = YOLODataset(str(shapes_seg / "images" / "val"), imgsz=128, task="segment", nc=3, batch_size=4)
     batch = ds.collate_fn([ds[i] for i in range(4)])
     assert batch["masks"].shape == (4, 32, 32) and batch["masks"].dtype == torch.uint8
+    assert (batch["overlap"], batch["mask_ratio"]) == (True, 4)  # how the masks read travels with them
     for i, (path, ((h0, w0), ((rh, rw), (pw, ph)))) in enumerate(zip(batch["paths"], batch["shapes"])):
         n = int((batch["targets"][:, 0] == i).sum())
         rows, polys = _labels_px(path.replace("images", "labels").replace(".jpg", ".txt"), w0, h0)
@@ -106,6 +107,7 @@ def test_segment_collate_and_masks_on_polygons(shapes_seg):
     sep = YOLODataset(str(shapes_seg / "images" / "val"), imgsz=128, task=SegmentLabels(overlap=False), nc=3)
     b2 = sep.collate_fn([sep[i] for i in range(4)])
     assert b2["masks"].shape == (len(b2["targets"]), 32, 32) and b2["masks"].dtype == torch.float32
+    assert b2["overlap"] is False
 
 
 def test_ram_cache_only_holds_cache_indices(shapes_det):

@@ -206,6 +206,22 @@ def test_output_layout_locates_boxes_scores_masks_and_protos(cls):
         assert proto is None and layout.nm == 0
 
 
+@pytest.mark.parametrize("cls", [Detect, IDetect, Segment, AnchorFreeDetect, AnchorFreeSegment])
+def test_output_layout_finds_the_train_output_in_the_eval_output(cls):
+    """What the criterion takes (the train-mode output) is declared, so validators find it without testing types."""
+    kw = dict(nm=4, npr=16) if cls in (Segment, AnchorFreeSegment) else {}
+    m = (anchor_head if cls.anchor_based else free_head)(cls, **kw)
+    found = m.output_layout.train_output(m.eval()(feats()))
+    m.train()
+    for bn in (x for x in m.modules() if isinstance(x, torch.nn.BatchNorm2d)):
+        bn.eval()  # the same statistics as in eval mode: only the head's own train/eval switch differs
+    train_out = m(feats())
+    assert type(found) is type(train_out) and len(found) == len(train_out)
+    for a, b in zip(found, train_out):
+        for x, y in zip(a if isinstance(a, (list, tuple)) else [a], b if isinstance(b, (list, tuple)) else [b]):
+            torch.testing.assert_close(x, y)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("cls", [Detect, IDetect, Segment, AnchorFreeDetect, AnchorFreeSegment])
 def test_autocast_outputs_are_decoded_in_fp32(cls, dtype):

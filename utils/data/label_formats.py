@@ -108,7 +108,10 @@ class SegmentLabels(DetectLabels):
         return inst.select(order)
 
     def collate(self, batch, out):
+        """`masks`, and how to read them: `overlap` and `mask_ratio` travel with the batch, so no consumer guesses
+        them from shapes."""
         masks = [b["masks"] for b in batch]
+        out["overlap"], out["mask_ratio"] = self.overlap, self.mask_ratio
         if self.overlap:  # one map per image; >= 255 instances in one image need int32
             dtype = torch.int32 if any(m.dtype == torch.int32 for m in masks) else torch.uint8
             out["masks"] = torch.stack([m.to(dtype) for m in masks])

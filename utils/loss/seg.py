@@ -23,22 +23,13 @@ def mask_loss(gt_masks, coeffs, proto, xyxy, area):
     return (crop_mask(loss, xyxy).mean(dim=(1, 2)) / area.clamp_min(1e-9)).mean()
 
 
-def prepare_masks(masks, targets, batch_size, size):
-    """Bring GT masks to the proto size `(h, w)` and tell their mode.
-
-    Overlap mode is (B, h', w') holding 1-based instance indices per image in targets order; non-overlap is
-    (N, h', w') binary, one per target. When B == N the values decide: an index above 1 means overlap; otherwise
-    non-overlap, the only reading in which a multi-target image may lack index 2 (and with one target per image
-    both readings agree). Returns (masks float (., h, w), overlap).
-    """
-    n, first = len(targets), masks.shape[0]
-    if first not in (batch_size, n):
-        raise ValueError(f"masks of shape {tuple(masks.shape)} fit neither {batch_size} images nor {n} targets")
-    overlap = first != n or (first == batch_size and bool(masks.max() > 1))
+def prepare_masks(masks, size):
+    """GT masks as float at the proto size `(h, w)`: the batch's overlap maps (B, h', w') holding 1-based instance
+    indices in targets order, or its per-target masks (N, h', w'), as its `overlap` says."""
     masks = masks.float()
     if tuple(masks.shape[-2:]) != tuple(size):
         masks = F.interpolate(masks[None], size, mode="nearest")[0]
-    return masks, overlap
+    return masks
 
 
 def _gt_masks(masks, overlap, image, instance, rows):
@@ -63,16 +54,16 @@ class V5SegmentationLoss(V5DetectionLoss):
         bs = proto.shape[0]
         assigned = self.assign(feats, targets)
         lbox, lobj, lcls = self.detection_terms(feats, assigned)
-        lseg = self.mask_terms(feats, proto, assigned, targets, batch["masks"]) * (self.box_gain / bs)
+        lseg = self.mask_terms(feats, proto, assigned, targets, batch["masks"], batch["overlap"]) * (self.box_gain / bs)
         return (lbox + lseg + lobj + lcls) * bs, torch.stack((lbox, lseg, lobj, lcls)).detach()
 
-    def mask_terms(self, feats, proto, assigned, targets, masks):
+    def mask_terms(self, feats, proto, assigned, targets, masks, overlap):
         bs, nm, mh, mw = proto.shape
         # Zero-weight term: Proto gets a (zero) gradient even when no image has a positive, for DDP.
         total = (proto * 0).sum()
         if not len(targets):
             return total
-        masks, overlap = prepare_masks(masks, targets, bs, (mh, mw))
+        masks = prepare_masks(masks, (mh, mw))
         instance = per_image_index(targets[:, 0], bs)[0] + 1
         scale = torch.tensor([mw, mh, mw, mh], device=proto.device, dtype=torch.float32)
         for pi, t in zip(feats, assigned):
@@ -100,17 +91,18 @@ class V8SegmentationLoss(V8DetectionLoss):
         bs = proto.shape[0]
         state = self.assign(feats, batch["targets"])
         lbox, lcls, ldfl = self.detection_terms(state)
-        lseg = self.mask_terms(state, mc, proto, batch["targets"], batch["masks"]) * (self.box_gain / bs)
+        masks, overlap = batch["masks"], batch["overlap"]
+        lseg = self.mask_terms(state, mc, proto, batch["targets"], masks, overlap) * (self.box_gain / bs)
         return (lbox + lseg + lcls + ldfl) * bs, torch.stack((lbox, lseg, lcls, ldfl)).detach()
 
-    def mask_terms(self, state, mc, proto, targets, masks):
+    def mask_terms(self, state, mc, proto, targets, masks, overlap):
         bs, nm, mh, mw = proto.shape
         # Zero-weight terms: Proto and the coefficient branch get a gradient even without positives, for DDP.
         total = (proto * 0).sum() + (mc * 0).sum()
         fg = state.assignment.fg_mask
         if not fg.any():
             return total
-        masks, overlap = prepare_masks(masks, targets, bs, (mh, mw))
+        masks = prepare_masks(masks, (mh, mw))
         coeffs = mc.permute(0, 2, 1)
         boxes_n = state.assignment.bboxes / state.imgsz[[1, 0, 1, 0]]
         scale = torch.tensor([mw, mh, mw, mh], device=proto.device, dtype=torch.float32)

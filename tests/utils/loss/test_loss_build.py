@@ -43,7 +43,7 @@ def test_every_head_parameter_gets_grad_without_targets(kind, nm, name, hyp):
     crit = build_criterion(model, hyp, imgsz=64)
     batch = {"img": torch.rand(2, 3, 64, 64), "targets": torch.zeros(0, 6)}
     if nm:
-        batch["masks"] = torch.zeros(2, 16, 16)
+        batch["masks"], batch["overlap"] = torch.zeros(2, 16, 16), True
     loss, items = crit(model(batch["img"]), batch)
     loss.backward()
     assert torch.isfinite(loss) and items.shape == (len(crit.loss_names),)
@@ -57,7 +57,7 @@ def test_every_head_parameter_gets_grad_when_one_image_is_empty(kind, nm, name, 
     targets = torch.tensor([[1, 0, 0.5, 0.5, 0.4, 0.4]])
     batch = {"img": torch.rand(2, 3, 64, 64), "targets": targets}
     if nm:
-        batch["masks"] = box_masks(targets, 2, (16, 16))
+        batch["masks"], batch["overlap"] = box_masks(targets, 2, (16, 16)), True
     loss, _ = crit(model(batch["img"]), batch)
     loss.backward()
     assert missing_grads(model.model[1]) == []

@@ -37,7 +37,7 @@ def test_criterion_on_real_model(cls_name, cfg, hyp, name):
                             [1, 1, 0.50, 0.50, 0.60, 0.50]])
     batch = {"img": img, "targets": targets}
     if "seg" in name:
-        batch["masks"] = box_masks(targets, 2, (16, 16))
+        batch["masks"], batch["overlap"] = box_masks(targets, 2, (16, 16)), True
     loss, items = crit(model(img), batch)
     loss.backward()
     assert loss.dim() == 0 and torch.isfinite(loss) and items.shape == (len(crit.loss_names),)
@@ -49,7 +49,8 @@ def test_criterion_on_real_model(cls_name, cfg, hyp, name):
 def test_real_model_head_grads_without_targets(cls_name, cfg, hyp, name):
     model = build(cls_name, cfg, nc=3)
     crit = model.init_criterion(hyp, imgsz=64)
-    batch = {"img": torch.rand(2, 3, 64, 64), "targets": torch.zeros(0, 6), "masks": torch.zeros(2, 16, 16)}
+    batch = {"img": torch.rand(2, 3, 64, 64), "targets": torch.zeros(0, 6), "masks": torch.zeros(2, 16, 16),
+             "overlap": True}
     crit(model(batch["img"]), batch)[0].backward()
     assert missing_grads(model.model[-1]) == []
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from loss_fakes import HYP_V5, HYP_V8, box_masks, det_batch, fake_model, make_targets
+from loss_fakes import HYP_V5, HYP_V8, box_masks, det_batch, fake_model
 
 from utils.loss import V5SegmentationLoss, V8SegmentationLoss
 from utils.loss.seg import mask_loss, prepare_masks
@@ -39,22 +39,15 @@ def test_mask_loss_area_normalisation():
     assert math.isclose(mask_loss(gt[:1], coeffs[:1], proto, xyxy[:1], area[:1]).item(), math.log(2), rel_tol=1e-5)
 
 
-def test_prepare_masks_modes():
-    t3 = make_targets([[0, 0, 0.5, 0.5, 0.2, 0.2], [0, 1, 0.2, 0.2, 0.1, 0.1], [1, 0, 0.5, 0.5, 0.3, 0.3]])
-    m, overlap = prepare_masks(torch.zeros(2, 32, 32), t3, 2, (16, 16))
-    assert overlap and m.shape == (2, 16, 16)
-    m, overlap = prepare_masks(torch.zeros(3, 16, 16), t3, 2, (16, 16))
-    assert not overlap
-    t2 = t3[[0, 2]]
-    assert prepare_masks(torch.full((2, 16, 16), 2.0), t2, 2, (16, 16))[1]  # an index above 1: overlap
-    assert not prepare_masks(torch.ones(2, 16, 16), t2, 2, (16, 16))[1]
-    with pytest.raises(ValueError, match="fit neither"):
-        prepare_masks(torch.zeros(5, 16, 16), t3, 2, (16, 16))
+def test_prepare_masks_brings_masks_to_the_proto_size():
+    m = prepare_masks(torch.ones(2, 32, 32, dtype=torch.uint8), (16, 16))
+    assert m.shape == (2, 16, 16) and m.dtype == torch.float32 and bool((m == 1).all())
 
 
 def seg_batch(overlap=True):
     batch = det_batch()
     batch["masks"] = box_masks(batch["targets"], 2, (16, 16), overlap=overlap)
+    batch["overlap"] = overlap  # how the masks read travels with them, as the collate step puts it
     return batch
 
 
@@ -62,7 +55,7 @@ def split_image(batch, i, overlap=True):
     t = batch["targets"][batch["targets"][:, 0] == i].clone()
     t[:, 0] = 0
     masks = batch["masks"][i : i + 1] if overlap else batch["masks"][batch["targets"][:, 0] == i]
-    return {"img": batch["img"][i : i + 1], "targets": t, "masks": masks}
+    return {"img": batch["img"][i : i + 1], "targets": t, "masks": masks, "overlap": overlap}
 
 
 @pytest.mark.parametrize("kind,cls,hyp", [("anchor", V5SegmentationLoss, HYP_V5), ("free", V8SegmentationLoss, HYP_V8)])
@@ -84,8 +77,8 @@ def test_overlap_and_separate_masks_agree(kind, cls, hyp):
     batch = seg_batch(overlap=True)
     preds = model(batch["img"])
     _, a = crit(preds, batch)
-    _, b = crit(preds, dict(batch, masks=box_masks(batch["targets"], 2, (16, 16), overlap=False)))
+    _, b = crit(preds, dict(batch, masks=box_masks(batch["targets"], 2, (16, 16), overlap=False), overlap=False))
     assert torch.allclose(a, b)
-    # masks at input resolution are brought to the proto size (mask ratio inferred from shapes)
+    # masks at input resolution are brought to the proto size
     _, c = crit(preds, dict(batch, masks=box_masks(batch["targets"], 2, (64, 64), overlap=True)))
     assert torch.allclose(a[1], c[1], rtol=0.2)
