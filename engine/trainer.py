@@ -502,15 +502,12 @@ def run(trainer_cls, opt, callbacks=None):
     if opt.hyp:  # checked before any work (the options were, by the parser)
         read_hyp(opt.hyp)
     device = du.select_device(opt.device, opt.batch_size)
-    du.setup_ddp(device)
-    opt = deepcopy(opt)
-    given = vars(opt).pop("given", ())  # the options on the command line, which --resume may refuse
-    # rank 0 reads the disk and decides; a user error there is raised on every rank
-    opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given, trainer_cls.options)
-    trainer = trainer_cls(opt, device, resume_from=resume_from, save_dir=save_dir)
-    trainer.callbacks.extend(callbacks)
-    metrics = trainer.train()
-    # only after a clean run: after an error the process exits at once, and rank 0 tearing down the group's store
-    # (it hosts it) while a peer still reports its own error would turn that peer's exit into a failure
-    du.cleanup_ddp()
+    with du.session(device):
+        opt = deepcopy(opt)
+        given = vars(opt).pop("given", ())  # the options on the command line, which --resume may refuse
+        # rank 0 reads the disk and decides; a user error there is raised on every rank
+        opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given, trainer_cls.options)
+        trainer = trainer_cls(opt, device, resume_from=resume_from, save_dir=save_dir)
+        trainer.callbacks.extend(callbacks)
+        metrics = trainer.train()
     return trainer, metrics

@@ -298,7 +298,7 @@ class BaseValidator:
         return data["names"]
 
     @classmethod
-    def prepare(cls, model, stride, options, opt):
+    def adapt_to_weights(cls, model, stride, options, opt):
         """Hook for the val scripts: the model and options to validate with, given the loaded weights' stride."""
         return model, options
 
@@ -308,10 +308,9 @@ class BaseValidator:
         rank validates its share."""
         set_logging(du.get_rank())
         device = du.select_device(opt.device)
-        du.setup_ddp(device)
-        try:
+        with du.session(device):
             model, stride = validation_model(opt.weights, device, opt.imgsz)
-            model, options = cls.prepare(model, stride, ValOptions.from_cli(opt), opt)
+            model, options = cls.adapt_to_weights(model, stride, ValOptions.from_cli(opt), opt)
             with du.torch_distributed_zero_first(du.get_local_rank()):
                 data = cls.get_data(opt.data, options)
             names = cls.val_names(data, model, opt)
@@ -329,5 +328,3 @@ class BaseValidator:
             if du.is_main_process():
                 LOGGER.info(f"Results saved to {validator.save_dir}")
             return stats
-        finally:
-            du.cleanup_ddp()

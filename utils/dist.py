@@ -30,7 +30,7 @@ def _env_minutes(name, default):
 SETUP_TIMEOUT = _env_minutes("YOLO_DDP_SETUP_TIMEOUT", 5)
 # Any one collective: the longest legitimate wait is rank 0 (or each machine's local rank 0) scanning labels or
 # caching images while the others wait in a barrier, then a validation pass; a dead peer blocks a collective until
-# this expires (the official repos went 60 s -> none -> 3 h; 3 h meant a kill cost 3 hours of every GPU).
+# this expires, so a long timeout (the official repos' 3 h) makes a kill cost that long on every GPU.
 DDP_TIMEOUT = _env_minutes("YOLO_DDP_TIMEOUT", 30)
 
 
@@ -194,6 +194,17 @@ def cleanup_ddp():
     """Leave the process group after a clean run (keeps later collectives from hanging on a dead group)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def session(device):
+    """A script's time in the process group: joined on entry (`setup_ddp`; nothing under one process), left when the
+    block ends cleanly. After an exception the group is left as it is: the process exits next (utils/errors.run_cli
+    gives the peers a bounded grace, then os._exit), and rank 0 tearing the group down, whose store it hosts, while a
+    peer still reports its own error would turn that peer's exit into a failure."""
+    setup_ddp(device)
+    yield
+    cleanup_ddp()
 
 
 @contextlib.contextmanager

@@ -295,7 +295,7 @@ class DetectionValidator(BaseValidator):
         return None
 
     @classmethod
-    def prepare(cls, model, stride, options, opt):
+    def adapt_to_weights(cls, model, stride, options, opt):
         """--img rounded up to the stride; --augment wraps the model for test-time augmentation."""
         if opt.augment:
             if isinstance(model, InferenceBackend):

@@ -1,6 +1,7 @@
 """Distributed helpers under 2 gloo processes: SyncBatchNorm, and that `loss *= WORLD_SIZE` under DDP gives the
 single-process gradient of the concatenated batch."""
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -32,6 +33,7 @@ def _syncbn_worker(rank, world_size, out):
                 "rv": bn.running_var}, f"{out}/{rank}.pt")
 
 
+@pytest.mark.ddp
 def test_cpu_sync_batchnorm_matches_global_batch(tmp_path):
     spawn(_syncbn_worker, 2, str(tmp_path))
     torch.manual_seed(0)
@@ -103,14 +105,17 @@ def _check_grads(tmp_path, cfg, sync_bn, memory_format=torch.contiguous_format):
     assert (num / den).sqrt() < 1e-4, f"relative gradient difference {(num / den).sqrt():.2e}"
 
 
+@pytest.mark.ddp
 def test_ddp_gradient_equals_single_process_v5(tmp_path):
     _check_grads(tmp_path, "yolov5n.yaml", sync_bn=False)
 
 
+@pytest.mark.ddp
 def test_ddp_gradient_equals_single_process_v5_sync_bn(tmp_path):
     _check_grads(tmp_path, "yolov5n.yaml", sync_bn=True)
 
 
+@pytest.mark.ddp
 def test_ddp_gradient_equals_single_process_channels_last(tmp_path):
     """The trainer's CPU layout (channels_last parameters, gradients as views of DDP's buckets) against the
     contiguous single-process model. (yolov5n: the v8 loss divides by each rank's own sum of target scores, as the
@@ -132,6 +137,20 @@ def _zero_first_worker(rank, world_size, out):
     assert du.broadcast_object("stop" if rank == 0 else None) == "stop"
 
 
+@pytest.mark.ddp
 def test_zero_first_and_broadcast(tmp_path):
     spawn(_zero_first_worker, 2, str(tmp_path))
     assert (tmp_path / "seen1").read_text() == "True"
+
+
+def test_a_session_leaves_the_group_after_a_clean_exit_only(monkeypatch):
+    """One teardown rule for train and val: after an error the group stays for run_cli's exit path (rank 0 hosts its
+    store, and tearing it down while a peer still reports its own error would fail that peer)."""
+    calls = []
+    monkeypatch.setattr(du, "setup_ddp", lambda device: calls.append("join"))
+    monkeypatch.setattr(du, "cleanup_ddp", lambda: calls.append("leave"))
+    with du.session("cpu"):
+        calls.append("work")
+    with pytest.raises(RuntimeError), du.session("cpu"):
+        raise RuntimeError("a bug")
+    assert calls == ["join", "work", "leave", "join"]
