@@ -56,6 +56,16 @@ def write_yaml(root, task):
     return f
 
 
+def pytest_collection_modifyitems(config, items):
+    """A process-group test is also slow; a network test is skipped unless YOLO_TEST_NETWORK=1 (offline by default)."""
+    offline = pytest.mark.skip(reason="needs the internet: set YOLO_TEST_NETWORK=1 to run it")
+    for item in items:
+        if item.get_closest_marker("ddp"):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("network") and os.environ.get("YOLO_TEST_NETWORK") != "1":
+            item.add_marker(offline)
+
+
 _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

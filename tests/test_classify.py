@@ -219,6 +219,7 @@ def _grad_worker(rank, world_size, out):
         torch.save({k: p.grad.clone() for k, p in plain.named_parameters()}, f"{out}/g{rank}_{int(sync_bn)}.pt")
 
 
+@pytest.mark.ddp
 def test_ddp_gradient_equals_single_process(tmp_path):
     """yolov8n-cls, loss x WORLD_SIZE under DDP == the single-process gradient of the whole batch, with BN frozen
     and with CPUSyncBatchNorm (whose reference is plain BN in train mode over the whole batch)."""
@@ -240,6 +241,7 @@ def test_ddp_gradient_equals_single_process(tmp_path):
             assert err < 1e-4, f"sync_bn={sync_bn} rank {rank}: relative gradient difference {err:.2e}"
 
 
+@pytest.mark.ddp
 def test_torchrun_two_ranks_identical_weights(shapes_classify, tmp_path):
     project = tmp_path / "runs"
     args = ["--data", str(shapes_classify), "--imgsz", "32", "--batch-size", "4", "--epochs", "1", "--workers", "0",
@@ -259,6 +261,7 @@ def test_torchrun_two_ranks_identical_weights(shapes_classify, tmp_path):
 
 
 # ---------------------------------------------------------------- learning
+@pytest.mark.slow
 def test_short_run_learns_shapes(tmp_path):
     """1800 32-px images, 8 epochs, AdamW at 1e-3 with flips only: ~0.77 top-1 (chance 0.33) in ~40 s."""
     from utils.data.synthetic import generate_dataset

@@ -16,6 +16,8 @@ import yaml
 from tests.ddp_utils import free_port
 from utils.files import ROOT
 
+pytestmark = pytest.mark.ddp  # every test here starts a process group
+
 DRIVER = Path(__file__).with_name("ddp_driver.py")
 
 

@@ -84,6 +84,7 @@ def elastic_setup(tmp_path_factory):
     # the last good checkpoint is the end of epoch 0
     ("c10d", {"KILL_RANK": "0", "KILL_AT": "1:1", "KILL_IN_SAVE": "1"}, 0, "1 0"),
 ])
+@pytest.mark.ddp
 def test_killed_worker_restarts_where_the_run_was(elastic_setup, rdzv, kill, workers, expected):
     data, project, reference = elastic_setup
     port = free_port()
@@ -101,6 +102,7 @@ def test_killed_worker_restarts_where_the_run_was(elastic_setup, rdzv, kill, wor
     _check_run(project / name, reference, expected)
 
 
+@pytest.mark.ddp
 def test_multi_node_loopback_recovers_a_killed_worker(elastic_setup):
     """Two launchers on one machine (one process each, c10d rendezvous); the worker of global rank 1 dies."""
     data, project, reference = elastic_setup
@@ -122,6 +124,7 @@ def test_multi_node_loopback_recovers_a_killed_worker(elastic_setup):
     _check_run(project / "nodes", reference, "0 2")
 
 
+@pytest.mark.slow
 def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tmp_path):
     """An interrupted run resumed by hand with --resume ends with the weights of an uninterrupted one: between
     epochs with 0 workers, inside an epoch with 2."""

@@ -120,6 +120,7 @@ def test_sigterm_outside_torchrun_also_saves_and_exits_143(setup):
     assert "Traceback" not in err
 
 
+@pytest.mark.ddp
 def test_ctrl_c_under_torchrun_stops_every_rank_and_resumes_exactly(setup):
     project = setup[2]
     _run([*_torchrun(free_port()), *_args(setup, "ddp-ref")])

@@ -9,11 +9,14 @@ import sys
 
 import cv2
 import numpy as np
+import pytest
 import yaml
 
 from tests.ddp_utils import free_port
 from utils.data.label_cache import FORMAT
 from utils.files import ROOT
+
+pytestmark = pytest.mark.ddp  # every test here starts a process group
 
 SYNTH = {"task": "detect", "n_train": 8, "n_val": 4, "seed": 0, "min_side": 64, "max_side": 96}
 

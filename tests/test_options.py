@@ -113,6 +113,7 @@ def test_noautoanchor_keeps_yaml_anchors_and_image_weights(bars, tmp_path):
     assert isinstance(trainer.train_loader.sampler, ImageWeightSampler) and trainer.train_loader.sampler.weights.all()
 
 
+@pytest.mark.ddp
 def test_torchrun_autoanchor_freeze_multiscale(bars, tmp_path):
     """2 ranks: identical refitted anchors right after set-up; --freeze 10 trains (no DDP unused-parameter error)
     with the frozen weights bitwise unchanged and the others changed; --multi-scale gives both ranks the same size
@@ -159,6 +160,7 @@ def test_evolve_refuses_ddp(bars, tmp_path, monkeypatch):
         train.main(train.parse_opt(_args(bars, tmp_path / "evo", "--evolve", "2")))
 
 
+@pytest.mark.ddp
 def test_image_weights_rank0_weights_and_shares(tmp_path):
     from tests.ddp_utils import spawn
     from tests.image_weights_worker import weighted_shares

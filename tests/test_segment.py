@@ -228,6 +228,7 @@ def _check_run_folder(trainer, epochs):
     assert {"metrics/mAP50(M)", "metrics/mAP50-95(M)"} <= set(trainer.state.metrics)
 
 
+@pytest.mark.slow
 def test_v8_short_run_learns_masks(v8_run):
     m = [float(r["metrics/mAP50(M)"]) for r in _results(v8_run[0])]
     # measured (1 thread, 4 dataset seeds x 2 training seeds): epoch 0 gives 0, the best epoch 0.38-0.78 and the
@@ -325,6 +326,7 @@ def _sparse_segment_dataset(root):
 
 @pytest.mark.parametrize("cfg,base_hyp", [("yolov5n-seg.yaml", "hyp.scratch-low.yaml"),
                                           ("yolov8n-seg.yaml", "hyp.v8.yaml")])
+@pytest.mark.ddp
 def test_torchrun_two_ranks_segment(tmp_path, cfg, base_hyp):
     """SyncBN as well, so that the BatchNorm statistics match too: without it DDP keeps only the parameters in step,
     and each rank's running statistics differ after its last forward pass."""

@@ -163,6 +163,7 @@ def learnable(tmp_path_factory):
     return write_yaml(root, "detect"), hyp_file
 
 
+@pytest.mark.slow
 def test_yolov8_learns_in_a_few_epochs(learnable, tmp_path):
     """128 optimizer steps at 96 px: measured mAP50 0.00 after epoch 0 and 0.115 after epoch 7."""
     data, hyp = learnable

@@ -170,6 +170,7 @@ def _torchrun(name, w):
     return p, seconds, rank_err
 
 
+@pytest.mark.ddp
 def test_every_rank_reports_and_exits_under_torchrun(world):
     words = {**{n: CASES[n][1] for n in TORCHRUN[:2]}, TORCHRUN[2]: ["--batch-size 1", "WORLD_SIZE 2"]}
     for name in TORCHRUN:  # one at a time: each is timed

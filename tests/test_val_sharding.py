@@ -130,6 +130,7 @@ def sharded(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.ddp
 def test_two_ranks_equal_one_process(sharded, case):
     root, data = sharded
     task = CASES[case][3]
@@ -171,6 +172,7 @@ def _torchrun(args, timeout=300):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
+@pytest.mark.ddp
 def test_torchrun_val_py_equals_single_process(sharded, tmp_path):
     import val
     from models.checkpoints import model_to_ckpt
@@ -198,6 +200,7 @@ def test_torchrun_val_py_equals_single_process(sharded, tmp_path):
     assert pred[0] == pred[1]
 
 
+@pytest.mark.ddp
 def test_two_rank_training_writes_val_losses_of_one_process(tmp_path):
     """results.csv of a 2-rank run holds the validation losses and metrics that one process computes for the same
     EMA weights (to the 6 digits the file keeps)."""

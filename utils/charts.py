@@ -23,7 +23,7 @@ def _rgb(i):
 
 
 def _figure(**kwargs):
-    # deferred: importing matplotlib costs about 0.6 s of every script's start-up, and runs with --noplots, the
+    # deferred: importing matplotlib is a noticeable part of every script's start-up, and runs with --noplots, the
     # predict scripts and a user error never draw a chart
     from matplotlib.figure import Figure
 
@@ -106,7 +106,8 @@ def plot_labels(cls, boxes, names, path):
         from matplotlib.collections import LineCollection  # deferred with Figure (_figure)
 
         ax = fig.add_subplot(2, 2, 4)
-        # one collection of closed outlines: as 1000 Rectangle patches, labels.jpg took 0.7 s on a 2-core CPU, now 0.27
+        # one collection of closed outlines: drawing 1000 Rectangle patches costs matplotlib more than the rest of
+        # labels.jpg
         w, h = boxes[:1000, 2], boxes[:1000, 3]
         x0, x1, y0, y1 = 0.5 - w / 2, 0.5 + w / 2, 0.5 - h / 2, 0.5 + h / 2
         outlines = np.stack([np.stack(p, -1) for p in ((x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0))], 1)
@@ -225,7 +226,7 @@ def _tensorboard(log_dir):
 
 def _add_image_file(writer, path):
     """A PNG or JPEG file to TensorBoard as it is encoded (TensorBoard shows either). `add_image` would decode it and
-    encode it again as PNG: 3 of the 8 seconds of plotting in a 3-epoch yolov5n run on a 2-core CPU (--profile)."""
+    encode it again as PNG, which costs more than drawing the picture did."""
     from PIL import Image
     from tensorboard.compat.proto.summary_pb2 import Summary  # installed with tensorboard, which is optional
 

@@ -75,18 +75,11 @@ def seed_worker(worker_id):
 
 def default_workers(device):
     """--workers when not given. On a GPU: this rank's share of the cores less one for the training loop, at most
-    GPU_WORKERS. In the one H200 run so far (docs/performance.md), 15 workers on 16 cores went with a training loop
-    at a third of Ultralytics' images/s with its 8: the training process, which launches the GPU's kernels, then
-    competes with the workers for the cores. On a CPU: WORKERS, but none where every
-    core already runs one of torch's intra-op threads (threads x processes on this machine >= cores): there a
-    worker process does not add a core, it takes its time from the model step, which then runs slower by more than
-    the loading it moves away.
-
-    Measured on a 2-core CPU, torch at 2 threads (`train.py --data shapes-det.yaml --img 320 --epochs 3 --batch-size
-    16 --device cpu --profile`, 256 images, 3 alternating runs each): yolov8n 73.0 / 67.2 / 57.6 s with 0 workers,
-    74.7 / 78.7 / 65.7 s with 2; yolov5n 58.3 / 55.3 / 47.0 s against 65.0 / 58.5 / 44.0 s. With 2 workers the
-    data wait fell by 1-3 s and forward+backward rose by 0-9 s; losses and metrics are the same either way.
-    """
+    GPU_WORKERS: the training process launches the GPU's kernels, and workers on every core starve it. On a CPU:
+    WORKERS, but none where every core already runs one of torch's intra-op threads (threads x processes on this
+    machine >= cores): there a worker process does not add a core, it takes its time from the model step, which then
+    runs slower by more than the loading it moves away. The measurements behind both rules are in
+    docs/performance.md ("Dataloader workers", "One GPU")."""
     cores = os.cpu_count() or 1
     if device.type == "cuda":
         return min(GPU_WORKERS, max(1, cores // get_local_world_size() - 1))
