@@ -26,11 +26,11 @@ def banner(devices, device, amp, workers, save_dir):
             f"{' each' if n > 1 else ''}; run folder {save_dir}")
 
 
-def position(epoch, batch, epochs, nb):
+def position(epoch, batch, epochs, batches_per_epoch):
     """Where a run is, numbered as the progress bar and results.csv number epochs (from 1): `epoch` is the 0-based
     index of the epoch under way, `batch` the batches of it done (0: none, the previous epoch is complete)."""
     if batch:
-        return f"at epoch {epoch + 1}/{epochs} batch {batch}/{nb}"
+        return f"at epoch {epoch + 1}/{epochs} batch {batch}/{batches_per_epoch}"
     return f"after epoch {epoch}/{epochs}" if epoch else f"at the start of epoch 1/{epochs}"
 
 

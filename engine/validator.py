@@ -175,10 +175,10 @@ class BaseValidator:
         with du.torch_distributed_zero_first(du.get_local_rank()):  # one rank per machine writes the label cache
             dataset = self.build_dataset(path, stride)
         sampler = ShardedBatchSampler(len(dataset), self.args.batch, du.get_rank(), du.get_world_size())
-        nw = min((os.cpu_count() or 1) // du.get_local_world_size(), self.args.batch if self.args.batch > 1 else 0,
-                 self.args.workers)
-        self.dataloader = DataLoader(dataset, batch_sampler=sampler, num_workers=nw, worker_init_fn=seed_worker,
-                                     collate_fn=getattr(dataset, "collate_fn", None), persistent_workers=nw > 0,
+        cores = (os.cpu_count() or 1) // du.get_local_world_size()
+        n_workers = min(cores, self.args.batch if self.args.batch > 1 else 0, self.args.workers)
+        self.dataloader = DataLoader(dataset, batch_sampler=sampler, num_workers=n_workers, worker_init_fn=seed_worker,
+                                     collate_fn=getattr(dataset, "collate_fn", None), persistent_workers=n_workers > 0,
                                      pin_memory=torch.cuda.is_available())
         return self.dataloader
 

@@ -120,7 +120,7 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
     if getattr(dataset, "rect", False) and shuffle:
         shuffle = False  # rect batches are built from aspect-ratio-sorted neighbours; shuffling would break them
     # a share of this machine's cores: the ranks on other machines have their own
-    nw = min((os.cpu_count() or 1) // get_local_world_size(), batch_size if batch_size > 1 else 0, workers)
+    n_workers = min((os.cpu_count() or 1) // get_local_world_size(), batch_size if batch_size > 1 else 0, workers)
     if sampler is None and (train or world_size > 1):  # a given sampler (--image-weights) splits the shares itself
         sampler = SmartDistributedSampler(dataset, max(world_size, 1), max(rank, 0), shuffle, seed)
     per_rank = len(sampler) if sampler is not None else len(dataset)
@@ -129,10 +129,10 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
         batch_size=batch_size,
         drop_last=drop_single and per_rank > batch_size and per_rank % batch_size == 1,
         sampler=sampler,
-        num_workers=nw,
+        num_workers=n_workers,
         pin_memory=torch.cuda.is_available(),
         collate_fn=getattr(dataset, "collate_fn", None),
         worker_init_fn=seed_worker,
-        persistent_workers=nw > 0 and not train,
+        persistent_workers=n_workers > 0 and not train,
         generator=torch.Generator().manual_seed(worker_base_seed(seed, 0, rank)),
     )
