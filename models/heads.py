@@ -1,4 +1,5 @@
-"""Output heads: anchor-based (YOLOv5, YOLOv7), anchor-free DFL (YOLOv8), their segmentation variants, classification.
+"""Output heads: anchor-based (YOLOv5, YOLOv7), anchor-free DFL (YOLOv8), their segmentation variants, the YOLOv8 pose
+head, classification.
 
 Output layouts are the official ones (docs/design.md, "Model outputs"); each detection head declares its eval output
 as `output_layout` (a `utils.ops.OutputLayout`), which NMS, validators and predictors read instead of guessing. Each
@@ -224,6 +225,55 @@ class AnchorFreeSegment(AnchorFreeDetect):
     def output_layout(self):
         """Eval output `(cat(y, mc), (x, mc, proto))`: y (B, 4 + nc + nm, anchors)."""
         return OutputLayout(self.nc, self.nm, objectness=False, channels_last=False, proto=(1, 2))
+
+
+def check_kpt_shape(kpt_shape):
+    """(K, ndim) as a tuple of ints, or ValueError: K >= 1 keypoints of 2 (x, y) or 3 (x, y, visibility) values."""
+    ok = isinstance(kpt_shape, (list, tuple)) and len(kpt_shape) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in kpt_shape)
+    if not ok or kpt_shape[0] < 1 or kpt_shape[1] not in (2, 3):
+        raise ValueError(f"kpt_shape must be [K, 2] or [K, 3] with K >= 1 keypoints, got {kpt_shape!r:.60}")
+    return tuple(kpt_shape)
+
+
+class Pose(AnchorFreeDetect):
+    """YOLOv8 pose head: AnchorFreeDetect + a keypoint branch cv4 of K x ndim values per anchor.
+
+    A keypoint's raw (dx, dy) is decoded as (2 d + cell index) x stride, in input pixels, so one anchor reaches about
+    its own cell's neighbourhood scaled by the box level; a third value is the visibility logit, a sigmoid in eval."""
+
+    default_loss = "v8pose"
+
+    def __init__(self, nc=80, kpt_shape=(17, 3), ch=()):
+        super().__init__(nc, ch)
+        self.kpt_shape = check_kpt_shape(kpt_shape)
+        self.nk = self.kpt_shape[0] * self.kpt_shape[1]
+        c4 = max(ch[0] // 4, self.nk)
+        self.cv4 = nn.ModuleList(nn.Sequential(Conv(x, c4, 3), Conv(c4, c4, 3), nn.Conv2d(c4, self.nk, 1)) for x in ch)
+
+    def forward(self, x):
+        bs = x[0].shape[0]
+        kpt = torch.cat([self.cv4[i](x[i]).view(bs, self.nk, -1) for i in range(self.nl)], 2)
+        out = super().forward(x)
+        if self.training:
+            return out, kpt
+        with no_autocast(kpt):
+            decoded = self.decode_keypoints(head_precision(kpt, out[0]), out[1])
+        return torch.cat((out[0], decoded), 1), (out[1], kpt)
+
+    def decode_keypoints(self, kpt, feats):
+        """Raw (B, nk, A) -> (B, nk, A): x, y in input pixels, visibility as a probability (ndim 3)."""
+        bs, (k, ndim) = kpt.shape[0], self.kpt_shape
+        anchors, strides = (t.transpose(0, 1) for t in make_anchors(feats, self.stride, 0.5))
+        y = kpt.view(bs, k, ndim, -1)
+        xy = (y[:, :, :2] * 2.0 + (anchors - 0.5)) * strides
+        parts = (xy, y[:, :, 2:].sigmoid()) if ndim == 3 else (xy,)
+        return torch.cat(parts, 2).view(bs, self.nk, -1)
+
+    @property
+    def output_layout(self):
+        """Eval output `(cat(y, kpts), (x, kpt))`: y (B, 4 + nc, anchors), then nk keypoint values per anchor."""
+        return OutputLayout(self.nc, objectness=False, channels_last=False, kpt_shape=self.kpt_shape)
 
 
 class Classify(nn.Module):

@@ -35,6 +35,7 @@ from models.heads import (
     Classify,
     Detect,
     IDetect,
+    Pose,
     Segment,
 )
 from utils.errors import BadModelYaml
@@ -60,6 +61,7 @@ REGISTRY = {
     "IDetect": IDetect,
     "AnchorFreeDetect": AnchorFreeDetect,
     "AnchorFreeSegment": AnchorFreeSegment,
+    "Pose": Pose,
 }
 # Official v5 and v8 YAMLs both say Detect/Segment: the YAML's `anchors` key decides which head that is.
 AMBIGUOUS_HEADS = {"Detect": (Detect, AnchorFreeDetect), "Segment": (Segment, AnchorFreeSegment)}
@@ -167,10 +169,10 @@ def _parse_activation(text):
 
 
 def _resolve_arg(a, d, section, index):
-    """YAML argument -> value: 'nc'/'anchors' from the dict, 'None' -> None, activation calls -> modules."""
+    """YAML argument -> value: 'nc'/'anchors'/'kpt_shape' from the dict, 'None' -> None, activation calls -> modules."""
     if not isinstance(a, str):
         return a
-    if a in ("nc", "anchors"):
+    if a in ("nc", "anchors", "kpt_shape"):
         return d[a]
     if a == "None":
         return None
@@ -425,6 +427,20 @@ class SegmentationModel(DetectionModel):
 
     def __init__(self, cfg="yolov5n-seg.yaml", ch=3, nc=None, anchors=None, verbose=False):
         super().__init__(cfg, ch, nc, anchors, verbose)
+
+
+class PoseModel(DetectionModel):
+    """YOLOv8 pose: a DetectionModel whose YAML ends in a Pose head; `kpt_shape` (K, 2 or 3) as the dataset YAML
+    gives it replaces the model YAML's."""
+
+    def __init__(self, cfg="yolov8n-pose.yaml", ch=3, nc=None, anchors=None, verbose=False, kpt_shape=None):
+        if kpt_shape is not None:
+            cfg = {**yaml_model_load(cfg), "kpt_shape": list(kpt_shape)}
+        super().__init__(cfg, ch, nc, anchors, verbose)
+
+    @property
+    def kpt_shape(self):
+        return self.model[-1].kpt_shape
 
 
 class ClassificationModel(BaseModel):

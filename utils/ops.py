@@ -232,10 +232,11 @@ class OutputLayout:
     """What a detection head's decoded eval output holds; each head declares it (`head.output_layout`).
 
     Every anchor's row is, in order: the box as xywh input pixels, an objectness column if `objectness`, `nc` class
-    scores, `nm` mask coefficients. `channels_last`: rows are (B, anchors, C) (v5/v7) rather than (B, C, anchors)
-    (v8). The eval output is either the prediction tensor alone or a tuple starting with it; `proto` is the index
-    path of the mask prototypes in that tuple (empty when the head has none). `train` holds the index paths of what
-    the head returns in train mode, which its criterion takes: one path, or one per item of a tuple.
+    scores, `nm` mask coefficients, then `kpt_shape` = (K, ndim) keypoints as K x ndim values (x, y in input pixels,
+    and a visibility probability when ndim is 3). `channels_last`: rows are (B, anchors, C) (v5/v7) rather than
+    (B, C, anchors) (v8). The eval output is either the prediction tensor alone or a tuple starting with it; `proto` is
+    the index path of the mask prototypes in that tuple (empty when the head has none). `train` holds the index paths
+    of what the head returns in train mode, which its criterion takes: one path, or one per item of a tuple.
     """
 
     nc: int
@@ -244,11 +245,13 @@ class OutputLayout:
     channels_last: bool = True
     proto: tuple = ()
     train: tuple = ((1,),)
+    kpt_shape: tuple = ()
 
     def __post_init__(self):
         # lists after a JSON round trip (export metadata)
         object.__setattr__(self, "proto", tuple(self.proto))
         object.__setattr__(self, "train", tuple(tuple(path) for path in self.train))
+        object.__setattr__(self, "kpt_shape", tuple(self.kpt_shape))
 
     @property
     def cls(self):
@@ -260,6 +263,26 @@ class OutputLayout:
     def mask(self):
         """Slice of the mask-coefficient columns."""
         return slice(self.cls.stop, self.cls.stop + self.nm)
+
+    @property
+    def nk(self):
+        """Keypoint values per row (K x ndim), 0 without keypoints."""
+        return math.prod(self.kpt_shape) if self.kpt_shape else 0
+
+    @property
+    def kpts(self):
+        """Slice of the keypoint columns."""
+        return slice(self.mask.stop, self.mask.stop + self.nk)
+
+    @property
+    def width(self):
+        """Columns of a prediction row."""
+        return self.kpts.stop
+
+    def det_keypoints(self, det):
+        """Keypoints (n, K, ndim) of NMS output rows (n, 6 + nm + nk)."""
+        start = 6 + self.nm
+        return det[:, start : start + self.nk].reshape(len(det), *self.kpt_shape)
 
     def rows(self, prediction):
         """The prediction tensor as (B, anchors, C) rows."""
@@ -298,20 +321,22 @@ def non_max_suppression(
     max_wh=7680,
     time_limit=None,
 ):
-    """NMS for every head: returns per image a tensor (n, 6 + nm) = xyxy, conf, cls, mask coefficients.
+    """NMS for every head: returns per image a tensor (n, 6 + nm + nk) = xyxy, conf, cls, mask coefficients,
+    keypoints (the layout's columns after the class scores, carried as they are).
 
     `prediction` is a head's eval output (or its prediction tensor) and `layout` the head's `OutputLayout`. The
     confidence is the class score, times the objectness where the head has one. Boxes are offset by class (max_wh)
     so one batched NMS call is class-aware.
     """
     prediction = layout.rows(layout.split(prediction)[0])
-    bs, nc, nm = prediction.shape[0], layout.nc, layout.nm
-    if prediction.shape[-1] != layout.mask.stop:
+    bs, nc, extra = prediction.shape[0], layout.nc, slice(layout.cls.stop, layout.width)
+    if prediction.shape[-1] != layout.width:
         raise ValueError(f"prediction rows have {prediction.shape[-1]} columns, the layout {layout} says "
-                         f"{layout.mask.stop}")
+                         f"{layout.width}")
     multi_label &= nc > 1
     t0 = time.time()
-    output = [torch.zeros((0, 6 + nm), device=prediction.device, dtype=prediction.dtype) for _ in range(bs)]
+    width = 6 + layout.width - layout.cls.stop
+    output = [torch.zeros((0, width), device=prediction.device, dtype=prediction.dtype) for _ in range(bs)]
     for xi, x in enumerate(prediction):
         if layout.objectness:
             x = x[x[:, 4] > conf_thres]
@@ -319,7 +344,7 @@ def non_max_suppression(
             continue
         scores = x[:, layout.cls] * x[:, 4:5] if layout.objectness else x[:, layout.cls]
         box = xywh2xyxy(x[:, :4])
-        mask = x[:, layout.mask]
+        mask = x[:, extra]  # mask coefficients and keypoints
         if multi_label:
             i, j = (scores > conf_thres).nonzero(as_tuple=False).T
             x = torch.cat((box[i], scores[i, j, None], j[:, None].float(), mask[i]), 1)

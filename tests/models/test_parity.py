@@ -1,15 +1,17 @@
 """Parity with the official implementations: state_dict layouts and eval outputs on fixed inputs.
 
-Fixtures: /work/shared/reference/parity (see its README). Weights are fp16-exact, so loading is exact.
+Fixtures: /work/shared/reference/parity (see its README) and, for pose, tests/models/fixtures (its builder script says
+how it was made). Weights are fp16-exact, so loading is exact.
 """
+
+from pathlib import Path
 
 import pytest
 import torch
-from models_testutil import PARITY, float_state, key_shapes, model_key_shapes
+from models_testutil import PARITY, assert_close_per_channel, float_state, key_shapes, model_key_shapes
+from parity_weights import fingerprint, seeded_state
 
-from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
-
-pytestmark = pytest.mark.skipif(not PARITY.is_dir(), reason=f"parity fixtures not found at {PARITY}")
+from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 
 CASES = {
     "yolov5n_nc80": (DetectionModel, "yolov5n.yaml"),
@@ -33,6 +35,7 @@ def inputs():
     return torch.load(PARITY / "inputs.pt")
 
 
+@pytest.mark.skipif(not PARITY.is_dir(), reason=f"parity fixtures not found at {PARITY}")
 @pytest.mark.parametrize("name", list(CASES))
 def test_parity(name, inputs):
     cls, cfg = CASES[name]
@@ -49,3 +52,22 @@ def test_parity(name, inputs):
             scale = expected.abs().max()
             torch.testing.assert_close(got[k] / scale, expected / scale, atol=1e-4, rtol=0, msg=f"{name} {key} {k}")
 
+
+
+POSE_FIXTURES = Path(__file__).resolve().parent / "fixtures"
+POSE = "yolov8n-pose_nc80"
+
+
+@pytest.mark.skipif(not (PARITY / "inputs.pt").is_file(), reason=f"parity inputs not found at {PARITY}")
+def test_pose_parity(inputs):
+    """Ultralytics' yolov8n-pose (fixtures/make_pose_parity.py): the same keys, and the same decoded boxes, class scores
+    and keypoints (x, y in pixels, visibility) within 1e-4 of each channel's largest value."""
+    model = PoseModel("yolov8n-pose.yaml", nc=80).eval()
+    assert model_key_shapes(model) == key_shapes(POSE_FIXTURES / f"{POSE}.keys.txt")
+    ref = torch.load(POSE_FIXTURES / f"{POSE}.out.pt", weights_only=True)
+    state = seeded_state(model.state_dict())
+    assert fingerprint(state) == ref["fingerprint"]  # the same weights as the official model ran with
+    model.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        y = model(inputs["x256x320"])[0]
+    assert_close_per_channel(y, ref["x256x320"]["raw"]["y"])
