@@ -1,4 +1,5 @@
-"""Evaluation metrics: prediction-to-label matching, AP per class, mAP containers, confusion matrix, top-k accuracy.
+"""Evaluation metrics: prediction-to-label matching (boxes, masks, keypoints by OKS), AP per class, mAP containers,
+confusion matrix, top-k accuracy.
 
 The AP follows the YOLOv5/v8 convention (see yolo_facts.md section 5): recall sentinels 0 and 1.0, a precision
 envelope, 101-point linear interpolation integrated with the trapezoid rule. It reads slightly above pycocotools
@@ -102,6 +103,37 @@ def instance_masks(overlap_mask, n):
     """Overlap-mode mask (h, w), value k marking the k-th instance (1-based) -> bool (n, h, w)."""
     ids = torch.arange(1, n + 1, device=overlap_mask.device).view(n, 1, 1)
     return overlap_mask[None] == ids
+
+
+# COCO's per-keypoint OKS sigmas of its 17 person keypoints (nose, eyes, ears, shoulders, elbows, wrists, hips, knees,
+# ankles): how far, relative to the object's scale, annotators placed each keypoint apart
+COCO_KPT_SIGMAS = np.array([0.26, 0.25, 0.25, 0.35, 0.35, 0.79, 0.79, 0.72, 0.72, 0.62, 0.62, 1.07, 1.07, 0.87, 0.87,
+                            0.89, 0.89]) / 10.0
+OKS_AREA_SCALE = 0.53  # a box's area times this stands in for the object's segmented area (Ultralytics, COCO persons)
+
+
+def keypoint_sigmas(k):
+    """OKS sigmas of k keypoints: COCO's for 17 (person keypoints), else uniform 1 / k, as Ultralytics."""
+    return COCO_KPT_SIGMAS.copy() if k == 17 else np.full(k, 1.0 / k)
+
+
+def keypoint_oks(gt, pred, area, sigmas, eps=1e-7):
+    """Pairwise OKS (n_gt, n_pred): gt (n, K, 3) with visibility, pred (m, K, >= 2), area (n,) per label, all in one
+    pixel space. The mean of exp(-d^2 / (2 area (2 sigma)^2)) over the label's visible keypoints, as COCO's computeOks
+    (a label without visible keypoints matches nothing)."""
+    d = (gt[:, None, :, 0] - pred[None, :, :, 0]).pow(2) + (gt[:, None, :, 1] - pred[None, :, :, 1]).pow(2)
+    sigmas = torch.as_tensor(sigmas, device=gt.device, dtype=gt.dtype)
+    e = d / ((2 * sigmas).pow(2) * (area[:, None, None] + eps) * 2)
+    visible = (gt[..., 2] > 0).to(gt.dtype)
+    return ((-e).exp() * visible[:, None]).sum(-1) / (visible.sum(-1)[:, None] + eps)
+
+
+def process_keypoint_batch(detections, labels, pred_kpts, gt_kpts, sigmas, iouv):
+    """Keypoint matching for one image by OKS: detections (n, 6) xyxy conf cls, labels (m, 5) cls xyxy, keypoints in
+    the same pixel space; each label's area is its box's times OKS_AREA_SCALE. Returns bool (n, len(iouv))."""
+    area = (labels[:, 3] - labels[:, 1]) * (labels[:, 4] - labels[:, 2]) * OKS_AREA_SCALE
+    oks = keypoint_oks(gt_kpts, pred_kpts, area, sigmas)
+    return match_predictions(detections[:, 5], labels[:, 0], oks, iouv)
 
 
 def _pr_envelope(recall, precision):
@@ -264,38 +296,55 @@ class DetMetrics:
 class SegmentMetrics:
     """Box and mask metrics of a segmentation validation run; fitness is the sum of both."""
 
+    second, suffix = "seg", "M"  # the attribute holding the second Metric and its results.csv suffix
+
     def __init__(self, names=None):
         self.names = names or {}
-        self.box, self.seg = Metric(), Metric()
+        self.box = Metric()
+        setattr(self, self.second, Metric())
+
+    @property
+    def other(self):
+        return getattr(self, self.second)
 
     def process(self, tp_box, tp_mask, conf, pred_cls, target_cls):
         self.box.update(*ap_per_class(tp_box, conf, pred_cls, target_cls, curves=True))
-        self.seg.update(*ap_per_class(tp_mask, conf, pred_cls, target_cls, curves=True))
+        self.other.update(*ap_per_class(tp_mask, conf, pred_cls, target_cls, curves=True))
 
     @property
     def keys(self):
-        return _metric_keys("B") + _metric_keys("M")
+        return _metric_keys("B") + _metric_keys(self.suffix)
 
     def mean_results(self):
-        return self.box.mean_results() + self.seg.mean_results()
+        return self.box.mean_results() + self.other.mean_results()
 
     def class_result(self, i):
-        return self.box.class_result(i) + self.seg.class_result(i)
+        return self.box.class_result(i) + self.other.class_result(i)
 
     @property
     def ap_class_index(self):
         return self.box.ap_class_index
 
     def maps(self, nc):
-        return self.box.maps(nc) + self.seg.maps(nc)
+        return self.box.maps(nc) + self.other.maps(nc)
 
     @property
     def fitness(self):
-        return self.box.fitness() + self.seg.fitness()
+        return self.box.fitness() + self.other.fitness()
 
     @property
     def results_dict(self):
         return dict(zip(self.keys + ["fitness"], self.mean_results() + [self.fitness]))
+
+
+class PoseMetrics(SegmentMetrics):
+    """Box and keypoint (OKS) metrics of a pose validation run (`pose`, columns `(P)`); fitness is the sum of both, as
+    official."""
+
+    second, suffix = "pose", "P"
+
+    def process(self, tp_box, tp_pose, conf, pred_cls, target_cls):
+        super().process(tp_box, tp_pose, conf, pred_cls, target_cls)
 
 
 class ClassifyMetrics:

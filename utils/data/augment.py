@@ -1,5 +1,6 @@
-"""Image + label augmentations for detection and segmentation: letterbox, random perspective, HSV, flips, mixup,
-and the polygon -> mask rasterisation. Labels travel as `Instances` in pixel coordinates of the image they go with.
+"""Image + label augmentations for detection, segmentation and pose: letterbox, random perspective, HSV, flips, mixup,
+and the polygon -> mask rasterisation. Labels travel as `Instances` in pixel coordinates of the image they go with;
+a keypoint that a transform moves outside the image keeps its place but becomes not visible (visibility 0).
 
 Every random draw comes from an explicit numpy Generator (`SampleRNG`: one per sample, from seed, epoch and index).
 """
@@ -50,11 +51,13 @@ class SampleRNG:
 
 @dataclass
 class Instances:
-    """Labels of one image: cls (n,), boxes (n, 4) xyxy pixels, segments: n polygons (k, 2) pixels or None."""
+    """Labels of one image: cls (n,), boxes (n, 4) xyxy pixels, segments: n polygons (k, 2) pixels or None,
+    keypoints: (n, K, 3) x, y pixels and visibility (0: not labelled or not visible), or None."""
 
     cls: np.ndarray
     boxes: np.ndarray
     segments: list = None
+    keypoints: np.ndarray = None
 
     def __len__(self):
         return len(self.cls)
@@ -63,26 +66,40 @@ class Instances:
         keep = np.asarray(keep)
         idx = np.flatnonzero(keep) if keep.dtype == bool else keep
         segs = None if self.segments is None else [self.segments[i] for i in idx]
-        return Instances(self.cls[idx], self.boxes[idx], segs)
+        kpts = None if self.keypoints is None else self.keypoints[idx]
+        return Instances(self.cls[idx], self.boxes[idx], segs, kpts)
 
     @staticmethod
     def concat(parts):
         segs = None if any(p.segments is None for p in parts) else [s for p in parts for s in p.segments]
+        kpts = None if not parts or any(p.keypoints is None for p in parts) else \
+            np.concatenate([p.keypoints for p in parts])
         cls = np.concatenate([p.cls for p in parts]) if parts else np.zeros(0, np.float32)
         boxes = np.concatenate([p.boxes for p in parts]) if parts else np.zeros((0, 4), np.float32)
-        return Instances(cls, boxes, segs)
+        return Instances(cls, boxes, segs, kpts)
 
-    def flip(self, width=None, height=None):
-        """Mirror left-right (width given) or up-down (height given), in place."""
+    def flip(self, width=None, height=None, flip_idx=None):
+        """Mirror left-right (width given) or up-down (height given), in place. A left-right mirror also renames the
+        keypoints by `flip_idx` (a left eye becomes the right one), which the dataset gives."""
         ax, size = (0, width) if width is not None else (1, height)
         self.boxes[:, [ax, ax + 2]] = size - self.boxes[:, [ax + 2, ax]]
         if self.segments is not None:
             for s in self.segments:
                 s[:, ax] = size - s[:, ax]
+        if self.keypoints is not None:
+            self.keypoints[..., ax] = size - self.keypoints[..., ax]
+            if width is not None and flip_idx is not None:
+                self.keypoints = np.ascontiguousarray(self.keypoints[:, list(flip_idx)])
 
     def clip(self, width, height):
+        """Boxes clipped to the image; keypoints outside it become not visible and are clipped too."""
         self.boxes[:, [0, 2]] = self.boxes[:, [0, 2]].clip(0, width)
         self.boxes[:, [1, 3]] = self.boxes[:, [1, 3]].clip(0, height)
+        if self.keypoints is not None:
+            x, y = self.keypoints[..., 0], self.keypoints[..., 1]
+            self.keypoints[..., 2][(x < 0) | (x > width) | (y < 0) | (y > height)] = 0
+            np.clip(x, 0, width, out=x)
+            np.clip(y, 0, height, out=y)
 
 
 def letterbox(im, new_shape=(640, 640), color=(PAD_VALUE,) * 3, auto=True, scaleup=True, stride=32):
@@ -143,7 +160,8 @@ def random_perspective(img, inst, degrees=0.0, translate=0.1, scale=0.5, shear=0
     """Warp the image and its labels by a random homography; output size = input size + 2 * border (h, w).
 
     Polygons (when present) are resampled to 1000 points and warped, and each box is re-derived from its
-    warped polygon, which fits far better than warping box corners. Boxes that end up too small are dropped.
+    warped polygon, which fits far better than warping box corners. Keypoints (when present) are warped, and those
+    that land outside the output become not visible. Boxes that end up too small are dropped.
     """
     rng = rng or np.random.default_rng()
     out_shape = (img.shape[0] + 2 * border[0], img.shape[1] + 2 * border[1])
@@ -166,7 +184,11 @@ def random_perspective(img, inst, degrees=0.0, translate=0.1, scale=0.5, shear=0
         xy = _transform_points(corners, M, perspective).reshape(-1, 4, 2)
         boxes = np.concatenate([xy.min(1), xy.max(1)], 1).astype(np.float32)
         segments = None
-    out = Instances(inst.cls.copy(), boxes, segments)
+    keypoints = None
+    if inst.keypoints is not None:
+        xy = _transform_points(inst.keypoints[..., :2].reshape(-1, 2), M, perspective).reshape(len(inst), -1, 2)
+        keypoints = np.concatenate([xy, inst.keypoints[..., 2:]], -1).astype(np.float32)
+    out = Instances(inst.cls.copy(), boxes, segments, keypoints)
     out.clip(w, h)
     keep = box_candidates(inst.boxes * s, out.boxes, area_thr=0.01 if segments is not None else 0.10)
     return img, out.select(keep)

@@ -4,6 +4,7 @@ Detection/segmentation YAML keys (official format): `path` (dataset root; relati
 current directory, then from the repo root), `train`, `val`, optional `test` (folders, list .txt files or globs,
 or lists of them, relative to `path`), `names` (list or {id: name}), optional `nc`, and optionally one of
 `synthetic: {task, n_train, n_val, seed, ...}` (utils.data.synthetic.generate_dataset arguments) or `download:`.
+Pose YAMLs add `kpt_shape`, `flip_idx` and `skeleton` (`check_pose_dataset`).
 
 `download:` is data, never code: an http(s) archive URL or a list of them (fetched and unpacked beside the dataset
 root, i.e. into its parent, each file landing inside the root), and a list may also hold `{urls: <URL or list>,
@@ -342,3 +343,49 @@ def check_cls_dataset(data, autodownload=True):
         _check_split_classes(names, split, train)
     return {"path": str(root), "train": str(train), "val": str(val), "test": str(test) if test.is_dir() else None,
             "names": names, "nc": len(names), "yaml_file": str(yaml_file) if yaml_file else None}
+
+
+def _int_list(v):
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+
+def _kpt_shape(d, label):
+    shape = d.get("kpt_shape")
+    if not _int_list(shape) or len(shape) != 2 or shape[0] < 1 or shape[1] not in (2, 3):
+        raise DatasetError(f"{label}: 'kpt_shape' must be [K, 2] or [K, 3] (K >= 1 keypoints of x y, or x y "
+                           f"visibility), got {shape!r:.60}")
+    return shape
+
+
+def _flip_idx(d, label, k):
+    flip = d.get("flip_idx")
+    if flip is None:
+        LOGGER.warning(f"WARNING: {label}: no 'flip_idx': left-right flips keep each keypoint's index, which is wrong "
+                       "for left/right pairs (give flip_idx, or set fliplr: 0 in the hyp file)")
+        return None
+    if not _int_list(flip) or sorted(flip) != list(range(k)):
+        raise DatasetError(f"{label}: 'flip_idx' must list each keypoint index 0..{k - 1} once (the index each keypoint "
+                           f"takes after a left-right flip), got {flip!r:.80}")
+    return flip
+
+
+def _skeleton(d, label, k):
+    skeleton = d.get("skeleton")
+    if skeleton is None:
+        return None
+    ok = isinstance(skeleton, list) and all(_int_list(e) and len(e) == 2 and all(0 <= i < k for i in e)
+                                            for e in skeleton)
+    if not ok:
+        raise DatasetError(f"{label}: 'skeleton' must be a list of [i, j] keypoint index pairs in 0..{k - 1}, got "
+                           f"{skeleton!r:.80}")
+    return skeleton
+
+
+def check_pose_dataset(data, autodownload=True):
+    """A detection dataset dict (`check_det_dataset`) whose YAML also gives `kpt_shape: [K, 2 or 3]` and optionally
+    `flip_idx` (a permutation of 0..K-1) and `skeleton` ([i, j] pairs, 0-based, drawn by predict); every mistake is
+    one DatasetError naming the file and the key."""
+    d = check_det_dataset(data, autodownload)
+    label = d.get("yaml_file") or "dataset dict"
+    shape = _kpt_shape(d, label)
+    return {**d, "kpt_shape": shape, "flip_idx": _flip_idx(d, label, shape[0]), "skeleton": _skeleton(d, label, shape[0])}

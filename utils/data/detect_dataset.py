@@ -1,6 +1,6 @@
-"""YOLO-format detection / instance-segmentation dataset: verified labels (cached), image caching, mosaic,
-copy-paste, random perspective, mixup, HSV, flips, letterbox/rect shapes, polygon masks, and the batch collate of
-docs/design.md."""
+"""YOLO-format detection / instance-segmentation / pose dataset: verified labels (cached), image caching, mosaic,
+copy-paste, random perspective, mixup, HSV, flips, letterbox/rect shapes, polygon masks, keypoints, and the batch
+collate of docs/design.md."""
 
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +44,8 @@ class YOLODataset(Dataset):
     normalised xywh, path, shape, and what the label format adds, e.g. masks); `collate_fn` makes the batch of
     docs/design.md.
 
-    task: the label format (utils/data/label_formats.py) or its name, 'detect' or 'segment'.
+    task: the label format (utils/data/label_formats.py) or its name, 'detect' or 'segment' (pose needs its
+    `PoseLabels(kpt_shape, flip_idx)`).
     img_path: folder(s), glob(s) or list .txt file(s) of images; labels follow the /images/ -> /labels/ rule.
     cache: 'ram' (resized images in memory) or 'disk' (.npy beside each image), for `cache_indices` only when
     given, else for this rank's share `rank_indices(n, world_size, rank, seed)` when world_size > 1, else all.
@@ -177,7 +178,10 @@ class YOLODataset(Dataset):
         lb = self.labels[i]
         boxes = xywhn2xyxy(lb["bboxes"], w, h, padw, padh)
         segs = None if lb["segments"] is None else [xyn2xy(s, w, h, padw, padh) for s in lb["segments"]]
-        return Instances(lb["cls"][:, 0].copy(), boxes, segs)
+        kpts = lb.get("keypoints")
+        if kpts is not None:
+            kpts = np.concatenate([xyn2xy(kpts[..., :2], w, h, padw, padh), kpts[..., 2:]], -1)
+        return Instances(lb["cls"][:, 0].copy(), boxes, segs, kpts)
 
     def load_mosaic(self, index, rng):
         """Four images around a random centre of a 2s x 2s canvas, then warped and cropped back to s x s."""
@@ -246,7 +250,7 @@ class YOLODataset(Dataset):
                 inst.flip(height=h)
             if rng.random() < hyp["fliplr"]:
                 img = np.fliplr(img)
-                inst.flip(width=w)
+                inst.flip(width=w, flip_idx=self.format.flip_idx)
         sample = {"path": self.im_files[index], "shape": shapes}
         inst = self.format.add_to_sample(sample, inst, (h, w))
         sample["cls"] = torch.from_numpy(inst.cls.reshape(-1, 1).astype(np.float32))

@@ -2,10 +2,11 @@
 batch carry besides class and box.
 
 A task gives the dataset its format (`YOLODataset(..., task=SegmentLabels(overlap=False))`, or a name in
-FORMATS), and the dataset and the label checker never test which task they serve. A new task is one new class:
-a pose format would read `cx cy w h` plus k keypoints in `parse` (returning the keypoints as the line's extra,
-stored under its `extra_key`), and add them to the sample in `add_to_sample`; its keypoints must then also
-travel through the augmentations in utils/data/augment.py, as polygons do.
+FORMATS), and the dataset and the label checker never test which task they serve. A new task is one new class, as
+`PoseLabels`: it reads `cx cy w h` plus K keypoints in `parse` (returning the keypoints as the line's extra, stored
+under its `extra_key`), adds them to the sample in `add_to_sample` and to the batch in `collate`; its keypoints travel
+through the augmentations in utils/data/augment.py as `Instances.keypoints`, and a left-right flip renames them by
+the format's `flip_idx`.
 """
 
 import numpy as np
@@ -65,6 +66,7 @@ class DetectLabels:
     name = "detect"
     extra_key = "segments"  # where a label record keeps the per-instance extras `parse` returns
     line_format = "box-or-polygon"  # formats that parse lines alike share the label cache
+    flip_idx = None  # the keypoint order after a left-right flip (pose)
 
     def parse(self, xy):
         """Coordinates of one line (float64, after the class) -> (box xywhn, extra or None, clipped?)."""
@@ -126,7 +128,60 @@ def _box_polygon(box):
     return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32)
 
 
-FORMATS = {"detect": DetectLabels, "segment": SegmentLabels}
+class PoseLabels(DetectLabels):
+    """Lines `cls cx cy w h` + K keypoints of `ndim` values each: x y normalised, and with ndim 3 a visibility (COCO's
+    0: not labelled, 1: labelled but hidden, 2: visible). kpt_shape (K, ndim) and flip_idx come from the dataset
+    YAML. A record keeps `keypoints` (n, K, 3) normalised; ndim-2 keypoints are all labelled (visibility 2), an
+    unlabelled keypoint's coordinates are not read (COCO writes 0 0 0). Samples and batches carry `keypoints`
+    (n, K, 3), x y normalised to the sample's image, visibility 0 where augmentation moved a keypoint outside it."""
+
+    name = "pose"
+    extra_key = "keypoints"
+
+    def __init__(self, kpt_shape=(17, 3), flip_idx=None):
+        self.kpt_shape, self.flip_idx = tuple(kpt_shape), None if flip_idx is None else tuple(flip_idx)
+        self.line_format = f"box-keypoints-{self.kpt_shape[0]}x{self.kpt_shape[1]}"
+
+    def parse(self, xy):
+        k, ndim = self.kpt_shape
+        if len(xy) != 4 + k * ndim:
+            raise BadLine(f"{len(xy) + 1} values, expected {5 + k * ndim} (cls cx cy w h + {k} keypoints of {ndim} "
+                          "values)")
+        box, clipped = parse_box(xy[:4])
+        kpts = xy[4:].reshape(k, ndim)
+        visible = kpts[:, 2] if ndim == 3 else np.full(k, 2.0)
+        if not np.isin(visible, (0, 1, 2)).all():
+            raise BadLine(f"keypoint visibility must be 0, 1 or 2, got {visible[~np.isin(visible, (0, 1, 2))][0]:g}")
+        labelled = visible > 0
+        if labelled.any():
+            try:
+                clipped = _check_range(kpts[labelled, :2]) or clipped
+            except BadLine as e:
+                raise BadLine(f"keypoint {e}") from None
+        out = np.zeros((k, 3), np.float32)
+        out[labelled, :2] = np.clip(kpts[labelled, :2], 0, 1)
+        out[:, 2] = visible
+        return box, out, clipped
+
+    def finish(self, lb):
+        kpts = lb["keypoints"]
+        arr = np.stack(kpts).astype(np.float32) if kpts else np.zeros((0, self.kpt_shape[0], 3), np.float32)
+        return dict(lb, keypoints=arr, segments=None)
+
+    def add_to_sample(self, sample, inst, shape):
+        h, w = shape
+        kpts = inst.keypoints.astype(np.float32).copy()
+        kpts[..., 0] /= w
+        kpts[..., 1] /= h
+        sample["keypoints"] = torch.from_numpy(kpts)
+        return inst
+
+    def collate(self, batch, out):
+        """`keypoints` (N, K, 3) in `targets` order."""
+        out["keypoints"] = torch.cat([b["keypoints"] for b in batch], 0)
+
+
+FORMATS = {"detect": DetectLabels, "segment": SegmentLabels, "pose": PoseLabels}
 
 
 def get_format(task):

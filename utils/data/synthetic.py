@@ -8,6 +8,10 @@ rejected so that every labelled object stays mostly visible.
 Layouts written (YOLO format, coordinates normalised to the image size):
     detect:   images/{train,val}/*.jpg + labels/{train,val}/*.txt with `cls cx cy w h`
     segment:  the same, labels `cls x1 y1 x2 y2 ...` (the shape's outline)
+    pose:     rectangles only (class 0), labels `0 cx cy w h` + 4 corner keypoints `x y v`, in the rectangle's own
+              order before its rotation (top-left, top-right, bottom-right, bottom-left: a left-right mirror swaps
+              0 <-> 1 and 2 <-> 3, so flip_idx is [1, 0, 3, 2]); v is 2 where the corner is seen, 0 where a later shape
+              covers it
     classify: {train,val}/<class>/*.jpg, one centred-ish shape per image
 
 CLI:
@@ -27,7 +31,9 @@ import numpy as np
 from utils.files import is_published, publish
 
 CLASS_NAMES = ("circle", "rectangle", "triangle")
-TASKS = ("detect", "segment", "classify")
+TASKS = ("detect", "segment", "classify", "pose")
+POSE_CLASS = CLASS_NAMES.index("rectangle")  # the one shape with 4 named corners
+POSE_FLIP_IDX = (1, 0, 3, 2)
 SPLITS = ("train", "val")
 MAX_HIDDEN = 0.4  # the largest share of an earlier shape's visible pixels a new shape may cover
 _SHIFT = 4  # fillPoly fixed-point bits: vertices are drawn with 1/16 px precision
@@ -106,8 +112,9 @@ def _place(rng, cls, height, width, radius):
     return (poly + offset).astype(np.float32)
 
 
-def render_image(rng, height, width, max_objects=8, size_range=(0.06, 0.22)):
-    """Draw one detection/segmentation image; returns (image BGR, background BGR, list[Shape])."""
+def render_image(rng, height, width, max_objects=8, size_range=(0.06, 0.22), classes=None):
+    """Draw one detection/segmentation image of shapes of `classes` (default: all); returns (image BGR, background
+    BGR, list[Shape])."""
     img, base = background(rng, height, width)
     bg = img.copy()
     owner = np.zeros((height, width), np.int32)  # 1-based index of the shape visible at each pixel
@@ -115,7 +122,7 @@ def render_image(rng, height, width, max_objects=8, size_range=(0.06, 0.22)):
     shapes = []
     for _ in range(int(rng.integers(1, max_objects + 1))):
         for _attempt in range(20):
-            cls = int(rng.integers(len(CLASS_NAMES)))
+            cls = int(rng.integers(len(CLASS_NAMES))) if classes is None else int(rng.choice(classes))
             radius = max(6.0, rng.uniform(*size_range) * min(height, width))
             poly = _place(rng, cls, height, width, radius)
             if poly is None:
@@ -145,7 +152,36 @@ def render_classification_image(rng, cls, size):
     return img
 
 
+def corner_visibility(shapes, height, width, inset=0.15):
+    """Per shape, 2 for each polygon vertex that is seen and 0 for one a later shape covers. A vertex is judged a
+    little inside its own shape (`inset` of the way to the centre): the exact corner pixel is shared with the
+    background by anti-aliasing."""
+    owner = np.zeros((height, width), np.int32)
+    for i, s in enumerate(shapes, 1):
+        _fill(owner, s.polygon, i, cv2.LINE_8)
+    out = []
+    for i, s in enumerate(shapes, 1):
+        probe = s.polygon + inset * (s.polygon.mean(0) - s.polygon)
+        x = np.clip(np.round(probe[:, 0]).astype(int), 0, width - 1)
+        y = np.clip(np.round(probe[:, 1]).astype(int), 0, height - 1)
+        out.append(np.where(owner[y, x] == i, 2, 0))
+    return out
+
+
+def _pose_lines(shapes, height, width):
+    scale = np.array([width, height], np.float32)
+    lines = []
+    for s, vis in zip(shapes, corner_visibility(shapes, height, width)):
+        pts = np.clip(s.polygon / scale, 0, 1)
+        (x1, y1), (x2, y2) = pts.min(0), pts.max(0)
+        kpts = " ".join(f"{x:.6f} {y:.6f} {v}" for (x, y), v in zip(pts, vis))
+        lines.append(f"0 {(x1 + x2) / 2:.6f} {(y1 + y2) / 2:.6f} {x2 - x1:.6f} {y2 - y1:.6f} {kpts}")
+    return lines
+
+
 def _label_lines(shapes, height, width, task):
+    if task == "pose":
+        return _pose_lines(shapes, height, width)
     scale = np.array([width, height], np.float32)
     lines = []
     for s in shapes:
@@ -164,15 +200,15 @@ def image_rng(seed, split, index, cls=None):
     return np.random.default_rng(key)
 
 
-def render_sample(seed, split, index, min_side=256, max_side=480, max_objects=8):
+def render_sample(seed, split, index, min_side=256, max_side=480, max_objects=8, task="detect"):
     """Image `index` of a split exactly as generate_dataset draws it: (image, background, list[Shape])."""
     rng = image_rng(seed, split, index)
     h, w = (int(v) for v in rng.integers(min_side, max_side + 1, 2))
-    return render_image(rng, h, w, max_objects)
+    return render_image(rng, h, w, max_objects, classes=(POSE_CLASS,) if task == "pose" else None)
 
 
 def _write_detection_sample(root, split, i, seed, task, min_side, max_side, max_objects):
-    img, _, shapes = render_sample(seed, split, i, min_side, max_side, max_objects)
+    img, _, shapes = render_sample(seed, split, i, min_side, max_side, max_objects, task)
     h, w = img.shape[:2]
     cv2.imwrite(str(root / "images" / split / f"{i:05d}.jpg"), img, _JPEG)
     text = "\n".join(_label_lines(shapes, h, w, task)) + "\n"

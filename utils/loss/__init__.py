@@ -3,7 +3,7 @@
 Every criterion is called as `loss, loss_items = criterion(preds, batch)` on the model's train-mode output and
 a batch dict on the model's device; `loss_names` labels the entries of `loss_items`.
 
-Reductions (what DDP with `loss * WORLD_SIZE` reproduces): detection and segmentation return the sum of their
+Reductions (what DDP with `loss * WORLD_SIZE` reproduces): detection, segmentation and pose return the sum of their
 weighted components times the per-rank batch size, as official. The objectness (v5/v7) and mask terms are sums over
 images, so DDP gives exactly the single-process gradient of the concatenated batch; box and class terms are
 normalised per rank (by the number of positives, or v8's target-score mass), so they match only when the ranks
@@ -18,6 +18,7 @@ from utils.loss.tal import Assignment, TaskAlignedAssigner
 from utils.loss.v5 import V5DetectionLoss
 from utils.loss.v7_ota import OTADetectionLoss
 from utils.loss.v8 import V8DetectionLoss
+from utils.loss.v8pose import V8PoseLoss
 
 REGISTRY = {
     "v5": V5DetectionLoss,
@@ -25,6 +26,7 @@ REGISTRY = {
     "v8": V8DetectionLoss,
     "v5seg": V5SegmentationLoss,
     "v8seg": V8SegmentationLoss,
+    "v8pose": V8PoseLoss,
     "cls": ClassificationLoss,
 }
 
@@ -32,7 +34,7 @@ REGISTRY = {
 # the heads (by their `default_loss`) each criterion can train: the anchor-based detection losses stand in for each
 # other (`loss: v5` trains a YOLOv7 model); any other pairing reads outputs the head does not make
 FITS = {"v5": {"v5", "ota"}, "ota": {"v5", "ota"}, "v8": {"v8"}, "v5seg": {"v5seg"}, "v8seg": {"v8seg"},
-        "cls": {"cls"}}
+        "v8pose": {"v8pose"}, "cls": {"cls"}}
 
 
 # the hyp key this module reads: which criterion trains the model (default: the head's own)
@@ -70,4 +72,5 @@ __all__ = [
     "V8DetectionLoss",
     "V5SegmentationLoss",
     "V8SegmentationLoss",
+    "V8PoseLoss",
 ]
