@@ -3,6 +3,7 @@
     import torch
     model = torch.hub.load('path/to/this/repo', 'yolov5s', source='local')           # official weights (download)
     model = torch.hub.load('path/to/this/repo', 'yolov8n_seg', source='local', pretrained=False, classes=3)
+    model = torch.hub.load('path/to/this/repo', 'yolov8n_pose', source='local')      # 17 COCO person keypoints
     model = torch.hub.load('path/to/this/repo', 'custom', path='runs/train/exp/weights/best.pt', source='local')
     results = model('data/images/shapes1.jpg')    # also a numpy HWC RGB array, a PIL image, or a list of them
     print(results); results.tolist()              # boxes in the image's pixels with class names
@@ -30,17 +31,19 @@ def custom(path, autoshape=True, device=None):
 def _create(name, pretrained=True, channels=3, classes=80, autoshape=True, device=None):
     """Official weights `name`.pt when pretrained (downloaded once), else the YAML `name` with `classes` classes."""
     from models.checkpoints import attempt_load
-    from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+    from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 
     if pretrained:
         return _wrap(attempt_load(f"{name}.pt", device="cpu", fuse=True), autoshape, device)
-    cls = ClassificationModel if name.endswith("-cls") else SegmentationModel if name.endswith("-seg") else \
-        DetectionModel
+    by_suffix = {"-cls": ClassificationModel, "-seg": SegmentationModel, "-pose": PoseModel}
+    cls = next((c for suffix, c in by_suffix.items() if name.endswith(suffix)), DetectionModel)
     return _wrap(cls(f"{name}.yaml", ch=channels, nc=classes), autoshape, device)
 
 
 def _entry(name):
-    def load(pretrained=True, channels=3, classes=80, autoshape=True, device=None):
+    default_classes = 1 if name.endswith("-pose") else 80  # official pose models: one class (person)
+
+    def load(pretrained=True, channels=3, classes=default_classes, autoshape=True, device=None):
         return _create(name, pretrained, channels, classes, autoshape, device)
 
     load.__name__ = name.replace("-", "_")
@@ -49,6 +52,6 @@ def _entry(name):
 
 
 _NAMES = [f"yolov5{s}{t}" for t in ("", "-seg", "-cls") for s in "nsmlx"]
-_NAMES += [f"yolov8{s}{t}" for t in ("", "-seg", "-cls") for s in "nsmlx"]
+_NAMES += [f"yolov8{s}{t}" for t in ("", "-seg", "-cls", "-pose") for s in "nsmlx"]
 _NAMES += ["yolov7", "yolov7x", "yolov7-tiny"]
 globals().update({n.replace("-", "_"): _entry(n) for n in _NAMES})

@@ -297,6 +297,11 @@ class BaseValidator:
                                 f"{data['nc']}")
         return data["names"]
 
+    @staticmethod
+    def data_kwargs(data):
+        """What the validator takes from the dataset dict besides names (pose: kpt_shape), for the val scripts."""
+        return {}
+
     @classmethod
     def adapt_to_weights(cls, model, stride, options, opt):
         """Hook for the val scripts: the model and options to validate with, given the loaded weights' stride."""
@@ -318,7 +323,8 @@ class BaseValidator:
             save_dir = None
             if du.is_main_process():
                 save_dir = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True))
-            validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_nc=data.get("label_nc"))
+            validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_nc=data.get("label_nc"),
+                            **cls.data_kwargs(data))
             split = "test" if opt.task == "test" else "val"
             with problems_listed_on_failure(validator.save_dir, split, write=du.is_main_process()):
                 dataset = validator.build_dataloader(cls.split_path(data, opt.task), stride).dataset

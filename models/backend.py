@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from models.checkpoints import attempt_load
 from models.untrusted import check_torchscript
-from models.yolo import ClassificationModel, SegmentationModel
+from models.yolo import ClassificationModel, PoseModel, SegmentationModel
 from utils.dist import is_main_process
 from utils.errors import BadFile, BadOption
 from utils.ops import OutputLayout
@@ -28,10 +28,12 @@ FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
 METADATA_KEY = "yolo"  # ONNX metadata_props key / TorchScript extra-file name holding the JSON metadata
 
 
+TASKS = {ClassificationModel: "classify", SegmentationModel: "segment", PoseModel: "pose"}
+
+
 def model_task(model):
-    if isinstance(model, ClassificationModel):
-        return "classify"
-    return "segment" if isinstance(model, SegmentationModel) else "detect"
+    """The task a model's file records: what its model class serves (any other detection model: 'detect')."""
+    return next((t for cls, t in TASKS.items() if isinstance(model, cls)), "detect")
 
 
 def flatten_outputs(out):
@@ -83,7 +85,7 @@ def _parse_metadata(text, weights):
     except ValueError as e:
         raise BadFile(f"--weights {weights}: its '{METADATA_KEY}' metadata is not JSON ({e})") from None
     bad = [k for k, t in _METADATA_TYPES.items() if not isinstance(meta, dict) or not isinstance(meta.get(k), t)]
-    if not bad and meta["task"] not in ("detect", "segment", "classify"):
+    if not bad and meta["task"] not in ("detect", *TASKS.values()):
         bad = ["task"]
     if not bad and not all(k.isdecimal() for k in meta["names"]):
         bad = ["names"]

@@ -52,21 +52,21 @@ import torch
 import torch.nn as nn
 
 from models.untrusted import UnsafeCheckpoint, check_checkpoint
-from models.yolo import ClassificationModel, DetectionModel, SegmentationModel, parse_model, yaml_model_load
+from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel, parse_model, yaml_model_load
 from utils.data.downloads import fetch
 from utils.dist import de_parallel
 from utils.errors import BadCheckpoint, BadFile, UserError
 from utils.files import atomic_save
 from utils.loggers import LOGGER
 
-MODEL_CLASSES = {c.__name__: c for c in (DetectionModel, SegmentationModel, ClassificationModel)}
+MODEL_CLASSES = {c.__name__: c for c in (DetectionModel, SegmentationModel, PoseModel, ClassificationModel)}
 OFFICIAL_CLASSES = {**MODEL_CLASSES, "Model": DetectionModel}  # 'Model': YOLOv7 and old YOLOv5 detectors
 # GitHub YOLOv5/YOLOv7 (`models.*`, and `utils.*`, which the pip package mirrors as `yolov5.utils.*`), pip yolov5, v8
 OFFICIAL_PREFIXES = ("models.", "utils.", "yolov5.models.", "yolov5.utils.", "ultralytics.")
 RELEASES = (
     (r"yolov5[nsmlx]6?(-seg|-cls)?\.pt", "https://github.com/ultralytics/yolov5/releases/download/v7.0/"),
     (r"yolov7(x|-tiny|-w6|-e6|-d6|-e6e)?(_training)?\.pt", "https://github.com/WongKinYiu/yolov7/releases/download/v0.1/"),
-    (r"yolov8[nsmlx](-seg|-cls)?\.pt", "https://github.com/ultralytics/assets/releases/download/v0.0.0/"),
+    (r"yolov8[nsmlx](-seg|-cls|-pose)?\.pt", "https://github.com/ultralytics/assets/releases/download/v0.0.0/"),
 )
 
 _STORAGE_TYPES = ("Half", "Float", "Double", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")

@@ -1,11 +1,13 @@
-"""The model that `torch.hub.load` returns (see hubconf.py): any of our detectors, segmenters or classifiers behind
+"""The model that `torch.hub.load` returns (see hubconf.py): any of our detectors, segmenters, pose models or
+classifiers behind
 one call that takes image paths, numpy arrays (HWC RGB, as PIL gives them), PIL images or a list of them, and
 returns results that carry the class names.
 
     model = torch.hub.load('path/to/repo', 'custom', path='best.pt', source='local')
     results = model(['bus.jpg', np.asarray(pil_image), pil_image], size=320)   # augment=True: test-time aug.
     results.xyxy[0]      # (n, 6) tensor: x1, y1, x2, y2, conf, class, in the image's own pixels
-    results.tolist()     # per image, a list of dicts {'box', 'conf', 'class', 'name'} (+ 'mask' for segmenters)
+    results.tolist()     # per image, a list of dicts {'box', 'conf', 'class', 'name'} (+ 'mask' for segmenters,
+                         # 'keypoints' (K, 2 or 3) in the image's pixels for pose models)
 """
 
 from pathlib import Path
@@ -40,10 +42,12 @@ def _to_bgr(im, i=0):
 
 
 class Results:
-    """Per-image results: `xyxy` (detections, original pixels) and `masks` (segmenters), or `probs` (classifiers)."""
+    """Per-image results: `xyxy` (detections, original pixels) and `masks` (segmenters) or `keypoints` (pose models,
+    (n, K, 2 or 3) original pixels), or `probs` (classifiers)."""
 
-    def __init__(self, names, files, xyxy=None, masks=None, probs=None):
+    def __init__(self, names, files, xyxy=None, masks=None, probs=None, keypoints=None):
         self.names, self.files, self.xyxy, self.masks, self.probs = names, files, xyxy, masks, probs
+        self.keypoints = keypoints
 
     def __len__(self):
         return len(self.files)
@@ -59,6 +63,9 @@ class Results:
             if self.masks is not None:
                 for row, m in zip(rows, self.masks[k]):
                     row["mask"] = m
+            if self.keypoints is not None:
+                for row, kp in zip(rows, self.keypoints[k]):
+                    row["keypoints"] = kp
             out.append(rows)
         return out
 
@@ -96,12 +103,14 @@ class HubModel(nn.Module):
             x = np.stack([cv2.resize(im, (size, size), interpolation=cv2.INTER_LINEAR)[..., ::-1] for im in im0s])
             x = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(p.device, p.dtype) / 255
             return Results(self.names, files, probs=self.model(x).cpu())
-        xyxy, masks = [], []
+        xyxy, masks, kpts = [], [], []
         for im0 in im0s:  # one at a time: each image keeps its own minimum letterbox, as detect.py does
-            det, mask = self._one(im0, size, p, augment)
+            det, mask, kpt = self._one(im0, size, p, augment)
             xyxy.append(det)
             masks.append(mask)
-        return Results(self.names, files, xyxy=xyxy, masks=masks if self.layout.proto else None)
+            kpts.append(kpt)
+        return Results(self.names, files, xyxy=xyxy, masks=masks if self.layout.proto else None,
+                       keypoints=kpts if self.layout.kpt_shape else None)
 
     def _one(self, im0, size, p, augment=False):
         im = letterbox(im0, size, stride=self.stride, auto=True)[0]
@@ -118,5 +127,7 @@ class HubModel(nn.Module):
                 mask = ops.scale_masks(mask, im0.shape[:2]).gt(0.5).cpu()
             else:
                 mask = torch.zeros((0, *im0.shape[:2]), dtype=torch.bool)
+        kpts = layout.det_keypoints(det)
+        ops.scale_coords(x.shape[2:], kpts[..., :2], im0.shape)
         ops.scale_boxes(x.shape[2:], det[:, :4], im0.shape)
-        return det[:, :6].cpu(), mask
+        return det[:, :6].cpu(), mask, kpts.cpu()

@@ -38,7 +38,10 @@ def scale_img(img, ratio, gs=32):
 
 def tta_layout(layout, n=len(SCALES)):
     """The layout of `augmented_forward`'s output: rows channels-last, n blocks of mask coefficients, the stacked
-    prototypes second."""
+    prototypes second. Keypoints are refused: un-mirroring them needs the dataset's flip_idx, which a model lacks."""
+    if layout.kpt_shape:
+        raise BadOption("--augment: test-time augmentation of keypoint models is not supported (its mirrored pass "
+                        "would need the dataset's flip_idx to rename left and right keypoints)")
     return dataclasses.replace(layout, nm=layout.nm * n, channels_last=True, proto=(1,) if layout.nm else ())
 
 

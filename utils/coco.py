@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from utils.metrics import OKS_AREA_SCALE
 from utils.ops import xywhn2xyxy
 
 _COCO91_GAPS = {12, 26, 29, 30, 45, 66, 68, 69, 71, 83}  # ids the 2014 paper listed but the 2017 release lacks
@@ -72,6 +73,18 @@ def box_to_coco_json(predn, image_id, class_map=None, rles=None):
     return out
 
 
+def keypoints_to_coco_json(predn, keypoints, image_id, class_map=None):
+    """Pose predictions of one image as COCO keypoint results: predn (n, 6) xyxy, conf, cls and keypoints (n, K, 2
+    or 3) in original-image pixels; each keypoint's score is its visibility probability (1 without one)."""
+    out = box_to_coco_json(predn, image_id, class_map)
+    kpts = _numpy(keypoints).astype(np.float64)
+    if kpts.shape[-1] == 2:
+        kpts = np.concatenate([kpts, np.ones_like(kpts[..., :1])], -1)
+    for d, k in zip(out, kpts):
+        d["keypoints"] = [round(v, 3) for v in k.reshape(-1).tolist()]
+    return out
+
+
 def masks_to_rle(masks):
     """Binary masks (n, h, w) -> list of COCO RLE dicts {'size': [h, w], 'counts': str}."""
     mask_utils = _pycocotools("mask")
@@ -89,7 +102,9 @@ def _polygon_area(xy):
     return float(abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))) / 2)
 
 
-def _annotation(ann_id, image_id, category_id, box, segment=None, mask=None):
+def _annotation(ann_id, image_id, category_id, box, segment=None, mask=None, keypoints=None):
+    """One COCO annotation; with `keypoints` (K, 3) pixels its area is the box's times OKS_AREA_SCALE, the area the
+    validator's OKS uses (COCO's person areas are their segmentations')."""
     x1, y1, x2, y2 = (float(v) for v in box)
     ann = {
         "id": ann_id,
@@ -105,6 +120,10 @@ def _annotation(ann_id, image_id, category_id, box, segment=None, mask=None):
     elif mask is not None:
         ann["segmentation"] = masks_to_rle(mask[None])[0]
         ann["area"] = float(mask.sum())
+    if keypoints is not None:
+        ann["keypoints"] = [float(v) for v in keypoints.reshape(-1)]
+        ann["num_keypoints"] = int((keypoints[:, 2] > 0).sum())
+        ann["area"] *= OKS_AREA_SCALE
     return ann
 
 
@@ -113,7 +132,8 @@ def labels_to_coco_json(labels, names, class_map=None):
 
     labels: a YOLODataset (its .labels are used) or a list with one dict per image: im_file, shape (h, w) of the
     original image, cls (n, 1), bboxes (n, 4) normalised xywh, and optionally segments (n polygons (k, 2)
-    normalised, or None) or masks (n, h, w) binary at the original size (written as RLE). Image ids come from
+    normalised, or None) or masks (n, h, w) binary at the original size (written as RLE), or keypoints (n, K, 3)
+    normalised with visibility. Image ids come from
     image_id_from_path(im_file), as the validators' prediction JSON. names: class names (list or {index: name}).
     class_map as in box_to_coco_json.
     """
@@ -126,14 +146,18 @@ def labels_to_coco_json(labels, names, class_map=None):
         images.append({"id": image_id, "width": int(w), "height": int(h), "file_name": Path(lb["im_file"]).name})
         cls = _numpy(lb["cls"]).reshape(-1)
         boxes = xywhn2xyxy(_numpy(lb["bboxes"]).reshape(-1, 4).astype(np.float64), w, h)
-        segments, masks = lb.get("segments"), lb.get("masks")
+        segments, masks, kpts = lb.get("segments"), lb.get("masks"), lb.get("keypoints")
         for j, (c, box) in enumerate(zip(cls, boxes)):
             seg = None
             if segments is not None and segments[j] is not None:
                 seg = np.asarray(segments[j], dtype=np.float64) * (w, h)
             mask = _numpy(masks[j]) if masks is not None else None
+            kpt = None
+            if kpts is not None:
+                kpt = _numpy(kpts[j]).astype(np.float64) * (w, h, 1)
+                kpt[kpt[:, 2] == 0, :2] = 0  # COCO's unlabelled keypoint: 0 0 0
             cat = _category(class_map, int(c))
-            annotations.append(_annotation(len(annotations) + 1, image_id, cat, box, seg, mask))
+            annotations.append(_annotation(len(annotations) + 1, image_id, cat, box, seg, mask, kpt))
     categories = [{"id": _category(class_map, i), "name": str(n)} for i, n in sorted(names.items())]
     return {
         "info": {"description": "converted from YOLO labels"},
@@ -160,9 +184,11 @@ def _ids_as_str(anno, preds, img_ids):
     return None if img_ids is None else [str(i) for i in img_ids]
 
 
-def eval_coco_json(anno_json, pred_json, iou_type="bbox", img_ids=None, max_dets=100, verbose=False):
+def eval_coco_json(anno_json, pred_json, iou_type="bbox", img_ids=None, max_dets=100, verbose=False, kpt_sigmas=None):
     """Evaluate COCO results with pycocotools; returns (mAP50-95, mAP50).
 
+    iou_type 'keypoints' matches by OKS with `kpt_sigmas` (pycocotools' default: COCO's 17 person sigmas); pycocotools
+    keeps 20 detections per image for keypoints by default, here `max_dets`.
     anno_json / pred_json: file paths or the loaded objects (annotation dict / list of result dicts).
     img_ids restricts the evaluation to those images (the ones the loader saw). max_dets is COCO's per-image,
     per-category cap (its default 100). verbose prints pycocotools' own summary table.
@@ -182,7 +208,12 @@ def eval_coco_json(anno_json, pred_json, iou_type="bbox", img_ids=None, max_dets
         ev = COCOeval(gt, dt, iou_type)
         if img_ids is not None:
             ev.params.imgIds = list(img_ids)
-        ev.params.maxDets = [1, 10, max_dets]
+        if iou_type == "keypoints":
+            if kpt_sigmas is not None:
+                ev.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
+            ev.params.maxDets = sorted({20, max_dets})  # summarize() reads its 20
+        else:
+            ev.params.maxDets = [1, 10, max_dets]
         ev.evaluate()
         ev.accumulate()
         if verbose:

@@ -62,6 +62,22 @@ class Annotator:
             im = np.where(on, im * (1 - alpha) + np.asarray(c, dtype=np.float32) * alpha, im)
         self.im = im.round().clip(0, 255).astype(np.uint8)
 
+    def keypoints(self, kpts, skeleton=None, conf=0.5, radius=None):
+        """One instance's keypoints (K, 2 or 3) in image pixels as dots (each its own colour), and the `skeleton`
+        pairs as lines between them; a keypoint whose third value (visibility or its probability) is below `conf` is
+        not drawn, nor its lines."""
+        kpts = _numpy(kpts)
+        seen = kpts[:, 2] >= conf if kpts.shape[1] == 3 else np.ones(len(kpts), dtype=bool)
+        seen &= (kpts[:, 0] > 0) | (kpts[:, 1] > 0)
+        xy = np.round(kpts[:, :2]).astype(int)
+        for i, j in skeleton or ():
+            if seen[i] and seen[j]:
+                cv2.line(self.im, tuple(xy[i]), tuple(xy[j]), colors(i + 3, bgr=True), max(self.lw // 2, 1),
+                         cv2.LINE_AA)
+        r = radius or max(self.lw, 2)
+        for k in np.flatnonzero(seen):
+            cv2.circle(self.im, tuple(xy[k]), r, colors(k, bgr=True), -1, cv2.LINE_AA)
+
     def text(self, xy, text, txt_color=(255, 255, 255)):
         """Text whose top-left corner is at xy; each '\\n' starts a new line (cv2 draws none itself)."""
         x, y = int(xy[0]), int(xy[1])
@@ -96,9 +112,22 @@ def _image_masks(masks, i, target_rows, overlap):
     return masks[target_rows] > 0.5
 
 
+def _draw_keypoints(ann, kpts, keep, origin, size, scale):
+    """Keypoints (n, K, 3) of one tile's kept rows, normalised (<= 1.1) or in pixels, drawn at the tile's origin."""
+    kpts = kpts[keep].astype(np.float32).copy()
+    if not len(kpts):
+        return
+    xy = kpts[..., :2]
+    xy *= np.asarray(size, np.float32) if xy.max() <= 1.1 else scale
+    xy += np.asarray(origin, np.float32)
+    for k in kpts:
+        ann.keypoints(k)
+
+
 def plot_images(images, targets, paths=None, fname="images.jpg", names=None, masks=None, max_size=1920,
-                max_subplots=16, overlap=True):  # fmt: skip
-    """Save a mosaic JPEG of a batch with its boxes (and masks).
+                max_subplots=16, overlap=True, keypoints=None):  # fmt: skip
+    """Save a mosaic JPEG of a batch with its boxes (and masks, or keypoints (N, K, 3) in `targets` order,
+    normalised or in pixels as the boxes are).
 
     images: (B, 3, H, W) RGB, uint8 or float in [0, 1]. targets: (N, 6) [batch_idx, cls, cx, cy, w, h], boxes
     normalised (0..1) or in pixels; (N, 7) adds a confidence column (predictions, shown when >= 0.25).
@@ -109,6 +138,7 @@ def plot_images(images, targets, paths=None, fname="images.jpg", names=None, mas
     targets = _numpy(targets)
     targets = targets.reshape(-1, targets.shape[-1]) if targets.size else np.zeros((0, 6), dtype=np.float32)
     masks = None if masks is None else _numpy(masks)
+    keypoints = None if keypoints is None else _numpy(keypoints)
     bs, h, w = ims.shape[0], ims.shape[1], ims.shape[2]
     ns = math.ceil(bs**0.5)
     scale = min(1.0, max_size / (ns * max(h, w)))
@@ -132,6 +162,8 @@ def plot_images(images, targets, paths=None, fname="images.jpg", names=None, mas
             sub = Annotator(ann.im[y0 : y0 + h, x0 : x0 + w])
             sub.masks(tile[show], [colors(c, bgr=True) for c in t[show, 1]])
             ann.im[y0 : y0 + h, x0 : x0 + w] = sub.result()
+        if keypoints is not None:
+            _draw_keypoints(ann, keypoints[rows], show, (x0, y0), (w, h), scale)
         boxes = xywh2xyxy(t[:, 2:6].astype(np.float32))
         if len(boxes) and boxes.max() <= 1.1:  # normalised coordinates
             boxes *= np.array([w, h, w, h], dtype=np.float32)

@@ -59,8 +59,12 @@ class DetectionTrainer(BaseTrainer):
     def model_class():
         return DetectionModel
 
+    def model_kwargs(self):
+        """What the model class takes from the dataset besides nc (pose: kpt_shape)."""
+        return {}
+
     def build_model(self, nc, names):
-        model = self.model_class()(self.opt.cfg, nc=nc)
+        model = self.model_class()(self.opt.cfg, nc=nc, **self.model_kwargs())
         model.names = dict(names)
         if self.opt.weights:
             load_pretrained(model, self.opt.weights)
@@ -121,7 +125,8 @@ class DetectionTrainer(BaseTrainer):
     def plot_training_batch(self, batch, step):
         if step < 3:
             plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"train_batch{step}.jpg",
-                        self.names, masks=batch.get("masks"), overlap=batch.get("overlap"))
+                        self.names, masks=batch.get("masks"), overlap=batch.get("overlap"),
+                        keypoints=batch.get("keypoints"))
 
 
 class DetectionValidator(BaseValidator):
@@ -284,14 +289,21 @@ class DetectionValidator(BaseValidator):
 
     def plot_val_batch(self, batch, preds, bi):
         plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"val_batch{bi}_labels.jpg",
-                    self.names, masks=batch.get("masks"), overlap=batch.get("overlap"))
+                    self.names, masks=batch.get("masks"), overlap=batch.get("overlap"),
+                    keypoints=batch.get("keypoints"))
         boxes = [image["boxes"][:MAX_PLOTTED_PREDS] for image in preds]
         plot_images(batch["img"], prediction_targets(boxes), batch["paths"], self.save_dir / f"val_batch{bi}_pred.jpg",
-                    self.names, masks=self.plotted_pred_masks(preds, batch), overlap=False)
+                    self.names, masks=self.plotted_pred_masks(preds, batch), overlap=False,
+                    keypoints=self.plotted_pred_keypoints(boxes))
 
     def plotted_pred_masks(self, preds, batch):
         """Masks (N, H, W) of the plotted predictions, in prediction_targets' order (segmentation); None for boxes
         only."""
+        return None
+
+    def plotted_pred_keypoints(self, boxes):
+        """Keypoints (N, K, ndim) in input pixels of the plotted NMS rows `boxes` (per image), in prediction_targets'
+        order (pose); None for boxes only."""
         return None
 
     @classmethod
@@ -311,12 +323,13 @@ class DetectionValidator(BaseValidator):
         LOGGER.info(f"Saved {len(self.jdict)} predictions to {pred_json}")
         return self.coco_eval(stats, pred_json)
 
-    def coco_eval(self, stats, pred_json, iou_type="bbox", key="B"):
-        """pycocotools mAP on the same predictions, against the dataset's labels written as COCO JSON."""
+    def coco_eval(self, stats, pred_json, iou_type="bbox", key="B", **kwargs):
+        """pycocotools mAP on the same predictions, against the dataset's labels written as COCO JSON; `kwargs` go to
+        eval_coco_json (pose: kpt_sigmas)."""
         anno_json = self.save_dir / "annotations.json"
         anno_json.write_text(json.dumps(labels_to_coco_json(self.dataloader.dataset, self.names)))
         try:
-            m, m50 = eval_coco_json(anno_json, pred_json, iou_type=iou_type)
+            m, m50 = eval_coco_json(anno_json, pred_json, iou_type=iou_type, **kwargs)
         except ImportError as e:
             LOGGER.warning(f"pycocotools unavailable, skipping COCO evaluation: {e}")
             return stats

@@ -364,8 +364,8 @@ def _flip_idx(d, label, k):
                        "for left/right pairs (give flip_idx, or set fliplr: 0 in the hyp file)")
         return None
     if not _int_list(flip) or sorted(flip) != list(range(k)):
-        raise DatasetError(f"{label}: 'flip_idx' must list each keypoint index 0..{k - 1} once (the index each keypoint "
-                           f"takes after a left-right flip), got {flip!r:.80}")
+        raise DatasetError(f"{label}: 'flip_idx' must list each keypoint index 0..{k - 1} once (the index each "
+                           f"keypoint takes after a left-right flip), got {flip!r:.80}")
     return flip
 
 
@@ -388,4 +388,12 @@ def check_pose_dataset(data, autodownload=True):
     d = check_det_dataset(data, autodownload)
     label = d.get("yaml_file") or "dataset dict"
     shape = _kpt_shape(d, label)
-    return {**d, "kpt_shape": shape, "flip_idx": _flip_idx(d, label, shape[0]), "skeleton": _skeleton(d, label, shape[0])}
+    k = shape[0]
+    return {**d, "kpt_shape": shape, "flip_idx": _flip_idx(d, label, k), "skeleton": _skeleton(d, label, k)}
+
+
+def pose_skeleton(data, k):
+    """The `skeleton` of the pose dataset YAML `data` (None where it has none), checked against k keypoints; the data
+    itself is neither looked at nor fetched."""
+    d, yaml_file, label = _load_source(data)
+    return _skeleton(d, label, k)

@@ -1,0 +1,28 @@
+"""Run a pose model on images, folders, globs or videos; keypoints and the skeleton drawn, keypoints with --save-txt.
+
+Usage:
+    $ python pose/predict.py --weights runs/train-pose/exp/weights/best.pt --source data/images
+    $ python pose/predict.py --weights best.pt --source video.mp4 --save-txt --data data/shapes-pose.yaml
+"""
+
+from engine.tasks.pose import PosePredictor
+from utils.cli import add_nms_args, predict_parser
+from utils.dist import get_rank
+from utils.errors import run_cli
+from utils.loggers import set_logging
+
+
+def parse_opt(argv=None):
+    p = predict_parser("Run a YOLO pose model", "runs/train-pose/exp/weights/best.pt", 320, "runs/predict-pose")
+    add_nms_args(p)
+    p.add_argument("--data", default=None, help="pose dataset YAML whose `skeleton` is drawn (COCO's for 17 keypoints)")
+    return p.parse_args(argv)
+
+
+def main(opt):
+    set_logging(get_rank())
+    return PosePredictor(opt)()
+
+
+if __name__ == "__main__":
+    run_cli(main, parse_opt)

@@ -1,0 +1,41 @@
+"""Train a YOLOv8-pose keypoint model (kpt_shape, flip_idx and skeleton from the dataset YAML).
+
+Usage:
+    $ python pose/train.py                                   # the synthetic shapes-pose set, generated offline
+    $ python pose/train.py --data data/shapes-pose.yaml --cfg yolov8n-pose.yaml --img 320 --epochs 10
+    $ python -m torch.distributed.run --nproc_per_node 2 pose/train.py --data data/shapes-pose.yaml --device cpu
+    $ python -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 8 --master_addr 10.0.0.1 \
+          --master_port 29500 pose/train.py --data coco-pose.yaml --cfg yolov8s-pose.yaml
+    $ python pose/train.py --resume runs/train-pose/exp/weights/last.pt
+"""
+
+from functools import partial
+
+from engine.evolve import evolve
+from engine.tasks.pose import PoseTrainer
+from engine.trainer import run as run_training
+from utils.cli import add_detect_train_args, options_from_kwargs, train_parser
+from utils.errors import run_cli
+
+
+def parse_opt(argv=None):
+    p = train_parser("Train a YOLO pose (keypoint) model", "yolov8n-pose.yaml", "data/shapes-pose.yaml", 320,
+                     "runs/train-pose")
+    add_detect_train_args(p)
+    return p.parse_args(argv)
+
+
+def main(opt, callbacks=None):
+    """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
+    if opt.evolve:
+        return evolve(PoseTrainer, opt, partial(run_training, callbacks=callbacks))
+    return run_training(PoseTrainer, opt, callbacks)
+
+
+def run(callbacks=None, **options):
+    """For Python: `run(data="data/shapes-pose.yaml", epochs=3, callbacks=[MyLogger()])`, options named as the flags."""
+    return main(options_from_kwargs(parse_opt, options), callbacks)
+
+
+if __name__ == "__main__":
+    run_cli(main, parse_opt)
