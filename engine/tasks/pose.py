@@ -182,7 +182,7 @@ class PosePredictor(DetectionPredictor):
         kpts = layout.det_keypoints(det)
         ops.scale_coords(im.shape[2:], kpts[..., :2], im0.shape)
         ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
-        return torch.cat([det[:, :6], kpts.reshape(len(det), -1)], 1)
+        return torch.cat([det[:, :6], kpts.flatten(1)], 1)
 
     def write_result(self, det, im, im0, path, txt_path):
         k, ndim = self.kpt_shape

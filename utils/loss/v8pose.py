@@ -59,9 +59,10 @@ class V8PoseLoss(V8DetectionLoss):
             return zero, zero.detach().clone()
         pred = self.decode_keypoints(s.anchor_points, kpt)[fg]
         rows = s.gt_row.gather(1, s.assignment.gt_idx)[fg]
+        stride = s.stride_tensor.view(1, -1).expand_as(fg)[fg].view(-1, 1)  # (n, 1): each positive's level
         gt = keypoints[rows].to(pred.dtype).clone()
-        gt[..., :2] *= s.imgsz[[1, 0]] / s.stride_tensor[fg].view(-1, 1, 1)  # normalised -> grid units
-        boxes = s.assignment.bboxes[fg] / s.stride_tensor[fg]
+        gt[..., :2] *= s.imgsz[[1, 0]] / stride.view(-1, 1, 1)  # normalised -> grid units
+        boxes = s.assignment.bboxes[fg] / stride
         area = ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).unsqueeze(1)
         visible = gt[..., 2] != 0
         lpose = keypoint_location_loss(pred, gt, visible, area, self.sigmas.to(pred.device)) + zero
