@@ -4,11 +4,12 @@ import copy
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
-from models_testutil import randomise_bn
+from models_testutil import assert_close_per_channel, randomise_bn
 
 import models.checkpoints as experimental
 from models.checkpoints import (
@@ -17,7 +18,7 @@ from models.checkpoints import (
     model_to_ckpt,
     official_url,
 )
-from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 from utils.errors import BadFile
 
 X = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
@@ -182,8 +183,8 @@ def test_official_v5_classifier_without_yaml(monkeypatch, tmp_path):
 
 def test_unknown_official_class(monkeypatch, tmp_path):
     model = DetectionModel("yolov5n.yaml", nc=3)
-    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "PoseModel")
-    with pytest.raises(ValueError, match="models.yolo.PoseModel"):
+    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "OBBModel")
+    with pytest.raises(ValueError, match="models.yolo.OBBModel"):
         attempt_load(path)
 
 
@@ -210,3 +211,18 @@ def test_official_urls():
     assert official_url("yolov7-tiny.pt") == "https://github.com/WongKinYiu/yolov7/releases/download/v0.1/yolov7-tiny.pt"
     assert official_url("yolov8n-cls.pt") == "https://github.com/ultralytics/assets/releases/download/v0.0.0/yolov8n-cls.pt"
     assert official_url("yolov8q.pt") is None and official_url("best.pt") is None
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def test_ultralytics_saved_pose_checkpoint():
+    """A pose checkpoint the official package saved itself (fixtures/make_pose_checkpoint.py) loads through the safe
+    loader as our PoseModel, with its kpt_shape, and gives the official eval output, fused or not."""
+    ref = torch.load(FIXTURES / "ultralytics-pose-tiny.out.pt", weights_only=True)
+    x = ref["x"].float() / 255
+    for fuse in (False, True):
+        model = attempt_load(FIXTURES / "ultralytics-pose-tiny.pt", fuse=fuse)
+        assert type(model) is PoseModel and model.kpt_shape == (5, 3) and model.nc == 1
+        with torch.no_grad():
+            assert_close_per_channel(model(x)[0], ref["y"])
