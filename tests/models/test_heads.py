@@ -13,6 +13,7 @@ from models.heads import (
     Classify,
     Detect,
     IDetect,
+    Pose,
     Segment,
 )
 
@@ -159,6 +160,52 @@ def test_anchor_free_segment_layout():
     torch.testing.assert_close(y[:, 7:], mc)
 
 
+def manual_keypoint_decode(kpt, head, feats_):
+    """Keypoints (B, K * ndim, A) decoded cell by cell: x = (2 dx + column) * stride, y = (2 dy + row) * stride in
+    input pixels, visibility = sigmoid(v), levels in order."""
+    k, ndim = head.kpt_shape
+    out, start = [], 0
+    for f, s in zip(feats_, STRIDES):
+        bs, _, ny, nx = f.shape
+        raw = kpt[:, :, start : start + ny * nx].reshape(bs, k, ndim, ny, nx)
+        start += ny * nx
+        dec = torch.empty_like(raw)
+        for r in range(ny):
+            for c in range(nx):
+                dec[..., 0, r, c] = (raw[..., 0, r, c] * 2 + c) * s
+                dec[..., 1, r, c] = (raw[..., 1, r, c] * 2 + r) * s
+                if ndim == 3:
+                    dec[..., 2, r, c] = torch.sigmoid(raw[..., 2, r, c])
+        out.append(dec.reshape(bs, k * ndim, ny * nx))
+    return torch.cat(out, 2)
+
+
+@pytest.mark.parametrize("kpt_shape", [(5, 3), (4, 2)])
+def test_pose_layout_and_keypoint_decode(kpt_shape):
+    m = free_head(Pose, kpt_shape=kpt_shape)
+    k, ndim = kpt_shape
+    assert m.default_loss == "v8pose" and m.nk == k * ndim
+    x, kpt = m.train()(feats())
+    assert x[0].shape == (2, 67, 4, 6) and kpt.shape == (2, k * ndim, 30)
+    y, (raw, kpt) = m.eval()(feats())
+    layout = m.output_layout
+    assert y.shape == (2, 4 + 3 + k * ndim, 30) and layout.kpt_shape == kpt_shape and layout.nm == 0
+    rows = layout.rows(y)
+    assert rows.shape[-1] == layout.width
+    torch.testing.assert_close(y[:, :7], manual_free_decode(raw, m), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rows[..., layout.kpts].transpose(1, 2), manual_keypoint_decode(kpt, m, feats()),
+                               atol=1e-4, rtol=1e-4)
+    # NMS rows carry the keypoints after xyxy, conf, cls, and det_keypoints reads them back
+    det = torch.cat([rows[0, :2, :6], rows[0, :2, layout.kpts]], 1)
+    torch.testing.assert_close(layout.det_keypoints(det), rows[0, :2, layout.kpts].reshape(2, k, ndim))
+
+
+@pytest.mark.parametrize("kpt_shape", [(0, 3), (17, 4), (17,), "17x3", (17.0, 3)])
+def test_pose_refuses_bad_kpt_shape(kpt_shape):
+    with pytest.raises(ValueError, match="kpt_shape"):
+        Pose(nc=1, kpt_shape=kpt_shape, ch=CH)
+
+
 @pytest.mark.parametrize("as_list", [False, True])
 def test_classify(as_list):
     torch.manual_seed(0)
@@ -206,10 +253,10 @@ def test_output_layout_locates_boxes_scores_masks_and_protos(cls):
         assert proto is None and layout.nm == 0
 
 
-@pytest.mark.parametrize("cls", [Detect, IDetect, Segment, AnchorFreeDetect, AnchorFreeSegment])
+@pytest.mark.parametrize("cls", [Detect, IDetect, Segment, AnchorFreeDetect, AnchorFreeSegment, Pose])
 def test_output_layout_finds_the_train_output_in_the_eval_output(cls):
     """What the criterion takes (the train-mode output) is declared, so validators find it without testing types."""
-    kw = dict(nm=4, npr=16) if cls in (Segment, AnchorFreeSegment) else {}
+    kw = dict(nm=4, npr=16) if cls in (Segment, AnchorFreeSegment) else dict(kpt_shape=(5, 3)) if cls is Pose else {}
     m = (anchor_head if cls.anchor_based else free_head)(cls, **kw)
     found = m.output_layout.train_output(m.eval()(feats()))
     m.train()
@@ -257,3 +304,14 @@ def test_autocast_class_probabilities_sum_to_one(dtype):
         probs = m(torch.randn(3, 8, 4, 4))
     assert probs.dtype == torch.float32
     torch.testing.assert_close(probs.sum(1), torch.ones(3))  # a bf16 softmax sums to 1 +- 0.004
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_keypoints_are_decoded_in_fp32(dtype):
+    m = free_head(Pose, kpt_shape=(5, 3)).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        y, (raw, kpt) = m(feats(bs=1, h=640, w=640))
+    assert y.dtype == torch.float32 and kpt.dtype == dtype
+    expected = manual_keypoint_decode(kpt.float(), m, feats(bs=1, h=640, w=640))
+    assert y[:, 7:].abs().max() > 500
+    torch.testing.assert_close(y[:, 7:], expected, atol=2e-3, rtol=1e-5)

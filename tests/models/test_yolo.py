@@ -15,6 +15,7 @@ from models.yolo import (
     ClassificationModel,
     DetectionModel,
     Model,
+    PoseModel,
     SegmentationModel,
     make_divisible,
     parse_model,
@@ -33,6 +34,12 @@ PARAMS = {
     ("yolov5n-seg.yaml", 80): 1_991_549,
     ("yolov8n-cls.yaml", 1000): 2_719_288,
     ("yolov5n-cls.yaml", 1000): 2_493_000,
+    # official Ultralytics PoseModel counts at its YAML's nc=1, kpt_shape [17, 3]
+    ("yolov8n-pose.yaml", 1): 3_295_470,
+    ("yolov8s-pose.yaml", 1): 11_626_046,
+    ("yolov8m-pose.yaml", 1): 26_464_462,
+    ("yolov8l-pose.yaml", 1): 44_489_196,
+    ("yolov8x-pose.yaml", 1): 69_491_724,
 }
 
 
@@ -43,6 +50,8 @@ def n_params(model):
 def build(cfg, nc):
     if "-cls" in cfg:
         return ClassificationModel(cfg, nc=nc)
+    if "-pose" in cfg:
+        return PoseModel(cfg, nc=nc)
     return (SegmentationModel if "-seg" in cfg else DetectionModel)(cfg, nc=nc)
 
 
@@ -328,3 +337,19 @@ def test_output_layout_comes_from_the_head():
     for m in (DetectionModel("yolov5n.yaml", nc=3), DetectionModel("yolov8n.yaml", nc=3),
               SegmentationModel("yolov5n-seg.yaml", nc=3), SegmentationModel("yolov8n-seg.yaml", nc=3)):
         assert m.output_layout == m.model[-1].output_layout and m.output_layout.nc == 3
+
+
+def test_pose_model_takes_the_dataset_kpt_shape():
+    """The dataset YAML's kpt_shape replaces the model YAML's; the model YAML it keeps says which it was built with."""
+    m = PoseModel("yolov8n-pose.yaml", nc=2, kpt_shape=[4, 3])
+    assert m.kpt_shape == (4, 3) and m.yaml["kpt_shape"] == [4, 3] and m.output_layout.kpt_shape == (4, 3)
+    assert PoseModel(m.yaml).kpt_shape == (4, 3)  # rebuilt from its own YAML, as a checkpoint is
+
+
+def test_pose_yaml_with_a_bad_kpt_shape_names_its_line(tmp_path):
+    cfg = yaml_model_load("yolov8n-pose.yaml")
+    f = tmp_path / "bad-pose.yaml"
+    f.write_text(yaml.safe_dump({**{k: v for k, v in cfg.items() if k not in ("yaml_file", "scale")},
+                                 "kpt_shape": [17, 5]}, sort_keys=False))
+    with pytest.raises(BadModelYaml, match="bad-pose.yaml:.*kpt_shape"):
+        PoseModel(f)
