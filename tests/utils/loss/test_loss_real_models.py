@@ -9,6 +9,7 @@ from utils.loss import REGISTRY
 yolo = pytest.importorskip("models.yolo", reason="models/yolo.py is not there yet")
 HYP_V5 = {"box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
 HYP_V8 = {"box": 7.5, "cls": 0.5, "dfl": 1.5}
+HYP_POSE = {**HYP_V8, "pose": 12.0, "kobj": 1.0}
 
 CASES = [  # (model class, yaml, hyp, expected criterion name)
     ("DetectionModel", "yolov5n.yaml", HYP_V5, "v5"),
@@ -16,6 +17,7 @@ CASES = [  # (model class, yaml, hyp, expected criterion name)
     ("DetectionModel", "yolov8n.yaml", HYP_V8, "v8"),
     ("SegmentationModel", "yolov5n-seg.yaml", HYP_V5, "v5seg"),
     ("SegmentationModel", "yolov8n-seg.yaml", HYP_V8, "v8seg"),
+    ("PoseModel", "yolov8n-pose.yaml", HYP_POSE, "v8pose"),
 ]
 
 
@@ -38,6 +40,8 @@ def test_criterion_on_real_model(cls_name, cfg, hyp, name):
     batch = {"img": img, "targets": targets}
     if "seg" in name:
         batch["masks"], batch["overlap"] = box_masks(targets, 2, (16, 16)), True
+    if "pose" in name:
+        batch["keypoints"] = torch.rand(len(targets), 17, 3).round()  # visibility 0 or 1, x y anywhere
     loss, items = crit(model(img), batch)
     loss.backward()
     assert loss.dim() == 0 and torch.isfinite(loss) and items.shape == (len(crit.loss_names),)
@@ -50,7 +54,7 @@ def test_real_model_head_grads_without_targets(cls_name, cfg, hyp, name):
     model = build(cls_name, cfg, nc=3)
     crit = model.init_criterion(hyp, imgsz=64)
     batch = {"img": torch.rand(2, 3, 64, 64), "targets": torch.zeros(0, 6), "masks": torch.zeros(2, 16, 16),
-             "overlap": True}
+             "overlap": True, "keypoints": torch.zeros(0, 17, 3)}
     crit(model(batch["img"]), batch)[0].backward()
     assert missing_grads(model.model[-1]) == []
 
