@@ -1,7 +1,7 @@
 """Run a task's training under torchrun with instrumentation the DDP tests read back: each rank writes the hash
 of its final weights, how many checkpoints it saved, how many of its batches had no labels, and its EMA weights.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/ddp_driver.py train|segment|classify <script args>
+    python -m torch.distributed.run --nproc_per_node 2 tests/ddp_driver.py train|segment|pose|classify <script args>
 """
 
 import hashlib
@@ -58,6 +58,9 @@ def main():
     elif task == "segment":
         from engine.tasks.segment import SegmentationTrainer as trainer_cls
         from segment import train as script
+    elif task == "pose":
+        from engine.tasks.pose import PoseTrainer as trainer_cls
+        from pose import train as script
     else:
         from classify import train as script
         from engine.tasks.classify import ClassificationTrainer as trainer_cls
