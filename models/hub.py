@@ -127,7 +127,10 @@ class HubModel(nn.Module):
                 mask = ops.scale_masks(mask, im0.shape[:2]).gt(0.5).cpu()
             else:
                 mask = torch.zeros((0, *im0.shape[:2]), dtype=torch.bool)
-        kpts = layout.det_keypoints(det)
-        ops.scale_coords(x.shape[2:], kpts[..., :2], im0.shape)
+        kpts = None
+        if layout.kpt_shape:
+            kpts = layout.det_keypoints(det)
+            ops.scale_coords(x.shape[2:], kpts[..., :2], im0.shape)
+            kpts = kpts.cpu()
         ops.scale_boxes(x.shape[2:], det[:, :4], im0.shape)
-        return det[:, :6].cpu(), mask, kpts.cpu()
+        return det[:, :6].cpu(), mask, kpts

@@ -74,3 +74,18 @@ def test_named_entry_points_build_offline():
     assert model.names == {i: str(i) for i in range(3)} and len(model(str(IMAGE), size=64)) == 1
     for n in ("yolov7_tiny", "yolov8n_seg", "yolov5s_cls"):
         assert callable(getattr(hubconf, n))
+
+
+def test_pose_entry_points_build_offline_with_keypoints():
+    """yolov8{n..x}_pose: the official pose layout (one class, 17 keypoints) unless told otherwise; results carry each
+    detection's keypoints in the image's pixels, with the predictor's boxes."""
+    for s in "nsmlx":
+        assert callable(getattr(hubconf, f"yolov8{s}_pose"))
+    model = hub_load("yolov8n_pose", pretrained=False, device="cpu")
+    assert model.names == {0: "0"} and model.layout.kpt_shape == (17, 3)
+    model.conf = CONF
+    r = model(str(IMAGE), size=64)
+    assert r.keypoints[0].shape == (len(r.xyxy[0]), 17, 3) and len(r.xyxy[0]) > 0
+    h, w = Image.open(IMAGE).size[::-1]
+    xy = r.keypoints[0][..., :2]
+    assert (xy[..., 0] >= 0).all() and (xy[..., 0] <= w).all() and (xy[..., 1] <= h).all()

@@ -113,3 +113,11 @@ def test_val_and_predict_run_with_augment(cfg, task, shapes_detect, shapes_segme
                                           "--conf-thres", "0.0001", "--project", str(tmp_path / "pred")]))
     det = out[0] if task == "detect" else out[0][0]
     assert det.shape[1] == 6 and len(det) > 0
+
+
+def test_keypoint_layouts_are_refused():
+    """A mirrored pass would need the dataset's flip_idx to rename left and right keypoints, which a model lacks."""
+    from utils.errors import BadOption
+
+    with pytest.raises(BadOption, match="keypoint"):
+        tta_layout(OutputLayout(nc=1, objectness=False, channels_last=False, kpt_shape=(17, 3)))

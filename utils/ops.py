@@ -280,7 +280,7 @@ class OutputLayout:
         return self.kpts.stop
 
     def det_keypoints(self, det):
-        """Keypoints (n, K, ndim) of NMS output rows (n, 6 + nm + nk)."""
+        """Keypoints (n, K, ndim) of NMS output rows (n, 6 + nm + nk), for a layout with keypoints."""
         start = 6 + self.nm
         return det[:, start : start + self.nk].reshape(len(det), *self.kpt_shape)
 
