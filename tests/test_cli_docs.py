@@ -14,7 +14,7 @@ import pytest
 from utils.files import ROOT
 
 SCRIPTS = ["train", "val", "detect", "export", "segment.train", "segment.val", "segment.predict", "classify.train",
-           "classify.val", "classify.predict"]
+           "classify.val", "classify.predict", "pose.train", "pose.val", "pose.predict"]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 

@@ -177,3 +177,20 @@ def test_torchrun_two_ranks_pose(tmp_path):
         torch.set_num_threads(threads)
     for rank in range(2):
         assert json.loads((tmp_path / f"stats_rank{rank}.json").read_text()) == json.loads(json.dumps(single))
+
+
+def test_scripts_default_to_the_synthetic_pose_set():
+    """`python pose/train.py` with no arguments trains yolov8n-pose on data/shapes-pose.yaml, generated offline."""
+    from pose import predict as pose_predict
+    from pose import train as pose_train
+    from pose import val as pose_val
+    from utils.data.dataset_yaml import check_pose_dataset, find_dataset_yaml
+    from utils.files import yaml_load
+
+    opt = pose_train.parse_opt([])
+    assert (opt.data, opt.cfg) == ("data/shapes-pose.yaml", "yolov8n-pose.yaml")
+    assert pose_val.parse_opt(["--weights", "w.pt"]).data == "data/shapes-pose.yaml"
+    assert pose_predict.parse_opt([]).weights == "runs/train-pose/exp/weights/best.pt"
+    d = yaml_load(find_dataset_yaml(opt.data))
+    assert d["synthetic"]["task"] == "pose" and d["kpt_shape"] == [4, 3] and d["flip_idx"] == list(POSE_FLIP_IDX)
+    assert check_pose_dataset({**d, "synthetic": None, "train": ".", "val": ".", "path": str(ROOT)})["skeleton"]

@@ -7,7 +7,8 @@ Reductions (what DDP with `loss * WORLD_SIZE` reproduces): detection, segmentati
 weighted components times the per-rank batch size, as official. The objectness (v5/v7) and mask terms are sums over
 images, so DDP gives exactly the single-process gradient of the concatenated batch; box and class terms are
 normalised per rank (by the number of positives, or v8's target-score mass), so they match only when the ranks
-hold similar numbers of targets, as in the official repos. Classification returns sum of CE / 64, exact under DDP.
+hold similar numbers of targets, as in the official repos; so are pose's keypoint terms (means over the rank's
+positives, as official). Classification returns sum of CE / 64, exact under DDP.
 """
 
 from utils.dist import de_parallel
