@@ -181,7 +181,8 @@ class PoseLabels(DetectLabels):
         out["keypoints"] = torch.cat([b["keypoints"] for b in batch], 0)
 
 
-FORMATS = {"detect": DetectLabels, "segment": SegmentLabels, "pose": PoseLabels}
+# by name: the formats a name alone configures (pose needs its dataset's kpt_shape and flip_idx: pass the object)
+FORMATS = {"detect": DetectLabels, "segment": SegmentLabels}
 
 
 def get_format(task):
