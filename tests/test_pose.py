@@ -90,12 +90,15 @@ def test_val_json_agrees_with_pycocotools_and_predict_writes_keypoints(pose_run,
     best = trainer.save_dir / "weights" / "best.pt"
     stats = pose_val.main(pose_val.parse_opt(["--weights", str(best), "--data", str(data), "--imgsz", "96",
                                               "--project", str(tmp_path / "val"), "--device", "cpu", "--workers",
-                                              "0", "--save-json"]))
+                                              "0", "--save-json", "--save-txt"]))
     assert stats["metrics/mAP50-95(P)"] > 0.2
     # pycocotools' keypoint evaluation of the same predictions (same sigmas, label areas box x 0.53)
     assert abs(stats["coco/mAP50-95(P)"] - stats["metrics/mAP50-95(P)"]) < 0.02, stats
     rows = json.loads((tmp_path / "val" / "exp" / "predictions.json").read_text())
     assert len(rows[0]["keypoints"]) == 4 * 3
+    saved = [line.split() for f in (tmp_path / "val" / "exp" / "labels").glob("*.txt") for line in
+             f.read_text().splitlines()]
+    assert saved and all(len(v) == 5 + 4 * 3 + 1 for v in saved)  # + conf
     source = data.parent / "data" / "images" / "train"
     results = pose_predict.main(pose_predict.parse_opt([
         "--weights", str(best), "--source", str(source), "--imgsz", "96", "--project", str(tmp_path / "pred"),

@@ -114,23 +114,40 @@ class PoseValidator(DetectionValidator):
         kpts[..., 1] *= h
         return self._native_keypoints(kpts, batch, si)
 
+    def _native_preds(self, pred, batch, si):
+        """NMS rows in original-image pixels, the keypoint columns included."""
+        predn = super()._native_preds(pred, batch, si)
+        kpts = self._native_keypoints(self.layout.det_keypoints(pred), batch, si)
+        predn[:, 6 + self.layout.nm :] = kpts.flatten(1)  # after xyxy, conf, cls (and mask coefficients)
+        return predn
+
     def match_extra(self, record, image, batch, si, correct):
         """Keypoint matches of image si by OKS, in the same rows as its box matches (`correct`)."""
         cls, tboxes = self._labels_native(batch, si)
         if len(cls):
-            pred = image["boxes"]
-            predn = self._native_preds(pred[:, :6], batch, si)
-            kpts = self._native_keypoints(self.layout.det_keypoints(pred), batch, si)
+            predn = self._native_preds(image["boxes"], batch, si)
             labelsn = torch.cat([cls[:, None], tboxes], 1)
-            tp_p = process_keypoint_batch(predn, labelsn, kpts, self._gt_keypoints(batch, si), self.sigmas,
-                                          self.iouv.to(pred.device))
+            tp_p = process_keypoint_batch(predn[:, :6], labelsn, self.layout.det_keypoints(predn),
+                                          self._gt_keypoints(batch, si), self.sigmas, self.iouv.to(predn.device))
         else:
             tp_p = torch.zeros_like(correct)
         record["tp_p"].append(tp_p.cpu())
 
+    def save_txt(self, predn, shape, file):
+        """`cls cx cy w h` + the keypoints (x y [v]), normalised, + conf: predict.py's lines with --save-conf."""
+        file.parent.mkdir(parents=True, exist_ok=True)
+        h, w = shape
+        xywhn = ops.xyxy2xywh(predn[:, :4]) / torch.tensor((w, h, w, h), device=predn.device)
+        kpts = self.layout.det_keypoints(predn)
+        kpts = kpts / torch.tensor([w, h, 1][: kpts.shape[-1]], device=kpts.device)
+        with open(file, "a") as f:
+            for box, k, conf, c in zip(xywhn.tolist(), kpts.flatten(1).tolist(), predn[:, 4].tolist(),
+                                       predn[:, 5].tolist()):
+                f.write(f"{int(c)} " + " ".join(f"{v:.6g}" for v in box + k) + f" {conf:.6g}\n")
+
     def pred_to_json(self, image, predn, batch, si):
         """Boxes and keypoints in original-image pixels, as COCO keypoint results."""
-        kpts = self._native_keypoints(self.layout.det_keypoints(image["boxes"]), batch, si)
+        kpts = self.layout.det_keypoints(predn)
         path = Path(batch["paths"][si])
         return keypoints_to_coco_json(predn[:, :6].cpu(), kpts.cpu(), image_id_from_path(path), self.class_map())
 
