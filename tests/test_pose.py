@@ -197,3 +197,26 @@ def test_scripts_default_to_the_synthetic_pose_set():
     d = yaml_load(find_dataset_yaml(opt.data))
     assert d["synthetic"]["task"] == "pose" and d["kpt_shape"] == [4, 3] and d["flip_idx"] == list(POSE_FLIP_IDX)
     assert check_pose_dataset({**d, "synthetic": None, "train": ".", "val": ".", "path": str(ROOT)})["skeleton"]
+
+
+def test_interrupted_pose_run_resumes(tmp_path):
+    """A pose run stopped after its first epoch continues from last.pt with --resume: the model is rebuilt from the
+    checkpoint with the dataset's kpt_shape, and results.csv ends with both epochs."""
+    from pose import train as pose_train
+    from utils.errors import Interrupted
+
+    generate_dataset(tmp_path / "data", task="pose", n_train=4, n_val=2, seed=1, min_side=64, max_side=96)
+    data = _pose_yaml(tmp_path)
+
+    def stop(trainer):
+        raise Interrupted(2)
+
+    opt = pose_train.parse_opt(["--data", str(data), "--imgsz", "64", "--batch-size", "2", "--epochs", "2",
+                                "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"),
+                                "--name", "exp", "--noplots"])
+    with pytest.raises(Interrupted):
+        pose_train.main(opt, {"on_fit_epoch_end": [stop]})
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    trainer, _ = pose_train.main(pose_train.parse_opt(["--resume", str(last)]))
+    assert trainer.model.kpt_shape == (4, 3)
+    assert [r["epoch"] for r in _results(trainer)] == ["1", "2"]
