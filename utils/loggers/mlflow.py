@@ -88,19 +88,22 @@ class MLflowTracker(Tracker):
     def where(self):
         return f" in {self.uri}"
 
-    def log_metrics(self, metrics, step):
+    def log_step(self, metrics, pictures, step):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(mlflow_name(k), float(v), now, step)
-                                                    for k, v in metrics.items()])
-
-    def log_pictures(self, paths, step):
-        for p in paths:
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=[Metric(mlflow_name(k), float(v), now, step)
+                                                        for k, v in metrics.items()])
+        for p in pictures:
             self.client.log_artifact(self.run_id, str(p), "pictures")
 
-    def log_table(self, name, columns, rows, step):
-        self.client.log_table(self.run_id, {c: [r[i] for r in rows] for i, c in enumerate(columns)}, f"{name}.json")
+    def log_final(self, pictures, table, step):
+        self.log_step({}, pictures, step)
+        columns, rows = table
+        if rows:
+            self.client.log_table(self.run_id, {c: [r[i] for r in rows] for i, c in enumerate(columns)},
+                                  "per_class.json")
 
     def log_weights(self, path, step):
         self.client.log_artifact(self.run_id, str(path), "weights")

@@ -2,7 +2,7 @@
 
 A tracker (W&B, MLflow) is a listener of the declared events (engine/callbacks.py), attached on global rank 0 only
 (utils.loggers.build_loggers), so no other rank imports its package. A subclass says how to talk to its package
-(`open`, `log_metrics`, `log_pictures`, `log_table`, `log_weights`, `close`); this class decides what goes when:
+(`open`, `log_step`, `log_final`, `log_weights`, `close`); this class decides what goes when:
 - set-up done: a run is opened with the options and hyperparameters as its config, named after --project and the run
   folder, or the run whose id the checkpoint holds (`LoopState.tracker_runs`) is continued: a --resume and a torchrun
   restart go on in the same tracker run. The id is recorded before any checkpoint is written. labels.jpg goes too.
@@ -40,13 +40,14 @@ class Tracker:
         """Open a run, or continue `run_id` (None: a new run); return the run's id."""
         raise NotImplementedError
 
-    def log_metrics(self, metrics, step):
+    def log_step(self, metrics, pictures, step):
+        """One step's metrics {name: float} and pictures [paths], either possibly empty, sent for good: a process
+        killed after this call has lost nothing it sent."""
         raise NotImplementedError
 
-    def log_pictures(self, paths, step):
-        raise NotImplementedError
-
-    def log_table(self, name, columns, rows, step):
+    def log_final(self, pictures, table, step):
+        """The end's pictures and the final validation's per-class `table` (columns, rows; rows may be empty), after
+        the last epoch's step `step`."""
         raise NotImplementedError
 
     def log_weights(self, path, step):
@@ -106,22 +107,16 @@ class Tracker:
         trainer.state.tracker_runs[self.name] = run_id
         self.active = True
         LOGGER.info(f"{self.name}: {'continuing' if previous == run_id else 'started'} run {run_id}{self.where()}")
-        if previous == run_id:  # what the run drew before it stopped was sent then
-            self._new_pictures(trainer.save_dir)
-        else:
-            self._send_pictures(trainer.save_dir, trainer.state.epoch)
+        pictures = self._new_pictures(trainer.save_dir)
+        if previous != run_id and pictures:  # a continued run sent what it drew before it stopped
+            self.log_step({}, pictures, trainer.state.epoch)
 
     def _log_epoch(self, trainer):
-        step = trainer.state.epoch + 1
-        self.log_metrics(dict(trainer.epoch_row), step)
-        self._send_pictures(trainer.save_dir, step)
+        self.log_step(dict(trainer.epoch_row), self._new_pictures(trainer.save_dir), trainer.state.epoch + 1)
 
     def _finish(self, trainer):
         step = trainer.state.epoch  # the loop has moved past the last epoch: its results.csv number
-        self._send_pictures(trainer.save_dir, step)
-        columns, rows = trainer.validator.class_table()
-        if rows:
-            self.log_table("per_class", columns, rows, step)
+        self.log_final(self._new_pictures(trainer.save_dir), trainer.validator.class_table(), step)
         best = trainer.checkpointer.best
         if self.log_model and best.is_file():
             self.log_weights(best, step)
@@ -136,11 +131,6 @@ class Tracker:
                 self.sent[path.name] = mtime
                 new.append(path)
         return new
-
-    def _send_pictures(self, save_dir, step):
-        new = self._new_pictures(save_dir)
-        if new:
-            self.log_pictures(new, step)
 
 
 def run_config(trainer):

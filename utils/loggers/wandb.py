@@ -43,14 +43,21 @@ class WandbTracker(Tracker):
             return f": {self.run.url}"
         return f" offline in {Path(self.run.dir).parent} (wandb sync it to upload)"
 
-    def log_metrics(self, metrics, step):
-        self.run.log(metrics, step=step)
+    def log_step(self, metrics, pictures, step):
+        # committed now: wandb keeps an uncommitted step in this process, and a killed worker would lose it
+        self.run.log({**metrics, **self._images(pictures)}, step=step, commit=True)
 
-    def log_pictures(self, paths, step):
-        self.run.log({p.stem: self.wandb.Image(str(p)) for p in paths}, step=step)
+    def log_final(self, pictures, table, step):
+        # a committed step takes nothing more: the end's pictures and table go to the step after the last epoch
+        columns, rows = table
+        items = self._images(pictures)
+        if rows:
+            items["per_class"] = self.wandb.Table(columns=columns, data=rows)
+        if items:
+            self.run.log(items, step=step + 1, commit=True)
 
-    def log_table(self, name, columns, rows, step):
-        self.run.log({name: self.wandb.Table(columns=columns, data=rows)}, step=step)
+    def _images(self, paths):
+        return {p.stem: self.wandb.Image(str(p)) for p in paths}
 
     def log_weights(self, path, step):
         artifact = self.wandb.Artifact(f"run_{self.run.id}_model", type="model", metadata={"epoch": step})
