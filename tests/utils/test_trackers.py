@@ -15,6 +15,7 @@ import pytest
 import train
 from utils.errors import BadOption, Interrupted
 from utils.files import ROOT
+from utils.loggers.tracker import Tracker
 
 SMALL = dict(cfg="yolov5n.yaml", imgsz=64, batch_size=8, workers=0, device="cpu")  # 2 batches of 8 per epoch
 
@@ -220,3 +221,86 @@ def test_loggers_is_checked_before_any_work(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: --loggers comet-typo: unknown logger; choose from csv, tensorboard, wandb, mlflow (see --help)"]
     assert not list(tmp_path.iterdir()), "no work before the check"
+
+
+class Flaky(Tracker):
+    """A tracker on the shared rules (utils/loggers/tracker.py) whose calls fail where told, recording them all."""
+
+    name = "flaky"
+
+    def __init__(self, fail_on=()):
+        super().__init__()
+        self.fail_on, self.calls = fail_on, []
+
+    def _call(self, what, *args):
+        self.calls.append((what, *args))
+        if what in self.fail_on:
+            raise ConnectionError(f"{what} refused")
+
+    def open(self, trainer, run_id):
+        self._call("open", run_id)
+        return run_id or "run1"
+
+    def log_step(self, metrics, pictures, step):
+        self._call("log_step", sorted(metrics), [p.name for p in pictures], step)
+
+    def log_final(self, pictures, table, step):
+        self._call("log_final", [p.name for p in pictures], step)
+
+    def log_weights(self, path, step):
+        self._call("log_weights", path.name, step)
+
+    def close(self, interrupted=False):
+        self._call("close", interrupted)
+
+
+def _fake_trainer(tmp_path, tracker_runs=None, epoch=0):
+    from types import SimpleNamespace
+
+    from engine.checkpointer import LoopState
+
+    (tmp_path / "weights").mkdir(exist_ok=True)
+    (tmp_path / "weights" / "best.pt").write_bytes(b"w")
+    (tmp_path / "labels.jpg").write_bytes(b"j")
+    return SimpleNamespace(state=LoopState(epoch=epoch, tracker_runs=dict(tracker_runs or {})), save_dir=tmp_path,
+                           epoch_row={"a": 1.0}, checkpointer=SimpleNamespace(best=tmp_path / "weights" / "best.pt"),
+                           validator=SimpleNamespace(class_table=lambda: (["class"], [["x"]])))
+
+
+def _drive(tracker, trainer, epochs):
+    tracker.on_pretrain_routine_end(trainer)
+    for e in epochs:
+        trainer.state.epoch = e
+        tracker.on_fit_epoch_end(trainer)
+    trainer.state.epoch = epochs[-1] + 1
+    tracker.on_train_end(trainer)
+
+
+@pytest.mark.parametrize("fail_on", ["open", "log_step", "log_final", "log_weights", "close"])
+def test_a_tracker_failing_anywhere_warns_once_and_stops_calling(tmp_path, yolo_log, fail_on):
+    tracker = Flaky(fail_on=(fail_on,))
+    trainer = _fake_trainer(tmp_path)
+    _drive(tracker, trainer, [0, 1])
+    warnings = [m for m in yolo_log if m.startswith("WARNING: flaky:")]
+    assert len(warnings) == 1 and f"ConnectionError: {fail_on} refused" in warnings[0]
+    failed_at = next(i for i, c in enumerate(tracker.calls) if c[0] == fail_on)
+    after = [c[0] for c in tracker.calls[failed_at + 1:]]
+    assert after in ([], ["close"]), after  # at most a closing attempt, never another log
+    assert (trainer.state.tracker_runs == {}) == (fail_on == "open")
+
+
+def test_a_continued_tracker_run_opens_the_recorded_id_and_sends_no_step_twice(tmp_path, yolo_log):
+    first = Flaky()
+    trainer = _fake_trainer(tmp_path)
+    first.on_pretrain_routine_end(trainer)
+    trainer.state.epoch = 0
+    first.on_fit_epoch_end(trainer)
+    first.on_train_interrupted(trainer)
+    assert first.calls == [("open", None), ("log_step", [], ["labels.jpg"], 0), ("log_step", ["a"], [], 1),
+                           ("close", True)]
+    resumed = Flaky()  # a new process: the run id comes from the checkpoint's loop state
+    trainer = _fake_trainer(tmp_path, tracker_runs=trainer.state.tracker_runs, epoch=1)
+    _drive(resumed, trainer, [1])
+    assert resumed.calls == [("open", "run1"), ("log_step", ["a"], [], 2), ("log_final", [], 2),
+                             ("log_weights", "best.pt", 2), ("close", False)]
+    assert any("flaky: continuing run run1" in m for m in yolo_log)
