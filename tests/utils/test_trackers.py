@@ -135,7 +135,8 @@ def test_mlflow_run_holds_params_every_metric_per_epoch_and_best_pt(tracked_run)
 
 def test_a_resume_by_hand_continues_the_same_tracker_runs(shapes_detect, tracker_env):
     """Ctrl-C after epoch 1, then --resume: one W&B run id and one MLflow run, each epoch logged once. Without csv
-    and tensorboard in --loggers, neither results.csv nor TensorBoard files are written."""
+    and tensorboard in --loggers, neither results.csv nor TensorBoard files are written; --no-log-model, kept by the
+    resumed run, sends no best.pt."""
     project = tracker_env / "runs"
 
     def ctrl_c_after_first_epoch(trainer):
@@ -144,7 +145,7 @@ def test_a_resume_by_hand_continues_the_same_tracker_runs(shapes_detect, tracker
 
     with pytest.raises(Interrupted):
         train.run(data=str(shapes_detect), epochs=2, project=str(project), loggers=["wandb", "mlflow"], noplots=True,
-                  callbacks={"on_fit_epoch_end": [ctrl_c_after_first_epoch]}, **SMALL)
+                  log_model=False, callbacks={"on_fit_epoch_end": [ctrl_c_after_first_epoch]}, **SMALL)
     client, [run] = mlflow_runs(project)
     assert run.info.status == "KILLED" and metric_steps(client, run, "train/box_loss") == [1]
     trainer, _ = train.run(resume=str(project / "exp" / "weights" / "last.pt"))
@@ -157,6 +158,8 @@ def test_a_resume_by_hand_continues_the_same_tracker_runs(shapes_detect, tracker
     logged = [step for _, _, history, _ in wandb_runs for step, row in history.items() if "train/box_loss" in row]
     assert logged == [1, 2]
     assert not (trainer.save_dir / "results.csv").exists() and not list(trainer.save_dir.glob("events.out.*"))
+    assert client.list_artifacts(run.info.run_id, "weights") == []
+    assert not [kind for _, _, _, artifacts in wandb_runs for kind, _ in artifacts if kind == "model"]
 
 
 def _warnings_naming(log, name):
