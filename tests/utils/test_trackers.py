@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -131,6 +132,57 @@ def test_mlflow_run_holds_params_every_metric_per_epoch_and_best_pt(tracked_run)
     table = json.loads(open(client.download_artifacts(run.info.run_id, "per_class.json",
                                                       str(tracked_run.save_dir / "dl"))).read())
     assert table["columns"][:3] == ["class", "images", "instances"] and len(table["data"]) >= 1
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` on 127.0.0.1 (sqlite store, artifacts served through it), stopped with the test."""
+    import urllib.request
+
+    from tests.ddp_utils import free_port
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(["timeout", "600", sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
+                               "--port", str(port), "--workers", "1",
+                               "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                               "--artifacts-destination", str(tmp_path / "served")],
+                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"))
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+                time.sleep(0.25)
+        else:
+            pytest.fail("mlflow server did not answer in 60 s")
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_mlflow_server_receives_params_metrics_and_best_pt_over_http(shapes_detect, tracker_env, monkeypatch,
+                                                                     mlflow_server):
+    """MLFLOW_TRACKING_URI at a running server: the run, each epoch's metrics and best.pt (uploaded through the
+    server's artifact proxy) are read back from the server by MlflowClient; no local store is written."""
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    trainer, _ = train.run(data=str(shapes_detect), epochs=2, project=str(tracker_env / "runs"), noplots=True,
+                           loggers="mlflow", **SMALL)
+    client = MlflowClient(tracking_uri=mlflow_server)
+    [experiment] = [e for e in client.search_experiments() if e.name == str(tracker_env / "runs")]
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.run_id == trainer.state.tracker_runs["mlflow"] and run.info.status == "FINISHED"
+    assert run.data.params["epochs"] == "2" and run.data.params["hyp/lr0"] == str(trainer.hyp["lr0"])
+    assert metric_steps(client, run, "train/box_loss") == [1, 2]
+    assert metric_steps(client, run, "metrics/mAP50-95_B") == [1, 2]
+    local = client.download_artifacts(run.info.run_id, "weights/best.pt", str(tracker_env / "dl"))
+    assert open(local, "rb").read() == (trainer.save_dir / "weights" / "best.pt").read_bytes()
+    assert not (tracker_env / "runs" / "mlflow.db").exists()
 
 
 def test_a_resume_by_hand_continues_the_same_tracker_runs(shapes_detect, tracker_env):
