@@ -8,9 +8,14 @@ figures (start-up, data, validation, saving) come from timing the scripts themse
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils import ops

@@ -11,8 +11,13 @@ file on the dataset's val split twice, fp32 and under bf16 autocast (as training
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
+
+# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.tasks.detect import DetectionPredictor, DetectionValidator
 from engine.validator import ValOptions

@@ -17,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from utils.data.synthetic import generate_dataset
 from utils.files import ROOT
 

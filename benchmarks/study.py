@@ -24,6 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from utils.files import ROOT
 
 METRICS = ("metrics/mAP50(B)", "metrics/mAP50-95(B)")

@@ -6,10 +6,14 @@ at 4/3 of it. An accuracy figure, not a test: a model that learns enough to comp
 """
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 import yaml
+
+# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train
 import val

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +23,9 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 from torch.utils.data import DataLoader
+
+# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.tasks.detect import DetectionValidator
 from engine.validator import ShardedBatchSampler, ValOptions

@@ -6,7 +6,10 @@ not single times.
     python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0        # the benchmark data (256 / 64 images)
     bash ../shared/peers/setup.sh && source /tmp/peers-venv/peer-env.sh      # the peers, in a venv of their own
     python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 train-v5 predict val --repeats 3
+    python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 train-v5 --img 640 --repeats 3
     python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 --ours-args --amp bf16
+
+Each row gives the median wall time and the median peak resident memory (GNU time's maximum RSS) of each side.
 
 Without the peers' venv only our commands run.
 """
@@ -19,6 +22,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from utils.files import ROOT
 
@@ -69,13 +75,17 @@ def jobs(opt, out):
 
 
 def timed(cmd, log):
+    """(wall seconds, peak resident memory in MB) of one command. The peak is GNU time's: the largest resident set of
+    the process or of any child it waited for (dataloader workers count on their own, not summed)."""
+    rss_file = Path(f"{log}.rss")
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "a") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        rc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(rss_file), *cmd], stdout=f,
+                            stderr=subprocess.STDOUT, env=env).returncode
     if rc:
         raise SystemExit(f"error: {cmd[:3]}... exited {rc}; see {log}")
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, int(rss_file.read_text().split()[-1]) / 1024
 
 
 def main():
@@ -95,7 +105,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     have_peers = (Path(opt.peers_venv) / "bin" / "python").exists()
     table = jobs(opt, out)
-    print(f"{'job':<10}{'ours s (median)':>17}{'peer s (median)':>17}{'ratio':>8}   runs")
+    print(f"{'job':<10}{'ours s (median)':>17}{'peer s (median)':>17}{'ratio':>8}{'ours MB':>9}{'peer MB':>9}   runs")
     for name in opt.jobs:
         ours_cmd, peer_cmd, run_dir = table[name]
         ours, peer = [], []
@@ -105,10 +115,10 @@ def main():
             ours.append(timed(ours_cmd, out / f"{name}-ours.log"))
             if have_peers and peer_cmd:
                 peer.append(timed(peer_cmd, out / f"{name}-peer.log"))
-        mo = statistics.median(ours)
-        mp = statistics.median(peer) if peer else float("nan")
-        runs = " ".join(f"{a:.1f}" for a in ours) + (" | " + " ".join(f"{b:.1f}" for b in peer) if peer else "")
-        print(f"{name:<10}{mo:>17.1f}{mp:>17.1f}{mo / mp:>8.2f}   {runs}", flush=True)
+        mo, ro = (statistics.median(v) for v in zip(*ours))
+        mp, rp = (statistics.median(v) for v in zip(*peer)) if peer else (float("nan"), float("nan"))
+        runs = " ".join(f"{a:.1f}" for a, _ in ours) + (" | " + " ".join(f"{b:.1f}" for b, _ in peer) if peer else "")
+        print(f"{name:<10}{mo:>17.1f}{mp:>17.1f}{mo / mp:>8.2f}{ro:>9.0f}{rp:>9.0f}   {runs}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 A callback is a function taking the trainer, or an object whose methods are named after events (`on_fit_epoch_end
 (self, trainer)`); `Callbacks.attach` adds every such method. Names are checked against `EVENTS` when a callback is
-added, so a misspelled event is refused instead of never firing. results.csv (`utils.loggers.ResultsCSV`),
-TensorBoard (`utils.loggers.TensorBoardLogger`) and the run's pictures (`utils.charts.RunPlots`) are callbacks
-attached by default (`BaseTrainer.default_callbacks`); a tracker is one more.
+added, so a misspelled event is refused instead of never firing. The run's pictures (`utils.charts.RunPlots`) and
+the --loggers (results.csv, TensorBoard, trackers such as W&B and MLflow: utils/loggers/) are callbacks attached on
+rank 0 by `BaseTrainer.default_callbacks`.
 
 A callback that raises an Exception is reported as one warning naming it and the event, and the run goes on: a
 listener never ends the training it listens to. A BaseException (Ctrl-C, `utils.errors.Interrupted`, SystemExit)

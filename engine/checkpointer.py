@@ -50,17 +50,21 @@ class LoopState:
     best_epoch: int = 0  # the epoch of best_fitness, for early stopping
     metrics: dict = dataclasses.field(default_factory=dict)  # the last validation's results
     mean_losses: torch.Tensor = None  # this rank's running mean of the epoch's loss items
+    # {tracker name: its run id}, recorded by the tracker listeners (utils/loggers/tracker.py) when they open a run:
+    # a --resume or a torchrun restart continues that run instead of opening another
+    tracker_runs: dict = dataclasses.field(default_factory=dict)
 
     def to_checkpoint(self):
         # "epoch" is the last finished epoch (-1: none), as every checkpoint of this project has stored it
         return {"epoch": self.epoch - 1, "batch": self.batch, "last_opt_step": self.last_opt_step,
-                "best_fitness": self.best_fitness, "best_epoch": self.best_epoch, "metrics": self.metrics}
+                "best_fitness": self.best_fitness, "best_epoch": self.best_epoch, "metrics": self.metrics,
+                "tracker_runs": dict(self.tracker_runs)}
 
     @classmethod
     def from_checkpoint(cls, ckpt, mean_losses=None):
         return cls(epoch=ckpt["epoch"] + 1, batch=ckpt["batch"], last_opt_step=ckpt["last_opt_step"],
                    best_fitness=ckpt["best_fitness"], best_epoch=ckpt["best_epoch"], metrics=ckpt["metrics"],
-                   mean_losses=mean_losses)
+                   mean_losses=mean_losses, tracker_runs=dict(ckpt.get("tracker_runs") or {}))  # older: none
 
 
 class Checkpointer:

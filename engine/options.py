@@ -55,6 +55,8 @@ class TrainOptions:
     multi_scale: bool
     label_smoothing: Optional[float]
     profile: bool = _resume("launch")
+    loggers: list = _resume("given")  # names in utils.loggers.LOGGERS: results.csv, TensorBoard, trackers
+    log_model: bool = _resume("given")  # trackers receive best.pt at the end
     local_rank: int = _resume("given")
     train_imgsz: Optional[int] = _derived()  # imgsz rounded up to the model's largest stride
     loader_workers: Optional[int] = _derived()  # dataloader workers per rank, resolved for the device

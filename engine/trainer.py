@@ -36,7 +36,7 @@ from utils.data.labels import problems_listed_on_failure, write_problems
 from utils.data.loader import build_dataloader, default_workers, set_loader_epoch
 from utils.errors import BadOption, Interrupted
 from utils.files import increment_path, yaml_save
-from utils.loggers import LOGGER, CSVLogger, TensorBoardLogger, set_logging
+from utils.loggers import LOGGER, build_loggers, set_logging
 from utils.loss import criterion_class
 from utils.profiling import RunProfile
 from utils.schedule import Schedule
@@ -136,9 +136,13 @@ class BaseTrainer:
 
     # ---------------------------------------------------------------- callbacks (engine/callbacks.py)
     def default_callbacks(self):
-        """The listeners every run has: results.csv, TensorBoard scalars and, unless --noplots, the run's pictures."""
-        listeners = [CSVLogger(self.save_dir / "results.csv"), TensorBoardLogger(self.save_dir)]
-        return listeners if self.opt.noplots else [*listeners, RunPlots()]
+        """Rank 0's listeners: unless --noplots the run's pictures, then the --loggers (results.csv, TensorBoard,
+        trackers), which send those pictures on. The other ranks write and report nothing."""
+        if not self.is_main:
+            return []
+        plots = not self.opt.noplots
+        loggers = build_loggers(self.opt.loggers, self.save_dir, plots=plots, log_model=self.opt.log_model)
+        return [RunPlots(), *loggers] if plots else loggers
 
     def add_callback(self, event, fn):
         self.callbacks.add(event, fn)

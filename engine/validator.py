@@ -145,6 +145,11 @@ class BaseValidator:
     def print_results(self, final=False):
         raise NotImplementedError
 
+    def class_table(self):
+        """(columns, rows) of the last validation per class, as the final one prints them; ([], []) where there is
+        none. Rank 0 (it merged the shards). Trackers send it at the end of training."""
+        return [], []
+
     def plot_val_batch(self, batch, preds, bi):
         """Optional: save val_batch{bi}_labels.jpg and val_batch{bi}_pred.jpg."""
 

@@ -7,7 +7,8 @@ SIGKILL, as the OOM killer or a lost node would: KILL_AT="epoch:batch" before it
 KILL_IN_SAVE=1, inside the first checkpoint write at or after that point, leaving a partial temp file beside
 last.pt. At the end, rank 0 writes the fp32 weights of the model and its EMA to <run>/final_weights.pt, and each
 rank appends "restart epoch batch time" of where and when it started training to <run>/starts_rank<r>.txt, and
-the killed process writes the time of its death to <run>/killed_at.txt.
+the killed process writes the time of its death to <run>/killed_at.txt. Each rank also writes which tracker packages
+it imported to <run>/trackers_rank<r>.txt (only rank 0 may talk to a tracker).
 """
 
 import os
@@ -65,6 +66,9 @@ def arm(trainer):
 
 
 def report(trainer):
+    rank = max(du.get_rank(), 0)
+    imported = [m for m in ("wandb", "mlflow") if m in sys.modules]
+    (trainer.save_dir / f"trackers_rank{rank}.txt").write_text(" ".join(imported))
     if du.is_main_process():
         weights = {"model": trainer.model.state_dict(), "ema": trainer.ema.ema.state_dict()}
         torch.save({k: {n: t.detach().float().cpu() for n, t in sd.items()} for k, sd in weights.items()},

@@ -6,8 +6,11 @@ import ast
 import contextlib
 import importlib
 import io
+import os
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -106,3 +109,13 @@ def test_the_cpu_install_hint_asks_for_the_versions_requirements_allow():
               if line.startswith(("torch>", "torchvision>"))}
     hint = next(argv for _, argv in _commands(ROOT / "README.md") if "--index-url" in argv)
     assert sorted(a for a in hint if a.startswith("torch")) == sorted(wanted.values())
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")))
+def test_benchmarks_run_as_the_documents_show(script, tmp_path):
+    """`python benchmarks/<name>.py --help` from a clone, as docs/performance.md shows: no PYTHONPATH, so a script
+    that imports the project finds it by itself."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run(["timeout", "120", sys.executable, str(ROOT / "benchmarks" / script), "--help"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -124,6 +124,41 @@ def test_multi_node_loopback_recovers_a_killed_worker(elastic_setup):
     _check_run(project / "nodes", reference, "0 2")
 
 
+@pytest.mark.ddp
+def test_a_restarted_group_continues_its_tracker_runs(shapes_detect, tmp_path):
+    """Rank 1 dies in epoch 2 under torchrun --max-restarts 1, with W&B (offline) and MLflow (local store) logging:
+    the restart continues the same tracker runs, each epoch is logged once, and only rank 0 imported a tracker."""
+    from tests.utils.test_trackers import metric_steps, mlflow_runs, read_wandb
+
+    project = tmp_path / "runs"
+    args = ["--data", str(shapes_detect), "--imgsz", "64", "--batch-size", "4", "--epochs", "2", "--workers", "0",
+            "--device", "cpu", "--cfg", "yolov5n.yaml", "--noplots", "--project", str(project), "--name", "exp",
+            "--loggers", "csv", "wandb", "mlflow"]
+    env = {k: v for k, v in _env().items() if k != "MLFLOW_TRACKING_URI"}
+    # wandb-core writes the offline run file every 15 s and drops what it holds when its process dies: at 0.2 s the
+    # first epoch's row is on disk before rank 1 dies, 3 batches into the second epoch
+    env.update(KILL_RANK="1", KILL_AT="1:3", WANDB_MODE="offline", WANDB_SILENT="true",
+               WANDB__TRANSACTION_LOG_FLUSH_INTERVAL="0.2",
+               **{k: str(tmp_path / k.lower()) for k in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR")})
+    launcher = ["torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1", "--master_port",
+                str(free_port())]
+    r = _launch(launcher, args, env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_dir = project / "exp"
+    assert (run_dir / "killed_at.txt").is_file() and "torchrun restart 1" in r.stdout
+    client, runs = mlflow_runs(project)
+    assert len(runs) == 1, "one MLflow run: rank 1 opened none, the restart opened none"
+    assert runs[0].info.status == "FINISHED"
+    assert metric_steps(client, runs[0], "train/box_loss") == [1, 2]
+    assert metric_steps(client, runs[0], "metrics/mAP50_B") == [1, 2]
+    wandb_runs = read_wandb(run_dir)
+    assert len(wandb_runs) == 2 and len({run_id for run_id, *_ in wandb_runs}) == 1, "one W&B run id, two starts"
+    logged = [step for _, _, history, _ in wandb_runs for step, row in history.items() if "train/box_loss" in row]
+    assert logged == [1, 2]
+    assert (run_dir / "trackers_rank0.txt").read_text().split() == ["wandb", "mlflow"]
+    assert (run_dir / "trackers_rank1.txt").read_text() == "", "rank 1 imported a tracker package"
+
+
 @pytest.mark.slow
 def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tmp_path):
     """An interrupted run resumed by hand with --resume ends with the weights of an uninterrupted one: between

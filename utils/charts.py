@@ -4,14 +4,10 @@ Figures are built with `matplotlib.figure.Figure` and saved directly (no pyplot)
 window, and safe to call from any thread.
 """
 
-import contextlib
-import copy
 import csv
-import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from utils.plots import colors
 
@@ -185,9 +181,10 @@ def draw_confusion_matrix(array, labels, path, normalize=True):
 
 
 class RunPlots:
-    """Trainer callbacks (engine/callbacks.py) that draw a run's pictures on rank 0: labels.jpg and the TensorBoard
-    model graph after set-up, results.png at the end (a second or more of matplotlib per call: too slow for every
-    epoch of small runs), then every image of the run folder to TensorBoard.
+    """Trainer callbacks (engine/callbacks.py) that draw a run's pictures on rank 0: labels.jpg after set-up,
+    results.png from results.csv at the end (a second or more of matplotlib per call: too slow for every epoch of small
+    runs; no results.csv, with --loggers leaving out csv: no results.png). Attached before the loggers, which send the
+    pictures on (TensorBoard, trackers).
 
     The validator draws its own charts (val batches, curves, confusion matrices) on the final validation.
     """
@@ -195,54 +192,8 @@ class RunPlots:
     def on_pretrain_routine_end(self, trainer):
         cls, boxes = trainer.train_set.label_arrays()
         plot_labels(cls, boxes, trainer.names, trainer.save_dir / "labels.jpg")
-        with _tensorboard(trainer.save_dir) as writer:
-            if writer is not None:
-                _add_graph(writer, trainer.model, int(max(trainer.model.stride)))
 
     def on_train_end(self, trainer):
-        if not trainer.is_main:  # an event of every rank
-            return
-        plot_results(trainer.save_dir / "results.csv")
-        with _tensorboard(trainer.save_dir) as writer:
-            if writer is not None:
-                for f in sorted([*trainer.save_dir.glob("*.png"), *trainer.save_dir.glob("*.jpg")]):
-                    _add_image_file(writer, f)
-
-
-@contextlib.contextmanager
-def _tensorboard(log_dir):
-    """A SummaryWriter on the run folder (TensorBoard reads every event file there), or None without tensorboard."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        yield None
-        return
-    writer = SummaryWriter(str(log_dir))
-    try:
-        yield writer
-    finally:
-        writer.close()
-
-
-def _add_image_file(writer, path):
-    """A PNG or JPEG file to TensorBoard as it is encoded (TensorBoard shows either). `add_image` would decode it and
-    encode it again as PNG, which costs more than drawing the picture did."""
-    from PIL import Image
-    from tensorboard.compat.proto.summary_pb2 import Summary  # installed with tensorboard, which is optional
-
-    try:
-        with Image.open(path) as im:  # reads the header only
-            width, height = im.size
-    except OSError:  # not a picture after all: skipped, as an unreadable one always was
-        return
-    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=path.read_bytes())
-    writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=path.stem, image=image)]), 0)
-
-
-def _add_graph(writer, model, stride):
-    """The inference graph of a copy of the model (tracing must not touch the training model's mode or state)."""
-    net = copy.deepcopy(model).float().cpu().eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the tracer's notes on Python values taken from tensors
-        # non-strict: the heads return lists of level outputs
-        writer.add_graph(net, torch.zeros(1, 3, 2 * stride, 2 * stride), use_strict_trace=False)
+        results = trainer.save_dir / "results.csv"
+        if trainer.is_main and results.is_file():  # an event of every rank
+            plot_results(results)

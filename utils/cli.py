@@ -6,7 +6,7 @@ import sys
 
 from utils import dist as du
 from utils.errors import BadOption
-from utils.loggers import LOGGER
+from utils.loggers import DEFAULT_LOGGERS, LOGGER, LOGGERS, check_loggers
 
 
 def str2bool_or_path(v):
@@ -32,7 +32,10 @@ def in_interval(value, interval):
 
 
 def check_options(opt):
-    """BadOption naming the first option whose value is outside OPTION_RANGES (before the script does any work)."""
+    """BadOption naming the first option whose value is outside OPTION_RANGES, or a --loggers name that is not a logger
+    (before the script does any work). A Python caller's `loggers="wandb,mlflow"` becomes the list the parser makes."""
+    if hasattr(opt, "loggers"):
+        opt.loggers = check_loggers(opt.loggers)
     for dest, interval in OPTION_RANGES.items():
         values = getattr(opt, dest, None)
         for v in values if isinstance(values, list) else [values]:
@@ -55,6 +58,17 @@ def options_from_kwargs(parse_opt, options):
     if hasattr(opt, "given"):
         opt.given = sorted(options)
     return opt
+
+
+class LoggersAction(argparse.Action):
+    """--loggers wandb mlflow, --loggers wandb,mlflow, or --loggers repeated: the names given replace the default."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = [] if getattr(namespace, self.dest) is self.default else getattr(namespace, self.dest)
+        try:
+            setattr(namespace, self.dest, check_loggers([*given, *values]))
+        except BadOption as e:
+            raise argparse.ArgumentError(None, str(e)) from None  # the message names the option
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -170,6 +184,12 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p.add_argument("--profile", action="store_true",
                    help="print where the run's wall time went (start-up, set-up, data wait, forward/backward, ...) "
                         "and write profile.json; on CUDA, synchronizes at each timed region's ends")
+    p.add_argument("--loggers", nargs="+", action=LoggersAction, default=list(DEFAULT_LOGGERS), metavar="NAME",
+                   help=f"what records the run, of {', '.join(LOGGERS)}; names given replace the default "
+                        f"{' '.join(DEFAULT_LOGGERS)} (name them too to keep them); a comma list or the option "
+                        f"repeated also work; trackers: README.md, Experiment tracking")
+    p.add_argument("--no-log-model", dest="log_model", action="store_false",
+                   help="trackers do not receive best.pt at the end (large models; by default they do)")
     return p
 
 

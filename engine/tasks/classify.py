@@ -149,11 +149,16 @@ class ClassificationValidator(BaseValidator):
     def print_results(self, final=False):
         LOGGER.info(("%22s" + "%11.3g" * 2) % ("all", self.metrics.top1, self.metrics.top5))
         if final:
-            m = self.confusion.matrix  # [predicted, true]
-            for c, name in self.names.items():
-                if m[:, c].sum():
-                    LOGGER.info(("%22s" + "%11.3g") % (name, m[c, c] / m[:, c].sum()))
+            for name, _, top1 in self.class_table()[1]:
+                LOGGER.info(("%22s" + "%11.3g") % (name, top1))
             self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
+
+    def class_table(self):
+        """class, images, top-1 accuracy, for each class the validation set holds."""
+        m = self.confusion.matrix  # [predicted, true]
+        rows = [[name, int(m[:, c].sum()), float(m[c, c] / m[:, c].sum())] for c, name in self.names.items()
+                if m[:, c].sum()]
+        return ["class", "images", "metrics/accuracy_top1"], rows
 
     def plot_metrics(self):
         for normalize in (False, True):

@@ -269,11 +269,20 @@ class DetectionValidator(BaseValidator):
         LOGGER.info(pf % ("all", self.seen, self.nt_per_class.sum(), *self.metrics.mean_results()))
         if self.nt_per_class.sum() == 0:
             LOGGER.warning("no labels found in the validation set: metrics cannot be computed")
-        if final and self.nc > 1 and self.has_preds:
-            for i, c in enumerate(self.metrics.ap_class_index):
-                LOGGER.info(pf % (self.names[c], self.seen, self.nt_per_class[c], *self.metrics.class_result(i)))
+        if final and self.nc > 1:
+            for row in self.class_table()[1]:
+                LOGGER.info(pf % tuple(row))
         if final:
             self.print_speed((1, 3, self.args.imgsz, self.args.imgsz))
+
+    def class_table(self):
+        """class, images, instances, then the metrics under their results.csv names, for each class predicted."""
+        columns = ["class", "images", "instances", *self.metrics.keys]
+        if not self.has_preds:
+            return columns, []
+        rows = [[self.names[c], self.seen, int(self.nt_per_class[c]), *self.metrics.class_result(i)]
+                for i, c in enumerate(self.metrics.ap_class_index)]
+        return columns, rows
 
     def plot_metrics(self):
         names = list(self.names.values())

@@ -30,7 +30,8 @@ def _trainer(seed, epochs=10):
 def test_loop_state_round_trips_through_a_checkpoint(tmp_path):
     checkpointer = Checkpointer(tmp_path, save_interval="3it")
     saved = LoopState(epoch=3, batch=5, last_opt_step=25, best_fitness=0.25, best_epoch=2,
-                      metrics={"fitness": 0.25, "metrics/mAP50(B)": 0.5}, mean_losses=torch.tensor([0.5, 0.25, 1.0]))
+                      metrics={"fitness": 0.25, "metrics/mAP50(B)": 0.5}, mean_losses=torch.tensor([0.5, 0.25, 1.0]),
+                      tracker_runs={"wandb": "abc123", "mlflow": "0f9e"})
     source = _trainer(0)
     source.ema.updates = 9
     ckpt = checkpointer.checkpoint(source, saved, ranks=[Checkpointer.rank_state(saved)])
@@ -58,3 +59,11 @@ def test_a_finished_run_is_not_restored(tmp_path):
     checkpointer.save_last(checkpointer.checkpoint(_trainer(0), state, ranks=[Checkpointer.rank_state(state)]))
     with pytest.raises(BadCheckpoint, match="training to 10 epochs is finished"):
         checkpointer.restore(_trainer(0), checkpointer.last)
+
+
+def test_a_checkpoint_older_than_tracker_runs_restores_with_none():
+    older = {"epoch": 1, "batch": 0, "last_opt_step": 7, "best_fitness": 0.1, "best_epoch": 1, "metrics": {}}
+    state = LoopState.from_checkpoint(older)
+    assert state.tracker_runs == {} and state.epoch == 2
+    state.tracker_runs["wandb"] = "x"  # a tracker records its run: the next checkpoint holds it
+    assert state.to_checkpoint()["tracker_runs"] == {"wandb": "x"}

@@ -1,0 +1,143 @@
+"""What every experiment tracker sends, when, and how a failing one never costs the run.
+
+A tracker (W&B, MLflow) is a listener of the declared events (engine/callbacks.py), attached on global rank 0 only
+(utils.loggers.build_loggers), so no other rank imports its package. A subclass says how to talk to its package
+(`open`, `log_step`, `log_final`, `log_weights`, `close`); this class decides what goes when:
+- set-up done: a run is opened with the options and hyperparameters as its config, named after --project and the run
+  folder, or the run whose id the checkpoint holds (`LoopState.tracker_runs`) is continued: a --resume and a torchrun
+  restart go on in the same tracker run. The id is recorded before any checkpoint is written. labels.jpg goes too.
+- each epoch's end: the epoch's results.csv row under the same names, at step = the epoch as results.csv numbers it
+  (from 1), and the pictures drawn since (the first training batches). A resumed run starts after the last saved
+  epoch, so no step is sent twice.
+- the end: the final validation's pictures and results.png, its per-class table, best.pt (unless --no-log-model),
+  then the run is closed; an interrupted run (Ctrl-C) is closed as such, for --resume to continue it.
+Any Exception on the way (the package not installed, no login, a network error, a bug in the package) is one warning
+naming the tracker; the tracker is then off for the rest of the run, and training goes on.
+"""
+
+import importlib
+
+from utils.loggers import LOGGER
+
+PICTURES = ("*.jpg", "*.png")  # what the run draws into its folder (utils/charts.py, utils/plots.py)
+
+
+class TrackerOff(Exception):
+    """Why a tracker cannot start, said in full by its message (no exception type needed in the warning)."""
+
+
+class Tracker:
+    name = ""  # as --loggers names it, and the key of its run id in the checkpoint
+    install = ""  # the pip package
+
+    def __init__(self, log_model=True):
+        self.log_model = log_model
+        self.active = False  # a run is open and nothing has failed
+        self.sent = {}  # picture name -> modification time when sent: a redrawn picture is sent again
+
+    # ---------------------------------------------------------------- what a subclass implements
+    def open(self, trainer, run_id):
+        """Open a run, or continue `run_id` (None: a new run); return the run's id."""
+        raise NotImplementedError
+
+    def log_step(self, metrics, pictures, step):
+        """One step's metrics {name: float} and pictures [paths], either possibly empty, sent for good: a process
+        killed after this call has lost nothing it sent."""
+        raise NotImplementedError
+
+    def log_final(self, pictures, table, step):
+        """The end's pictures and the final validation's per-class `table` (columns, rows; rows may be empty), after
+        the last epoch's step `step`."""
+        raise NotImplementedError
+
+    def log_weights(self, path, step):
+        raise NotImplementedError
+
+    def close(self, interrupted=False):
+        raise NotImplementedError
+
+    def where(self):
+        """Where the user finds the run, for the start message."""
+        return ""
+
+    # ---------------------------------------------------------------- the events
+    def on_pretrain_routine_end(self, trainer):
+        self._guarded("starting", self._start, trainer)
+
+    def on_fit_epoch_end(self, trainer):
+        if self.active:
+            self._guarded("logging the epoch", self._log_epoch, trainer)
+
+    def on_train_end(self, trainer):
+        if self.active:
+            self._guarded("finishing", self._finish, trainer)
+
+    def on_train_interrupted(self, trainer):
+        if self.active:
+            self._guarded("closing", self._close, True)
+
+    def _guarded(self, what, fn, *args):
+        try:
+            fn(*args)
+        except Exception as e:  # a tracker's failure of any kind is reported and ends its logging, never the run
+            reason = str(e) if isinstance(e, TrackerOff) else f"{type(e).__name__}: {e}"
+            LOGGER.warning(f"WARNING: {self.name}: {what} failed, training goes on without {self.name}: {reason}")
+            if self.active:
+                self.active = False
+                try:
+                    self.close(interrupted=True)
+                except Exception:  # reported once already: the first error is the one worth reading
+                    pass
+
+    def _close(self, interrupted):
+        self.active = False
+        self.close(interrupted)
+
+    # ---------------------------------------------------------------- what is sent when
+    def require(self, module):
+        """The tracker's package, imported now (never at import time: a run that does not name it needs none)."""
+        try:
+            return importlib.import_module(module)
+        except ImportError as e:
+            raise TrackerOff(f"{module} cannot be imported ({e}); pip install {self.install}") from None
+
+    def _start(self, trainer):
+        previous = trainer.state.tracker_runs.get(self.name)
+        run_id = self.open(trainer, previous)
+        trainer.state.tracker_runs[self.name] = run_id
+        self.active = True
+        LOGGER.info(f"{self.name}: {'continuing' if previous == run_id else 'started'} run {run_id}{self.where()}")
+        pictures = self._new_pictures(trainer.save_dir)
+        if previous != run_id and pictures:  # a continued run sent what it drew before it stopped
+            self.log_step({}, pictures, trainer.state.epoch)
+
+    def _log_epoch(self, trainer):
+        self.log_step(dict(trainer.epoch_row), self._new_pictures(trainer.save_dir), trainer.state.epoch + 1)
+
+    def _finish(self, trainer):
+        step = trainer.state.epoch  # the loop has moved past the last epoch: its results.csv number
+        self.log_final(self._new_pictures(trainer.save_dir), trainer.validator.class_table(), step)
+        best = trainer.checkpointer.best
+        if self.log_model and best.is_file():
+            self.log_weights(best, step)
+        self._close(interrupted=False)
+
+    def _new_pictures(self, save_dir):
+        """The pictures written or redrawn since the last call (all of them the first time)."""
+        new = []
+        for path in sorted(p for pattern in PICTURES for p in save_dir.glob(pattern)):
+            mtime = path.stat().st_mtime_ns
+            if self.sent.get(path.name) != mtime:
+                self.sent[path.name] = mtime
+                new.append(path)
+        return new
+
+
+def run_config(trainer):
+    """A run's config for a tracker: every option, and the hyperparameters under `hyp`."""
+    return {**trainer.opt.to_dict(), "hyp": dict(trainer.hyp)}
+
+
+def project_name(trainer):
+    """--project as given, or the task's default (runs/train)."""
+    return str(trainer.opt.project or trainer.default_project)
