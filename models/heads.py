@@ -258,7 +258,9 @@ class Pose(AnchorFreeDetect):
         if self.training:
             return out, kpt
         with no_autocast(kpt):
-            decoded = self.decode_keypoints(head_precision(kpt, out[0]), out[1])
+            # the maps only give the grid's shape, but make_anchors builds it in their dtype: the decode's, not bf16's
+            maps = [head_precision(xi, out[0]) for xi in out[1]]
+            decoded = self.decode_keypoints(head_precision(kpt, out[0]), maps)
         return torch.cat((out[0], decoded), 1), (out[1], kpt)
 
     def decode_keypoints(self, kpt, feats):
