@@ -1,9 +1,12 @@
-"""The v8 pose criterion's keypoint terms against hand-written formulas."""
+"""The v8 pose criterion's keypoint terms against hand-written formulas, and its loss items against Ultralytics'."""
 
 import math
+import sys
+from pathlib import Path
 
 import torch
 
+from models.yolo import PoseModel
 from utils.loss.v8pose import V8PoseLoss, keypoint_location_loss
 from utils.metrics import COCO_KPT_SIGMAS, keypoint_sigmas
 
@@ -36,3 +39,26 @@ def test_decoded_keypoints_in_grid_units():
     kpt = torch.tensor([[[0.25, -1.0], [0.5, 2.0], [0.7, -0.7]]])  # (B, K * ndim, A)
     out = crit.decode_keypoints(anchors, kpt)
     torch.testing.assert_close(out[0, :, 0], torch.tensor([[0.5, 1.0, 0.7], [1.0, 5.0, -0.7]]))
+
+
+def test_loss_items_equal_ultralytics_v8_pose_loss():
+    """The same model, weights and batch as tests/models/fixtures/make_pose_loss.py gave Ultralytics' v8PoseLoss:
+    the five loss items agree (box, pose, kobj, cls, dfl at the official gains)."""
+    fixtures = Path(__file__).resolve().parents[2] / "models" / "fixtures"
+    sys.path.insert(0, str(fixtures))
+    sys.path.insert(0, str(fixtures.parent))
+    try:
+        from make_pose_loss import batch
+        from parity_weights import seeded_state
+    finally:
+        del sys.path[:2]
+    ref = torch.load(fixtures / "yolov8n-pose_loss.pt", weights_only=True)
+    torch.manual_seed(0)
+    model = PoseModel("yolov8n-pose.yaml", nc=2)
+    model.load_state_dict(seeded_state(model.state_dict()))
+    x, bi, cls, boxes, kpts = batch()
+    torch.testing.assert_close(kpts, ref["kpts"])
+    crit = model.init_criterion({"box": 7.5, "cls": 0.5, "dfl": 1.5, "pose": 12.0, "kobj": 1.0})
+    targets = torch.cat([bi[:, None], cls, boxes], 1)
+    _, items = crit(model.train()(x), {"targets": targets, "keypoints": kpts})
+    torch.testing.assert_close(items, ref["items"], rtol=1e-4, atol=1e-5)
