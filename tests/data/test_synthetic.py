@@ -105,3 +105,26 @@ def test_workers_write_the_same_bytes(tmp_path):
     files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
     assert len(files) == 48 and files == sorted(p.relative_to(two) for p in two.rglob("*") if p.is_file())
     assert all((one / f).read_bytes() == (two / f).read_bytes() for f in files)
+
+
+def test_pose_labels_are_rectangle_corners_hidden_where_covered(tmp_path):
+    """Pose labels: every instance a rectangle, its 4 keypoints the drawn polygon's corners in its own order, visible
+    (2) unless a later shape covers the corner (0); the corner_visibility rule checked on a hand-made overlap."""
+    from utils.data.synthetic import POSE_CLASS, Shape, corner_visibility
+
+    root = generate_dataset(tmp_path / "pose", task="pose", n_train=4, n_val=1, seed=0, min_side=96, max_side=128)
+    for i in range(4):
+        _, _, shapes = render_sample(0, "train", i, 96, 128, task="pose")
+        img = cv2.imread(str(root / "images" / "train" / f"{i:05d}.jpg"))
+        h, w = img.shape[:2]
+        rows = np.loadtxt(root / "labels" / "train" / f"{i:05d}.txt", ndmin=2)
+        assert len(rows) == len(shapes) and all(s.cls == POSE_CLASS for s in shapes) and (rows[:, 0] == 0).all()
+        kpts = rows[:, 5:].reshape(-1, 4, 3)
+        for s, k in zip(shapes, kpts):
+            np.testing.assert_allclose(k[:, :2] * (w, h), np.clip(s.polygon, 0, (w, h)), atol=0.01)
+        assert set(np.unique(kpts[..., 2])) <= {0, 2}
+    square = np.array([[10, 10], [40, 10], [40, 40], [10, 40]], np.float32)
+    cover = np.array([[30, 30], [60, 30], [60, 60], [30, 60]], np.float32)  # hides the square's bottom-right
+    vis = corner_visibility([Shape(1, square, (0, 0, 255)), Shape(1, cover, (0, 255, 0))], 64, 64)
+    np.testing.assert_array_equal(vis[0], [2, 2, 0, 2])
+    np.testing.assert_array_equal(vis[1], [2, 2, 2, 2])
