@@ -10,7 +10,8 @@ The ClearML project is --project as given, the task's name the run folder's. The
 section, the hyperparameters its `Hyperparameters`. A results.csv column is a scalar titled by the part before its
 last '/' and named by the rest ('train/box_loss' -> train / box_loss; a name without '/' is both), at iteration =
 the epoch as results.csv numbers it. Pictures are debug samples titled by their file's stem, the final per-class
-table a table plot, best.pt the task's output model.
+table a table plot, best.pt the task's artifact `best.pt` (not an output model: clearml 2.1's OutputModel raises
+offline, its placeholder model lacking `locked`).
 
 A restart continues the task (Task.init(continue_last_task=<id>), iterations kept as sent: no offset). Offline, the
 session folder of that id is continued in place, its events appended and its zip rewritten whole, so one zip holds
@@ -113,7 +114,7 @@ class ClearMLTracker(Tracker):
         self.log_step({}, pictures, step)
 
     def log_weights(self, path, step):
-        self.task.update_output_model(model_path=str(path), name=path.name, iteration=step, auto_delete_file=False)
+        self.task.upload_artifact(path.name, artifact_object=str(path), metadata={"epoch": step}, wait_on_upload=True)
 
     def close(self, interrupted=False):
         task, self.task = self.task, None

@@ -48,7 +48,7 @@ class CometTracker(Tracker):
         os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")  # read when comet_ml is imported
         comet_ml = self.require("comet_ml")
         config = comet_ml.get_config()
-        online = config.get_bool(None, "comet.start.online", default=True, not_set_value=True)
+        online = config.get_bool(None, "comet.start.online", default=True, not_set_value=None)
         online = online and os.environ.get("COMET_MODE", "").lower() != "offline"
         if online and not config.get_string(None, "comet.api_key"):
             raise TrackerOff("comet: no API key (COMET_API_KEY, or comet login); COMET_START_ONLINE=false needs none")
