@@ -59,15 +59,15 @@ def read_clearml(cache_dir, task_id):
     return task, scalars, images, tables
 
 
-def read_comet(folder):
-    """[(experiment.json, [(type, payload)])] of every offline Comet zip in `folder`, oldest first, each message
-    checked against comet_ml's schema for its type."""
+def read_comet(folder, archives=None):
+    """[(experiment.json, [(type, payload)])] of every offline Comet zip in `folder` (or of `archives`), oldest first,
+    each message checked against comet_ml's schema for its type."""
     from comet_ml import schemas
 
     check = {"metric_msg": schemas.get_metric_msg_validator(), "parameter_msg": schemas.get_parameter_msg_validator(),
              "file_upload": schemas.get_upload_msg_validator(), "log_other": schemas.get_log_other_msg_validator()}
-    archives = []
-    for path in sorted(folder.glob("*.zip"), key=lambda p: p.stat().st_mtime_ns):
+    read = []
+    for path in sorted(archives or folder.glob("*.zip"), key=lambda p: p.stat().st_mtime_ns):
         with zipfile.ZipFile(path) as zf:
             meta = json.loads(zf.read("experiment.json"))
             schemas.get_experiment_file_validator().validate(meta)
@@ -78,8 +78,8 @@ def read_comet(folder):
                 check[m["type"]].validate(m["payload"])
             if m["type"] == "file_upload":
                 assert m["payload"]["file_path"] in files, "the uploaded file is in the zip"
-        archives.append((meta, [(m["type"], m["payload"]) for m in messages]))
-    return archives
+        read.append((meta, [(m["type"], m["payload"]) for m in messages]))
+    return read
 
 
 def comet_metrics(messages):
@@ -189,6 +189,44 @@ def test_a_resume_by_hand_continues_the_same_task_and_experiment(shapes_detect, 
     first = {p["key"]: p["value"] for kind, p in archives[0][1] if kind == "log_other"}
     assert first.get("interrupted") is True
     assert not [a for _, messages in archives for kind, a in comet_uploads(messages) if kind == "model-element"]
+
+
+KILLED_AFTER_FIRST_EPOCH = """
+import os, signal, sys
+import train
+from tests.utils.test_trackers import SMALL
+
+def die(trainer):  # after the trackers' on_fit_epoch_end and last.pt: the loggers are attached first
+    if trainer.state.epoch == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+train.run(data=sys.argv[1], epochs=2, project=sys.argv[2], loggers="clearml,comet", noplots=True,
+          callbacks={"on_fit_epoch_end": [die]}, **SMALL)
+"""
+
+
+def test_a_run_killed_outright_then_resumed(shapes_detect, offline_env):
+    """SIGKILL after epoch 1 (as a torchrun worker dies), then --resume: ClearML's session had epoch 1 on disk (flushed
+    at the epoch's end) and the continued session's zip holds epochs 1 and 2 once each. Comet's killed session left no
+    zip (comet_ml builds it at the end; the empty one is its probe of the folder at the start): only the resumed
+    session's, under the same key, with epoch 2."""
+    project = offline_env / "runs"
+    r = subprocess.run([sys.executable, "-c", KILLED_AFTER_FIRST_EPOCH, str(shapes_detect), str(project)], cwd=ROOT,
+                       env=os.environ.copy(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
+    cache = offline_env / "clearml-cache" / "offline"
+    [folder] = [p for p in cache.iterdir() if p.is_dir()]
+    assert not list(cache.glob("*.zip")), "the killed process never closed its session"
+    trainer, _ = train.run(resume=str(project / "exp" / "weights" / "last.pt"))
+    assert trainer.state.tracker_runs["clearml"] == folder.name
+    _, scalars, _, _ = read_clearml(offline_env / "clearml-cache", folder.name)
+    assert sorted(scalars[("train", "box_loss")]) == [1, 2] and sorted(scalars[("metrics", "mAP50(B)")]) == [1, 2]
+    zips = {z: zipfile.ZipFile(z).namelist() for z in (trainer.save_dir / "comet").glob("*.zip")}
+    readable = [z for z, names in zips.items() if "experiment.json" in names]
+    assert len(readable) == 1 and [names for names in zips.values() if "experiment.json" not in names] == [[]]
+    [(meta, messages)] = read_comet(trainer.save_dir / "comet", readable)
+    assert meta["offline_id"] == trainer.state.tracker_runs["comet"] and meta["resume_strategy"] == "get"
+    assert sorted(comet_metrics(messages)["train/box_loss"]) == [2]
 
 
 def _warnings_naming(log, name):
