@@ -206,13 +206,16 @@ train.run(data=sys.argv[1], epochs=2, project=sys.argv[2], loggers="clearml,come
 
 
 def test_a_run_killed_outright_then_resumed(shapes_detect, offline_env):
-    """SIGKILL after epoch 1 (as a torchrun worker dies), then --resume: ClearML's session had epoch 1 on disk (flushed
+    """SIGKILL after epoch 1 (as a torchrun worker dies) of a run started by a process that had a ClearML task, then
+    --resume: ClearML's session had epoch 1 on disk (flushed
     at the epoch's end) and the continued session's zip holds epochs 1 and 2 once each. Comet's killed session left no
     zip (comet_ml builds it at the end; the empty one is its probe of the folder at the start): only the resumed
     session's, under the same key, with epoch 2."""
     project = offline_env / "runs"
+    # as a process that had a ClearML task leaves it to its children: without its own task, the run would get a stub
+    env = {**os.environ, "CLEARML_PROC_MASTER_ID": f"{os.getpid()}:"}
     r = subprocess.run([sys.executable, "-c", KILLED_AFTER_FIRST_EPOCH, str(shapes_detect), str(project)], cwd=ROOT,
-                       env=os.environ.copy(), capture_output=True, text=True, timeout=300)
+                       env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
     cache = offline_env / "clearml-cache" / "offline"
     [folder] = [p for p in cache.iterdir() if p.is_dir()]
@@ -293,10 +296,7 @@ def test_a_missing_package_is_one_warning(shapes_detect, offline_env, monkeypatc
         assert f"pip install {package}" in w
 
 
-@pytest.mark.parametrize("name", ["clearml", "comet"])
-def test_starting_a_tracker_leaves_the_process_as_it_was(tmp_path, offline_env, name):
-    """The random streams, the signal handlers, sys.excepthook and sys.exit after a tracker's start are those before
-    it, and a forked child (a DataLoader worker) starts no ClearML of its own."""
+def _tracker_and_trainer(name, tmp_path):
     from engine.checkpointer import LoopState
     from utils.loggers import TRACKERS, build_loggers
 
@@ -305,7 +305,35 @@ def test_starting_a_tracker_leaves_the_process_as_it_was(tmp_path, offline_env, 
     trainer = SimpleNamespace(state=LoopState(), save_dir=tmp_path / "exp", default_project="runs/train",
                               opt=SimpleNamespace(project=str(tmp_path), to_dict=lambda: {"epochs": 1}),
                               hyp={"lr0": 0.01})
-    trainer.save_dir.mkdir()
+    trainer.save_dir.mkdir(parents=True)
+    return tracker, trainer
+
+
+def test_a_start_failing_after_the_task_opened_closes_it(tmp_path, offline_env, monkeypatch, yolo_log):
+    """ClearML's Task.init done, then the config refused: one warning, the task closed (no ClearML hooks or main task
+    left in the process); Comet's experiment started, then its parameters refused: one warning, the zip written."""
+    from clearml import Task
+    from comet_ml.experiment import CometExperiment
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("config refused")
+
+    monkeypatch.setattr(Task, "connect", refused)
+    monkeypatch.setattr(CometExperiment, "log_parameters", refused)
+    for name in ("clearml", "comet"):
+        tracker, trainer = _tracker_and_trainer(name, tmp_path / name)
+        tracker.on_pretrain_routine_end(trainer)
+        [w] = _warnings_naming(yolo_log, name)
+        assert "starting failed" in w and "RuntimeError: config refused" in w and not tracker.active
+    assert Task.current_task() is None
+    assert [z.name for z in (tmp_path / "comet" / "exp" / "comet").glob("*.zip")]
+
+
+@pytest.mark.parametrize("name", ["clearml", "comet"])
+def test_starting_a_tracker_leaves_the_process_as_it_was(tmp_path, offline_env, name):
+    """The random streams, the signal handlers, sys.excepthook and sys.exit after a tracker's start are those before
+    it, and a forked child (a DataLoader worker) starts no ClearML of its own."""
+    tracker, trainer = _tracker_and_trainer(name, tmp_path)
     handler = signal.signal(signal.SIGINT, lambda *a: None)
     before = (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist(),
               signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.excepthook, sys.exit)
@@ -322,3 +350,20 @@ def test_starting_a_tracker_leaves_the_process_as_it_was(tmp_path, offline_env, 
     finally:
         tracker.on_train_interrupted(trainer)
         signal.signal(signal.SIGINT, handler)
+
+
+def test_a_run_id_that_is_not_text_is_one_warning_and_never_reaches_the_checkpoint(tmp_path, yolo_log):
+    """A package handing back an object for an id (ClearML's stub task does): the checkpoint, which stores the id,
+    could not be saved with it; the tracker is off instead."""
+    from tests.utils.test_trackers import Flaky, _drive, _fake_trainer
+
+    class Odd(Flaky):
+        def open(self, trainer, run_id):
+            super().open(trainer, run_id)
+            return object()
+
+    tracker, trainer = Odd(), _fake_trainer(tmp_path)
+    _drive(tracker, trainer, [0, 1])
+    [w] = _warnings_naming(yolo_log, "flaky")
+    assert "starting failed" in w and "gave no run id" in w
+    assert trainer.state.tracker_runs == {} and [c[0] for c in tracker.calls] == ["open", "close"]

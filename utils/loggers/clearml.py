@@ -4,7 +4,7 @@ Online after `clearml-init` (clearml.conf) or with CLEARML_API_HOST, CLEARML_API
 CLEARML_API_SECRET_KEY. Without credentials, or with a server that does not answer its ping within 10 s, the tracker
 is off with one warning: ClearML itself would retry for minutes while every rank waits. CLEARML_OFFLINE_MODE=1 needs
 neither: the task is written as an offline session, <CLEARML_CACHE_DIR or ~/.clearml/cache>/offline/<task id>/ and a
-zip of it beside, which `clearml-task`-free Python uploads later: `Task.import_offline_session("<id>.zip")`.
+zip of it beside, uploaded later from Python with `Task.import_offline_session("<id>.zip")`.
 
 The ClearML project is --project as given, the task's name the run folder's. The options are the task's `Args`
 section, the hyperparameters its `Hyperparameters`. A results.csv column is a scalar titled by the part before its
@@ -26,8 +26,12 @@ monitoring, repository and package detection (a thread that stores the uncommitt
 to 5 minutes for), reseeding every random generator (Task.set_random_seed(None)), the reporting subprocess forked from
 the training process (reports are written by a thread and flushed at each epoch's end), and the fork hook that would
 start ClearML in every DataLoader worker (unbound as Task.close unbinds it). Its signal handlers, sys.excepthook and
-sys.exit are put back by the shared rules (tracker.kept_process_state).
+sys.exit are put back by the shared rules (tracker.kept_process_state). A run started by a process that had a ClearML
+task (a sweep driver, a test suite) inherits CLEARML_PROC_MASTER_ID naming that process, which makes Task.init return
+a stub or the parent's task: the run asked for a task of its own, so that inherited marker is dropped.
 """
+
+import os
 
 from utils.loggers.tracker import Tracker, TrackerOff, project_name, run_config
 
@@ -35,6 +39,7 @@ from utils.loggers.tracker import Tracker, TrackerOff, project_name, run_config
 FRAMEWORKS = ("matplotlib", "tensorflow", "tensorboard", "pytorch", "xgboost", "scikit", "fastai", "lightgbm",
               "hydra", "detect_repository", "tfdefines", "joblib", "megengine", "catboost", "gradio")
 PING_TIMEOUT = 10  # seconds for the server to answer before the tracker is off
+MASTER_VARS = ("CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID")  # "<pid>:<task id>" of the process with the task
 
 
 def scalar_name(column):
@@ -60,6 +65,9 @@ class ClearMLTracker(Tracker):
             Task.set_offline(True)
         if not Task.is_offline():
             self._check_server()
+        for var in MASTER_VARS:  # set by a ClearML task in a parent process, this one would get a stub or its task
+            if os.environ.get(var, "").partition(":")[0] not in ("", str(os.getpid())):
+                del os.environ[var]
         Task.set_random_seed(None)
         Task._report_subprocess_enabled = False  # what clearml.conf's development.report_use_subprocess sets
         self.task = Task.init(project_name=project_name(trainer), task_name=trainer.save_dir.name,

@@ -85,15 +85,14 @@ class Tracker:
             self._guarded("closing", self._close, True)
 
     def _guarded(self, what, fn, *args):
-        try:
-            with kept_process_state():
+        with kept_process_state():  # closing after a failure too: ClearML's close sets signal handlers of its own
+            try:
                 fn(*args)
-        except Exception as e:  # a tracker's failure of any kind is reported and ends its logging, never the run
-            reason = str(e) if isinstance(e, TrackerOff) else f"{type(e).__name__}: {e}"
-            LOGGER.warning(f"WARNING: {self.name}: {what} failed, training goes on without {self.name}: {reason}")
-            if self.active:
+            except Exception as e:  # a tracker's failure of any kind is reported and ends its logging, never the run
+                reason = str(e) if isinstance(e, TrackerOff) else f"{type(e).__name__}: {e}"
+                LOGGER.warning(f"WARNING: {self.name}: {what} failed, training goes on without {self.name}: {reason}")
                 self.active = False
-                try:
+                try:  # a start that failed after opening its run closes it too; close() with nothing open does nothing
                     self.close(interrupted=True)
                 except Exception:  # reported once already: the first error is the one worth reading
                     pass
@@ -113,6 +112,8 @@ class Tracker:
     def _start(self, trainer):
         previous = trainer.state.tracker_runs.get(self.name)
         run_id = self.open(trainer, previous)
+        if not isinstance(run_id, str) or not run_id:  # the checkpoint stores it: plain text, or it could not be saved
+            raise TrackerOff(f"{self.name}: the package gave no run id ({type(run_id).__name__} {run_id!r})")
         trainer.state.tracker_runs[self.name] = run_id
         self.active = True
         LOGGER.info(f"{self.name}: {'continuing' if previous == run_id else 'started'} run {run_id}{self.where()}")
