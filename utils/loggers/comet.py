@@ -14,10 +14,11 @@ would log torch and TensorBoard a second time: COMET_DISABLE_AUTO_LOGGING=1 is s
 
 A restart continues the experiment by its key (comet_ml.start(experiment_key=..., mode="get")). Offline, that writes
 another zip under the same key, which `comet upload` appends to the experiment the first zip created: upload them in
-order. comet_ml builds the offline zip when the experiment ends, from a temporary folder: a run stopped by Ctrl-C or
-SIGTERM leaves its zip, a worker killed outright (SIGKILL, an out-of-memory kill) leaves only an empty <key>.zip (the
-probe comet_ml writes at the start; nothing to upload), and its epochs since that start are not in Comet; the
-restarted run goes on under the same key from its checkpoint. Online, each epoch is flushed to the server as it ends.
+order. comet_ml builds the offline zip when the experiment ends, from a temporary folder: a run stopped by Ctrl-C (or
+by SIGTERM outside torchrun) leaves its zip; a worker killed outright (SIGKILL, an out-of-memory kill, or the SIGTERM
+with which torchrun's agent ends the survivors of a failed group) leaves only an empty <key>.zip (the probe comet_ml
+writes at the start; nothing to upload), and its epochs since that start are not in Comet. The restarted run goes on
+under the same key from its checkpoint. Online, each epoch is flushed to the server as it ends.
 """
 
 import os
