@@ -191,6 +191,29 @@ def test_a_resume_by_hand_continues_the_same_task_and_experiment(shapes_detect, 
     assert not [a for _, messages in archives for kind, a in comet_uploads(messages) if kind == "model-element"]
 
 
+def test_a_clearml_session_gone_from_the_cache_goes_on_in_a_new_one_under_the_same_id(shapes_detect, offline_env):
+    """Resumed where the first session's folder is not (another machine, a cleared cache): a new session under the
+    same task id, holding what follows only, for import_offline_session(previous_task_id=...)."""
+    import shutil
+
+    project = offline_env / "runs"
+
+    def ctrl_c_after_first_epoch(trainer):
+        if trainer.state.epoch == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        train.run(data=str(shapes_detect), epochs=2, project=str(project), loggers="clearml", noplots=True,
+                  callbacks={"on_fit_epoch_end": [ctrl_c_after_first_epoch]}, **SMALL)
+    first = offline_env / "clearml-cache"
+    shutil.move(first, offline_env / "first-session")
+    trainer, _ = train.run(resume=str(project / "exp" / "weights" / "last.pt"))
+    task_id = trainer.state.tracker_runs["clearml"]
+    _, before, _, _ = read_clearml(offline_env / "first-session", task_id)
+    _, after, _, _ = read_clearml(first, task_id)
+    assert sorted(before[("train", "box_loss")]) == [1] and sorted(after[("train", "box_loss")]) == [2]
+
+
 KILLED_AFTER_FIRST_EPOCH = """
 import os, signal, sys
 import train
