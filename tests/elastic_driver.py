@@ -67,7 +67,7 @@ def arm(trainer):
 
 def report(trainer):
     rank = max(du.get_rank(), 0)
-    imported = [m for m in ("wandb", "mlflow") if m in sys.modules]
+    imported = [m for m in ("wandb", "mlflow", "clearml", "comet_ml") if m in sys.modules]
     (trainer.save_dir / f"trackers_rank{rank}.txt").write_text(" ".join(imported))
     if du.is_main_process():
         weights = {"model": trainer.model.state_dict(), "ema": trainer.ema.ema.state_dict()}

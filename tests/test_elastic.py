@@ -126,19 +126,25 @@ def test_multi_node_loopback_recovers_a_killed_worker(elastic_setup):
 
 @pytest.mark.ddp
 def test_a_restarted_group_continues_its_tracker_runs(shapes_detect, tmp_path):
-    """Rank 1 dies in epoch 2 under torchrun --max-restarts 1, with W&B (offline) and MLflow (local store) logging:
-    the restart continues the same tracker runs, each epoch is logged once, and only rank 0 imported a tracker."""
+    """Rank 1 dies in epoch 2 under torchrun --max-restarts 1, with W&B (offline), MLflow (local store), ClearML and
+    Comet (offline) logging: the restart continues the same tracker runs, each epoch is logged once, and only rank 0
+    imported a tracker. The agent's SIGTERM ends rank 0 at once, so Comet, which writes its offline zip at the end,
+    holds only the restart's epoch, under the key of the first start (its empty probe zip)."""
+    import zipfile
+
     from tests.utils.test_trackers import metric_steps, mlflow_runs, read_wandb
+    from tests.utils.test_trackers_offline import comet_metrics, read_clearml, read_comet
 
     project = tmp_path / "runs"
     args = ["--data", str(shapes_detect), "--imgsz", "64", "--batch-size", "4", "--epochs", "2", "--workers", "0",
             "--device", "cpu", "--cfg", "yolov5n.yaml", "--noplots", "--project", str(project), "--name", "exp",
-            "--loggers", "csv", "wandb", "mlflow"]
+            "--loggers", "csv", "wandb", "mlflow", "clearml", "comet"]
     env = {k: v for k, v in _env().items() if k != "MLFLOW_TRACKING_URI"}
     # wandb-core writes the offline run file every 15 s and drops what it holds when its process dies: at 0.2 s the
     # first epoch's row is on disk before rank 1 dies, 3 batches into the second epoch
     env.update(KILL_RANK="1", KILL_AT="1:3", WANDB_MODE="offline", WANDB_SILENT="true",
-               WANDB__TRANSACTION_LOG_FLUSH_INTERVAL="0.2",
+               WANDB__TRANSACTION_LOG_FLUSH_INTERVAL="0.2", CLEARML_OFFLINE_MODE="1",
+               CLEARML_CACHE_DIR=str(tmp_path / "clearml-cache"), COMET_START_ONLINE="false",
                **{k: str(tmp_path / k.lower()) for k in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR")})
     launcher = ["torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1", "--master_port",
                 str(free_port())]
@@ -155,7 +161,14 @@ def test_a_restarted_group_continues_its_tracker_runs(shapes_detect, tmp_path):
     assert len(wandb_runs) == 2 and len({run_id for run_id, *_ in wandb_runs}) == 1, "one W&B run id, two starts"
     logged = [step for _, _, history, _ in wandb_runs for step, row in history.items() if "train/box_loss" in row]
     assert logged == [1, 2]
-    assert (run_dir / "trackers_rank0.txt").read_text().split() == ["wandb", "mlflow"]
+    [session] = [p for p in (tmp_path / "clearml-cache" / "offline").iterdir() if p.is_dir()]
+    _, scalars, _, _ = read_clearml(tmp_path / "clearml-cache", session.name)
+    assert sorted(scalars[("train", "box_loss")]) == [1, 2] and sorted(scalars[("metrics", "mAP50(B)")]) == [1, 2]
+    zips = {z: zipfile.ZipFile(z).namelist() for z in (run_dir / "comet").glob("*.zip")}
+    [probe] = [z for z, names in zips.items() if not names]
+    [(meta, messages)] = read_comet(run_dir / "comet", [z for z, names in zips.items() if names])
+    assert meta["offline_id"] == probe.stem and sorted(comet_metrics(messages)["train/box_loss"]) == [2]
+    assert (run_dir / "trackers_rank0.txt").read_text().split() == ["wandb", "mlflow", "clearml", "comet_ml"]
     assert (run_dir / "trackers_rank1.txt").read_text() == "", "rank 1 imported a tracker package"
 
 

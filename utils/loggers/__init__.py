@@ -1,7 +1,7 @@
 """The project's one logger (every module imports LOGGER from here), and the loggers `--loggers` chooses among: the
 per-epoch results.csv and TensorBoard writers here, and the experiment trackers, one module each beside this file
-(wandb.py, mlflow.py, on the shared rules of tracker.py). Each is a training callback (engine/callbacks.py) that reads
-what the trainer holds at an event, such as the epoch's row (`trainer.epoch_row`)."""
+(wandb.py, mlflow.py, clearml.py, comet.py, on the shared rules of tracker.py). Each is a training callback
+(engine/callbacks.py) that reads what the trainer holds at an event, such as the epoch's row (`trainer.epoch_row`)."""
 
 import copy
 import csv
@@ -149,9 +149,12 @@ LOGGERS = {
     "tensorboard": "TensorBoard scalars, model graph and pictures in the run folder",
     "wandb": "Weights & Biases (utils/loggers/wandb.py; pip install wandb)",
     "mlflow": "MLflow (utils/loggers/mlflow.py; pip install mlflow)",
+    "clearml": "ClearML (utils/loggers/clearml.py; pip install clearml)",
+    "comet": "Comet (utils/loggers/comet.py; pip install comet_ml)",
 }
 DEFAULT_LOGGERS = ["csv", "tensorboard"]
-TRACKERS = {"wandb": ("utils.loggers.wandb", "WandbTracker"), "mlflow": ("utils.loggers.mlflow", "MLflowTracker")}
+TRACKERS = {"wandb": ("utils.loggers.wandb", "WandbTracker"), "mlflow": ("utils.loggers.mlflow", "MLflowTracker"),
+            "clearml": ("utils.loggers.clearml", "ClearMLTracker"), "comet": ("utils.loggers.comet", "CometTracker")}
 
 
 def check_loggers(value):

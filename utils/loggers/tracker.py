@@ -1,8 +1,8 @@
 """What every experiment tracker sends, when, and how a failing one never costs the run.
 
-A tracker (W&B, MLflow) is a listener of the declared events (engine/callbacks.py), attached on global rank 0 only
-(utils.loggers.build_loggers), so no other rank imports its package. A subclass says how to talk to its package
-(`open`, `log_step`, `log_final`, `log_weights`, `close`); this class decides what goes when:
+A tracker (W&B, MLflow, ClearML, Comet) is a listener of the declared events (engine/callbacks.py), attached on global
+rank 0 only (utils.loggers.build_loggers), so no other rank imports its package. A subclass says how to talk to its
+package (`open`, `log_step`, `log_final`, `log_weights`, `close`); this class decides what goes when:
 - set-up done: a run is opened with the options and hyperparameters as its config, named after --project and the run
   folder, or the run whose id the checkpoint holds (`LoopState.tracker_runs`) is continued: a --resume and a torchrun
   restart go on in the same tracker run. The id is recorded before any checkpoint is written. labels.jpg goes too.
@@ -13,9 +13,17 @@ A tracker (W&B, MLflow) is a listener of the declared events (engine/callbacks.p
   then the run is closed; an interrupted run (Ctrl-C) is closed as such, for --resume to continue it.
 Any Exception on the way (the package not installed, no login, a network error, a bug in the package) is one warning
 naming the tracker; the tracker is then off for the rest of the run, and training goes on.
+A tracker never changes the run either: each call into its package (importing it included) is made with the process
+state it may touch kept aside and put back after (`kept_process_state`), so the random streams, the signal handlers
+that stop the loop on Ctrl-C, sys.excepthook and sys.exit are those of a run without it.
 """
 
+import contextlib
 import importlib
+import random
+import signal
+import sys
+import threading
 
 from utils.loggers import LOGGER
 
@@ -77,14 +85,14 @@ class Tracker:
             self._guarded("closing", self._close, True)
 
     def _guarded(self, what, fn, *args):
-        try:
-            fn(*args)
-        except Exception as e:  # a tracker's failure of any kind is reported and ends its logging, never the run
-            reason = str(e) if isinstance(e, TrackerOff) else f"{type(e).__name__}: {e}"
-            LOGGER.warning(f"WARNING: {self.name}: {what} failed, training goes on without {self.name}: {reason}")
-            if self.active:
+        with kept_process_state():  # closing after a failure too: ClearML's close sets signal handlers of its own
+            try:
+                fn(*args)
+            except Exception as e:  # a tracker's failure of any kind is reported and ends its logging, never the run
+                reason = str(e) if isinstance(e, TrackerOff) else f"{type(e).__name__}: {e}"
+                LOGGER.warning(f"WARNING: {self.name}: {what} failed, training goes on without {self.name}: {reason}")
                 self.active = False
-                try:
+                try:  # a start that failed after opening its run closes it too; close() with nothing open does nothing
                     self.close(interrupted=True)
                 except Exception:  # reported once already: the first error is the one worth reading
                     pass
@@ -104,6 +112,8 @@ class Tracker:
     def _start(self, trainer):
         previous = trainer.state.tracker_runs.get(self.name)
         run_id = self.open(trainer, previous)
+        if not isinstance(run_id, str) or not run_id:  # the checkpoint stores it: plain text, or it could not be saved
+            raise TrackerOff(f"{self.name}: the package gave no run id ({type(run_id).__name__} {run_id!r})")
         trainer.state.tracker_runs[self.name] = run_id
         self.active = True
         LOGGER.info(f"{self.name}: {'continuing' if previous == run_id else 'started'} run {run_id}{self.where()}")
@@ -131,6 +141,35 @@ class Tracker:
                 self.sent[path.name] = mtime
                 new.append(path)
         return new
+
+
+@contextlib.contextmanager
+def kept_process_state():
+    """Put back, on the way out, what a tracker's package changes in the process that would change the run: ClearML
+    reseeds random, numpy and torch at Task.init and installs its own SIGINT/SIGTERM handlers, sys.excepthook and
+    sys.exit; comet_ml replaces sys.excepthook when imported and draws file names from `random`. Signal handlers are
+    kept only on the main thread, the only one that may set them."""
+    import numpy as np
+    import torch
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    handlers = {s: signal.getsignal(s) for s in signals}
+    hooks = sys.excepthook, sys.exit
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        sys.excepthook, sys.exit = hooks
+        if threading.current_thread() is threading.main_thread():
+            for s, handler in handlers.items():
+                if handler is not None and signal.getsignal(s) is not handler:  # None: set outside Python
+                    signal.signal(s, handler)
 
 
 def run_config(trainer):
