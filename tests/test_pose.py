@@ -92,8 +92,12 @@ def test_val_json_agrees_with_pycocotools_and_predict_writes_keypoints(pose_run,
                                               "--project", str(tmp_path / "val"), "--device", "cpu", "--workers",
                                               "0", "--save-json", "--save-txt"]))
     assert stats["metrics/mAP50-95(P)"] > 0.2
-    # pycocotools' keypoint evaluation of the same predictions (same sigmas, label areas box x 0.53)
-    assert abs(stats["coco/mAP50-95(P)"] - stats["metrics/mAP50-95(P)"]) < 0.02, stats
+    # pycocotools' keypoint evaluation of the same predictions (same sigmas, label areas box x 0.53). Measured: mAP50
+    # 0.832 ours, 0.827 COCO; mAP50-95 0.697 and 0.680: the official integration reads 0.008 above COCO's (as for boxes,
+    # utils/metrics.py), and with 16 labels one match that flips at one threshold moves it 0.006 (two do here, at
+    # OKS 0.75 and 0.95: the labels go through the letterbox and back with one gain for both axes, as official)
+    assert abs(stats["coco/mAP50(P)"] - stats["metrics/mAP50(P)"]) < 0.01, stats
+    assert abs(stats["coco/mAP50-95(P)"] - stats["metrics/mAP50-95(P)"]) < 0.03, stats
     rows = json.loads((tmp_path / "val" / "exp" / "predictions.json").read_text())
     assert len(rows[0]["keypoints"]) == 4 * 3
     saved = [line.split() for f in (tmp_path / "val" / "exp" / "labels").glob("*.txt") for line in
