@@ -93,13 +93,11 @@ def test_val_json_agrees_with_pycocotools_and_predict_writes_keypoints(pose_run,
                                               "0", "--save-json", "--save-txt"]))
     assert stats["metrics/mAP50-95(P)"] > 0.2
     # pycocotools' keypoint evaluation of the same predictions (same sigmas, label areas box x 0.53). Measured: mAP50
-    # 0.832 ours, 0.827 COCO; mAP50-95 0.697 and 0.680: the official integration reads 0.008 above COCO's (as for boxes,
-    # utils/metrics.py), and with 16 labels one match that flips at one threshold moves it 0.006. Two flip here (OKS
-    # 0.75 and 0.95): the validator maps labels back from the letterbox with the height's gain for both axes (as the
-    # official validators do), up to 0.9 px off in x at 96 px, where COCO reads the label files; on the JSON's own
-    # labels our OKS equals pycocotools' to 1e-8 and the matches are the same.
+    # 0.832 ours, 0.827 COCO; mAP50-95 0.697 and 0.690: the official integration reads about 0.008 above COCO's (as
+    # for boxes, utils/metrics.py). With one gain for both axes of the letterbox (the official validators' way) the
+    # predictions came back up to 0.9 px off in x at 96 px and COCO read 0.680; utils/ops maps each axis by its own.
     assert abs(stats["coco/mAP50(P)"] - stats["metrics/mAP50(P)"]) < 0.01, stats
-    assert abs(stats["coco/mAP50-95(P)"] - stats["metrics/mAP50-95(P)"]) < 0.03, stats
+    assert abs(stats["coco/mAP50-95(P)"] - stats["metrics/mAP50-95(P)"]) < 0.01, stats
     rows = json.loads((tmp_path / "val" / "exp" / "predictions.json").read_text())
     assert len(rows[0]["keypoints"]) == 4 * 3
     saved = [line.split() for f in (tmp_path / "val" / "exp" / "labels").glob("*.txt") for line in

@@ -124,29 +124,35 @@ def clip_coords(coords, shape):
     return coords
 
 
-def _ratio_pad(img1_shape, img0_shape, ratio_pad):
+def _gains_pad(img1_shape, img0_shape, ratio_pad):
+    """((x gain, y gain), (x pad, y pad)) of a letterbox: one gain when computed from the shapes, else the dataset's
+    own per-axis ratios (h / h0, w / w0): the resized sides were rounded to whole pixels, so they differ slightly,
+    and one gain for both axes would misplace x by up to half a resized pixel times the inverse gain."""
     if ratio_pad is None:
         gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
         pad = ((img1_shape[1] - img0_shape[1] * gain) / 2, (img1_shape[0] - img0_shape[0] * gain) / 2)
-        return gain, pad
-    return ratio_pad[0][0], ratio_pad[1]
+        return (gain, gain), pad
+    (gain_y, gain_x), pad = ratio_pad
+    return (gain_x, gain_y), pad
 
 
 def scale_boxes(img1_shape, boxes, img0_shape, ratio_pad=None):
     """Map xyxy boxes from a letterboxed image (img1_shape) back to the original (img0_shape), in place."""
-    gain, pad = _ratio_pad(img1_shape, img0_shape, ratio_pad)
+    (gx, gy), pad = _gains_pad(img1_shape, img0_shape, ratio_pad)
     boxes[..., [0, 2]] -= pad[0]
     boxes[..., [1, 3]] -= pad[1]
-    boxes[..., :4] /= gain
+    boxes[..., [0, 2]] /= gx
+    boxes[..., [1, 3]] /= gy
     return clip_boxes(boxes, img0_shape)
 
 
 def scale_coords(img1_shape, coords, img0_shape, ratio_pad=None, normalize=False):
     """Map (n, 2) points from a letterboxed image back to the original, in place."""
-    gain, pad = _ratio_pad(img1_shape, img0_shape, ratio_pad)
+    (gx, gy), pad = _gains_pad(img1_shape, img0_shape, ratio_pad)
     coords[..., 0] -= pad[0]
     coords[..., 1] -= pad[1]
-    coords[..., :2] /= gain
+    coords[..., 0] /= gx
+    coords[..., 1] /= gy
     clip_coords(coords, img0_shape)
     if normalize:
         coords[..., 0] /= img0_shape[1]

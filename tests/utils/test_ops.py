@@ -177,6 +177,19 @@ def test_scale_boxes_and_coords_undo_letterbox():
     torch.testing.assert_close(out, torch.tensor([[24.0 / w0, 30.0 / h0]]))
 
 
+def test_scale_boxes_and_coords_use_each_axis_ratio_of_the_dataset():
+    """An image of 97 x 61 drawn at 96 px: its sides round to 96 x 60, so x and y were scaled by 96/97 and 60/61.
+    The batch's ratio_pad carries both (h / h0, w / w0); mapping back by one gain would misplace x."""
+    h0, w0, w, h = 61, 97, 96, 60
+    pad = (0.0, 18.0)
+    ratio_pad = ((h / h0, w / w0), pad)
+    orig = torch.tensor([[90.0, 10.0, 97.0, 50.0]])
+    drawn = orig * torch.tensor([w / w0, h / h0, w / w0, h / h0]) + torch.tensor([*pad, *pad])
+    torch.testing.assert_close(ops.scale_boxes((96, 96), drawn.clone(), (h0, w0), ratio_pad), orig)
+    pts = drawn[:, 2:].clone()
+    torch.testing.assert_close(ops.scale_coords((96, 96), pts, (h0, w0), ratio_pad), orig[:, 2:])
+
+
 def test_box_iou_and_variants_by_hand():
     a = torch.tensor([[0.0, 0.0, 10.0, 10.0]])
     b = torch.tensor([[5.0, 5.0, 15.0, 15.0], [20.0, 20.0, 30.0, 30.0], [0.0, 0.0, 10.0, 10.0]])
