@@ -54,6 +54,9 @@ COMMON=(--device "$DEVICE" --img "$IMG" --batch-size "$BATCH" --epochs "$EPOCHS"
 step train-amp-v8 python train.py --cfg yolov8n.yaml --amp "$AMP" --name v8 "${COMMON[@]}"
 step train-amp-v5 python train.py --cfg yolov5n.yaml --amp "$AMP" --name v5 "${COMMON[@]}"
 step train-seg python segment/train.py --cfg yolov8n-seg.yaml --amp "$AMP" --name seg "${COMMON[@]}"
+step train-pose python pose/train.py --cfg yolov8n-pose.yaml --amp "$AMP" --name pose "${COMMON[@]}"
+step val-pose-half python pose/val.py --weights "$P/pose/weights/best.pt" --device "$DEVICE" --img "$IMG" $HALF \
+    --project "$P" --name val-pose --exist-ok
 step train-cls python classify/train.py --amp "$AMP" --name cls --device "$DEVICE" --img 96 \
     --batch-size "$BATCH" --epochs 1 --project "$P" --exist-ok
 step torchrun-syncbn python -m torch.distributed.run --nproc_per_node 1 --master_port 29517 train.py \
