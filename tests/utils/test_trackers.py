@@ -79,18 +79,12 @@ def tracked_run(shapes_detect, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trackers")
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DATA_DIR": str(tmp / "wandb-data"),
            "WANDB_CACHE_DIR": str(tmp / "wandb-cache"), "WANDB_CONFIG_DIR": str(tmp / "wandb-config")}
-    saved = {k: os.environ.get(k) for k in [*env, "MLFLOW_TRACKING_URI"]}
-    os.environ.update(env)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # module scope: the function-scoped monkeypatch is not available
+        for k, v in env.items():
+            mp.setenv(k, v)
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         trainer, _ = train.run(data=str(shapes_detect), epochs=2, project=str(tmp / "runs"),
                                loggers="csv,tensorboard,wandb,mlflow", **SMALL)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return trainer
 
 

@@ -102,17 +102,11 @@ def offline_run(shapes_detect, tmp_path_factory):
     """A 2-epoch run logged to ClearML and Comet offline at once."""
     tmp = tmp_path_factory.mktemp("offline-trackers")
     env = {"CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(tmp / "clearml-cache"), "COMET_START_ONLINE": "false"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # module scope: the function-scoped monkeypatch is not available
+        for k, v in env.items():
+            mp.setenv(k, v)
         trainer, _ = train.run(data=str(shapes_detect), epochs=2, project=str(tmp / "runs"),
                                loggers="csv,clearml,comet", **SMALL)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return trainer, tmp / "clearml-cache"
 
 
