@@ -182,7 +182,9 @@ class DFL(nn.Module):
     def __init__(self, c1=16):
         super().__init__()
         self.conv = nn.Conv2d(c1, 1, 1, bias=False).requires_grad_(False)
-        self.conv.weight.data[:] = torch.arange(c1, dtype=torch.float).view(1, c1, 1, 1)
+        # the bins made on the CPU whatever the default device: on the meta device (checkpoints' size check) arange
+        # runs through torch._refs, which imports torch._dynamo, most of a second at every model load
+        self.conv.weight.data.copy_(torch.arange(c1, dtype=torch.float, device="cpu").view(1, c1, 1, 1))
         self.c1 = c1
 
     def forward(self, x):

@@ -1,6 +1,7 @@
 """models/checkpoints.py: our checkpoint round trip, and loading official-style pickles without official code."""
 
 import copy
+import subprocess
 import sys
 import types
 import warnings
@@ -20,6 +21,7 @@ from models.checkpoints import (
 )
 from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 from utils.errors import BadFile
+from utils.files import ROOT
 
 X = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
 
@@ -226,3 +228,15 @@ def test_ultralytics_saved_pose_checkpoint():
         assert type(model) is PoseModel and model.kpt_shape == (5, 3) and model.nc == 1
         with torch.no_grad():
             assert_close_per_channel(model(x)[0], ref["y"])
+
+
+def test_loading_a_v8_checkpoint_does_not_import_the_compiler(tmp_path):
+    """The size check builds the layers on the meta device, where a DFL's bins made there would go through
+    torch._refs and import torch._dynamo: most of a second added to every predict, val and export command."""
+    torch.save({"model": model_to_ckpt(DetectionModel("yolov8n.yaml", nc=3))}, tmp_path / "m.pt")
+    code = ("import sys; from models.checkpoints import attempt_load; attempt_load(sys.argv[1]); "
+            "print('torch._dynamo' in sys.modules)")
+    r = subprocess.run(["timeout", "300", sys.executable, "-c", code, str(tmp_path / "m.pt")], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "False"
