@@ -282,16 +282,3 @@ def check_imgsz(imgsz, stride):
     if new != imgsz:
         LOGGER.warning(f"WARNING: --img {imgsz} is not a multiple of the model's largest stride {stride}: using {new}")
     return new
-
-
-def parse_save_interval(value):
-    """--save-interval: '10m', '90s', '2h' -> ('s', seconds); '500it' -> ('it', iterations); '0' or '' -> off."""
-    text = str(value or "0").strip().lower()
-    units = {"it": ("it", 1), "s": ("s", 1), "m": ("s", 60), "h": ("s", 3600)}
-    for suffix, (kind, scale) in units.items():
-        number = text[: -len(suffix)]
-        if text.endswith(suffix) and number.replace(".", "", 1).isdigit():
-            return (kind, float(number) * scale) if float(number) > 0 else ("off", 0)
-    if text.replace(".", "", 1).isdigit() and float(text) == 0:
-        return "off", 0
-    raise BadOption(f"--save-interval {value}: expected minutes, seconds, hours or iterations, e.g. 10m, 90s, 500it")
