@@ -22,7 +22,7 @@ from tests.utils.test_trackers import SMALL, results_rows
 from utils.errors import Interrupted
 from utils.files import ROOT
 from utils.loggers.clearml import scalar_name
-from utils.loggers.comet import comet_project
+from utils.loggers.tracker import service_project_name
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def test_comet_offline_zip_holds_every_results_column_for_both_epochs(offline_ru
     trainer, _ = offline_run
     [(meta, messages)] = read_comet(trainer.save_dir / "comet")
     assert meta["offline_id"] == trainer.state.tracker_runs["comet"]
-    assert meta["project_name"] == comet_project(str(trainer.save_dir.parent))
+    assert meta["project_name"] == service_project_name(str(trainer.save_dir.parent), 100)
     others = {p["key"]: p["value"] for kind, p in messages if kind == "log_other"}
     assert others["Name"] == trainer.save_dir.name
     sent = [p.get("param") or p["params"] for kind, p in messages if kind == "parameter_msg"]  # params: a list value

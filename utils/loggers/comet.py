@@ -22,20 +22,14 @@ under the same key from its checkpoint. Online, each epoch is flushed to the ser
 """
 
 import os
-import re
 
-from utils.loggers.tracker import Tracker, TrackerOff, project_name, run_config
+from utils.loggers.tracker import Tracker, TrackerOff, project_name, run_config, service_project_name
 
 # comet_ml's own collection, off: this tracker sends what the other trackers send, once
 COLLECT = dict(auto_output_logging=False, log_code=False, log_git_metadata=False, log_git_patch=False,
                log_env_details=False, log_env_gpu=False, log_env_cpu=False, log_env_host=False,
                log_env_network=False, log_env_disk=False, auto_param_logging=False, auto_metric_logging=False,
                parse_args=False, log_graph=False, display_summary_level=0)
-
-
-def comet_project(project):
-    """A project name Comet takes: none of / \\ # ? % : and at most 100 characters."""
-    return re.sub(r"[/\\#?%:]+", "-", project).strip("-")[:100] or "yolo"
 
 
 class CometTracker(Tracker):
@@ -56,9 +50,9 @@ class CometTracker(Tracker):
             raise TrackerOff("comet: no API key (COMET_API_KEY, or comet login); COMET_START_ONLINE=false needs none")
         folder = os.environ.get("COMET_OFFLINE_DIRECTORY") or str(trainer.save_dir / "comet")
         settings = comet_ml.ExperimentConfig(name=trainer.save_dir.name, offline_directory=folder, **COLLECT)
-        self.experiment = comet_ml.start(project_name=comet_project(project_name(trainer)), experiment_key=run_id,
-                                         mode="get" if run_id else "create", online=online,
-                                         experiment_config=settings)
+        project = service_project_name(project_name(trainer), 100)
+        self.experiment = comet_ml.start(project_name=project, experiment_key=run_id,
+                                         mode="get" if run_id else "create", online=online, experiment_config=settings)
         if not self.experiment.alive:
             raise TrackerOff("comet: the experiment did not start (no answer from the Comet server?); "
                              "COMET_START_ONLINE=false needs none")

@@ -21,6 +21,7 @@ that stop the loop on Ctrl-C, sys.excepthook and sys.exit are those of a run wit
 import contextlib
 import importlib
 import random
+import re
 import signal
 import sys
 import threading
@@ -180,3 +181,9 @@ def run_config(trainer):
 def project_name(trainer):
     """--project as given, or the task's default (runs/train)."""
     return str(trainer.opt.project or trainer.default_project)
+
+
+def service_project_name(project, max_len):
+    """A project name the hosted trackers take (W&B at most 128 characters, Comet 100): none of / \\ # ? % :, each
+    run of them one '-' (runs/train -> runs-train)."""
+    return re.sub(r"[/\\#?%:]+", "-", project).strip("-")[:max_len] or "yolo"

@@ -8,15 +8,9 @@ project name replaced by '-' (runs/train -> runs-train), the run's name is the r
 the other WANDB_* variables are wandb's own settings.
 """
 
-import re
 from pathlib import Path
 
-from utils.loggers.tracker import Tracker, TrackerOff, project_name, run_config
-
-
-def wandb_project(project):
-    """A project name W&B takes: none of / \\ # ? % : and at most 128 characters."""
-    return re.sub(r"[/\\#?%:]+", "-", project).strip("-")[:128] or "yolo"
+from utils.loggers.tracker import Tracker, TrackerOff, project_name, run_config, service_project_name
 
 
 class WandbTracker(Tracker):
@@ -33,7 +27,7 @@ class WandbTracker(Tracker):
             raise TrackerOff("wandb: not logged in (wandb login, or WANDB_API_KEY); WANDB_MODE=offline needs no login")
         # reinit: a process may train several runs (train.run from Python, --evolve); resume "allow": a run id the
         # W&B server never received (an offline run not yet synced) is opened under that id
-        self.run = wandb.init(project=wandb_project(project_name(trainer)), name=trainer.save_dir.name,
+        self.run = wandb.init(project=service_project_name(project_name(trainer), 128), name=trainer.save_dir.name,
                               dir=trainer.save_dir, id=run_id, resume="allow" if run_id else None,
                               config=run_config(trainer), allow_val_change=True, reinit="create_new")
         return self.run.id
