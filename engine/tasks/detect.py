@@ -211,7 +211,7 @@ class DetectionValidator(BaseValidator):
             image = self.decode(image, batch)
             predn = self._native_preds(pred, batch, si)
             correct = process_batch(predn[:, :6], labelsn, self.iouv.to(pred.device))
-            self.match_extra(record, image, batch, si, correct)
+            self.match_extra(record, image, batch, si, predn, labelsn, correct)
             record["tp"].append(correct.cpu())
             record["conf"].append(predn[:, 4].cpu())
             record["pred_cls"].append(predn[:, 5].cpu())
@@ -228,9 +228,10 @@ class DetectionValidator(BaseValidator):
         (segmentation: its masks)."""
         return image
 
-    def match_extra(self, record, image, batch, si, correct):
+    def match_extra(self, record, image, batch, si, predn, labelsn, correct):
         """Hook for subclasses: matches beyond the boxes' `correct` for image si's predictions `image` (segmentation
-        adds its masks')."""
+        adds its masks', pose its keypoints'); `predn` (its rows) and `labelsn` (cls, xyxy) in original-image pixels,
+        as the box matching used them."""
 
     def save_txt(self, predn, shape, file):
         file.parent.mkdir(parents=True, exist_ok=True)

@@ -121,12 +121,9 @@ class PoseValidator(DetectionValidator):
         predn[:, 6 + self.layout.nm :] = kpts.flatten(1)  # after xyxy, conf, cls (and mask coefficients)
         return predn
 
-    def match_extra(self, record, image, batch, si, correct):
+    def match_extra(self, record, image, batch, si, predn, labelsn, correct):
         """Keypoint matches of image si by OKS, in the same rows as its box matches (`correct`)."""
-        cls, tboxes = self._labels_native(batch, si)
-        if len(cls):
-            predn = self._native_preds(image["boxes"], batch, si)
-            labelsn = torch.cat([cls[:, None], tboxes], 1)
+        if len(labelsn):
             tp_p = process_keypoint_batch(predn[:, :6], labelsn, self.layout.det_keypoints(predn),
                                           self._gt_keypoints(batch, si), self.sigmas, self.iouv.to(predn.device))
         else:

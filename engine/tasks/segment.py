@@ -79,7 +79,7 @@ class SegmentationValidator(DetectionValidator):
             return instance_masks(batch["masks"][si], n)
         return batch["masks"][batch["targets"][:, 0] == si].gt(0.5)
 
-    def match_extra(self, record, image, batch, si, correct):
+    def match_extra(self, record, image, batch, si, predn, labelsn, correct):
         """Mask matches of image si, in the same rows as its box matches (`correct`)."""
         pred, pred_masks = image["boxes"], image["masks"]
         gt_cls = batch["targets"][batch["targets"][:, 0] == si, 1:2]
