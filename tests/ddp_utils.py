@@ -1,7 +1,9 @@
 """Run a function in N gloo processes (torch.multiprocessing), the way torchrun would set them up."""
 
+import contextlib
 import os
 import socket
+from pathlib import Path
 
 import torch.multiprocessing as mp
 
@@ -10,6 +12,21 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def descendants(pid):
+    """The pids of a process's children, theirs, and so on (Linux /proc)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 def _entry(rank, world_size, port, fn, args):

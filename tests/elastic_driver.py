@@ -11,6 +11,7 @@ the killed process writes the time of its death to <run>/killed_at.txt. Each ran
 it imported to <run>/trackers_rank<r>.txt (only rank 0 may talk to a tracker).
 """
 
+import faulthandler
 import os
 import signal
 import sys
@@ -76,5 +77,6 @@ def report(trainer):
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that times out asks every worker where it is
     opt = train.parse_opt(sys.argv[1:])
     run(DetectionTrainer, opt, callbacks={"on_train_start": [arm], "on_train_end": [report]})

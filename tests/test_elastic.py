@@ -6,8 +6,10 @@ uninterrupted run: augmentations, sample order and worker seeds are functions of
 every rank's RNG states travel in the checkpoint.
 """
 
+import contextlib
 import csv
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.ddp_utils import free_port
+from tests.ddp_utils import descendants, free_port
 from utils.files import ROOT
 
 DRIVER = Path(__file__).with_name("elastic_driver.py")
@@ -35,7 +37,20 @@ def _train_args(data, project, name, workers):
 
 def _launch(launcher, args, env, timeout=400):
     cmd = [sys.executable, "-m", *launcher, str(DRIVER), *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:  # every worker prints where it is (the driver's SIGUSR1), then all go
+            for pid in descendants(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+            time.sleep(2)
+            for pid in [*descendants(p.pid), p.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            out, err = p.communicate()
+            pytest.fail(f"{' '.join(launcher)} hung for {timeout} s:\n{out[-4000:]}\n{err[-8000:]}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def _max_diff(a, b):

@@ -143,7 +143,9 @@ def _fresh_store(rank, world_size):
     on a free port and publishes `host:port:token` there; the others connect, and a stale entry (the dead group's
     rank 0) fails to connect or carries another token, so they read it again until rank 0 has written the new one.
     A prefix from TORCHELASTIC_RESTART_COUNT is not enough: with c10d a healthy node restarts for a new peer without
-    counting, so the counts of different machines can differ.
+    counting, so the counts of different machines can differ. The dead store's socket must be closed, not only
+    unserved: TCPStore's constructor waits without limit for the answer of a socket that accepts but is never
+    served, which is why loader workers, forked with it open, die with their rank (`die_with_parent`).
     """
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):

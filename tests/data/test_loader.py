@@ -1,3 +1,9 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -7,6 +13,7 @@ from torch.utils.data import Dataset
 from utils.data.augment import SampleRNG
 from utils.data.detect_dataset import YOLODataset
 from utils.data.loader import SmartDistributedSampler, build_dataloader, rank_indices, set_loader_epoch
+from utils.files import ROOT
 
 
 class _Range(Dataset):
@@ -111,3 +118,56 @@ def test_default_workers(monkeypatch, device, threads, local_procs, cores, expec
     monkeypatch.setattr(loader.os, "cpu_count", lambda: cores)
     monkeypatch.setattr(loader, "get_local_world_size", lambda: local_procs)
     assert loader.default_workers(torch.device(device)) == expected
+
+
+ORPHAN_SCRIPT = """
+import os, sys, time
+from torch.utils.data import Dataset
+from utils.data.loader import build_dataloader
+
+class Stuck(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        with open(sys.argv[1] + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+        time.sleep(120)  # busy: torch's own parent check (between batches) never runs
+
+next(iter(build_dataloader(Stuck(), 2, workers=1, shuffle=False)))
+"""
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited (nobody reaped it yet)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_dies_with_its_killed_rank(tmp_path):
+    """A rank killed outright (SIGKILL, the OOM killer) must not leave its loader workers behind: they hold its
+    sockets, among them rank 0's store, on which a restarted group would wait without end."""
+    pid_file = tmp_path / "worker.pid"
+    parent = subprocess.Popen(["timeout", "-s", "KILL", "150", sys.executable, "-c", ORPHAN_SCRIPT, str(pid_file)],
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        for _ in range(600):
+            if pid_file.exists() or parent.poll() is not None:
+                break
+            time.sleep(0.1)
+        worker = int(pid_file.read_text())
+        assert _alive(worker)
+        rank = int(Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()[0])  # timeout's child
+        os.kill(rank, signal.SIGKILL)
+        for _ in range(100):
+            if not _alive(worker):
+                break
+            time.sleep(0.1)
+        assert not _alive(worker), "the loader worker outlived its killed parent"
+    finally:
+        parent.kill()
+        parent.wait()

@@ -1,8 +1,12 @@
 """DataLoaders: the DDP sampler that gives each rank a fixed share of the data, and seeded, per-worker RNGs."""
 
+import ctypes
 import math
+import multiprocessing
 import os
 import random
+import signal
+import sys
 
 import cv2
 import numpy as np
@@ -64,9 +68,27 @@ class SmartDistributedSampler(Sampler):
         return iter(idx[self.skip:].tolist())
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent():
+    """In a forked worker (Linux): SIGKILL when the process that forked it dies. A worker outliving a killed rank keeps
+    every socket that rank had open, among them rank 0's store: a restarted group reaching that socket finds it
+    listening but never answered. torch's own check (the parent's pid, every 5 s) misses a worker busy or blocked
+    in its exit, so a survivor could hold the socket for minutes."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = multiprocessing.parent_process()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent.pid:  # it died before the request took effect
+        os._exit(0)
+
+
 def seed_worker(worker_id):
-    """Seed python/numpy from torch's per-worker seed (the loader's generator + worker id), so anything drawing from
-    them differs across workers and ranks yet repeats from run to run."""
+    """Worker set-up: dies with its rank (`die_with_parent`); python/numpy seeded from torch's per-worker seed (the
+    loader's generator + worker id), so anything drawing from them differs across workers and ranks yet repeats from
+    run to run."""
+    die_with_parent()
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
