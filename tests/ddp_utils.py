@@ -3,6 +3,7 @@
 import contextlib
 import os
 import socket
+import sys
 from pathlib import Path
 
 import torch.multiprocessing as mp
@@ -44,6 +45,12 @@ def _entry(rank, world_size, port, fn, args):
         fn(rank, world_size, *args)
     finally:
         cleanup_ddp()
+    # Done and out of the group: leave without the interpreter's finalisation, which now and then ends a spawned
+    # gloo worker in std::terminate (SIGABRT, "terminate called without an active exception") after its work is
+    # complete; the scripts' own exit under torchrun is what the DDP and elastic tests check.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(fn, world_size, *args):
