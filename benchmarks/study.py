@@ -9,7 +9,14 @@ the times do (compare them only between runs made back to back).
     # a recipe study: one change against the defaults
     python benchmarks/study.py --cfgs yolov8n.yaml --seeds 0 --variant default --variant iou07 --hyp my.yaml
 
-Each `--variant NAME` is followed by the options it adds to every train.py command. Runs go in the order
+    # a long schedule against the peers' defaults (their venv: bash ../shared/peers/setup.sh)
+    python ../shared/peers/make_shapes.py --out /tmp/shapes6 --seed 1 --nc 6
+    python benchmarks/study.py --data /tmp/shapes6/shapes-det.yaml --cfgs yolov8n.yaml --epochs 100 --seeds 0 \
+        --peers ultralytics
+
+Each `--variant NAME` is followed by the options it adds to every train.py command. `--peers` adds a row per peer,
+trained with that tool's own defaults on the same data, size, batch, epochs and seed: `ultralytics` (its `yolo
+detect train`, any cfg it knows) and `yolov5` (the yolov5 package's SGD recipe, v5 cfgs only). Runs go in the order
 seed, cfg, variant (so an interrupted study still holds complete pairs), each in <out>/<cfg>-<variant>-s<seed>;
 a run whose results.csv already has every epoch is read, not repeated. The table (medians and means over seeds)
 is printed and written to <out>/study.md; each run's figures to <out>/study.json.
@@ -18,6 +25,8 @@ is printed and written to <out>/study.md; each run's figures to <out>/study.json
 import argparse
 import csv
 import json
+import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -30,6 +39,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from utils.files import ROOT
 
 METRICS = ("metrics/mAP50(B)", "metrics/mAP50-95(B)")
+# the same two figures under the yolov5 package's column names
+PEER_METRICS = {"yolov5": ("metrics/mAP_0.5", "metrics/mAP_0.5:0.95")}
+PEERS = ("ultralytics", "yolov5")
+
+
+def peer_command(opt, peer, cfg, seed, out, name):
+    """The peer's own training command, its defaults apart from the data, size, batch, epochs and seed."""
+    bin_dir = Path(opt.peers_venv) / "bin"
+    if peer == "ultralytics":
+        return [str(bin_dir / "yolo"), "detect", "train", f"data={opt.data}", f"model={cfg}", "pretrained=False",
+                f"epochs={opt.epochs}", f"imgsz={opt.img}", f"batch={opt.batch}", "device=cpu", f"seed={seed}",
+                "plots=False", f"project={out}", f"name={name}", "exist_ok=True"]
+    return [str(bin_dir / "yolov5"), "train", "--data", opt.data, "--cfg", cfg, "--weights", "", "--img",
+            str(opt.img), "--batch-size", str(opt.batch), "--epochs", str(opt.epochs), "--device", "cpu", "--seed",
+            str(seed), "--noplots", "--project", str(out), "--name", name, "--exist-ok"]
+
+
+def peer_env(opt):
+    """The variables the peers' venv sets (offline, no trackers, their own config folder)."""
+    env = dict(os.environ)
+    script = Path(opt.peers_venv) / "peer-env.sh"
+    for line in script.read_text().splitlines() if script.exists() else []:
+        if line.startswith("export "):
+            env.update(item.split("=", 1) for item in shlex.split(line[len("export "):]))
+    return env
 
 
 def parse_variants(argv):
@@ -49,35 +83,43 @@ def parse_variants(argv):
     return rest, variants or {"default": []}
 
 
-def best_row(results_csv, epochs):
-    """The row best.pt was saved from (highest 0.1 mAP50 + 0.9 mAP50-95), or None while the run is unfinished."""
+def best_row(results_csv, epochs, metrics=METRICS):
+    """The row best.pt was saved from (highest 0.1 mAP50 + 0.9 mAP50-95) as (epoch from 1, mAP50, mAP50-95), or
+    None while the run is unfinished."""
     if not results_csv.exists():
         return None
     with open(results_csv) as f:
         rows = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(f)]
-    rows = [r for r in rows if r.get(METRICS[1])]
+    rows = [(i + 1, float(r[metrics[0]]), float(r[metrics[1]])) for i, r in enumerate(rows) if r.get(metrics[1])]
     if len(rows) < epochs:
         return None
-    return max(rows, key=lambda r: 0.1 * float(r[METRICS[0]]) + 0.9 * float(r[METRICS[1]]))
+    return max(rows, key=lambda r: 0.1 * r[1] + 0.9 * r[2])
 
 
 def run_one(opt, cfg, variant, args, seed, out):
+    """One training run (ours with the variant's options, or a peer's own command), or its finished results."""
     name = f"{Path(cfg).stem}-{variant}-s{seed}"
+    metrics = PEER_METRICS.get(variant, METRICS) if variant in PEERS else METRICS
     results = out / name / "results.csv"
-    row, seconds = best_row(results, opt.epochs), None
+    row, seconds, cmd = best_row(results, opt.epochs, metrics), None, None
     if row is None:
-        cmd = [sys.executable, str(ROOT / "train.py"), "--data", opt.data, "--cfg", cfg, "--img", str(opt.img),
-               "--epochs", str(opt.epochs), "--batch-size", str(opt.batch), "--device", "cpu", "--seed", str(seed),
-               "--project", str(out), "--name", name, "--exist-ok", "--noplots", *args]
+        if variant in PEERS:
+            cmd, env = peer_command(opt, variant, cfg, seed, out, name), peer_env(opt)
+        else:
+            cmd = [sys.executable, str(ROOT / "train.py"), "--data", opt.data, "--cfg", cfg, "--img", str(opt.img),
+                   "--epochs", str(opt.epochs), "--batch-size", str(opt.batch), "--device", "cpu", "--seed",
+                   str(seed), "--project", str(out), "--name", name, "--exist-ok", "--noplots", *args]
+            env = None
         t0 = time.perf_counter()
         with open(out / f"{name}.log", "w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
         seconds = time.perf_counter() - t0
         if rc:
             raise SystemExit(f"error: {name} exited {rc}; see {out / f'{name}.log'}")
-        row = best_row(results, opt.epochs)
-    return {"cfg": cfg, "variant": variant, "seed": seed, "seconds": seconds, "epoch": int(row["epoch"]),
-            "mAP50": float(row[METRICS[0]]), "mAP50-95": float(row[METRICS[1]])}
+        row = best_row(results, opt.epochs, metrics)
+    epoch, map50, map50_95 = row
+    return {"cfg": cfg, "variant": variant, "seed": seed, "seconds": seconds, "epoch": epoch, "mAP50": map50,
+            "mAP50-95": map50_95, "command": cmd}
 
 
 def table(records, variants):
@@ -107,13 +149,21 @@ def main():
     p.add_argument("--img", type=int, default=320)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--out", default="runs/study")
+    p.add_argument("--peers", nargs="*", default=[], choices=PEERS, help="a row per peer, with its own defaults")
+    p.add_argument("--peers-venv", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers-venv"))
     opt = p.parse_args(argv)
+    clash = set(variants) & set(PEERS)
+    if clash:
+        raise SystemExit(f"error: --variant {clash.pop()} is the name of a peer's row")
+    variants.update({peer: [] for peer in opt.peers})
     out = Path(opt.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     records = []
     for seed in opt.seeds:
         for cfg in opt.cfgs:
             for variant, args in variants.items():
+                if variant == "yolov5" and not Path(cfg).stem.startswith("yolov5"):
+                    continue  # the yolov5 package trains its own family only
                 records.append(run_one(opt, cfg, variant, args, seed, out))
                 r = records[-1]
                 print(f"{Path(cfg).stem:<10} {variant:<10} seed {seed}: mAP50 {r['mAP50']:.3f} mAP50-95 "
