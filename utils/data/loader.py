@@ -75,7 +75,8 @@ def die_with_parent():
     """In a forked worker (Linux): SIGKILL when the process that forked it dies. A worker outliving a killed rank keeps
     every socket that rank had open, among them rank 0's store: a restarted group reaching that socket finds it
     listening but never answered. torch's own check (the parent's pid, every 5 s) misses a worker busy or blocked
-    in its exit, so a survivor could hold the socket for minutes."""
+    in its exit, so a survivor could hold the socket for minutes. The signal follows the thread that forked the worker:
+    every loader here is iterated from the main thread."""
     if not sys.platform.startswith("linux"):
         return
     parent = multiprocessing.parent_process()
