@@ -171,3 +171,41 @@ def test_a_worker_dies_with_its_killed_rank(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+class _CountingReads(YOLODataset):
+    """Records which image each sample asked for and how often an image was read from disk."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads, self.asked = [], []
+
+    def _read(self, i):
+        self.reads.append(i)
+        return super()._read(i)
+
+    def load_image(self, i):
+        self.asked.append(i)
+        return super().load_image(i)
+
+
+def test_mosaic_partners_come_from_the_batch_and_each_image_is_read_once_per_batch(shapes_det):
+    """The training sampler names each sample's batch; mosaic and mixup draw partners there, so a batch of B samples
+    reads at most B images (the uniform draw over the whole share read about 4 per sample, 8 with mixup)."""
+    hyp = {"mosaic": 1.0, "mixup": 1.0}
+    ds = _CountingReads(str(shapes_det / "images" / "train"), imgsz=64, augment=True, hyp=hyp, nc=3)
+    loader = build_dataloader(ds, 4, workers=0, shuffle=True, seed=0)
+    set_loader_epoch(loader, 1)
+    items = list(loader.sampler)
+    assert all(isinstance(b, tuple) and i in b and len(b) == 4 for i, b in items)
+    batches = [b for _, b in items[::4]]
+    assert [i for b in batches for i in b] == [i for i, _ in items]  # the named batch is the loader's batch
+    for batch, paths in zip(batches, (x["paths"] for x in loader)):
+        assert paths == tuple(ds.im_files[i] for i in batch)
+        assert set(ds.asked) <= set(batch), "a partner from outside the batch"
+        assert len(ds.reads) == len(set(ds.reads)) <= 4, "an image of the batch read twice"
+        ds.reads, ds.asked = [], []
+    set_loader_epoch(loader, 1, start_batch=2)  # resuming inside the epoch: the same batches from there on
+    assert list(loader.sampler) == items[8:]
+    plain = build_dataloader(_Range(10), 2, workers=0, shuffle=True, seed=0)  # other datasets get bare indices
+    assert all(isinstance(i, int) for i in plain.sampler)
