@@ -1,7 +1,8 @@
 """Training-mode `dataset[i]` throughput on one core, ours and Ultralytics', timed the same way: one process per
 side and run (torch and OpenCV at one thread), every image of the train split once in a fixed order after a warm-up
-pass (the files are in the page cache; ours with each index's batch of 16, as its training sampler gives them), YOLOv8's default augmentation on both sides (mosaic 1.0, translate 0.1,
-scale 0.5, fliplr 0.5, HSV 0.015/0.7/0.4), alternating the sides, medians and their ratio.
+pass (the files are in the page cache; ours is asked for each index with its batch of 16, as its training sampler
+does), YOLOv8's default augmentation on both sides (mosaic 1.0, translate 0.1, scale 0.5, fliplr 0.5, HSV
+0.015/0.7/0.4), alternating the sides, medians and their ratio.
 
     python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0
     python benchmarks/loader.py --data /tmp/shapes/shapes-det.yaml --img 640 --repeats 3

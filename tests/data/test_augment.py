@@ -5,6 +5,7 @@ import pytest
 from utils.data.augment import (
     Instances,
     augment_hsv,
+    chw_rgb,
     copy_paste,
     letterbox,
     mixup,
@@ -133,3 +134,11 @@ def test_hsv_gains_are_per_channel_lookups():
               np.clip(x * g[2], 0, 255).astype(np.uint8)]
     want = np.stack([t[hsv[..., c]] for c, t in enumerate(tables)], -1)
     assert np.array_equal(out, cv2.cvtColor(want, cv2.COLOR_HSV2BGR))
+
+
+@pytest.mark.parametrize("view", [lambda a: a, np.fliplr, lambda a: a[::2, 1:]])
+def test_chw_rgb_is_the_channel_reversed_transpose(view):
+    img = view(np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8))
+    out = chw_rgb(img)
+    assert out.flags.c_contiguous and out.dtype == np.uint8
+    assert np.array_equal(out, img[..., ::-1].transpose(2, 0, 1))

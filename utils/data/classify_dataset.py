@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from utils.data.augment import SampleRNG, augment_hsv
+from utils.data.augment import SampleRNG, augment_hsv, chw_rgb
 from utils.data.image_files import class_folders, files_hash, scan_files
 from utils.data.label_cache import cache_path, load_cache, save_cache
 from utils.data.labels import CACHE_VERSION, NoUsableImages, log_problems, read_image, verify_image
@@ -22,7 +22,7 @@ from utils.loggers import LOGGER
 
 def to_float_tensor(im_bgr):
     """BGR HWC uint8 numpy -> RGB CHW float32 tensor in [0, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(im_bgr[..., ::-1].transpose(2, 0, 1))).float().div_(255)
+    return torch.from_numpy(chw_rgb(im_bgr)).float().div_(255)
 
 
 def _resize(im, size_wh):

@@ -17,6 +17,7 @@ from utils.data.augment import (
     Instances,
     SampleRNG,
     augment_hsv,
+    chw_rgb,
     copy_paste,
     letterbox,
     mixup,
@@ -266,16 +267,16 @@ class YOLODataset(Dataset):
         if self.augment:
             augment_hsv(img, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], rng)
             if rng.random() < hyp["flipud"]:
-                img = np.flipud(img)
+                img = cv2.flip(img, 0)  # a contiguous copy: the planes below split fast only from one
                 inst.flip(height=h)
             if rng.random() < hyp["fliplr"]:
-                img = np.fliplr(img)
+                img = cv2.flip(img, 1)
                 inst.flip(width=w, flip_idx=self.format.flip_idx)
         sample = {"path": self.im_files[index], "shape": shapes}
         inst = self.format.add_to_sample(sample, inst, (h, w))
         sample["cls"] = torch.from_numpy(inst.cls.reshape(-1, 1).astype(np.float32))
         sample["bboxes"] = torch.from_numpy(xyxy2xywhn(inst.boxes, w, h, clip=True, eps=1e-3).astype(np.float32))
-        sample["img"] = torch.from_numpy(np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1)))  # BGR HWC -> RGB CHW
+        sample["img"] = torch.from_numpy(chw_rgb(img))
         return sample
 
     def collate_fn(self, batch):

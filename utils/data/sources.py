@@ -3,9 +3,8 @@
 import os
 
 import cv2
-import numpy as np
 
-from utils.data.augment import letterbox
+from utils.data.augment import chw_rgb, letterbox
 from utils.data.image_files import IMG_FORMATS, SUBFOLDER, VID_FORMATS, scan_files, suffix
 from utils.errors import BadFile
 from utils.imageio import is_utf8, printable, read_image
@@ -134,5 +133,5 @@ class LoadImages:
             im = self.transforms(im0)
         else:
             im = letterbox(im0, self.imgsz, stride=self.stride, auto=self.auto)[0]
-            im = np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])  # HWC BGR -> CHW RGB
+            im = chw_rgb(im)
         return path, im, im0, s

@@ -8,9 +8,8 @@ import urllib.parse
 from pathlib import Path
 
 import cv2
-import numpy as np
 
-from utils.data.augment import letterbox
+from utils.data.augment import chw_rgb, letterbox
 from utils.data.downloads import fetch
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, suffix
 from utils.data.sources import LoadImages, SourceNotFound
@@ -190,6 +189,6 @@ class LoadStreams:
             im = self.transforms(im0)
         else:
             im = letterbox(im0, self.imgsz, stride=self.stride, auto=self.auto)[0]
-            im = np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])  # HWC BGR -> CHW RGB
+            im = chw_rgb(im)
         desc = f"stream {i + 1}/{len(self.sources)} {self.sources[i]} (frame {self.frame}): "
         return self.sources[i], im, im0, desc
