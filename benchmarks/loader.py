@@ -1,8 +1,7 @@
 """Training-mode `dataset[i]` throughput on one core, ours and Ultralytics', timed the same way: one process per
 side and run (torch and OpenCV at one thread), every image of the train split once in a fixed order after a warm-up
-pass (the files are in the page cache; ours is asked for each index with its batch of 16, as its training sampler
-does), YOLOv8's default augmentation on both sides (mosaic 1.0, translate 0.1, scale 0.5, fliplr 0.5, HSV
-0.015/0.7/0.4), alternating the sides, medians and their ratio.
+pass (the files are in the page cache), YOLOv8's default augmentation on both sides (mosaic 1.0, translate 0.1,
+scale 0.5, fliplr 0.5, HSV 0.015/0.7/0.4), alternating the sides, medians and their ratio.
 
     python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0
     python benchmarks/loader.py --data /tmp/shapes/shapes-det.yaml --img 640 --repeats 3
@@ -51,17 +50,13 @@ def time_one_side(side, data, img):
     torch.set_num_threads(1)
     cv2.setNumThreads(0)
     ds = (ours if side == "ours" else ultralytics)(data, img)
-    keys = list(range(len(ds)))
-    if side == "ours":  # as training asks: each index with its batch of 16, where mosaic finds its partners
-        from utils.data.loader import SmartDistributedSampler
-
-        keys = list(SmartDistributedSampler(ds, 1, 0, shuffle=False, batch_size=16))
-    for k in keys:  # warm-up: file cache, lazy imports, first allocations
-        ds[k]
+    n = len(ds)
+    for i in range(n):  # warm-up: file cache, lazy imports, first allocations
+        ds[i]
     t0 = time.perf_counter()
-    for k in keys:
-        ds[k]
-    return len(keys) / (time.perf_counter() - t0)
+    for i in range(n):
+        ds[i]
+    return n / (time.perf_counter() - t0)
 
 
 def run_side(side, opt):

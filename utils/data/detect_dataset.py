@@ -65,10 +65,6 @@ class YOLODataset(Dataset):
         self.format = get_format(task)
         self.hyp = {**HYP_DEFAULTS, **(hyp or {})}  # a merged copy: the caller's dict is never modified
         self.mosaic = augment and not rect  # rect batches need each image's own aspect ratio
-        # mosaic partners come from the sample's own batch (the sampler names it): a worker then decodes and resizes
-        # each image of a batch once, not four times, keeping the batch's images in `recent` until the next batch
-        self.partners_from_batch = self.mosaic
-        self.recent, self.recent_batch = {}, None
         self.rng = SampleRNG(seed)
         try:
             im_files, others = scan_files(img_path)
@@ -151,8 +147,6 @@ class YOLODataset(Dataset):
         """Image i resized so its long side is imgsz: (BGR image, (h0, w0) original, (h, w) resized)."""
         if self.ims[i] is not None:
             return self.ims[i]
-        if i in self.recent:
-            return self.recent[i]
         im = self._read(i)
         h0, w0 = im.shape[:2]
         r = self.imgsz / max(h0, w0)
@@ -161,10 +155,7 @@ class YOLODataset(Dataset):
             interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
             size = (min(math.ceil(w0 * r), self.imgsz), min(math.ceil(h0 * r), self.imgsz))
             im = cv2.resize(im, size, interpolation=interp)
-        loaded = im, (h0, w0), im.shape[:2]
-        if self.recent_batch is not None:
-            self.recent[i] = loaded
-        return loaded
+        return im, (h0, w0), im.shape[:2]
 
     def _save_npy(self, i):
         # published by rename: another process (or node) reading this .npy never sees a half-written one
@@ -193,17 +184,11 @@ class YOLODataset(Dataset):
             kpts = np.concatenate([xyn2xy(kpts[..., :2], w, h, padw, padh), kpts[..., 2:]], -1)
         return Instances(lb["cls"][:, 0].copy(), boxes, segs, kpts)
 
-    def _partners(self, batch):
-        """Where mosaic and mixup partners are drawn from: the sample's batch when the sampler named one of more than
-        one image, else this rank's share of the dataset."""
-        return np.asarray(batch) if batch is not None and len(batch) > 1 else self.pool
-
-    def load_mosaic(self, index, rng, batch=None):
-        """Four images around a random centre of a 2s x 2s canvas, then warped and cropped back to s x s; the three
-        partners drawn from `_partners(batch)`."""
+    def load_mosaic(self, index, rng):
+        """Four images around a random centre of a 2s x 2s canvas, then warped and cropped back to s x s."""
         s = self.imgsz
         xc, yc = (int(v) for v in rng.uniform(s // 2, 3 * s // 2, 2))
-        indices = [index, *rng.choice(self._partners(batch), 3)]
+        indices = [index, *rng.choice(self.pool, 3)]
         rng.shuffle(indices)
         canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, np.uint8)
         parts = []
@@ -236,16 +221,12 @@ class YOLODataset(Dataset):
             img, inst = self._perspective(img, inst, rng)
         return img, inst, shapes
 
-    def __getitem__(self, key):
-        """Sample `key`: an index, or (index, the indices of its batch) from the training sampler (see
-        `partners_from_batch`). If an image it needs vanished since the scan, warn and use another image."""
-        index, batch = key if isinstance(key, tuple) else (key, None)
-        if batch != self.recent_batch:
-            self.recent, self.recent_batch = {}, batch
+    def __getitem__(self, index):
+        """Sample `index`; if an image it needs vanished since the scan, warn and use another image."""
         rng = self.rng(index)
         for _ in range(MAX_SUBSTITUTES):
             try:
-                return self._sample(index, rng, batch)
+                return self._sample(index, rng)
             except ImageGone as e:
                 if str(e) not in self.gone:  # once per image and process
                     self.gone.add(str(e))
@@ -253,14 +234,13 @@ class YOLODataset(Dataset):
                 index = int(rng.choice(self.pool))
         raise BadDataset(f"{self.prefix}{MAX_SUBSTITUTES} images in a row are missing or unreadable since the scan")
 
-    def _sample(self, index, rng, batch=None):
+    def _sample(self, index, rng):
         hyp = self.hyp
         if self.mosaic and rng.random() < hyp["mosaic"]:
-            img, inst = self.load_mosaic(index, rng, batch)
+            img, inst = self.load_mosaic(index, rng)
             shapes = None
             if rng.random() < hyp["mixup"]:
-                other = int(rng.choice(self._partners(batch)))
-                img, inst = mixup(img, inst, *self.load_mosaic(other, rng, batch), rng)
+                img, inst = mixup(img, inst, *self.load_mosaic(int(rng.choice(self.pool)), rng), rng)
         else:
             img, inst, shapes = self._letterboxed(index, rng)
         h, w = img.shape[:2]

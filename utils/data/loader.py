@@ -43,15 +43,11 @@ class SmartDistributedSampler(Sampler):
     The order is a function of (seed, epoch) only, never of a generator's history, so a resumed run sees the same
     order; `set_epoch(epoch, skip)` also drops the first `skip` samples, to resume inside an epoch. Single-process
     training uses it too (one replica), for the same reasons.
-
-    With `batch_size` (for a dataset whose samples draw partners, as mosaic does), each item is `(index, batch)`:
-    the sample and the indices of the batch it belongs to, a function of (seed, epoch) like the order itself.
     """
 
-    def __init__(self, dataset, num_replicas, rank, shuffle=True, seed=0, batch_size=0):
+    def __init__(self, dataset, num_replicas, rank, shuffle=True, seed=0):
         self.n = len(dataset)
         self.num_replicas, self.rank, self.shuffle, self.seed = num_replicas, rank, shuffle, seed
-        self.batch_size = batch_size
         self.indices = rank_indices(self.n, num_replicas, rank, seed)
         self.num_samples = math.ceil(self.n / num_replicas)
         self.epoch, self.skip = 0, 0
@@ -69,11 +65,7 @@ class SmartDistributedSampler(Sampler):
             idx = idx[torch.randperm(len(idx), generator=g).numpy()]
         if len(idx) < self.num_samples:
             idx = np.resize(idx, self.num_samples)  # repeats from the start
-        order = idx.tolist()
-        if self.batch_size:
-            batches = [tuple(order[i : i + self.batch_size]) for i in range(0, len(order), self.batch_size)]
-            order = [(i, b) for b in batches for i in b]
-        return iter(order[self.skip:])
+        return iter(idx[self.skip:].tolist())
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -153,9 +145,7 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
     # a share of this machine's cores: the ranks on other machines have their own
     n_workers = min((os.cpu_count() or 1) // get_local_world_size(), batch_size if batch_size > 1 else 0, workers)
     if sampler is None and (train or world_size > 1):  # a given sampler (--image-weights) splits the shares itself
-        grouped = train and getattr(dataset, "partners_from_batch", False)
-        sampler = SmartDistributedSampler(dataset, max(world_size, 1), max(rank, 0), shuffle, seed,
-                                          batch_size=batch_size if grouped else 0)
+        sampler = SmartDistributedSampler(dataset, max(world_size, 1), max(rank, 0), shuffle, seed)
     per_rank = len(sampler) if sampler is not None else len(dataset)
     return DataLoader(
         dataset,
