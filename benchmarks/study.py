@@ -99,7 +99,7 @@ def best_row(results_csv, epochs, metrics=METRICS):
 def run_one(opt, cfg, variant, args, seed, out):
     """One training run (ours with the variant's options, or a peer's own command), or its finished results."""
     name = f"{Path(cfg).stem}-{variant}-s{seed}"
-    metrics = PEER_METRICS.get(variant, METRICS) if variant in PEERS else METRICS
+    metrics = PEER_METRICS.get(variant, METRICS)  # no variant of ours has a peer's name (main refuses it)
     results = out / name / "results.csv"
     row, seconds, cmd = best_row(results, opt.epochs, metrics), None, None
     if row is None:

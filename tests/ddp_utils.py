@@ -1,6 +1,5 @@
 """Run a function in N gloo processes (torch.multiprocessing), the way torchrun would set them up."""
 
-import contextlib
 import os
 import socket
 import sys
@@ -15,13 +14,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def proc_stat(pid):
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...), or None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def descendants(pid):
-    """The pids of a process's children, theirs, and so on (Linux /proc)."""
+    """The pids of a process's children, theirs, and so on (Linux /proc); its children come first."""
     children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for entry in Path("/proc").iterdir():
+        fields = proc_stat(entry.name) if entry.name.isdigit() else None
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])

@@ -40,17 +40,22 @@ def _launch(launcher, args, env, timeout=400):
     with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
         try:
             out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:  # every worker prints where it is (the driver's SIGUSR1), then all go
-            for pid in descendants(p.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGUSR1)
-            time.sleep(2)
-            for pid in [*descendants(p.pid), p.pid]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        except subprocess.TimeoutExpired:
+            _stop_hung([p])
             out, err = p.communicate()
             pytest.fail(f"{' '.join(launcher)} hung for {timeout} s:\n{out[-4000:]}\n{err[-8000:]}")
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def _stop_hung(launchers):
+    """Every worker under the launchers prints its threads' stacks (the driver's SIGUSR1 handler), then all die."""
+    for pid in [pid for p in launchers for pid in descendants(p.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(2)
+    for pid in [pid for p in launchers for pid in [*descendants(p.pid), p.pid]]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _max_diff(a, b):
@@ -132,6 +137,9 @@ def test_multi_node_loopback_recovers_a_killed_worker(elastic_setup):
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
         outs = [p.communicate(timeout=400)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        _stop_hung(procs)
+        pytest.fail("the two launchers hung for 400 s:\n" + "\n".join(p.communicate()[0][-6000:] for p in procs))
     finally:
         for p in procs:
             p.kill()

@@ -3,13 +3,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
 
+from tests.ddp_utils import descendants, proc_stat
 from utils.data.augment import SampleRNG
 from utils.data.detect_dataset import YOLODataset
 from utils.data.loader import SmartDistributedSampler, build_dataloader, rank_indices, set_loader_epoch
@@ -140,11 +140,8 @@ next(iter(build_dataloader(Stuck(), 2, workers=1, shuffle=False)))
 
 
 def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited (nobody reaped it yet)
-    except FileNotFoundError:
-        return False
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z"  # a zombie has exited (nobody reaped it yet)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -161,7 +158,7 @@ def test_a_worker_dies_with_its_killed_rank(tmp_path):
             time.sleep(0.1)
         worker = int(pid_file.read_text())
         assert _alive(worker)
-        rank = int(Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()[0])  # timeout's child
+        rank = descendants(parent.pid)[0]  # timeout's child
         os.kill(rank, signal.SIGKILL)
         for _ in range(100):
             if not _alive(worker):
