@@ -15,6 +15,8 @@ import time
 
 import torch.distributed as dist
 
+from utils.heap import keep_freed_memory
+
 PEER_GRACE_S = 30.0  # at most this long a rank that met a user error waits for the others to meet it too (they
 # may first have to build the model, slow on a loaded machine); all ranks usually arrive within seconds
 _ERROR_KEY = "yolo/user_error_ranks"
@@ -79,12 +81,14 @@ def _grace_for_peers(seconds=PEER_GRACE_S):
 
 
 def run_cli(main, parse_opt):
-    """`main(parse_opt())`, turning a UserError into `error: ...` and exit status 2.
+    """`main(parse_opt())`, turning a UserError into `error: ...` and exit status 2; the C heap keeps what a step
+    frees (utils/heap.py).
 
     Under torchrun the process then leaves with os._exit after a bounded grace period: a clean exit would destroy
     the process group and run atexit handlers, which can wait on peers blocked in a collective (or gone). The
     launcher stops any rank still running, so none hangs.
     """
+    keep_freed_memory()
     try:
         result = main(parse_opt())
         # The process ends next. Python's shutdown garbage-collects the whole heap, which torch's and torchvision's

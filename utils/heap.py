@@ -1,0 +1,37 @@
+"""The C heap of a script's process: glibc is told to keep the memory a training step frees, for the next step.
+
+A step allocates and frees the same few GBs of activations, gradients and loss tensors every time. With glibc's
+defaults most of that goes back to the kernel between steps (blocks above a dynamic threshold are mmap'd and
+unmapped one by one, and the heap's free top is trimmed), so every page is faulted in and zeroed again on the next
+step: on a 2-core CPU, a yolov8n step at 640 px took 1.6 s with the settings below against 2.0-2.2 s without
+(docs/performance.md, "The C heap"). The price is that resident memory stays at its high-water mark instead of
+falling between steps: about 0.3-0.4 GB more peak for that run.
+"""
+
+import ctypes
+import os
+import sys
+
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's malloc.h
+SETTINGS = (
+    (M_MMAP_THRESHOLD, 32 << 20),  # the largest glibc accepts: only blocks above 32 MB get a mapping of their own
+    (M_TRIM_THRESHOLD, 2**31 - 1),  # mallopt takes an int: up to 2 GB of free heap top is kept
+    (M_TOP_PAD, 1 << 30),  # the heap grows 1 GB at a time; pages count as resident only once touched
+)
+USER_KNOBS = ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
+
+
+def keep_freed_memory(environ=os.environ):
+    """Apply SETTINGS with glibc's mallopt; True when applied. Not on other systems or C libraries, and not when the
+    user chose their own malloc settings (any of USER_KNOBS set) or allocator (jemalloc, tcmalloc, mimalloc through
+    LD_PRELOAD): theirs stand."""
+    if not sys.platform.startswith("linux") or any(environ.get(k) for k in USER_KNOBS):
+        return False
+    if "malloc" in environ.get("LD_PRELOAD", ""):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # musl and other C libraries
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return all(mallopt(param, value) == 1 for param, value in SETTINGS)
