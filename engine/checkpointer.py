@@ -27,7 +27,7 @@ from engine.messages import position
 from models.checkpoints import load_checkpoint, model_to_ckpt, save_checkpoint, to_safe
 from utils import dist as du
 from utils.errors import BadCheckpoint, BadOption
-from utils.files import ROOT
+from utils.files import ROOT, atomic_copy
 from utils.loggers import LOGGER
 
 
@@ -103,12 +103,12 @@ class Checkpointer:
 
     def save(self, ckpt, epoch, improved):
         """At the end of `epoch`: last.pt, best.pt where fitness `improved`, epochN.pt every --save-period epochs
-        (counted from 1)."""
+        (counted from 1). The others are copies of last.pt's file: a large model's checkpoint is serialised once."""
         save_checkpoint(ckpt, self.last)
         if improved:
-            save_checkpoint(ckpt, self.best)
+            atomic_copy(self.last, self.best)
         if self.period > 0 and (epoch + 1) % self.period == 0:
-            save_checkpoint(ckpt, self.wdir / f"epoch{epoch + 1}.pt")
+            atomic_copy(self.last, self.wdir / f"epoch{epoch + 1}.pt")
 
     def save_last(self, ckpt):
         save_checkpoint(ckpt, self.last)
@@ -156,10 +156,15 @@ class Checkpointer:
         return state
 
     def finish(self):
-        """At the end of training: last.pt and best.pt keep only what inference and fine-tuning need."""
-        for f in (self.last, self.best):
-            if f.exists():
-                strip_optimizer(f)
+        """At the end of training: last.pt and best.pt keep only what inference and fine-tuning need (stripped once
+        when best.pt is still a link to last.pt's file)."""
+        linked = self.last.exists() and self.best.exists() and os.path.samefile(self.last, self.best)
+        if self.last.exists():
+            strip_optimizer(self.last)
+        if linked:
+            atomic_copy(self.last, self.best)
+        elif self.best.exists():
+            strip_optimizer(self.best)
 
 
 def parse_save_interval(value):

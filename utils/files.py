@@ -95,6 +95,26 @@ def increment_path(path, exist_ok=False, mkdir=False):
     return path
 
 
+def atomic_copy(src, dst):
+    """`dst` becomes a copy of the file `src`, published by one rename like `atomic_save`. A hard link where the file
+    system has them (no bytes written again), else a copied and fsynced file. A link is a true copy here because
+    nothing here rewrites a file in place: every writer replaces it by rename, which leaves the other name on the
+    old content."""
+    dst = Path(dst)
+    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")  # the pattern atomic_save clears when killed mid-way
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:  # no hard links (some FUSE and SMB mounts) or another file system
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def atomic_save(obj, path):
     """torch.save to a temp file in the same folder, then rename over `path`.
 

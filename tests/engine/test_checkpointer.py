@@ -2,11 +2,13 @@
 the state it was saved at."""
 
 import dataclasses
+import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import engine.checkpointer
 import train
 from engine.checkpointer import Checkpointer, LoopState
 from engine.options import TrainOptions
@@ -67,3 +69,50 @@ def test_a_checkpoint_older_than_tracker_runs_restores_with_none():
     assert state.tracker_runs == {} and state.epoch == 2
     state.tracker_runs["wandb"] = "x"  # a tracker records its run: the next checkpoint holds it
     assert state.to_checkpoint()["tracker_runs"] == {"wandb": "x"}
+
+
+def _ckpt(checkpointer, epoch, seed):
+    state = LoopState(epoch=epoch + 1, mean_losses=torch.zeros(3))  # stored as "epoch": the last finished one
+    return checkpointer.checkpoint(_trainer(seed), state, ranks=[Checkpointer.rank_state(state)])
+
+
+def _ema_weights(path):
+    """The first EMA tensor in fp16: where a stripped checkpoint keeps it (as its model), else in its "ema"."""
+    ckpt = load_checkpoint(path)
+    return next(iter((ckpt["ema"] or ckpt["model"])["state_dict"].values())).half()
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "copy"])
+def test_best_and_period_files_keep_their_epoch_after_last_moves_on(tmp_path, monkeypatch, links):
+    """best.pt and epochN.pt are copies of last.pt's file (a hard link where possible): a later last.pt must not
+    change them, and finish() strips each, once when best.pt is still last.pt's file."""
+    if not links:
+        monkeypatch.setattr("os.link", lambda *a: (_ for _ in ()).throw(OSError("no hard links here")))
+    checkpointer = Checkpointer(tmp_path, save_period=1)
+    checkpointer.save(_ckpt(checkpointer, 0, seed=0), epoch=0, improved=True)
+    assert load_checkpoint(checkpointer.best)["epoch"] == 0
+    assert os.path.samefile(checkpointer.last, checkpointer.best) == links
+    checkpointer.save(_ckpt(checkpointer, 1, seed=1), epoch=1, improved=False)
+    assert [load_checkpoint(p)["epoch"] for p in (checkpointer.last, checkpointer.best)] == [1, 0]
+    assert load_checkpoint(tmp_path / "weights" / "epoch1.pt")["epoch"] == 0
+    assert load_checkpoint(tmp_path / "weights" / "epoch2.pt")["optimizer"] is not None
+    first_best = _ema_weights(checkpointer.best)
+    checkpointer.finish()
+    for p in (checkpointer.last, checkpointer.best):
+        assert load_checkpoint(p)["optimizer"] is None
+    assert torch.equal(_ema_weights(checkpointer.best), first_best)
+    assert not torch.equal(_ema_weights(checkpointer.last), first_best)
+    assert load_checkpoint(tmp_path / "weights" / "epoch2.pt")["optimizer"] is not None  # kept whole
+    assert not list((tmp_path / "weights").glob(".*.tmp"))
+
+
+def test_finish_strips_a_best_that_is_still_last_once(tmp_path, monkeypatch):
+    checkpointer = Checkpointer(tmp_path)
+    checkpointer.save(_ckpt(checkpointer, 0, seed=0), epoch=0, improved=True)
+    stripped = []
+    strip = engine.checkpointer.strip_optimizer
+    monkeypatch.setattr(engine.checkpointer, "strip_optimizer", lambda p: (stripped.append(p), strip(p)))
+    checkpointer.finish()
+    assert stripped == [checkpointer.last]
+    assert load_checkpoint(checkpointer.best)["optimizer"] is None
+    assert torch.equal(_ema_weights(checkpointer.best), _ema_weights(checkpointer.last))
