@@ -42,15 +42,26 @@ METRICS = ("metrics/mAP50(B)", "metrics/mAP50-95(B)")
 # the same two figures under the yolov5 package's column names
 PEER_METRICS = {"yolov5": ("metrics/mAP_0.5", "metrics/mAP_0.5:0.95")}
 PEERS = ("ultralytics", "yolov5")
+# `yolo detect train ARGS`, with torch at N threads once training starts when N > 0: Ultralytics resets the count to
+# cpu_count - 1 (one thread on 2 cores); the count changes its speed, not what it computes
+ULTRALYTICS_THREADS = (
+    "import sys, torch; from ultralytics import YOLO; from ultralytics.cfg import smart_value; "
+    "n, args = int(sys.argv[1]), dict(a.split('=', 1) for a in sys.argv[2:]); m = YOLO(args.pop('model')); "
+    "m.add_callback('on_train_start', lambda t: torch.set_num_threads(n)); "
+    "m.train(**{k: smart_value(v) for k, v in args.items()})"
+)
 
 
 def peer_command(opt, peer, cfg, seed, out, name):
     """The peer's own training command, its defaults apart from the data, size, batch, epochs and seed."""
     bin_dir = Path(opt.peers_venv) / "bin"
     if peer == "ultralytics":
-        return [str(bin_dir / "yolo"), "detect", "train", f"data={opt.data}", f"model={cfg}", "pretrained=False",
-                f"epochs={opt.epochs}", f"imgsz={opt.img}", f"batch={opt.batch}", "device=cpu", f"seed={seed}",
-                "plots=False", f"project={out}", f"name={name}", "exist_ok=True"]
+        args = [f"data={opt.data}", f"model={cfg}", "pretrained=False", f"epochs={opt.epochs}", f"imgsz={opt.img}",
+                f"batch={opt.batch}", "device=cpu", f"seed={seed}", "plots=False", f"project={out}", f"name={name}",
+                "exist_ok=True"]
+        if opt.peer_threads:
+            return [str(bin_dir / "python"), "-c", ULTRALYTICS_THREADS, str(opt.peer_threads), *args]
+        return [str(bin_dir / "yolo"), "detect", "train", *args]
     return [str(bin_dir / "yolov5"), "train", "--data", opt.data, "--cfg", cfg, "--weights", "", "--img",
             str(opt.img), "--batch-size", str(opt.batch), "--epochs", str(opt.epochs), "--device", "cpu", "--seed",
             str(seed), "--noplots", "--project", str(out), "--name", name, "--exist-ok"]
@@ -151,6 +162,8 @@ def main():
     p.add_argument("--out", default="runs/study")
     p.add_argument("--peers", nargs="*", default=[], choices=PEERS, help="a row per peer, with its own defaults")
     p.add_argument("--peers-venv", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers-venv"))
+    p.add_argument("--peer-threads", type=int, default=0,
+                   help="Ultralytics trains with torch at this many threads (default: its own choice)")
     opt = p.parse_args(argv)
     clash = set(variants) & set(PEERS)
     if clash:
