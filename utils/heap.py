@@ -21,13 +21,22 @@ SETTINGS = (
 USER_KNOBS = ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
 
 
+def strict_overcommit(path="/proc/sys/vm/overcommit_memory"):
+    """True where the kernel charges every reservation against a commit limit (mode 2): there the 1 GB top pad
+    would count in full, touched or not."""
+    try:
+        return open(path).read().strip() == "2"
+    except OSError:
+        return False
+
+
 def keep_freed_memory(environ=os.environ):
-    """Apply SETTINGS with glibc's mallopt; True when applied. Not on other systems or C libraries, and not when the
-    user chose their own malloc settings (any of USER_KNOBS set) or allocator (jemalloc, tcmalloc, mimalloc through
-    LD_PRELOAD): theirs stand."""
+    """Apply SETTINGS with glibc's mallopt; True when applied. Not on other systems or C libraries, not under strict
+    overcommit, and not when the user chose their own malloc settings (any of USER_KNOBS set) or allocator (jemalloc,
+    tcmalloc, mimalloc through LD_PRELOAD): theirs stand."""
     if not sys.platform.startswith("linux") or any(environ.get(k) for k in USER_KNOBS):
         return False
-    if "malloc" in environ.get("LD_PRELOAD", ""):
+    if "malloc" in environ.get("LD_PRELOAD", "") or strict_overcommit():
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt

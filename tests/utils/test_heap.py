@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import utils.errors
+import utils.heap
 from utils.heap import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,3 +61,13 @@ def test_every_script_keeps_freed_memory(monkeypatch):
     monkeypatch.setattr(utils.errors, "keep_freed_memory", lambda: calls.append(1))
     assert utils.errors.run_cli(lambda opt: opt, lambda: "parsed") == "parsed"
     assert calls == [1]
+
+
+def test_strict_overcommit_is_read_from_the_kernel_setting(tmp_path, monkeypatch):
+    setting = tmp_path / "overcommit_memory"
+    for mode, strict in (("0\n", False), ("1\n", False), ("2\n", True)):
+        setting.write_text(mode)
+        assert utils.heap.strict_overcommit(setting) is strict
+    assert utils.heap.strict_overcommit(tmp_path / "missing") is False
+    monkeypatch.setattr(utils.heap, "strict_overcommit", lambda: True)
+    assert keep_freed_memory({}) is False
