@@ -12,7 +12,10 @@ the times do (compare them only between runs made back to back).
     # a long schedule against the peers' defaults (their venv: bash ../shared/peers/setup.sh)
     python ../shared/peers/make_shapes.py --out /tmp/shapes6 --seed 1 --nc 6
     python benchmarks/study.py --data /tmp/shapes6/shapes-det.yaml --cfgs yolov8n.yaml --epochs 100 --seeds 0 \
-        --peers ultralytics
+        --peers ultralytics --peer-threads 2
+    # fine-tuning both tools from the same weights (ours converted for Ultralytics by to_ultralytics.py)
+    python benchmarks/study.py --data /tmp/shapes/shapes-det.yaml --seeds 0 --peers ultralytics \
+        --peer-weights start-ul.pt --variant default --weights best.pt
 
 Each `--variant NAME` is followed by the options it adds to every train.py command. `--peers` adds a row per peer,
 trained with that tool's own defaults on the same data, size, batch, epochs and seed: `ultralytics` (its `yolo
@@ -56,9 +59,9 @@ def peer_command(opt, peer, cfg, seed, out, name):
     """The peer's own training command, its defaults apart from the data, size, batch, epochs and seed."""
     bin_dir = Path(opt.peers_venv) / "bin"
     if peer == "ultralytics":
-        args = [f"data={opt.data}", f"model={cfg}", "pretrained=False", f"epochs={opt.epochs}", f"imgsz={opt.img}",
-                f"batch={opt.batch}", "device=cpu", f"seed={seed}", "plots=False", f"project={out}", f"name={name}",
-                "exist_ok=True"]
+        start = [f"model={opt.peer_weights}"] if opt.peer_weights else [f"model={cfg}", "pretrained=False"]
+        args = [f"data={opt.data}", *start, f"epochs={opt.epochs}", f"imgsz={opt.img}", f"batch={opt.batch}",
+                "device=cpu", f"seed={seed}", "plots=False", f"project={out}", f"name={name}", "exist_ok=True"]
         if opt.peer_threads:
             return [str(bin_dir / "python"), "-c", ULTRALYTICS_THREADS, str(opt.peer_threads), *args]
         return [str(bin_dir / "yolo"), "detect", "train", *args]
@@ -164,6 +167,8 @@ def main():
     p.add_argument("--peers-venv", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "peers-venv"))
     p.add_argument("--peer-threads", type=int, default=0,
                    help="Ultralytics trains with torch at this many threads (default: its own choice)")
+    p.add_argument("--peer-weights", help="Ultralytics fine-tunes from this .pt (benchmarks/to_ultralytics.py) "
+                   "instead of training from scratch; give our variants the same start with --weights")
     opt = p.parse_args(argv)
     clash = set(variants) & set(PEERS)
     if clash:
