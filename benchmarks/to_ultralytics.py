@@ -5,13 +5,18 @@
 
 Our state-dict keys and shapes are the official ones (docs/design.md), so the weights load by key into Ultralytics'
 own model built from the same cfg; the script refuses a checkpoint where any key is missing, extra or of
-another shape. Our file is read with torch's restricted unpickler; the .pt written holds the Ultralytics model
-object, as Ultralytics' own files do.
+another shape. Our file is read by our one checkpoint loader (models/checkpoints.py); the .pt written holds the
+Ultralytics model object, as Ultralytics' own files do.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
+
+# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main():
@@ -22,7 +27,9 @@ def main():
     opt = p.parse_args()
     from ultralytics.nn.tasks import DetectionModel
 
-    ckpt = torch.load(opt.checkpoint, map_location="cpu", weights_only=True)
+    from models.checkpoints import load_checkpoint
+
+    ckpt = load_checkpoint(opt.checkpoint)
     entry = ckpt.get("ema") or ckpt["model"]
     state, names = entry["state_dict"], entry["names"]
     model = DetectionModel(opt.cfg, nc=len(names), verbose=False)
