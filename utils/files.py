@@ -96,23 +96,19 @@ def increment_path(path, exist_ok=False, mkdir=False):
 
 
 def atomic_copy(src, dst):
-    """`dst` becomes a copy of the file `src`, published by one rename like `atomic_save`. A hard link where the file
-    system has them (no bytes written again), else a copied and fsynced file. A link is a true copy here because
-    nothing here rewrites a file in place: every writer replaces it by rename, which leaves the other name on the
-    old content."""
-    dst = Path(dst)
-    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")  # the pattern atomic_save clears when killed mid-way
-    try:
+    """`dst` becomes a copy of the file `src`, published by `publish`'s rename. A hard link where the file system has
+    them (no bytes written again), else a copied and fsynced file. A link is a true copy here because nothing here
+    rewrites a file in place: every writer replaces it by rename, which leaves the other name on the old content."""
+
+    def build(tmp):
         try:
             os.link(src, tmp)
         except OSError:  # no hard links (some FUSE and SMB mounts) or another file system
             shutil.copyfile(src, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    publish(dst, build, replace=True)
 
 
 def atomic_save(obj, path):
@@ -133,8 +129,9 @@ def atomic_save(obj, path):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    # temp files of saves killed before their rename (a SIGKILL runs no except clause); one writer per file
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+    # temp files of saves and copies (`atomic_copy`) killed before their rename (a SIGKILL runs no except clause);
+    # one writer per file
+    for stale in path.parent.glob(f".{path.name}.*.tmp*"):
         stale.unlink(missing_ok=True)
 
 

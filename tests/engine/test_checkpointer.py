@@ -103,7 +103,7 @@ def test_best_and_period_files_keep_their_epoch_after_last_moves_on(tmp_path, mo
     assert torch.equal(_ema_weights(checkpointer.best), first_best)
     assert not torch.equal(_ema_weights(checkpointer.last), first_best)
     assert load_checkpoint(tmp_path / "weights" / "epoch2.pt")["optimizer"] is not None  # kept whole
-    assert not list((tmp_path / "weights").glob(".*.tmp"))
+    assert not list((tmp_path / "weights").glob(".*.tmp*"))
 
 
 def test_finish_strips_a_best_that_is_still_last_once(tmp_path, monkeypatch):
