@@ -16,6 +16,9 @@ the times do (compare them only between runs made back to back).
     # fine-tuning both tools from the same weights (ours converted for Ultralytics by to_ultralytics.py)
     python benchmarks/study.py --data /tmp/shapes/shapes-det.yaml --seeds 0 --peers ultralytics \
         --peer-weights start-ul.pt --variant default --weights best.pt
+    # segmentation (box and mask mAP): segment/train.py against `yolo segment train`
+    python benchmarks/study.py --task segment --data /tmp/shapes/shapes-seg.yaml --cfgs yolov8n-seg.yaml \
+        --seeds 0 --peers ultralytics --variant default --variant gain1 --hyp gain1.yaml
 
 Each `--variant NAME` is followed by the options it adds to every train.py command. `--peers` adds a row per peer,
 trained with that tool's own defaults on the same data, size, batch, epochs and seed: `ultralytics` (its `yolo
@@ -41,9 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from utils.files import ROOT
 
-METRICS = ("metrics/mAP50(B)", "metrics/mAP50-95(B)")
-# the same two figures under the yolov5 package's column names
-PEER_METRICS = {"yolov5": ("metrics/mAP_0.5", "metrics/mAP_0.5:0.95")}
+# each task: our script, and the suffixes of its metric columns (box, then mask), read the same from Ultralytics
+TASKS = {"detect": ("train.py", ("B",)), "segment": ("segment/train.py", ("B", "M"))}
+# the box figures under the yolov5 package's column names
+YOLOV5_COLUMNS = {"mAP50(B)": "metrics/mAP_0.5", "mAP50-95(B)": "metrics/mAP_0.5:0.95"}
 PEERS = ("ultralytics", "yolov5")
 # `yolo detect train ARGS`, with torch at N threads once training starts when N > 0: Ultralytics resets the count to
 # cpu_count - 1 (one thread on 2 cores); the count changes its speed, not what it computes
@@ -64,7 +68,7 @@ def peer_command(opt, peer, cfg, seed, out, name):
                 "device=cpu", f"seed={seed}", "plots=False", f"project={out}", f"name={name}", "exist_ok=True"]
         if opt.peer_threads:
             return [str(bin_dir / "python"), "-c", ULTRALYTICS_THREADS, str(opt.peer_threads), *args]
-        return [str(bin_dir / "yolo"), "detect", "train", *args]
+        return [str(bin_dir / "yolo"), opt.task, "train", *args]
     return [str(bin_dir / "yolov5"), "train", "--data", opt.data, "--cfg", cfg, "--weights", "", "--img",
             str(opt.img), "--batch-size", str(opt.batch), "--epochs", str(opt.epochs), "--device", "cpu", "--seed",
             str(seed), "--noplots", "--project", str(out), "--name", name, "--exist-ok"]
@@ -97,30 +101,35 @@ def parse_variants(argv):
     return rest, variants or {"default": []}
 
 
-def best_row(results_csv, epochs, metrics=METRICS):
-    """The row best.pt was saved from (highest 0.1 mAP50 + 0.9 mAP50-95) as (epoch from 1, mAP50, mAP50-95), or
-    None while the run is unfinished."""
+def best_row(results_csv, epochs, suffixes, columns=None):
+    """The row best.pt was saved from as (epoch from 1, {'mAP50(B)': ..., 'mAP50-95(B)': ..., ...}), or None while
+    the run is unfinished. Best is the highest sum over `suffixes` of 0.1 mAP50 + 0.9 mAP50-95, as both tools pick
+    it; `columns` maps a figure to a peer's own column name."""
     if not results_csv.exists():
         return None
+    names = [f"{m}({s})" for s in suffixes for m in ("mAP50", "mAP50-95")]
+    columns = {n: (columns or {}).get(n, f"metrics/{n}") for n in names}
     with open(results_csv) as f:
         rows = [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(f)]
-    rows = [(i + 1, float(r[metrics[0]]), float(r[metrics[1]])) for i, r in enumerate(rows) if r.get(metrics[1])]
+    rows = [(i + 1, {n: float(r[c]) for n, c in columns.items()}) for i, r in enumerate(rows)
+            if all(r.get(c) for c in columns.values())]
     if len(rows) < epochs:
         return None
-    return max(rows, key=lambda r: 0.1 * r[1] + 0.9 * r[2])
+    return max(rows, key=lambda r: sum(0.1 * r[1][f"mAP50({s})"] + 0.9 * r[1][f"mAP50-95({s})"] for s in suffixes))
 
 
 def run_one(opt, cfg, variant, args, seed, out):
     """One training run (ours with the variant's options, or a peer's own command), or its finished results."""
     name = f"{Path(cfg).stem}-{variant}-s{seed}"
-    metrics = PEER_METRICS.get(variant, METRICS)  # no variant of ours has a peer's name (main refuses it)
+    script, suffixes = TASKS[opt.task]
+    columns = YOLOV5_COLUMNS if variant == "yolov5" else None  # no variant of ours has a peer's name (main refuses it)
     results = out / name / "results.csv"
-    row, seconds, cmd = best_row(results, opt.epochs, metrics), None, None
+    row, seconds, cmd = best_row(results, opt.epochs, suffixes, columns), None, None
     if row is None:
         if variant in PEERS:
             cmd, env = peer_command(opt, variant, cfg, seed, out, name), peer_env(opt)
         else:
-            cmd = [sys.executable, str(ROOT / "train.py"), "--data", opt.data, "--cfg", cfg, "--img", str(opt.img),
+            cmd = [sys.executable, str(ROOT / script), "--data", opt.data, "--cfg", cfg, "--img", str(opt.img),
                    "--epochs", str(opt.epochs), "--batch-size", str(opt.batch), "--device", "cpu", "--seed",
                    str(seed), "--project", str(out), "--name", name, "--exist-ok", "--noplots", *args]
             env = None
@@ -130,15 +139,17 @@ def run_one(opt, cfg, variant, args, seed, out):
         seconds = time.perf_counter() - t0
         if rc:
             raise SystemExit(f"error: {name} exited {rc}; see {out / f'{name}.log'}")
-        row = best_row(results, opt.epochs, metrics)
-    epoch, map50, map50_95 = row
-    return {"cfg": cfg, "variant": variant, "seed": seed, "seconds": seconds, "epoch": epoch, "mAP50": map50,
-            "mAP50-95": map50_95, "command": cmd}
+        row = best_row(results, opt.epochs, suffixes, columns)
+    epoch, figures = row
+    return {"cfg": cfg, "variant": variant, "seed": seed, "seconds": seconds, "epoch": epoch, **figures,
+            "command": cmd}
 
 
-def table(records, variants):
-    lines = ["| model | variant | seeds | mAP50 mean | mAP50-95 mean | mAP50-95 per seed | min/run median |",
-             "|---|---|---|---|---|---|---|"]
+def table(records, variants, suffixes):
+    """Means over seeds of each figure, the box mAP50-95 of every seed, and the median minutes per run."""
+    figures = [f"{m}({s})" for s in suffixes for m in ("mAP50", "mAP50-95")]
+    lines = ["| model | variant | seeds | " + " | ".join(f"{f} mean" for f in figures) +
+             " | mAP50-95(B) per seed | min/run median |", "|---|---|---|" + "---|" * len(figures) + "---|---|"]
     for cfg in dict.fromkeys(r["cfg"] for r in records):
         for v in variants:
             rs = [r for r in records if r["cfg"] == cfg and r["variant"] == v]
@@ -146,16 +157,17 @@ def table(records, variants):
                 continue
             times = [r["seconds"] for r in rs if r["seconds"]]
             minutes = f"{statistics.median(times) / 60:.1f}" if times else "-"
-            per_seed = " ".join(f"{r['mAP50-95']:.3f}" for r in rs)
-            lines.append(f"| {Path(cfg).stem} | {v} | {len(rs)} | {statistics.mean(r['mAP50'] for r in rs):.3f} | "
-                         f"{statistics.mean(r['mAP50-95'] for r in rs):.3f} | "
-                         f"{per_seed} | {minutes} |")
+            means = " | ".join(f"{statistics.mean(r[f] for r in rs):.3f}" for f in figures)
+            per_seed = " ".join(f"{r['mAP50-95(B)']:.3f}" for r in rs)
+            lines.append(f"| {Path(cfg).stem} | {v} | {len(rs)} | {means} | {per_seed} | {minutes} |")
     return "\n".join(lines)
 
 
 def main():
     argv, variants = parse_variants(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="detect", choices=TASKS, help="segment: our segment/train.py, `yolo segment "
+                   "train`, box and mask figures")
     p.add_argument("--data", default="/tmp/shapes/shapes-det.yaml")
     p.add_argument("--cfgs", nargs="+", default=["yolov8n.yaml"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -173,6 +185,8 @@ def main():
     clash = set(variants) & set(PEERS)
     if clash:
         raise SystemExit(f"error: --variant {clash.pop()} is the name of a peer's row")
+    if opt.task != "detect" and "yolov5" in opt.peers:
+        raise SystemExit("error: the yolov5 peer row trains detection only")
     variants.update({peer: [] for peer in opt.peers})
     out = Path(opt.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -184,11 +198,12 @@ def main():
                     continue  # the yolov5 package trains its own family only
                 records.append(run_one(opt, cfg, variant, args, seed, out))
                 r = records[-1]
-                print(f"{Path(cfg).stem:<10} {variant:<10} seed {seed}: mAP50 {r['mAP50']:.3f} mAP50-95 "
-                      f"{r['mAP50-95']:.3f} (epoch {r['epoch']}), {r['seconds'] or 0:.0f} s", flush=True)
+                figures = " ".join(f"{k} {r[k]:.3f}" for k in r if k.startswith("mAP"))
+                print(f"{Path(cfg).stem:<10} {variant:<10} seed {seed}: {figures} (epoch {r['epoch']}), "
+                      f"{r['seconds'] or 0:.0f} s", flush=True)
                 (out / "study.json").write_text(json.dumps(records, indent=1))
-                (out / "study.md").write_text(table(records, variants) + "\n")
-    print(table(records, variants))
+                (out / "study.md").write_text(table(records, variants, TASKS[opt.task][1]) + "\n")
+    print(table(records, variants, TASKS[opt.task][1]))
 
 
 if __name__ == "__main__":

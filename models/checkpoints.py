@@ -67,6 +67,7 @@ RELEASES = (
     (r"yolov5[nsmlx]6?(-seg|-cls)?\.pt", "https://github.com/ultralytics/yolov5/releases/download/v7.0/"),
     (r"yolov7(x|-tiny|-w6|-e6|-d6|-e6e)?(_training)?\.pt", "https://github.com/WongKinYiu/yolov7/releases/download/v0.1/"),
     (r"yolov8[nsmlx](-seg|-cls|-pose)?\.pt", "https://github.com/ultralytics/assets/releases/download/v0.0.0/"),
+    (r"yolov5[nsmlx]6?u\.pt", "https://github.com/ultralytics/assets/releases/download/v8.2.0/"),  # YOLOv5u
 )
 
 _STORAGE_TYPES = ("Half", "Float", "Double", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")

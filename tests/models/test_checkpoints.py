@@ -212,6 +212,7 @@ def test_official_urls():
     assert official_url("yolov5n-seg.pt").endswith("v7.0/yolov5n-seg.pt")
     assert official_url("yolov7-tiny.pt") == "https://github.com/WongKinYiu/yolov7/releases/download/v0.1/yolov7-tiny.pt"
     assert official_url("yolov8n-cls.pt") == "https://github.com/ultralytics/assets/releases/download/v0.0.0/yolov8n-cls.pt"
+    assert official_url("yolov5nu.pt") == "https://github.com/ultralytics/assets/releases/download/v8.2.0/yolov5nu.pt"
     assert official_url("yolov8q.pt") is None and official_url("best.pt") is None
 
 

@@ -31,6 +31,12 @@ PARAMS = {
     ("yolov8n.yaml", 80): 3_157_200,
     ("yolov8s.yaml", 80): 11_166_560,
     ("yolov8n-seg.yaml", 80): 3_409_968,
+    # YOLOv5u: Ultralytics' DetectionModel('yolov5{n,s,m,l,x}.yaml') counts
+    ("yolov5nu.yaml", 80): 2_654_816,
+    ("yolov5su.yaml", 80): 9_153_152,
+    ("yolov5mu.yaml", 80): 25_111_456,
+    ("yolov5lu.yaml", 80): 53_225_024,
+    ("yolov5xu.yaml", 80): 97_276_448,
     ("yolov5n-seg.yaml", 80): 1_991_549,
     ("yolov8n-cls.yaml", 1000): 2_719_288,
     ("yolov5n-cls.yaml", 1000): 2_493_000,
@@ -60,7 +66,7 @@ def test_parameter_counts(cfg, nc):
     assert n_params(build(cfg, nc)) == PARAMS[(cfg, nc)]
 
 
-@pytest.mark.parametrize("cfg", V5 + V8)
+@pytest.mark.parametrize("cfg", V5 + V8 + ["yolov5nu.yaml"])
 def test_detector_builds_and_forwards(cfg):
     torch.manual_seed(0)
     m = DetectionModel(cfg, nc=3)
@@ -69,7 +75,7 @@ def test_detector_builds_and_forwards(cfg):
     assert [tuple(t.shape[2:4]) for t in train_out] == [(8, 8), (4, 4), (2, 2)]
     y, raw = m.eval()(x)
     assert torch.equal(m.stride, torch.tensor([8.0, 16.0, 32.0]))
-    if "v5" in cfg:
+    if "v5" in cfg and not cfg.endswith("u.yaml"):
         assert isinstance(m.model[-1], Detect) and train_out[0].shape == (1, 3, 8, 8, 8)
         assert y.shape == (1, 3 * 84, 8)
     else:
@@ -83,6 +89,8 @@ def test_v8_scale_from_name():
     assert d["scale"] == "s" and d["yaml_file"].endswith("yolov8-seg.yaml")
     assert yaml_model_load("yolov8.yaml")["scale"] == "n"  # no scale letter: the first scale
     assert "scale" not in yaml_model_load("yolov5s.yaml")
+    d = yaml_model_load("yolov5su.yaml")  # YOLOv5u: the anchor-free head on the v5 body, Ultralytics' yolov5su.pt
+    assert d["scale"] == "s" and d["yaml_file"].endswith("yolov5u.yaml") and "anchors" not in d
     with pytest.raises(BadModelYaml, match="yolov9q"):
         yaml_model_load("yolov9q.yaml")
 
@@ -178,6 +186,7 @@ def test_names_nc_hyp_and_alias():
     assert m.names == {0: "0", 1: "1", 2: "2", 3: "3"} and m.nc == 4 and m.yaml["nc"] == 4
     assert m.default_hyp == "hyp.scratch-low.yaml"
     assert DetectionModel("yolov8n.yaml").default_hyp == "hyp.v8.yaml"
+    assert DetectionModel("yolov5nu.yaml").default_hyp == "hyp.v8.yaml"  # Ultralytics trains YOLOv5u as YOLOv8
     assert SegmentationModel("yolov8n-seg.yaml").default_hyp == "hyp.v8.yaml"
     assert SegmentationModel("yolov5n-seg.yaml").default_hyp == "hyp.scratch-low.yaml"
     assert ClassificationModel("yolov5n-cls.yaml").default_hyp == "hyp.cls.yaml"
