@@ -104,9 +104,14 @@ def test_payloads_refused_before_anything_runs(tmp_path, kind, fmt, no_unpicklin
 
 
 @pytest.mark.parametrize("fmt", ["zip", "legacy"])
-def test_unpickler_refuses_what_the_scan_would_miss(monkeypatch, tmp_path, fmt):
+@pytest.mark.parametrize("force_unsafe", [False, True])
+def test_unpickler_refuses_what_the_scan_would_miss(monkeypatch, tmp_path, fmt, force_unsafe):
     """Second line: with the static check of globals switched off, torch's weights_only unpickler itself still
-    refuses the payload, and a legitimate official file still loads."""
+    refuses the payload, and a legitimate official file still loads. Also under TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1,
+    which turns every torch.load that does not pass weights_only=True itself into a full unpickler (the peers' venv
+    sets it for their own loaders)."""
+    if force_unsafe:
+        monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     model = fp16_exact(DetectionModel("yolov5n.yaml", nc=3))
     official = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model", edit=_extras)
     marker = tmp_path / "pwned"
