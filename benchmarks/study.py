@@ -42,6 +42,7 @@ from pathlib import Path
 # run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.peer_commands import ultralytics_train
 from utils.files import ROOT
 
 # each task: our script, and the suffixes of its metric columns (box, then mask), read the same from Ultralytics
@@ -49,15 +50,6 @@ TASKS = {"detect": ("train.py", ("B",)), "segment": ("segment/train.py", ("B", "
 # the box figures under the yolov5 package's column names
 YOLOV5_COLUMNS = {"mAP50(B)": "metrics/mAP_0.5", "mAP50-95(B)": "metrics/mAP_0.5:0.95"}
 PEERS = ("ultralytics", "yolov5")
-# `yolo detect train ARGS`, with torch at N threads once training starts when N > 0: Ultralytics resets the count to
-# cpu_count - 1 (one thread on 2 cores); the count changes its speed, not what it computes
-ULTRALYTICS_THREADS = (
-    "import sys, torch; from ultralytics import YOLO; from ultralytics.cfg import smart_value; "
-    "n, args = int(sys.argv[1]), dict(a.split('=', 1) for a in sys.argv[2:]); m = YOLO(args.pop('model')); "
-    "m.add_callback('on_train_start', lambda t: torch.set_num_threads(n)); "
-    "m.train(**{k: smart_value(v) for k, v in args.items()})"
-)
-
 
 def peer_command(opt, peer, cfg, seed, out, name):
     """The peer's own training command, its defaults apart from the data, size, batch, epochs and seed."""
@@ -67,7 +59,7 @@ def peer_command(opt, peer, cfg, seed, out, name):
         args = [f"data={opt.data}", *start, f"epochs={opt.epochs}", f"imgsz={opt.img}", f"batch={opt.batch}",
                 "device=cpu", f"seed={seed}", "plots=False", f"project={out}", f"name={name}", "exist_ok=True"]
         if opt.peer_threads:
-            return [str(bin_dir / "python"), "-c", ULTRALYTICS_THREADS, str(opt.peer_threads), *args]
+            return ultralytics_train(bin_dir / "python", opt.peer_threads, dict(a.split("=", 1) for a in args))
         return [str(bin_dir / "yolo"), opt.task, "train", *args]
     return [str(bin_dir / "yolov5"), "train", "--data", opt.data, "--cfg", cfg, "--weights", "", "--img",
             str(opt.img), "--batch-size", str(opt.batch), "--epochs", str(opt.epochs), "--device", "cpu", "--seed",

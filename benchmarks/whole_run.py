@@ -26,15 +26,11 @@ from pathlib import Path
 # run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.peer_commands import ultralytics_train
 from utils.files import ROOT
 
 # Ultralytics at 2 torch threads is its best configuration on a 2-core CPU (its default is cpu_count - 1 = 1).
-ULTRALYTICS_2_THREADS = (
-    "import sys, torch; from ultralytics import YOLO; m = YOLO('yolov8n.yaml'); "
-    "m.add_callback('on_train_start', lambda t: torch.set_num_threads(2)); "
-    "m.train(data=sys.argv[1], pretrained=False, epochs=int(sys.argv[2]), imgsz=int(sys.argv[3]), batch=16, "
-    "device='cpu', workers=2, plots=sys.argv[5] == 'plots', close_mosaic=0, project=sys.argv[4], exist_ok=True)"
-)
+ULTRALYTICS_BEST_THREADS = 2
 
 
 def jobs(opt, out):
@@ -48,8 +44,10 @@ def jobs(opt, out):
     images = str(Path(data).parent / "images" / "val")
     return {
         "train-v8": (ours_train + ["--cfg", "yolov8n.yaml", "--name", "v8"],
-                     [str(peers / "python"), "-c", ULTRALYTICS_2_THREADS, data, ep, img, str(out / "ultralytics"),
-                      "plots" if opt.plots else "noplots"],
+                     ultralytics_train(peers / "python", ULTRALYTICS_BEST_THREADS, {
+                         "model": "yolov8n.yaml", "data": data, "pretrained": False, "epochs": ep, "imgsz": img,
+                         "batch": 16, "device": "cpu", "workers": 2, "plots": opt.plots, "close_mosaic": 0,
+                         "project": out / "ultralytics", "exist_ok": True}),
                      out / "ours" / "v8"),
         "train-v5": (ours_train + ["--cfg", "yolov5n.yaml", "--name", "v5"],
                      [str(peers / "yolov5"), "train", "--data", data, "--cfg", "yolov5n.yaml", "--weights", "",
