@@ -53,5 +53,6 @@ def _entry(name):
 
 _NAMES = [f"yolov5{s}{t}" for t in ("", "-seg", "-cls") for s in "nsmlx"]
 _NAMES += [f"yolov8{s}{t}" for t in ("", "-seg", "-cls", "-pose") for s in "nsmlx"]
+_NAMES += [f"yolov5{s}u" for s in "nsmlx"]  # YOLOv5u: Ultralytics' anchor-free YOLOv5 (yolov5nu.pt)
 _NAMES += ["yolov7", "yolov7x", "yolov7-tiny"]
 globals().update({n.replace("-", "_"): _entry(n) for n in _NAMES})

@@ -74,6 +74,8 @@ def test_named_entry_points_build_offline():
     assert model.names == {i: str(i) for i in range(3)} and len(model(str(IMAGE), size=64)) == 1
     for n in ("yolov7_tiny", "yolov8n_seg", "yolov5s_cls"):
         assert callable(getattr(hubconf, n))
+    v5u = hub_load("yolov5nu", pretrained=False, classes=3, device="cpu")  # anchor-free head on the v5 body
+    assert type(v5u.model.model[-1]).__name__ == "AnchorFreeDetect"
 
 
 def test_pose_entry_points_build_offline_with_keypoints():
