@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.hyp import default_hyp_file, load_hyp
-from models.yolo import yaml_model_load
+from engine.resume import weights_own_model
+from models.checkpoints import model_yaml
 from utils import dist as du
 from utils.errors import BadOption, Interrupted
 from utils.files import increment_path, yaml_save
@@ -79,6 +80,7 @@ def evolve(trainer_cls, opt, run):
     if du.get_world_size() > 1:
         raise BadOption("--evolve runs in a single process (each generation is a whole training run): launch it "
                         "without torchrun, one evolution per GPU with --device")
+    opt = weights_own_model(opt, getattr(opt, "given", ()))  # the model whose default hyp the search starts from
     base = _base_hyp(opt, trainer_cls)  # a mistake in --hyp ends the command before a folder is made
     save_dir = increment_path(Path(opt.project or "runs/evolve") / opt.name, exist_ok=opt.exist_ok, mkdir=True)
     csv_file = save_dir / "evolve.csv"
@@ -111,4 +113,4 @@ def evolve(trainer_cls, opt, run):
 
 def _base_hyp(opt, trainer_cls):
     """The hyp the trainer would load (BaseTrainer.load_hyp): --hyp completed from the model's default hyp file."""
-    return load_hyp(opt.hyp, default_hyp_file(yaml_model_load(opt.cfg), trainer_cls.default_hyp))
+    return load_hyp(opt.hyp, default_hyp_file(model_yaml(opt.cfg), trainer_cls.default_hyp))

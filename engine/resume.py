@@ -112,6 +112,16 @@ def forget_run_dir():
         record.unlink(missing_ok=True)
 
 
+def weights_own_model(opt, given):
+    """A new run with --weights and no --cfg trains the checkpoint's own model (`cfg` becomes the .pt), as YOLOv5
+    (`cfg or the checkpoint's YAML`) and Ultralytics (`model=x.pt`) do; not the script's default YAML seeded with
+    whichever tensors of another model happen to fit it."""
+    if not opt.weights or "cfg" in given or opt.cfg == opt.weights:
+        return opt
+    LOGGER.info(f"--weights {opt.weights} without --cfg: training its own model (as --cfg {opt.weights})")
+    return SimpleNamespace(**{**vars(opt), "cfg": opt.weights})
+
+
 def plan_run(opt, default_project, given=(), options=TrainOptions):
     """Rank 0: (options, checkpoint to resume from or None, run folder or None for a new one); `options`: the task's
     options class."""
@@ -123,8 +133,8 @@ def plan_run(opt, default_project, given=(), options=TrainOptions):
             saved, _ = resume_opt(SimpleNamespace(**{**vars(opt), "resume": str(last)}), default_project, (), options)
             return saved, last, run_dir
         LOGGER.info(f"torchrun restart {du.get_restart_count()}: no checkpoint yet, starting over in {run_dir}")
-        return opt, None, run_dir
+        return weights_own_model(opt, given), None, run_dir
     if opt.resume:
         saved, path = resume_opt(opt, default_project, given, options)
         return saved, path, path.parent.parent
-    return opt, None, None
+    return weights_own_model(opt, given), None, None

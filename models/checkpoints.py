@@ -527,6 +527,14 @@ def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):
     return len(keep)
 
 
+def model_yaml(cfg):
+    """The model dict `cfg` names: a model YAML (name under models/, path or dict), or a checkpoint (.pt, ours or
+    official, by name or path) whose own model it is."""
+    if isinstance(cfg, (str, Path)) and str(cfg).endswith(".pt"):
+        return attempt_load(cfg, device="cpu", fuse=False).yaml
+    return yaml_model_load(cfg)
+
+
 def load_pretrained(model, weights, exclude=("anchors", "anchor_grid")):
     """Seed `model` from a checkpoint file (ours or official) by `transfer_weights`."""
     return transfer_weights(model, attempt_load(weights, device="cpu", fuse=False), weights, exclude)

@@ -195,3 +195,34 @@ def test_img_not_a_stride_multiple_is_rounded_up_with_one_warning(shapes_detect,
     assert len(list(csv.DictReader(open(trainer.save_dir / "results.csv")))) == 1
     saved = yaml.safe_load((trainer.save_dir / "opt.yaml").read_text())
     assert (saved["imgsz"], saved["train_imgsz"]) == (100, 128)  # what was given, and what the run used
+
+
+def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp_path):
+    """`train.py --weights v8.pt` with no --cfg trains that YOLOv8 with every tensor carried over (YOLOv5's and
+    Ultralytics' rule), not the script's default yolov5n seeded with the few tensors whose shapes fit; the hyp an
+    --evolve starts from is that model's; a --cfg given still picks the model."""
+    from engine.evolve import _base_hyp
+    from engine.resume import weights_own_model
+    from models.checkpoints import model_to_ckpt
+    from models.heads import AnchorFreeDetect, Detect
+    from models.yolo import DetectionModel
+
+    torch.manual_seed(0)
+    source = DetectionModel("yolov8n.yaml", nc=3)
+    weights = tmp_path / "v8.pt"
+    torch.save({"model": model_to_ckpt(source)}, weights)
+    opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--epochs", "1",
+                                      "--imgsz", "64"))
+    assert opt.cfg == "yolov5n.yaml" and weights_own_model(opt, opt.given).cfg == str(weights)
+    assert "dfl" in _base_hyp(weights_own_model(opt, opt.given), DetectionTrainer)  # hyp.v8.yaml, not scratch-low
+    trainer, _ = train.main(opt)
+    assert isinstance(trainer.model.model[-1], AnchorFreeDetect) and trainer.opt.cfg == str(weights)
+    assert {k: v.shape for k, v in trainer.model.state_dict().items()} == \
+        {k: v.shape for k, v in source.state_dict().items()}
+    assert yaml.safe_load((trainer.save_dir / "opt.yaml").read_text())["cfg"] == str(weights)
+
+    opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--cfg", "yolov5n.yaml",
+                                      "--epochs", "1", "--imgsz", "64", "--name", "given"))
+    assert weights_own_model(opt, opt.given) is opt
+    trainer, _ = train.main(opt)
+    assert type(trainer.model.model[-1]) is Detect

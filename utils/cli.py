@@ -138,7 +138,8 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
                  data_help=DATA_HELP["boxes"]):
     p = Parser(description, record_given=True)
     p.add_argument(*cfg_flags, dest="cfg", type=str, default=cfg_default,
-                   help="model YAML (name under models/ or a path)")
+                   help="model YAML (name under models/ or a path), or a .pt whose model to train (with --weights and "
+                        "no --cfg: the weights' own model)")
     p.add_argument("--weights", type=str, default="",
                    help="initial weights, our .pt or an official one (default: none, train from scratch)")
     p.add_argument("--data", type=str, default=data_default, help=data_help)

@@ -65,7 +65,7 @@ class ClassificationTrainer(BaseTrainer):
 
     def build_model(self, nc, names):
         model = build_classifier(self.opt.cfg, nc, names)
-        if self.opt.weights:
+        if self.opt.weights and self.opt.cfg != self.opt.weights:  # else build_classifier seeded it from them
             load_pretrained(model, self.opt.weights)
         return model
 

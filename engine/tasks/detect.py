@@ -12,7 +12,7 @@ from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.backend import InferenceBackend
-from models.checkpoints import load_pretrained
+from models.checkpoints import attempt_load, model_yaml, transfer_weights
 from models.tta import TTAModel, augment_backend
 from models.yolo import DetectionModel
 from utils import ops
@@ -46,10 +46,14 @@ def single_class(data):
     return {**data, "nc": 1, "names": names, "label_nc": data["nc"]}
 
 
+# the training script of each task a box model's head may serve (OutputLayout.task)
+TRAIN_SCRIPTS = {"detect": "train.py", "segment": "segment/train.py", "pose": "pose/train.py"}
+
+
 class DetectionTrainer(BaseTrainer):
     default_project = "runs/train"
     options = DetectTrainOptions
-    task = "detect"
+    task = "detect"  # the head this trainer's loss and labels are for (OutputLayout.task)
 
     def get_data(self):
         data = check_det_dataset(self.opt.data)
@@ -64,10 +68,19 @@ class DetectionTrainer(BaseTrainer):
         return {}
 
     def build_model(self, nc, names):
-        model = self.model_class()(self.opt.cfg, nc=nc, **self.model_kwargs())
+        """--cfg's model (a YAML, or a .pt's own model: what --weights without --cfg trains, engine/resume.py), seeded
+        from --weights by key and shape."""
+        src = attempt_load(self.opt.weights, device="cpu", fuse=False) if self.opt.weights else None
+        own = src is not None and self.opt.cfg == self.opt.weights
+        model = self.model_class()(src.yaml if own else model_yaml(self.opt.cfg), nc=nc, **self.model_kwargs())
+        task = model.output_layout.task
+        if task != self.task:  # the loss and the labels would not fit the head
+            what = f"--weights {self.opt.weights}" if own else f"--cfg {self.opt.cfg}"
+            raise BadOption(f"{what} has a {type(model.model[-1]).__name__} head ({task}): train it with "
+                            f"{TRAIN_SCRIPTS[task]}")
         model.names = dict(names)
-        if self.opt.weights:
-            load_pretrained(model, self.opt.weights)
+        if src is not None:
+            transfer_weights(model, src, self.opt.weights)
         return model
 
     def dataset_kwargs(self, mode):

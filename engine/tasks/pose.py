@@ -27,6 +27,7 @@ def pose_data(data, options):
 
 class PoseTrainer(DetectionTrainer):
     default_project = "runs/train-pose"
+    task = "pose"
     scripts = ("pose/val.py", "pose/predict.py")
 
     def get_data(self):

@@ -18,6 +18,7 @@ from utils.plots import colors
 class SegmentationTrainer(DetectionTrainer):
     default_project = "runs/train-seg"
     options = SegmentTrainOptions
+    task = "segment"
     scripts = ("segment/val.py", "segment/predict.py")
 
     @staticmethod
