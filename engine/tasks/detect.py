@@ -76,7 +76,7 @@ class DetectionTrainer(BaseTrainer):
         task = model.output_layout.task
         if task != self.task:  # the loss and the labels would not fit the head
             what = f"--weights {self.opt.weights}" if own else f"--cfg {self.opt.cfg}"
-            raise BadOption(f"{what} has a {type(model.model[-1]).__name__} head ({task}): train it with "
+            raise BadOption(f"{what}: its head is {type(model.model[-1]).__name__}, a {task} head; train it with "
                             f"{TRAIN_SCRIPTS[task]}")
         model.names = dict(names)
         if src is not None:
