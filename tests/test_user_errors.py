@@ -93,8 +93,9 @@ IN_PROCESS = {
                                              str(ROOT / "data" / "images"), "--device", "cpu"], ["gone.pt"]),
     "segment/train.py data YAML without val": (
         lambda w: ["segment/train.py", *_train(w, "--data", str(w["no_val"]))[1:]], ["no_val.yaml", "'val'"]),
-    "train.py given a segmentation --cfg": (lambda w: _train(w, "--cfg", "yolov8n-seg.yaml"),
-                                            ["--cfg yolov8n-seg.yaml: its head is AnchorFreeSegment", "segment/train.py"]),
+    "train.py given a segmentation --cfg": (
+        lambda w: _train(w, "--cfg", "yolov8n-seg.yaml"),
+        ["--cfg yolov8n-seg.yaml: its head is AnchorFreeSegment", "segment/train.py"]),
     "segment/train.py given detection --weights, no --cfg": (
         lambda w: ["segment/train.py", *_train(w, "--weights", str(w["coco80"]))[1:]],
         ["coco80.pt: its head is Detect, a detect head", "train it with train.py"]),
