@@ -55,12 +55,12 @@ def peer_command(opt, peer, cfg, seed, out, name):
     """The peer's own training command, its defaults apart from the data, size, batch, epochs and seed."""
     bin_dir = Path(opt.peers_venv) / "bin"
     if peer == "ultralytics":
-        start = [f"model={opt.peer_weights}"] if opt.peer_weights else [f"model={cfg}", "pretrained=False"]
-        args = [f"data={opt.data}", *start, f"epochs={opt.epochs}", f"imgsz={opt.img}", f"batch={opt.batch}",
-                "device=cpu", f"seed={seed}", "plots=False", f"project={out}", f"name={name}", "exist_ok=True"]
+        start = {"model": opt.peer_weights} if opt.peer_weights else {"model": cfg, "pretrained": False}
+        args = {"data": opt.data, **start, "epochs": opt.epochs, "imgsz": opt.img, "batch": opt.batch, "device": "cpu",
+                "seed": seed, "plots": False, "project": out, "name": name, "exist_ok": True}
         if opt.peer_threads:
-            return ultralytics_train(bin_dir / "python", opt.peer_threads, dict(a.split("=", 1) for a in args))
-        return [str(bin_dir / "yolo"), opt.task, "train", *args]
+            return ultralytics_train(bin_dir / "python", opt.peer_threads, args)
+        return [str(bin_dir / "yolo"), opt.task, "train", *(f"{k}={v}" for k, v in args.items())]
     return [str(bin_dir / "yolov5"), "train", "--data", opt.data, "--cfg", cfg, "--weights", "", "--img",
             str(opt.img), "--batch-size", str(opt.batch), "--epochs", str(opt.epochs), "--device", "cpu", "--seed",
             str(seed), "--noplots", "--project", str(out), "--name", name, "--exist-ok"]
