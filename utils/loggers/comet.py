@@ -17,8 +17,10 @@ another zip under the same key, which `comet upload` appends to the experiment t
 order. comet_ml builds the offline zip when the experiment ends, from a temporary folder: a run stopped by Ctrl-C (or
 by SIGTERM outside torchrun) leaves its zip; a worker killed outright (SIGKILL, an out-of-memory kill, or the SIGTERM
 with which torchrun's agent ends the survivors of a failed group) leaves only an empty <key>.zip (the probe comet_ml
-writes at the start; nothing to upload), and its epochs since that start are not in Comet. The restarted run goes on
-under the same key from its checkpoint. Online, each epoch is flushed to the server as it ends.
+writes at the start; nothing to upload), and its epochs since that start are not in Comet. Which of the two a
+survivor of a lost peer leaves is a race: its collective fails at once and it ends through the exception, writing
+its zip, unless the agent's SIGTERM comes first (or, cutting the zip short, while it writes). The restarted run goes
+on under the same key from its checkpoint. Online, each epoch is flushed to the server as it ends.
 """
 
 import os
