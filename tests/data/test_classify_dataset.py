@@ -9,6 +9,7 @@ from utils.data.classify_dataset import (
     ClassifyTrainTransforms,
     classify_val_transforms,
 )
+from utils.data.image_files import disk_cache_path
 from utils.data.loader import build_dataloader
 
 
@@ -68,3 +69,17 @@ def test_ram_cache_indices(shapes_cls):
     assert [i for i, im in enumerate(ds.ims) if im is not None] == [0, 3]
     np.testing.assert_array_equal(ds.ims[3], cv2.imread(ds.samples[3][0]))
     assert ds[3]["img"].shape == ds[1]["img"].shape == (3, 32, 32)
+
+
+def test_disk_cache_read_only_when_asked_and_rebuilt_when_broken(shapes_cls, tmp_path):
+    root = tmp_path / "cls"
+    shutil.copytree(shapes_cls, root)
+    im_file = root / "val" / "circle" / "00000.jpg"
+    np.save(im_file.with_suffix(".npy"), np.zeros((10, 10, 3), np.uint8))  # a user's own array, not the image
+    plain = ClassificationDataset(root / "val", imgsz=32)
+    i = [f for f, _ in plain.samples].index(str(im_file))
+    np.testing.assert_array_equal(plain._read(i), cv2.imread(str(im_file)))
+    disk_cache_path(im_file).write_text("garbage\n")
+    cached = ClassificationDataset(root / "val", imgsz=32, cache="disk")
+    np.testing.assert_array_equal(np.load(disk_cache_path(im_file)), cv2.imread(str(im_file)))
+    assert cached[i]["img"].shape == (3, 32, 32)

@@ -1,9 +1,12 @@
+import os
+
 import cv2
 import numpy as np
 import pytest
 import torch
 
 from utils.data.detect_dataset import YOLODataset
+from utils.data.image_files import disk_cache_path
 from utils.data.label_formats import SegmentLabels
 from utils.data.loader import rank_indices
 from utils.errors import BadDataset
@@ -126,9 +129,55 @@ def test_ram_cache_only_holds_cache_indices(shapes_det):
 def test_disk_cache_writes_npy(det_copy):
     ds = YOLODataset(str(det_copy / "images" / "val"), imgsz=96, cache="disk", nc=3)
     npys = sorted((det_copy / "images" / "val").glob("*.npy"))
-    assert len(npys) == 4
-    np.testing.assert_array_equal(np.load(npys[0]), cv2.imread(str(npys[0].with_suffix(".jpg"))))
+    assert npys == [disk_cache_path(f) for f in sorted(ds.im_files)]
+    np.testing.assert_array_equal(np.load(npys[0]), cv2.imread(ds.im_files[0]))
     assert ds[0]["img"].shape == (3, 96, 96)
+
+
+def test_npy_files_are_not_read_without_disk_cache(det_copy):
+    """A user's own x.npy (a depth map) or a cache left by an earlier --cache disk run is never the image."""
+    val = det_copy / "images" / "val"
+    im_file = sorted(val.glob("*.jpg"))[0]
+    np.save(im_file.with_suffix(".npy"), np.zeros((10, 10, 3), np.uint8))
+    np.save(disk_cache_path(im_file), np.zeros((12, 12, 3), np.uint8))
+    ds = YOLODataset(str(val), imgsz=96, nc=3)
+    assert ds.load_image(ds.im_files.index(str(im_file)))[1] == cv2.imread(str(im_file)).shape[:2]
+
+
+def test_disk_cache_keeps_images_of_one_stem_apart(det_copy):
+    """a.jpg and a.png in one folder: each is read as itself, not as one shared a.npy."""
+    val = det_copy / "images" / "val"
+    jpgs = sorted(val.glob("*.jpg"))
+    png = jpgs[0].with_suffix(".png")
+    cv2.imwrite(str(png), cv2.imread(str(jpgs[1]))[:50, :70])  # another picture, another size
+    ds = YOLODataset(str(val), imgsz=96, cache="disk", nc=3)
+    for f in (jpgs[0], png):
+        np.testing.assert_array_equal(ds._read(ds.im_files.index(str(f))), cv2.imread(str(f)))
+
+
+def _bad_disk_caches(val):
+    """Spoil the --cache disk copies of four images four ways; returns those images."""
+    jpgs = sorted(val.glob("*.jpg"))
+    edited = cv2.imread(str(jpgs[0]))[:60, :80]
+    cv2.imwrite(str(jpgs[0]), edited)  # edited after the cache was written: the cache is older
+    st = os.stat(disk_cache_path(jpgs[0]))
+    os.utime(jpgs[0], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    disk_cache_path(jpgs[1]).write_text("garbage\n")
+    np.save(disk_cache_path(jpgs[2]), np.array([{"a": 1}], dtype=object), allow_pickle=True)  # a pickle: never loaded
+    np.save(disk_cache_path(jpgs[3]), cv2.imread(str(jpgs[3])).astype(np.float32))  # wrong dtype
+    return jpgs
+
+
+def test_stale_or_broken_disk_cache_is_rebuilt_from_the_image(det_copy):
+    val = det_copy / "images" / "val"
+    YOLODataset(str(val), imgsz=96, cache="disk", nc=3)
+    jpgs = _bad_disk_caches(val)
+    ds = YOLODataset(str(val), imgsz=96, cache="disk", nc=3)
+    for f in jpgs:
+        np.testing.assert_array_equal(np.load(disk_cache_path(f)), cv2.imread(str(f)))
+    assert not list(val.glob(".*")), "temporary files left beside the images"
+    disk_cache_path(jpgs[1]).write_bytes(b"\x93NUMPY cut short")  # broken during the run: the image is read instead
+    assert ds.load_image(ds.im_files.index(str(jpgs[1])))[1] == cv2.imread(str(jpgs[1])).shape[:2]
 
 
 def test_hyp_untouched_close_mosaic_and_determinism(shapes_det):

@@ -85,6 +85,17 @@ def test_the_official_cache_name_is_left_to_the_official_tools(det_copy, yolo_lo
     assert label_cache.cache_path(det_copy / "train.txt") == det_copy / "train.yolo-engine.cache"
 
 
+def test_a_split_of_one_image_keeps_its_cache_with_the_labels(det_copy):
+    """val: images/val/x.jpg caches beside labels/val as the folder does; a cache beside the image would be listed as
+    ignored, not an image, by every later scan of images/val."""
+    val = det_copy / "images" / "val"
+    before = sorted(val.iterdir())
+    YOLODataset(str(before[0]), imgsz=96, nc=3)
+    assert sorted(val.iterdir()) == before
+    assert (det_copy / "labels" / "val.yolo-engine.cache").is_file()
+    assert YOLODataset(str(val), imgsz=96, nc=3).stats["ignored"] == 0
+
+
 def test_only_local_rank_zero_writes(det_copy, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     YOLODataset(str(det_copy / "images" / "train"), imgsz=96, nc=3)

@@ -8,6 +8,7 @@ import shutil
 from utils.data.classify_dataset import ClassificationDataset
 from utils.data.dataset_yaml import check_cls_dataset
 from utils.data.detect_dataset import YOLODataset
+from utils.data.image_files import disk_cache_path, scan_files
 
 
 def test_hidden_folders_and_loose_files_in_a_classification_split(shapes_cls, tmp_path):
@@ -51,3 +52,15 @@ def test_label_files_in_the_wrong_folder_are_one_warning(shapes_det, tmp_path, y
                        f"{root / 'labels' / 'train' / '00000.txt'} for {root / 'images' / 'train' / '00000.jpg'}: "
                        "the last /images/ of an image path becomes /labels/ and its suffix .txt); every image is "
                        "trained as a background"]
+
+
+def test_only_the_disk_caches_of_listed_images_go_unmentioned(tmp_path):
+    """x.jpg.yolo-engine.npy is this project's --cache disk copy of x.jpg; x.npy (a depth map, or the official repos'
+    cache, which this project never reads) is listed like any other file that is not an image."""
+    (tmp_path / "x.jpg").write_bytes(b"")
+    for f in (disk_cache_path(tmp_path / "x.jpg"), tmp_path / "x.npy", disk_cache_path(tmp_path / "gone.jpg")):
+        f.write_bytes(b"")
+    files, others = scan_files(tmp_path)
+    assert files == [str(tmp_path / "x.jpg")]
+    assert sorted(others) == [(str(tmp_path / "gone.jpg.yolo-engine.npy"), "suffix '.npy' is not an image format"),
+                              (str(tmp_path / "x.npy"), "suffix '.npy' is not an image format")]

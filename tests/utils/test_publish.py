@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
+from utils.data.image_files import disk_cache_path
 from utils.files import publish
 
 N = 4
@@ -167,7 +168,7 @@ def test_cache_disk_race(race):
     _all_ok(results["cache_disk"])
     images = sorted((root / "data" / "images" / "train").glob("*.jpg"))
     for im in images:
-        np.testing.assert_array_equal(np.load(im.with_suffix(".npy")), cv2.imread(str(im)))
+        np.testing.assert_array_equal(np.load(disk_cache_path(im)), cv2.imread(str(im)))
     _no_temporaries(root / "data")
 
 

@@ -11,12 +11,18 @@ import torch
 from torch.utils.data import Dataset
 
 from utils.data.augment import SampleRNG, augment_hsv, chw_rgb
-from utils.data.image_files import class_folders, files_hash, scan_files
+from utils.data.image_files import (
+    class_folders,
+    disk_cache_path,
+    files_hash,
+    read_disk_cache,
+    scan_files,
+    write_disk_cache,
+)
 from utils.data.label_cache import cache_path, load_cache, save_cache
 from utils.data.labels import CACHE_VERSION, NoUsableImages, log_problems, read_image, verify_image
 from utils.data.loader import rank_indices
 from utils.errors import BadDataset
-from utils.files import publish
 from utils.loggers import LOGGER
 
 
@@ -97,7 +103,8 @@ class ClassificationDataset(Dataset):
     inside a class folder, are listed in `problems` too. `dataset[i]` -> {'img': float32 (3, imgsz, imgsz),
     'cls': int}, with ClassifyTrainTransforms when augment, else classify_val_transforms.
 
-    cache: 'ram' or 'disk' (.npy), limited to `cache_indices`, or to this rank's share when world_size > 1.
+    cache: 'ram' or 'disk' (decoded pixels beside each image, x.jpg.yolo-engine.npy, read only then, rebuilt when
+    older than the image or unreadable), limited to `cache_indices`, or to this rank's share when world_size > 1.
     """
 
     def __init__(self, root, imgsz=224, augment=False, hyp=None, cache=None, prefix="", cache_indices=None,
@@ -122,7 +129,8 @@ class ClassificationDataset(Dataset):
             cache_indices = rank_indices(n, world_size, rank, seed)
         self.cache_indices = np.arange(n) if cache_indices is None else np.unique(np.asarray(cache_indices))
         self.ims = [None] * n
-        self.npy_files = [Path(f).with_suffix(".npy") for f, _ in self.samples]
+        self.disk_cache = cache == "disk"
+        self.npy_files = [disk_cache_path(f) for f, _ in self.samples]
         if cache:
             self._cache_images(cache)
 
@@ -184,16 +192,18 @@ class ClassificationDataset(Dataset):
         return samples, stats, problems
 
     def _read(self, i):
-        if self.npy_files[i].is_file():
-            return np.load(self.npy_files[i])
+        im = read_disk_cache(self.npy_files[i], self.samples[i][0]) if self.disk_cache else None
+        return self._decode(i) if im is None else im
+
+    def _decode(self, i):
         im = read_image(self.samples[i][0])
         if im is None:
             raise FileNotFoundError(f"{self.prefix}image not found or unreadable: {self.samples[i][0]}")
         return im
 
     def _save_npy(self, i):
-        # published by rename: another process (or node) reading this .npy never sees a half-written one
-        publish(self.npy_files[i], lambda tmp: np.save(tmp, self._read(i)))
+        if read_disk_cache(self.npy_files[i], self.samples[i][0], mmap_mode="r") is None:
+            write_disk_cache(self.npy_files[i], self._decode(i))
 
     def _cache_images(self, mode):
         idx = self.cache_indices.tolist()

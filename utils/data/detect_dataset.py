@@ -23,13 +23,20 @@ from utils.data.augment import (
     mixup,
     random_perspective,
 )
-from utils.data.image_files import IMG_FORMATS, img2label_paths, scan_files
+from utils.data.image_files import (
+    IMG_FORMATS,
+    disk_cache_path,
+    img2label_paths,
+    read_disk_cache,
+    scan_files,
+    suffix,
+    write_disk_cache,
+)
 from utils.data.label_cache import cache_path
 from utils.data.label_formats import get_format
 from utils.data.labels import NoUsableImages, cache_labels, read_image
 from utils.data.loader import rank_indices
 from utils.errors import BadDataset
-from utils.files import publish
 from utils.loggers import LOGGER
 from utils.ops import xyn2xy, xywhn2xyxy, xyxy2xywhn
 
@@ -48,8 +55,9 @@ class YOLODataset(Dataset):
     task: the label format (utils/data/label_formats.py) or its name, 'detect' or 'segment' (pose needs its
     `PoseLabels(kpt_shape, flip_idx)`).
     img_path: folder(s), glob(s) or list .txt file(s) of images; labels follow the /images/ -> /labels/ rule.
-    cache: 'ram' (resized images in memory) or 'disk' (.npy beside each image), for `cache_indices` only when
-    given, else for this rank's share `rank_indices(n, world_size, rank, seed)` when world_size > 1, else all.
+    cache: 'ram' (resized images in memory) or 'disk' (decoded pixels beside each image, x.jpg.yolo-engine.npy,
+    read only then, rebuilt when older than the image or unreadable), for `cache_indices` only when given, else for
+    this rank's share `rank_indices(n, world_size, rank, seed)` when world_size > 1, else all.
     Mosaic partners are drawn from that same share, so a DDP rank never reads images outside it.
     nc: an image with a class id >= nc is skipped while scanning (see utils/data/labels.verify_image_label);
     `problems` lists every skipped image and every note, `stats` counts them. single_cls: every label becomes
@@ -76,7 +84,9 @@ class YOLODataset(Dataset):
                                  f"{', '.join(sorted(IMG_FORMATS))}; {len(others)} other files)", ignored)
         label_files = img2label_paths(im_files)
         p = Path(img_path) if isinstance(img_path, (str, Path)) else None
-        split = p if p is not None and p.is_file() else Path(label_files[0]).parent  # a list file, or labels/train
+        # a list file names its own cache; a folder, glob or single image uses its labels folder's, which lies beside
+        # that folder: a cache named after an image would lie among the images, listed as ignored by later scans
+        split = p if p is not None and p.is_file() and suffix(p) == "txt" else Path(label_files[0]).parent
         labels, self.stats = cache_labels(im_files, label_files, cache_path(split), nc, prefix, fmt=self.format)
         self.problems = self.stats.pop("problems") + ignored
         self.stats["ignored"] = len(ignored)
@@ -99,7 +109,8 @@ class YOLODataset(Dataset):
             cache_indices = rank_indices(n, world_size, rank, seed)
         self.pool = np.arange(n) if cache_indices is None else np.unique(np.asarray(cache_indices, dtype=np.int64))
         self.ims = [None] * n
-        self.npy_files = [Path(f).with_suffix(".npy") for f in self.im_files]
+        self.disk_cache = cache == "disk"
+        self.npy_files = [disk_cache_path(f) for f in self.im_files]
         self.gone = set()  # images found missing after the scan (warned about once)
         if cache:
             self._cache_images(cache)
@@ -136,8 +147,10 @@ class YOLODataset(Dataset):
         self.batch_shapes = np.ceil(np.array(shapes) * self.imgsz / stride + pad).astype(int) * stride
 
     def _read(self, i):
-        if self.npy_files[i].is_file():
-            return np.load(self.npy_files[i])
+        im = read_disk_cache(self.npy_files[i], self.im_files[i]) if self.disk_cache else None
+        return self._decode(i) if im is None else im
+
+    def _decode(self, i):
         im = read_image(self.im_files[i])
         if im is None:
             raise ImageGone(self.im_files[i])
@@ -158,8 +171,8 @@ class YOLODataset(Dataset):
         return im, (h0, w0), im.shape[:2]
 
     def _save_npy(self, i):
-        # published by rename: another process (or node) reading this .npy never sees a half-written one
-        publish(self.npy_files[i], lambda tmp: np.save(tmp, self._read(i)))
+        if read_disk_cache(self.npy_files[i], self.im_files[i], mmap_mode="r") is None:
+            write_disk_cache(self.npy_files[i], self._decode(i))
 
     def _cache_images(self, mode):
         idx = self.pool.tolist()

@@ -1,4 +1,5 @@
-"""Finding image/video files (folders, globs, list files) and the official image -> label path rule."""
+"""Finding image/video files (folders, globs, list files), the official image -> label path rule, and the
+`--cache disk` copy of an image."""
 
 import errno
 import glob
@@ -7,9 +8,16 @@ import os
 import stat
 from pathlib import Path
 
+import numpy as np
+
+from utils.files import publish
+
 IMG_FORMATS = frozenset({"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm"})
 VID_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
 MEDIA_FORMATS = IMG_FORMATS | VID_FORMATS
+# x.jpg -> x.jpg.yolo-engine.npy, not the official repos' x.npy: that name is shared by x.jpg and x.png, and may be a
+# user's own array (a depth map) that the cache would read as the image or overwrite
+DISK_CACHE_SUFFIX = ".yolo-engine.npy"
 
 
 MISSING = "missing"  # entry_problem's answer for a path that does not exist (and is no symlink)
@@ -108,9 +116,10 @@ def _expand(entry, others, recursive=True):
     raise FileNotFoundError(f"{s} does not exist")
 
 
-def _is_own_cache(f, stems):
-    """An image's `--cache disk` copy (x.npy beside x.jpg): written by this project, not a stray file."""
-    return suffix(f) == "npy" and os.path.splitext(f)[0] in stems
+def _is_own_cache(f, files):
+    """An image's `--cache disk` copy (x.jpg.yolo-engine.npy beside x.jpg): written by this project, not a stray
+    file."""
+    return f.endswith(DISK_CACHE_SUFFIX) and f.removesuffix(DISK_CACHE_SUFFIX) in files
 
 
 def scan_files(source, formats=IMG_FORMATS, recursive=True):
@@ -128,9 +137,9 @@ def scan_files(source, formats=IMG_FORMATS, recursive=True):
     others += [(f, "a repeated entry (used once)") for f in found if f in seen or seen.add(f)]
     found = list(dict.fromkeys(found))  # given order, no repeats
     files = [f for f in found if suffix(f) in formats]
-    stems = {os.path.splitext(f)[0] for f in files}
+    file_set = set(files)
     for f in found:
-        if suffix(f) not in formats and not _is_own_cache(f, stems):
+        if suffix(f) not in formats and not _is_own_cache(f, file_set):
             why = f"suffix '.{suffix(f)}' is not an image format" if suffix(f) else "no image suffix"
             others.append((f, why))
     return files, others
@@ -160,6 +169,31 @@ def class_folders(split_dir, hidden=None):
         elif is_dir:
             names.append(e.name)
     return sorted(names)
+
+
+def disk_cache_path(im_file):
+    """Where `--cache disk` keeps the decoded pixels of `im_file`: beside it, named DISK_CACHE_SUFFIX."""
+    return Path(f"{im_file}{DISK_CACHE_SUFFIX}")
+
+
+def read_disk_cache(npy_file, im_file, mmap_mode=None):
+    """The pixels `--cache disk` saved for `im_file`, or None where they cannot be trusted: no file, one older than
+    the image (edited since), or one that is not an (h, w, 3) uint8 array (cut short, garbage, another program's).
+    mmap_mode='r' checks the file without reading its pixels."""
+    try:
+        if os.stat(npy_file).st_mtime_ns < os.stat(im_file).st_mtime_ns:
+            return None
+        im = np.load(npy_file, mmap_mode=mmap_mode, allow_pickle=False)  # a pickle could run code: never loaded
+    except (OSError, ValueError, EOFError):  # what np.load raises on a truncated, garbage or pickled file
+        return None
+    ok = isinstance(im, np.ndarray) and im.dtype == np.uint8 and im.ndim == 3 and im.shape[2] == 3
+    return im if ok else None
+
+
+def write_disk_cache(npy_file, im):
+    """Save `im` where read_disk_cache finds it, replacing a stale or broken copy. Published by rename: a worker
+    killed mid-write leaves the old file or none, never half an array."""
+    publish(npy_file, lambda tmp: np.save(tmp, im, allow_pickle=False), replace=True)
 
 
 def img2label_paths(img_paths):
