@@ -13,7 +13,7 @@ Usage:
 
 import argparse
 
-from engine.exporter import FORMATS, Exporter
+from engine.exporter import DEFAULT_OPSET, FORMATS, OPSETS, Exporter
 from utils.cli import Parser
 from utils.dist import get_rank
 from utils.errors import run_cli
@@ -34,7 +34,8 @@ def parse_opt(argv=None):
                    help="any batch and image size, so results equal the .pt's at the same --img; --no-dynamic: "
                         "only the example input's")
     p.add_argument("--simplify", action="store_true", help="ONNX: simplify the graph with onnxslim")
-    p.add_argument("--opset", type=int, default=17, help="ONNX opset version")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help=f"ONNX opset version, {OPSETS.start}..{OPSETS.stop - 1} with this torch")
     return p.parse_args(argv)
 
 

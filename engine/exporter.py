@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.onnx import _constants as onnx_constants
 
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
 from models.checkpoints import attempt_load
@@ -19,6 +20,11 @@ from utils.errors import BadOption
 from utils.loggers import LOGGER
 
 FORMATS = ("onnx", "torchscript")
+# The opsets the TorchScript-based exporter (torch.onnx.export(dynamo=False)) supports; torch has no public accessor
+# for them. Outside ONNX_MIN_OPSET..ONNX_MAX_OPSET it fails with a traceback, and above this range it warns that the
+# opset is not supported.
+OPSETS = range(onnx_constants.ONNX_MIN_OPSET, onnx_constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET + 1)
+DEFAULT_OPSET = 17  # every model of this project exports at it (tests/models/test_export.py)
 
 
 def _imgsz(imgsz, stride):
@@ -49,6 +55,9 @@ class Exporter:
         unknown = set(self.opt.include) - set(FORMATS)
         if unknown:
             raise BadOption(f"--include {' '.join(sorted(unknown))}: supported formats are {', '.join(FORMATS)}")
+        if "onnx" in self.opt.include and self.opt.opset not in OPSETS:
+            raise BadOption(f"--opset {self.opt.opset}: torch {torch.__version__} exports ONNX opsets "
+                            f"{OPSETS.start}..{OPSETS.stop - 1}")
 
     @torch.no_grad()
     def __call__(self):
@@ -96,9 +105,16 @@ class Exporter:
         dynamic = None
         if self.opt.dynamic:  # batch, height and width of the input; every output follows the batch
             dynamic = {"images": {0: "batch", 2: "height", 3: "width"}, **{o: {0: "batch"} for o in outputs}}
-        # dynamo=False: the TorchScript-based exporter needs only torch and onnx (the dynamo one also onnxscript)
-        torch.onnx.export(wrapper, im, str(f), dynamo=False, opset_version=self.opt.opset, do_constant_folding=True,
-                          input_names=["images"], output_names=outputs, dynamic_axes=dynamic)
+        try:  # dynamo=False: the TorchScript-based exporter needs only torch and onnx (the dynamo one also onnxscript)
+            torch.onnx.export(wrapper, im, str(f), dynamo=False, opset_version=self.opt.opset,
+                              do_constant_folding=True, input_names=["images"], output_names=outputs,
+                              dynamic_axes=dynamic)
+        except torch.onnx.OnnxExporterError as e:  # an operator the chosen opset cannot express (upsampling at 7, 8)
+            if self.opt.opset == DEFAULT_OPSET:
+                raise  # at the default every model exports: a failure there is a bug
+            why = str(e).partition(". Please")[0]  # without the invitation to file a request with PyTorch
+            raise BadOption(f"--opset {self.opt.opset}: {why}; a later opset may have it (default {DEFAULT_OPSET})"
+                            ) from None
         model = onnx.load(str(f))
         if self.opt.dynamic:
             _forget_symbolic_shapes(model)

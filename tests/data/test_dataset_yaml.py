@@ -248,3 +248,56 @@ def test_every_yaml_refuses_duplicate_keys_and_non_utf8_bytes(tmp_path):
     with pytest.raises(DatasetError) as e:
         check_det_dataset(latin1)
     assert _one_line(e) == f"{latin1}: not UTF-8 text (byte 0xe9 at offset 36)"
+
+
+@pytest.mark.parametrize("body, error", [
+    ("path: 7\ntrain: images/train\nval: images/val\n",
+     "'path' must be a path, got int 7; quote a folder name that YAML reads as a number (path: '2017')"),
+    ("path: ROOT\ntrain: {a: 1}\nval: images/val\n", "'train' must be a path or a list of paths, got dict {'a': 1}"),
+    ("path: ROOT\ntrain: images/train\nval: [images/val, 010]\n", "'val' must be a path or a list of paths, got "
+     "list ['images/val', 8]; quote a folder name that YAML reads as a number (val: '2017')"),
+], ids=["path-number", "train-mapping", "val-list-number"])
+def test_a_path_or_split_that_is_not_text_is_refused_naming_the_key(shapes_det, tmp_path, body, error):
+    f = _write(tmp_path / "d.yaml", body.replace("ROOT", str(shapes_det)) + "names: [a, b, c]\n")
+    with pytest.raises(DatasetError) as e:
+        check_det_dataset(f)
+    assert _one_line(e) == f"{f}: {error}"
+
+
+def test_a_classification_split_is_one_folder_and_null_means_the_default(shapes_cls, tmp_path):
+    f = _write(tmp_path / "c.yaml", {"path": str(shapes_cls), "train": ["train", "val"], "val": "val"})
+    with pytest.raises(DatasetError) as e:
+        check_cls_dataset(f)
+    assert _one_line(e) == f"{f}: 'train' must be a path, got list ['train', 'val']"
+    f = _write(tmp_path / "c.yaml", {"path": 7, "val": "val"})
+    with pytest.raises(DatasetError, match=r"'path' must be a path, got int 7"):
+        check_cls_dataset(f)
+    f = _write(tmp_path / "c.yaml", {"path": str(shapes_cls), "train": None, "val": "val"})
+    assert check_cls_dataset(f)["train"] == str(shapes_cls / "train")
+
+
+def test_of_a_split_list_only_the_missing_entries_are_named(shapes_det, tmp_path):
+    f = _write(tmp_path / "d.yaml", {"path": str(shapes_det), "train": ["images/train", "images/nope"],
+                                     "val": ["images/val", "images/gone"], "names": ["a", "b", "c"]})
+    with pytest.raises(DatasetNotFoundError) as e:
+        check_det_dataset(f)
+    assert _one_line(e) == (f"{f}: dataset not found, missing {shapes_det / 'images/gone'} (the YAML has no "
+                            "'download' or 'synthetic' entry)")
+    f = _write(tmp_path / "d.yaml", {"path": str(shapes_det), "train": ["images/train", "images/nope"],
+                                     "val": "images/val", "names": ["a", "b", "c"]})
+    with pytest.raises(DatasetNotFoundError) as e:
+        check_det_dataset(f)
+    assert _one_line(e) == f"{f}: dataset not found, missing {shapes_det / 'images/nope'}"
+
+
+@pytest.mark.parametrize("check", [check_det_dataset, check_cls_dataset])
+def test_an_empty_data_argument_is_one_error(check):
+    with pytest.raises(DatasetError, match=r"^--data is empty: give a dataset YAML"):
+        check("")
+
+
+@pytest.mark.parametrize("data", [".", "/"])
+def test_a_folder_without_a_name_is_a_folder_not_a_yaml_for_detection(data):
+    with pytest.raises(DatasetError) as e:
+        check_det_dataset(data)
+    assert _one_line(e).startswith(f"{data} is a folder: detection and segmentation read a dataset YAML")

@@ -1,11 +1,13 @@
 """Dataset downloads deliver data, nothing else: archives served by a local http.server (127.0.0.1, started and
 stopped with each test) that try to drop a `.pth` into a site-packages-like folder, ship device nodes, setuid files,
-links or code, or are no archive at all."""
+links or code, or are no archive at all. A download that fails (a closed port, an HTTP error, a body cut short) is
+one user error naming the URL and the reason, wherever the URL came from."""
 
 import functools
 import http.server
 import io
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -16,12 +18,31 @@ import zipfile
 import pytest
 import yaml
 
-from models.checkpoints import model_to_ckpt, save_checkpoint
+from models import checkpoints
+from models.checkpoints import attempt_load, model_to_ckpt, save_checkpoint
 from models.yolo import DetectionModel
+from utils.data import downloads
 from utils.data.dataset_yaml import DatasetError, check_det_dataset
+from utils.data.downloads import DownloadFailed, fetch
+from utils.data.streams import open_source
+from utils.errors import UserError
 from utils.files import ROOT
 
 PTH = b"import os; open('PWNED', 'w').close()\n"
+
+
+def _serve(handler):
+    """(base URL, stop()) of an http.server on 127.0.0.1 answering with `handler`."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+
+    def stop():
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
+
+    return f"http://127.0.0.1:{httpd.server_address[1]}", stop
 
 
 @pytest.fixture
@@ -34,13 +55,26 @@ def server(tmp_path):
         def log_message(self, *args):  # quiet; record what was asked for instead
             requested.append(self.path)
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", folder, requested
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(timeout=10)
+    base, stop = _serve(functools.partial(Handler, directory=str(folder)))
+    yield base, folder, requested
+    stop()
+
+
+@pytest.fixture
+def closed_port_url():
+    """An http URL of a port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def waits(monkeypatch):
+    """The seconds waited between download attempts, recorded instead of slept."""
+    slept = []
+    monkeypatch.setattr(downloads.time, "sleep", slept.append)
+    return slept
 
 
 def _yaml(tmp_path, download, name="ds"):
@@ -164,3 +198,58 @@ def test_scripts_exit_2_with_one_line(tmp_path, server):
         assert p.returncode == 2 and "Traceback" not in out + err, (argv[0], err[-2000:])
         assert len(errors) == 1 and ("refusing to unpack" in errors[0] or "zip or tar" in errors[0]), errors
     assert not _planted(site) and not (site / "dev").exists()
+
+
+def test_a_refused_source_download_is_one_user_error_naming_the_url(tmp_path, monkeypatch, closed_port_url, waits):
+    monkeypatch.chdir(tmp_path)  # where a --source URL's file is downloaded to
+    url = f"{closed_port_url}/a.jpg"
+    with pytest.raises(DownloadFailed, match=rf"^download of {url} failed after 3 attempts: .*Connection refused$"):
+        open_source(url)
+    assert isinstance(DownloadFailed("x"), UserError) and waits == [2, 4] and not list(tmp_path.iterdir())
+
+
+def test_official_weights_that_cannot_be_fetched_are_one_user_error(tmp_path, monkeypatch, server, waits):
+    base, _, requested = server  # the served folder is empty: the release asset answers 404
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(checkpoints, "RELEASES", ((r"yolov8[nsmlx]\.pt", f"{base}/release/"),))
+    with pytest.raises(DownloadFailed, match=rf"^download of {base}/release/yolov8s\.pt failed after 3 attempts: "
+                                             r"HTTP Error 404: File not found$"):
+        attempt_load("yolov8s.pt")
+    assert set(requested) == {"/release/yolov8s.pt"} and not (tmp_path / "yolov8s.pt").exists()
+
+
+def test_a_dataset_archive_that_cannot_be_fetched_names_the_yaml_and_url(tmp_path, server, waits):
+    base, _, _ = server
+    f, site = _yaml(tmp_path, f"{base}/gone.zip")
+    with pytest.raises(DatasetError, match=rf"^{f}: download of {base}/gone\.zip failed after 3 attempts: HTTP Error"
+                                           " 404"):
+        check_det_dataset(str(f))
+    assert not list(site.glob("*.zip"))
+
+
+def test_a_body_cut_short_is_retried_and_never_published(tmp_path, waits):
+    class Short(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # promises 100 bytes, sends 10 and closes
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"0123456789")
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    base, stop = _serve(Short)
+    try:
+        with pytest.raises(DownloadFailed, match=r"failed after 2 attempts: the connection closed with 90 bytes"):
+            fetch(f"{base}/w.pt", tmp_path / "w.pt", retries=2)
+    finally:
+        stop()
+    assert waits == [2] and not list(tmp_path.iterdir())
+
+
+def test_a_malformed_url_is_one_user_error(tmp_path, waits):
+    with pytest.raises(DownloadFailed, match=r"^download of http://127\.0\.0\.1:abc/a\.jpg failed after 1 attempts: "
+                                             r"nonnumeric port: 'abc'$"):
+        fetch("http://127.0.0.1:abc/a.jpg", tmp_path / "a.jpg", retries=1)
+    assert not waits and not list(tmp_path.iterdir())

@@ -60,12 +60,18 @@ def test_an_image_with_any_bad_line_is_skipped_whole(det_copy, yolo_log):
     assert len(ds.problems) == 4
 
 
-def test_polygon_and_tolerance_rules(tmp_path):
-    im = tmp_path / "images" / "a.jpg"
+def _image_and_label(folder):
+    """(a 50x40 image, the path of its label file) in `folder`."""
+    im = folder / "images" / "a.jpg"
     im.parent.mkdir()
     cv2.imwrite(str(im), np.full((40, 50, 3), 90, np.uint8))
-    lb = tmp_path / "labels" / "a.txt"
+    lb = folder / "labels" / "a.txt"
     lb.parent.mkdir()
+    return im, lb
+
+
+def test_polygon_and_tolerance_rules(tmp_path):
+    im, lb = _image_and_label(tmp_path)
     lb.write_text(
         "0 0.1 0.1 0.5 0.1 0.3 0.6\n"  # triangle
         "2 1.005 0.5 0.2 0.2\n"  # inside the tolerance: clipped
@@ -81,6 +87,18 @@ def test_polygon_and_tolerance_rules(tmp_path):
         lb.write_text("0 0.1 0.1 0.5 0.1 0.3 0.6\n" + line + "\n")
         rec = labels_mod.verify_image_label(str(im), str(lb), nc=3)
         assert why in rec["skipped"] and "line 2" in rec["skipped"] and "cls" not in rec, line
+
+
+@pytest.mark.parametrize("polygon, why", [
+    ("0.1 0.1 0.5 0.5 0.9 0.9", "zero-area polygon (its points lie on one line)"),
+    ("0.1 0.1 0.9 0.9 0.9 0.1 0.1 0.9", "polygon of zero net area (its outline crosses itself, so the areas of its "
+                                        "loops cancel)"),  # a bow-tie: two triangles going round in opposite ways
+], ids=["on-one-line", "bow-tie"])
+def test_a_polygon_of_zero_area_is_skipped_saying_why(tmp_path, polygon, why):
+    im, lb = _image_and_label(tmp_path)
+    lb.write_text(f"0 {polygon}\n")
+    rec = labels_mod.verify_image_label(str(im), str(lb), nc=3)
+    assert rec["skipped"] == f"{lb} line 1: {why}" and "cls" not in rec
 
 
 def test_read_only_cache_location_only_warns(det_copy, monkeypatch, yolo_log):

@@ -1,5 +1,6 @@
 """export.py: ONNX and TorchScript files give the PyTorch outputs, and the predict scripts run them."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,11 +12,11 @@ import pytest
 import torch
 from models_testutil import NAMES, assert_close_per_channel, save_checkpoint
 
-from engine.exporter import Exporter
+from engine.exporter import OPSETS, Exporter
 from models.backend import InferenceBackend, flatten_outputs
 from models.checkpoints import attempt_load
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
-from utils.errors import BadOption
+from utils.errors import BadFile, BadOption
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = [
@@ -77,6 +78,34 @@ def test_onnx_without_onnxruntime_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
     with pytest.raises(BadOption, match="pip install onnxruntime"):
         InferenceBackend(f)
+
+
+@pytest.mark.parametrize("opset", [3, 999, -1, OPSETS.stop])
+def test_an_opset_the_exporter_lacks_is_refused_before_the_model_is_loaded(opset, tmp_path):
+    opt = SimpleNamespace(weights=str(tmp_path / "absent.pt"), include=["onnx"], opset=opset)
+    with pytest.raises(BadOption, match=rf"^--opset {opset}: torch .* exports ONNX opsets {OPSETS.start}\.\."):
+        Exporter(opt)
+
+
+def test_an_opset_that_cannot_express_the_model_is_one_error_naming_it(tmp_path):
+    weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8n.pt")
+    opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=False,
+                          dynamic=True, simplify=False, opset=8)  # in the range, but Upsample there is not torch's
+    with pytest.raises(BadOption, match=r"^--opset 8: Unsupported: ONNX export of operator upsample"):
+        Exporter(opt)()
+
+
+def test_a_damaged_onnx_file_is_one_error_naming_it_and_the_reason(tmp_path):
+    weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
+    (good,) = export(weights, ["onnx"])
+    damaged = {"garbage.onnx": (b"garbage\n", "Protobuf parsing failed"),
+               "truncated.onnx": (good.read_bytes()[:20_000], "Protobuf parsing failed"),
+               "empty.onnx": (b"", "No graph was found")}
+    for name, (data, why) in damaged.items():
+        f = tmp_path / name
+        f.write_bytes(data)
+        with pytest.raises(BadFile, match=rf"^--weights {re.escape(str(f))}: not a loadable ONNX file \({why}"):
+            InferenceBackend(f)
 
 
 def _labels(folder):

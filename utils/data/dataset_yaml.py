@@ -23,7 +23,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from utils.data.downloads import ARCHIVE_SUFFIXES, download, is_archive
+from utils.data.downloads import ARCHIVE_SUFFIXES, DownloadFailed, download, is_archive
 from utils.data.image_files import class_folders
 from utils.data.synthetic import generate_dataset
 from utils.errors import BadDataset
@@ -43,20 +43,29 @@ class DatasetNotFoundError(DatasetError, FileNotFoundError):
     """A dataset YAML or the data it points to is missing and cannot be obtained."""
 
 
+def _check_given(data):
+    """Refuse an empty --data (`--data $DATA` with DATA unset): Path('') is the current folder, which it does not
+    mean."""
+    if not isinstance(data, dict) and not str(data):
+        raise DatasetError("--data is empty: give a dataset YAML, a dataset name or (to classify) a folder")
+
+
 def find_dataset_yaml(data):
     """`data` itself, else `<data>.yaml`, else the repo's data/<name> or data/<name>.yaml."""
+    _check_given(data)
     p = Path(data)
     candidates = [p]
-    if p.suffix not in (".yaml", ".yml"):
-        candidates.append(p.with_name(p.name + ".yaml"))
-    candidates += [ROOT / "data" / p.name, ROOT / "data" / f"{p.name}.yaml"]
+    if p.name:  # '.', '..' and '/' have no name to look up
+        if p.suffix not in (".yaml", ".yml"):
+            candidates.append(p.with_name(p.name + ".yaml"))
+        candidates += [ROOT / "data" / p.name, ROOT / "data" / f"{p.name}.yaml"]
     for c in candidates:
         if c.is_file():
             return c
     tried = ", ".join(str(c) for c in candidates[1:])
     if p.is_dir():
         raise DatasetError(f"{data} is a folder: detection and segmentation read a dataset YAML (path, train, val, "
-                           f"names; e.g. {ROOT / 'data' / 'shapes.yaml'}), and no {tried} exists")
+                           f"names; e.g. {ROOT / 'data' / 'shapes.yaml'}){f', and no {tried} exists' if tried else ''}")
     raise DatasetNotFoundError(f"{data}: dataset YAML not found (also tried {tried})")
 
 
@@ -107,10 +116,24 @@ def _names(d, label):
     return dict(sorted(names.items()))
 
 
+def _check_paths(v, label, key, lists=True):
+    """Refuse a `key` that is not a path (text) nor, where `lists`, a list of paths: a mapping names no folder, and a
+    number is not the text it was written as (YAML reads `010` as 8 and `1e3` as 1000.0)."""
+    items = v if lists and isinstance(v, (list, tuple)) else [v]
+    if all(isinstance(x, (str, os.PathLike)) for x in items):
+        return
+    number = any(isinstance(x, (int, float)) and not isinstance(x, bool) for x in items)
+    hint = f"; quote a folder name that YAML reads as a number ({key}: '2017')" if number else ""
+    what = "a path or a list of paths" if lists else "a path"
+    raise DatasetError(f"{label}: '{key}' must be {what}, got {type(v).__name__} {v!r:.60}{hint}")
+
+
 def dataset_root(d, yaml_file=None):
     """The absolute dataset root: `path` as given if absolute, else from the cwd if it exists there, else from the
     repo root (the official convention: `../datasets/x` is beside the repo); without `path`, the YAML's folder."""
     p = d.get("path")
+    if p is not None:
+        _check_paths(p, yaml_file or "dataset dict", "path", lists=False)
     if not p:
         return (yaml_file.parent if yaml_file else Path.cwd()).resolve()
     p = Path(p).expanduser()
@@ -130,13 +153,12 @@ def _resolve(entry, root):
 
 
 def _exists(entry):
-    if isinstance(entry, list):
-        return all(_exists(e) for e in entry)
     return bool(glob.glob(entry)) if any(c in entry for c in "*?[") else Path(entry).exists()
 
 
 def _missing(d, keys):
-    return [str(d[k]) for k in keys if d.get(k) and not _exists(d[k])]
+    """The entries of the splits `keys` that do not exist: of a list, only those missing."""
+    return [e for k in keys if d.get(k) for e in (d[k] if isinstance(d[k], list) else [d[k]]) if not _exists(e)]
 
 
 def _is_script(text):
@@ -226,7 +248,7 @@ def run_download(spec, label, root):
     for urls, folder, threads in plan:
         try:  # into the root's parent only the root itself, not the user's other files there
             download(urls, dir=folder, threads=threads, within=root if folder == root.parent else folder)
-        except BadDataset as e:
+        except (BadDataset, DownloadFailed) as e:
             raise DatasetError(f"{label}: {e}") from None
     LOGGER.info(f"Dataset download finished in {time.time() - t:.1f}s: {root}")
 
@@ -270,6 +292,9 @@ def check_det_dataset(data, autodownload=True):
     absent = [k for k in ("train", "val") if not d.get(k)]
     if absent:
         raise DatasetError(f"{label}: missing required key(s) {', '.join(repr(k) for k in absent)}")
+    for k in ("train", "val", "test"):
+        if d.get(k):
+            _check_paths(d[k], label, k)
     names = _names(d, label)
     root = dataset_root(d, yaml_file)
     d.update(path=str(root), names=names, nc=len(names), yaml_file=str(yaml_file) if yaml_file else None)
@@ -324,12 +349,16 @@ def check_cls_dataset(data, autodownload=True):
     absolute `path`, `train`, `val`, `test` (or None), `names` {int: str} and `nc`. The names are the one class map
     of every split (see `_class_map`); val/test may lack a class, but hold none that training lacks.
     """
+    _check_given(data)
     if not isinstance(data, dict) and Path(data).is_dir():
         d, yaml_file, label = {"path": str(Path(data).resolve())}, None, str(data)
     else:
         d, yaml_file, label = _load_source(data)
+    for k in ("train", "val", "test"):
+        if d.get(k):
+            _check_paths(d[k], label, k, lists=False)  # one folder of class folders each
     root = dataset_root(d, yaml_file)
-    train = root / d.get("train", "train")
+    train = root / (d.get("train") or "train")
     val = root / d["val"] if d.get("val") else (root / "val" if (root / "val").is_dir() else root / "test")
     missing = [str(p) for p in (train, val) if not p.is_dir()]
     if missing and (yaml_file is not None or isinstance(data, dict)):  # a bare folder has no recipe to build it

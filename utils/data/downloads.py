@@ -12,11 +12,13 @@ holding a link, a device node, a FIFO or a setuid/setgid file is refused whole (
 """
 
 import errno
+import http.client
 import os
 import shutil
 import stat
 import tarfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
@@ -24,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, suffix
-from utils.errors import BadDataset
+from utils.errors import BadDataset, BadFile
 from utils.files import publish, temp_sibling
 from utils.loggers import LOGGER
 
@@ -36,16 +38,33 @@ class UnsafeArchive(BadDataset):
     """A downloaded file that is not a data archive, or an archive holding what no dataset needs."""
 
 
+class DownloadFailed(BadFile):
+    """A URL the user named (a --source, an official weights name, a dataset YAML's `download:`) could not be
+    fetched: no network, a refused connection, an HTTP error. The user's or the machine's to fix, not a bug."""
+
+
+def _reason(e):
+    """What went wrong, without urllib's wrapping: '[Errno 111] Connection refused', 'HTTP Error 404: Not Found'."""
+    if isinstance(e, urllib.error.URLError) and not isinstance(e, urllib.error.HTTPError):
+        return str(e.reason)
+    return str(e)
+
+
 def _fetch_into(url, path, retries):
     for attempt in range(1, retries + 1):
         try:
             with urllib.request.urlopen(url, timeout=60) as r, open(path, "wb") as f:
                 shutil.copyfileobj(r, f, length=1 << 20)
+                # urllib ends an HTTP body cut short by the server without a word: this file is not whole
+                # (a file:// reply has no length to check)
+                left = getattr(r, "length", None)
+                if left:
+                    raise OSError(f"the connection closed with {left} bytes of the file still to come")
             return
-        except OSError as e:
+        except (OSError, http.client.HTTPException) as e:  # HTTPException: a malformed URL or reply
             if attempt == retries:
-                raise OSError(f"download of {url} failed after {retries} attempts: {e}") from e
-            LOGGER.warning(f"download of {url} failed ({e}), retrying {attempt}/{retries - 1}...")
+                raise DownloadFailed(f"download of {url} failed after {retries} attempts: {_reason(e)}") from e
+            LOGGER.warning(f"download of {url} failed ({_reason(e)}), retrying {attempt}/{retries - 1}...")
             time.sleep(2 * attempt)
 
 

@@ -47,6 +47,18 @@ def parse_box(xy):
     return _xyxy_to_box(*np.clip(corners, 0, 1)), clipped
 
 
+def _zero_area_reason(polygon):
+    """Why the signed area of a polygon (k, 2) is (near) zero: its points lie on one line, or its outline crosses
+    itself so that loops going round in opposite directions cancel (a bow-tie)."""
+    d = polygon - polygon[0]
+    far = d[np.argmax((d**2).sum(1))]  # the point farthest from the first: with it, the line the points would lie on
+    # on that line, every point's triangle with the first and the farthest point has no area (the cross product is
+    # twice that area)
+    if np.abs(far[0] * d[:, 1] - far[1] * d[:, 0]).max() < MIN_AREA * 2:
+        return "zero-area polygon (its points lie on one line)"
+    return "polygon of zero net area (its outline crosses itself, so the areas of its loops cancel)"
+
+
 def parse_polygon(xy):
     """`x1 y1 x2 y2 ...` normalised (>= 3 points) -> (box xywhn (4,), polygon (k, 2) float32, clipped?)."""
     if len(xy) < 6 or len(xy) % 2:
@@ -55,7 +67,7 @@ def parse_polygon(xy):
     polygon = np.clip(xy.reshape(-1, 2), 0, 1)
     x, y = polygon.T
     if abs(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))) < MIN_AREA * 2:  # shoelace: twice the area
-        raise BadLine("zero-area polygon (its points lie on one line)")
+        raise BadLine(_zero_area_reason(polygon))
     (x1, y1), (x2, y2) = polygon.min(0), polygon.max(0)
     return _xyxy_to_box(x1, y1, x2, y2), polygon.astype(np.float32), clipped
 
