@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 import torch
 
+from engine.tasks import check_task
 from models.backend import InferenceBackend
 from utils import dist as du
 from utils.cli import check_imgsz
@@ -29,6 +30,7 @@ from utils.torch_utils import inference_bf16, time_sync
 
 class BasePredictor:
     default_project = "runs/detect"
+    tasks = ("detect", "segment", "pose")  # the models whose output this predictor reads (a head's `task`)
 
     def __init__(self, args):
         self.args = args if isinstance(args, SimpleNamespace) else SimpleNamespace(**vars(args))
@@ -36,6 +38,7 @@ class BasePredictor:
         half = bool(getattr(self.args, "half", False)) and self.device.type == "cuda"
         bf16 = inference_bf16(self.device, getattr(self.args, "amp", "off"))
         self.model = InferenceBackend(self.args.weights, device=self.device, half=half, bf16=bf16)
+        check_task(self.model.task, self.tasks, f"--weights {self.args.weights}", "predict")
         self.half = self.model.fp16
         self.names = self.model.names
         unknown = [c for c in getattr(self.args, "classes", None) or [] if c not in self.names]

@@ -17,7 +17,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from engine.options import TrainOptions
+from engine.tasks import check_task
 from models.checkpoints import load_checkpoint
+from models.yolo import head_task, yaml_model_load
 from utils import dist as du
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.loggers import LOGGER
@@ -41,11 +43,11 @@ def find_unfinished_run(search_dir):
     raise BadOption(f"--resume: no last.pt found under {where}")
 
 
-def resume_opt(opt, default_project, given=(), options=TrainOptions):
+def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
     """For --resume [path]: (the run's saved options with this launch's device/workers and any --epochs, path).
 
     `given` names the options on the command line; any that `options` (the task's class) does not let --resume
-    change is refused.
+    change is refused. `task`, when given, is the only task whose runs this script continues.
     """
     rules = options.resume_rules()
     path = Path(opt.resume) if isinstance(opt.resume, str) else find_unfinished_run(opt.project or default_project)
@@ -56,6 +58,8 @@ def resume_opt(opt, default_project, given=(), options=TrainOptions):
         raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no options)")
     if not is_unfinished(ckpt):
         raise BadCheckpoint(f"--resume {path}: the run has finished (no optimizer state): nothing to resume")
+    if task is not None:
+        check_task(run_task(ckpt, path), (task,), f"--resume {path}", "train")
     refused = sorted(set(given) - set(rules))
     if refused:
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)
@@ -122,19 +126,28 @@ def weights_own_model(opt, given):
     return SimpleNamespace(**{**vars(opt), "cfg": opt.weights})
 
 
-def plan_run(opt, default_project, given=(), options=TrainOptions):
+def run_task(ckpt, path):
+    """The task of the model a training checkpoint holds."""
+    model = ckpt.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("yaml"), dict):
+        raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no model YAML)")
+    return head_task(yaml_model_load(model["yaml"]))
+
+
+def plan_run(opt, default_project, given=(), options=TrainOptions, task=None):
     """Rank 0: (options, checkpoint to resume from or None, run folder or None for a new one); `options`: the task's
-    options class."""
+    options class, `task` the task it trains."""
     run_dir = elastic_run_dir()
     if run_dir is not None:
         last = run_dir / "weights" / "last.pt"
         if last.is_file() and is_unfinished(load_checkpoint(last)):
             LOGGER.info(f"torchrun restart {du.get_restart_count()}: resuming {last}")
-            saved, _ = resume_opt(SimpleNamespace(**{**vars(opt), "resume": str(last)}), default_project, (), options)
+            saved, _ = resume_opt(SimpleNamespace(**{**vars(opt), "resume": str(last)}), default_project, (), options,
+                                  task)
             return saved, last, run_dir
         LOGGER.info(f"torchrun restart {du.get_restart_count()}: no checkpoint yet, starting over in {run_dir}")
         return weights_own_model(opt, given), None, run_dir
     if opt.resume:
-        saved, path = resume_opt(opt, default_project, given, options)
+        saved, path = resume_opt(opt, default_project, given, options, task)
         return saved, path, path.parent.parent
     return weights_own_model(opt, given), None, None

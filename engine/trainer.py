@@ -28,6 +28,7 @@ from engine.interrupt import StopRequests
 from engine.messages import banner, next_commands, plural, position, resume_command, shown
 from engine.options import TrainOptions
 from engine.resume import forget_run_dir, plan_run, record_run_dir
+from engine.tasks import SCRIPTS
 from models.checkpoints import attempt_load
 from utils import dist as du
 from utils.charts import RunPlots
@@ -62,7 +63,7 @@ class BaseTrainer:
     default_project = "runs/train"
     default_hyp = "hyp.scratch-low.yaml"  # for a model YAML that names no hyp file
     options = TrainOptions  # the task's options class (engine/options.py)
-    scripts = ("val.py", "detect.py")  # the task's validate and predict scripts, for the commands a run suggests
+    task = "detect"  # the task of the heads this trainer's loss and labels fit (a head's `task`)
 
     def __init__(self, opt, device, resume_from=None, save_dir=None):
         """What the options and the launch environment decide; every other attribute is declared here and built by
@@ -382,7 +383,8 @@ class BaseTrainer:
                 ("%11s" * 2 + "%11.4g" * (2 + len(self.criterion.loss_names)))
                 % (f"{epoch + 1}/{self.epochs}", mem, *self.state.mean_losses, n_inst, batch["img"].shape[-1])
             )
-            self.plot_training_batch(batch, step)
+            if not self.opt.noplots:
+                self.plot_training_batch(batch, step)
 
     def multi_scale(self, batch, step):
         """--multi-scale: resize global batch `step`'s images so the long side is a random multiple of the stride in
@@ -490,7 +492,8 @@ class BaseTrainer:
         if self.is_main:
             LOGGER.info(f"Results saved to {self.save_dir}")
             if best.exists():
-                commands = next_commands(self.scripts, best, self.opt.data, self.predict_source(),
+                scripts = SCRIPTS[self.task]["val"], SCRIPTS[self.task]["predict"]
+                commands = next_commands(scripts, best, self.opt.data, self.predict_source(),
                                          self.opt.train_imgsz)
                 LOGGER.info("Next: " + "\n      ".join(commands))
 
@@ -510,7 +513,8 @@ def run(trainer_cls, opt, callbacks=None):
         opt = deepcopy(opt)
         given = vars(opt).pop("given", ())  # the options on the command line, which --resume may refuse
         # rank 0 reads the disk and decides; a user error there is raised on every rank
-        opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given, trainer_cls.options)
+        opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given, trainer_cls.options,
+                                                    trainer_cls.task)
         trainer = trainer_cls(opt, device, resume_from=resume_from, save_dir=save_dir)
         trainer.callbacks.extend(callbacks)
         metrics = trainer.train()

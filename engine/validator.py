@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
+from engine.tasks import check_task
 from models.backend import validation_model
 from utils import dist as du
 from utils.data.labels import problems_listed_on_failure, write_problems
@@ -99,6 +100,7 @@ class BaseValidator:
     """
 
     postprocess_name = "post-process"
+    tasks = ("detect", "segment", "pose")  # the models whose output this validator reads (a head's `task`)
     profile = RunProfile(enabled=False)  # the trainer's, under --profile
 
     def __init__(self, args, save_dir, names, criterion=None, label_nc=None):
@@ -319,7 +321,8 @@ class BaseValidator:
         set_logging(du.get_rank())
         device = du.select_device(opt.device)
         with du.session(device):
-            model, stride = validation_model(opt.weights, device, opt.imgsz)
+            model, stride, task = validation_model(opt.weights, device, opt.imgsz)
+            check_task(task, cls.tasks, f"--weights {opt.weights}", "val")
             model, options = cls.adapt_to_weights(model, stride, ValOptions.from_cli(opt), opt)
             with du.torch_distributed_zero_first(du.get_local_rank()):
                 data = cls.get_data(opt.data, options)

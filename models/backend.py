@@ -9,6 +9,7 @@ PyTorch model would have told (stride, names, task, nc, image size, output nesti
 import dataclasses
 import io
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -17,8 +18,8 @@ import torch
 import torch.nn as nn
 
 from models.checkpoints import attempt_load
+from models.heads import TASKS
 from models.untrusted import check_torchscript
-from models.yolo import ClassificationModel, PoseModel, SegmentationModel
 from utils.dist import is_main_process
 from utils.errors import BadFile, BadOption
 from utils.ops import OutputLayout
@@ -28,12 +29,9 @@ FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
 METADATA_KEY = "yolo"  # ONNX metadata_props key / TorchScript extra-file name holding the JSON metadata
 
 
-TASKS = {ClassificationModel: "classify", SegmentationModel: "segment", PoseModel: "pose"}
-
-
 def model_task(model):
-    """The task a model's file records: what its model class serves (any other detection model: 'detect')."""
-    return next((t for cls, t in TASKS.items() if isinstance(model, cls)), "detect")
+    """The task a model serves, as its head declares it (what its exports record)."""
+    return model.model[-1].task
 
 
 def flatten_outputs(out):
@@ -85,7 +83,7 @@ def _parse_metadata(text, weights):
     except ValueError as e:
         raise BadFile(f"--weights {weights}: its '{METADATA_KEY}' metadata is not JSON ({e})") from None
     bad = [k for k, t in _METADATA_TYPES.items() if not isinstance(meta, dict) or not isinstance(meta.get(k), t)]
-    if not bad and meta["task"] not in ("detect", *TASKS.values()):
+    if not bad and meta["task"] not in TASKS:
         bad = ["task"]
     if not bad and not all(k.isdecimal() for k in meta["names"]):
         bad = ["names"]
@@ -98,6 +96,13 @@ def _parse_metadata(text, weights):
         raise BadFile(f"--weights {weights}: its '{METADATA_KEY}' metadata lacks or mistypes {bad}: export it again "
                       "with export.py")
     return meta
+
+
+def _onnx_reason(e):
+    """onnxruntime's reason for not loading a model, without the prefix that repeats the path and the C++ source
+    location some messages start with ('/onnxruntime_src/...h:46 void f(...) Opset 999 is ...')."""
+    why = " ".join(str(e).split()).partition(" failed:")[2] or str(e)
+    return re.sub(r"^\S+:\d+ .*?\) (?=[A-Z])", "", why)[:200].rstrip()
 
 
 def _weights_format(weights):
@@ -171,7 +176,13 @@ class InferenceBackend(nn.Module):
         providers = ["CPUExecutionProvider"]
         if self.device.type == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": self.device.index or 0}))
-        self.session = onnxruntime.InferenceSession(self.weights, providers=providers)
+        # onnxruntime's errors share no base class but Exception: these are the ones it raises for a file it cannot
+        # read as a model (not protobuf, truncated, no graph, an invalid graph, an opset or IR version it lacks)
+        ort = onnxruntime.capi.onnxruntime_pybind11_state
+        try:
+            self.session = onnxruntime.InferenceSession(self.weights, providers=providers)
+        except (ort.InvalidProtobuf, ort.InvalidArgument, ort.InvalidGraph, ort.Fail, ort.NotImplemented) as e:
+            raise BadFile(f"--weights {self.weights}: not a loadable ONNX file ({_onnx_reason(e)})") from None
         self.input_name = self.session.get_inputs()[0].name
         self.output_names = [o.name for o in self.session.get_outputs()]
         meta = self.session.get_modelmeta().custom_metadata_map
@@ -259,14 +270,14 @@ class ExportWrapper(nn.Module):
 
 
 def validation_model(weights, device, imgsz):
-    """(model, largest stride) for a val script: the `.pt` module itself (summary printed by rank 0), or the backend
-    of a dynamic export (validation batches are letterboxed to each batch's own rectangle)."""
+    """(model, largest stride, task) for a val script: the `.pt` module itself (summary printed by rank 0), or the
+    backend of a dynamic export (validation batches are letterboxed to each batch's own rectangle)."""
     backend = InferenceBackend(weights, device=device)
     if backend.model is not None:
         if is_main_process():
             backend.model.info(imgsz=imgsz)
-        return backend.model, backend.stride
+        return backend.model, backend.stride, backend.task
     if not backend.dynamic:
         raise BadOption(f"--weights {weights}: validation needs an export made with --dynamic (its batches are "
                         "rectangles of varying size)")
-    return backend, backend.stride
+    return backend, backend.stride, backend.task

@@ -453,6 +453,8 @@ def _names(names, nc):
     out = {int(k): v for k, v in pairs if type(k) is int or (isinstance(k, str) and k.isdecimal())}
     if len(out) != len(names) or not all(isinstance(v, (str, int, float)) for v in out.values()):
         raise ValueError(f"names must map class indices to names, got {reprlib.repr(names)}")
+    if sorted(out) != list(range(nc)):  # every script looks a predicted class up by its index
+        raise ValueError(f"names must name classes 0-{nc - 1} of the model, one each; got {reprlib.repr(names)}")
     return {k: str(v) for k, v in out.items()}
 
 

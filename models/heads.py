@@ -31,10 +31,14 @@ def no_autocast(t):
     return torch.autocast(t.device.type, enabled=False)
 
 
+TASKS = ("detect", "segment", "pose", "classify")  # what a head serves (its `task`)
+
+
 class Detect(nn.Module):
     """Anchor-based head (YOLOv5; also YOLOv7's deploy head): one 1x1 conv per level predicting na x (5 + nc + nm)."""
 
     default_loss = "v5"
+    task = "detect"  # the task a model ending in this head serves
     anchor_based = True
     channel_rule = "levels"
 
@@ -95,6 +99,7 @@ class Segment(Detect):
     """YOLOv5 segmentation head: Detect with nm mask coefficients per anchor plus a nearest-upsampling Proto."""
 
     default_loss = "v5seg"
+    task = "segment"
     proto_arg = 3
 
     def __init__(self, nc=80, anchors=(), nm=32, npr=256, ch=()):
@@ -152,6 +157,7 @@ class AnchorFreeDetect(nn.Module):
     """YOLOv8 decoupled head: per level a box branch (4 x reg_max DFL bins) and a class branch."""
 
     default_loss = "v8"
+    task = "detect"
     anchor_based = False
     channel_rule = "levels"
     reg_max = 16
@@ -203,6 +209,7 @@ class AnchorFreeSegment(AnchorFreeDetect):
     """YOLOv8 segmentation head: AnchorFreeDetect + mask-coefficient branch cv4 + transposed-conv Proto."""
 
     default_loss = "v8seg"
+    task = "segment"
     proto_arg = 2
 
     def __init__(self, nc=80, nm=32, npr=256, ch=()):
@@ -243,6 +250,7 @@ class Pose(AnchorFreeDetect):
     its own cell's neighbourhood scaled by the box level; a third value is the visibility logit, a sigmoid in eval."""
 
     default_loss = "v8pose"
+    task = "pose"
 
     def __init__(self, nc=80, kpt_shape=(17, 3), ch=()):
         super().__init__(nc, ch)
@@ -282,6 +290,7 @@ class Classify(nn.Module):
     """Conv to 1280 channels, global average pool, dropout, linear: logits in train, softmax in eval."""
 
     default_loss = "cls"
+    task = "classify"
     channel_rule = "fixed"
 
     def __init__(self, c1, c2, k=1, s=1, p=None, g=1, dropout=0.0):

@@ -156,6 +156,29 @@ def _resolve_module(name, d, section, index):
     )
 
 
+def head_task(d):
+    """The task ('detect', 'segment', 'pose', 'classify') of the head a model dict ends in, None when its last row
+    is no head (or is malformed: parse_model says how)."""
+    rows = [(k, j, r) for k in ("backbone", "head") if isinstance(d.get(k), list) for j, r in enumerate(d[k])]
+    if not rows or not isinstance(rows[-1][2], list) or len(rows[-1][2]) != 4 or not isinstance(rows[-1][2][2], str):
+        return None
+    section, j, row = rows[-1]
+    return getattr(_resolve_module(row[2], d, section, j), "task", None)
+
+
+def _check_head(d, tasks):
+    """A model class builds only the heads it serves: a classifier's head in a box model has no strides to find,
+    a box head in a classifier no class logits."""
+    task = head_task(d)
+    if task not in tasks:
+        rows = [r for k in ("backbone", "head") if isinstance(d.get(k), list) for r in d[k]]
+        row = rows[-1] if rows else None
+        name = row[2] if isinstance(row, list) and len(row) == 4 else repr(row)
+        head = name if task else f"{name}, not a head"
+        raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: ends in {head}"
+                           f"{f' (a {task} model)' if task else ''}; this model class takes {'/'.join(tasks)} heads")
+
+
 def _parse_activation(text):
     """`nn.LeakyReLU(0.1)` -> nn.LeakyReLU(0.1) for registered activations with literal arguments, else None."""
     match = _ACTIVATION_RE.match(text.strip())
@@ -384,6 +407,7 @@ class DetectionModel(BaseModel):
             self.yaml["nc"] = nc
         if anchors is not None:
             self.yaml["anchors"] = anchors
+        _check_head(self.yaml, ("detect", "segment", "pose"))
         self.model, self.save = parse_model(self.yaml, ch)
         self.names = {i: str(i) for i in range(self.yaml["nc"])}
         self._init_head(ch)
@@ -452,6 +476,7 @@ class ClassificationModel(BaseModel):
         ch = self.yaml["ch"] = self.yaml.get("ch", ch)
         if nc is not None:
             self.yaml["nc"] = nc
+        _check_head(self.yaml, ("classify",))
         self.model, self.save = parse_model(self.yaml, ch)
         self.names = {i: str(i) for i in range(self.yaml["nc"])}
         self.register_buffer("stride", torch.ones(1), persistent=False)

@@ -146,9 +146,30 @@ def test_item7_option_mistakes(shapes_detect, tmp_path, capsys, argv, error):
     (["detect.py", "--vid-stride", "0"], "error: --vid-stride 0: must be in [1, inf)"),
     (["classify/predict.py", "--img", "-5"], "error: --imgsz -5: must be in [1, inf)"),
     (["val.py"], "error: the following arguments are required: --weights (see --help)"),
+    (["detect.py", "--name", "../../escape"],
+     "error: --name '../../escape': must name a folder inside --project (no '..', not absolute)"),
+    (["val.py", "--weights", "x.pt", "--name", "/tmp/abs"],
+     "error: --name '/tmp/abs': must name a folder inside --project (no '..', not absolute)"),
 ])
 def test_item7_option_mistakes_in_the_other_scripts(capsys, argv, error):
     assert cli(argv, capsys)[:2] == (2, [error])
+
+
+@pytest.mark.parametrize("script", ["train.py", "detect.py", "segment/val.py"])
+def test_a_project_below_a_file_is_refused_before_any_work(tmp_path, capsys, script):
+    """It was a NotADirectoryError traceback once the run folder was made."""
+    (tmp_path / "afile").write_text("")
+    argv = [script, "--project", str(tmp_path / "afile" / "runs"), *(["--weights", "x.pt"] if "val" in script else [])]
+    assert cli(argv, capsys)[:2] == (2, [f"error: --project {tmp_path / 'afile' / 'runs'}: {tmp_path / 'afile'} is a "
+                                         "file, not a folder"])
+
+
+@pytest.mark.parametrize("freeze, error", [("1000", "the model has layers 0-24 only"),
+                                           ("25", "that freezes every layer, which leaves nothing to train")])
+def test_freezing_past_the_model_is_refused(shapes_detect, tmp_path, capsys, freeze, error):
+    """It was `optimizer got an empty parameter list` from torch."""
+    code, errors, _ = cli(_train(shapes_detect, tmp_path, "--cfg", "yolov5n.yaml", "--freeze", freeze), capsys)
+    assert (code, errors) == (2, [f"error: --freeze {freeze}: {error}"])
 
 
 def test_item7_exit_status_of_the_real_script(tmp_path):

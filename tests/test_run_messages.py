@@ -38,6 +38,12 @@ def test_the_first_line_says_what_runs(trained):
     assert first.endswith("run folder runs/train/exp"), first  # under the working directory
 
 
+def test_noplots_saves_no_picture(trained):
+    """--noplots once skipped every chart but the training batches."""
+    cwd, _ = trained
+    assert not [p.name for p in (cwd / "runs" / "train" / "exp").glob("*") if p.suffix in (".jpg", ".png")]
+
+
 def test_the_progress_bar_shows_the_process_memory_on_cpu(trained):
     _, r = trained
     assert re.search(r"^\s+Epoch\s+mem\s", r.stdout, re.M)

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from models.checkpoints import model_to_ckpt
-from models.yolo import DetectionModel
+from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from tests.ddp_utils import free_port
 from utils.errors import run_cli
 from utils.files import ROOT
@@ -28,7 +28,7 @@ def _yaml(file, **d):
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, shapes_detect):
+def world(tmp_path_factory, shapes_detect, shapes_classify):
     """Broken inputs next to a good dataset: {name: path}."""
     t = tmp_path_factory.mktemp("user_errors")
     root = yaml.safe_load(shapes_detect.read_text())["path"]
@@ -40,6 +40,12 @@ def world(tmp_path_factory, shapes_detect):
     torch.save({"model": model_to_ckpt(m80)}, t / "coco80.pt")
     torch.save({"epoch": 0, "model": model_to_ckpt(m80)}, t / "full.pt")
     (t / "last.pt").write_bytes((t / "full.pt").read_bytes()[:3000])
+    torch.save({"epoch": 0, "model": model_to_ckpt(m80), "opt": {"cfg": "yolov5n.yaml"}, "optimizer": {}},
+               t / "unfinished.pt")
+    for name, model in {"cls": ClassificationModel("yolov8n-cls.yaml", nc=3),
+                        "seg": SegmentationModel("yolov8n-seg.yaml", nc=3)}.items():
+        model.names = dict(enumerate(NAMES))
+        torch.save({"model": model_to_ckpt(model)}, t / f"{name}.pt")
     (t / "run" / "exp").mkdir(parents=True)
     (t / "run" / "exp" / "results.csv").write_text("epoch,loss\n0,1.0\n")
     hyp = yaml.safe_load((ROOT / "data" / "hyps" / "hyp.scratch-low.yaml").read_text())
@@ -51,6 +57,10 @@ def world(tmp_path_factory, shapes_detect):
         "empty": _yaml(t / "empty.yaml", path=str(t), train="images/empty", val="images/empty", names=NAMES),
         "bad_cfg": _yaml(t / "bad_cfg.yaml", **bad_cfg),
         "coco80": t / "coco80.pt",
+        "unfinished": t / "unfinished.pt",
+        "cls_data": shapes_classify,
+        "cls": t / "cls.pt",
+        "seg": t / "seg.pt",
         "last": t / "last.pt",
         "hyp": _yaml(t / "hyp_iou_t.yaml", **hyp, iou_t=0.2),
         "run": t / "run",
@@ -95,10 +105,35 @@ IN_PROCESS = {
         lambda w: ["segment/train.py", *_train(w, "--data", str(w["no_val"]))[1:]], ["no_val.yaml", "'val'"]),
     "train.py given a segmentation --cfg": (
         lambda w: _train(w, "--cfg", "yolov8n-seg.yaml"),
-        ["--cfg yolov8n-seg.yaml: its head is AnchorFreeSegment", "segment/train.py"]),
+        ["--cfg yolov8n-seg.yaml: a segment model", "takes detect models", "segment/train.py"]),
     "segment/train.py given detection --weights, no --cfg": (
         lambda w: ["segment/train.py", *_train(w, "--weights", str(w["coco80"]))[1:]],
-        ["coco80.pt: its head is Detect, a detect head", "train it with train.py"]),
+        ["coco80.pt: a detect model", "takes segment models", "use train.py"]),
+    "train.py given a classifier --cfg": (lambda w: _train(w, "--cfg", "yolov8n-cls.yaml"),
+                                          ["--cfg yolov8n-cls.yaml: a classify model", "classify/train.py"]),
+    "train.py given classifier --weights": (lambda w: _train(w, "--weights", str(w["cls"])),
+                                            ["cls.pt: a classify model", "classify/train.py"]),
+    "classify/train.py given a detection YAML": (
+        lambda w: ["classify/train.py", "--data", str(w["cls_data"]), "--model", "yolov5n.yaml", "--device", "cpu",
+                   "--project", str(w["t"] / "runs")], ["--model yolov5n.yaml: a detect model", "use train.py"]),
+    "classify/train.py resuming a detection run": (
+        lambda w: ["classify/train.py", "--resume", str(w["unfinished"]), "--device", "cpu"],
+        ["--resume", "unfinished.pt: a detect model", "takes classify models", "use train.py"]),
+    "detect.py given a classifier": (
+        lambda w: ["detect.py", "--weights", str(w["cls"]), "--source", str(ROOT / "data" / "images"), "--device",
+                   "cpu"], ["cls.pt: a classify model", "takes detect, segment or pose models", "classify/predict.py"]),
+    "classify/predict.py given a detector": (
+        lambda w: ["classify/predict.py", "--weights", str(w["coco80"]), "--source", str(ROOT / "data" / "images"),
+                   "--device", "cpu"], ["coco80.pt: a detect model", "takes classify models", "use detect.py"]),
+    "pose/predict.py given a segmenter": (
+        lambda w: ["pose/predict.py", "--weights", str(w["seg"]), "--source", str(ROOT / "data" / "images"),
+                   "--device", "cpu"], ["seg.pt: a segment model", "takes pose models", "segment/predict.py"]),
+    "val.py given a classifier": (
+        lambda w: ["val.py", "--weights", str(w["cls"]), "--data", str(w["good"]), "--device", "cpu"],
+        ["cls.pt: a classify model", "classify/val.py"]),
+    "segment/val.py given a detector": (
+        lambda w: ["segment/val.py", "--weights", str(w["coco80"]), "--data", str(w["good"]), "--device", "cpu"],
+        ["coco80.pt: a detect model", "takes segment models", "use val.py"]),
     "classify/train.py missing data folder": (
         lambda w: ["classify/train.py", "--data", str(w["t"] / "no-such-cls"), "--device", "cpu", "--epochs", "1"],
         ["no-such-cls"]),

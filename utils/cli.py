@@ -3,6 +3,7 @@
 import argparse
 import math
 import sys
+from pathlib import Path
 
 from utils import dist as du
 from utils.errors import BadOption
@@ -44,6 +45,20 @@ def check_options(opt):
                 hint = " (there is no automatic batch size: give the images per step)" if dest == "batch_size" and \
                     v == -1 else ""
                 raise BadOption(f"{flag} {v}: must be in {interval}{hint}")
+    _check_run_folder(opt)
+
+
+def _check_run_folder(opt):
+    """--project must be a folder (or not exist yet) and --name a folder inside it: PROJECT/NAME is created, or
+    written into, later, once the work has begun."""
+    name = getattr(opt, "name", None)
+    if isinstance(name, str) and (not name or Path(name).is_absolute() or ".." in Path(name).parts):
+        raise BadOption(f"--name {name!r}: must name a folder inside --project (no '..', not absolute)")
+    project = getattr(opt, "project", None)
+    if isinstance(project, (str, Path)):
+        blocker = next((a for a in [Path(project), *Path(project).parents] if a.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise BadOption(f"--project {project}: {blocker} is a file, not a folder")
 
 
 def options_from_kwargs(parse_opt, options):

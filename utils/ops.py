@@ -285,11 +285,6 @@ class OutputLayout:
         """Columns of a prediction row."""
         return self.kpts.stop
 
-    @property
-    def task(self):
-        """What the head predicts besides boxes: 'pose' (keypoints), 'segment' (mask coefficients) or 'detect'."""
-        return "pose" if self.kpt_shape else "segment" if self.nm else "detect"
-
     def det_keypoints(self, det):
         """Keypoints (n, K, ndim) of NMS output rows (n, 6 + nm + nk), for a layout with keypoints."""
         start = 6 + self.nm

@@ -188,8 +188,14 @@ def freeze_layers(model, freeze):
     parameters get requires_grad False, so the optimizer leaves them out and DDP (wrapped afterwards) neither
     expects nor reduces their gradients. Returns the frozen parameter names."""
     layers = range(freeze[0]) if len(freeze) == 1 else freeze
+    given = f"--freeze {' '.join(map(str, freeze))}"
+    beyond = [i for i in layers if i >= len(model.model)]
+    if beyond:
+        raise BadOption(f"{given}: the model has layers 0-{len(model.model) - 1} only")
     prefixes = tuple(f"model.{i}." for i in layers)
     frozen = [name for name, p in model.named_parameters() if name.startswith(prefixes)]
+    if len(frozen) == len(list(model.parameters())):
+        raise BadOption(f"{given}: that freezes every layer, which leaves nothing to train")
     for name, p in model.named_parameters():
         if name.startswith(prefixes):
             p.requires_grad_(False)

@@ -6,10 +6,11 @@ from pathlib import Path
 import torch
 
 from engine.predictor import BasePredictor
+from engine.tasks import check_task
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights
-from models.yolo import ClassificationModel, DetectionModel
+from models.yolo import ClassificationModel, DetectionModel, head_task, yaml_model_load
 from utils.data.classify_dataset import ClassificationDataset, classify_val_transforms
 from utils.data.dataset_yaml import check_cls_dataset
 from utils.data.image_files import class_folders
@@ -34,7 +35,9 @@ def build_classifier(model_arg, nc, names):
             model = ClassificationModel(src.yaml, nc=nc)
             transfer_weights(model, src, model_arg, exclude=())
     else:
-        model = ClassificationModel(model_arg, nc=nc)
+        d = yaml_model_load(model_arg)
+        check_task(head_task(d), ("classify",), f"--model {model_arg}", "train")
+        model = ClassificationModel(d, nc=nc)
     model.names = dict(names)
     return model
 
@@ -54,7 +57,7 @@ class ClassificationTrainer(BaseTrainer):
     default_project = "runs/train-cls"
     # an official classifier's YAML names no hyp file, and the detection default would bring detection crop scales
     default_hyp = "hyp.cls.yaml"
-    scripts = ("classify/val.py", "classify/predict.py")
+    task = "classify"
 
     def get_data(self):
         return check_cls_dataset(self.opt.data)
@@ -94,6 +97,8 @@ class ClassificationTrainer(BaseTrainer):
 
 class ClassificationValidator(BaseValidator):
     """Top-1 / top-5 accuracy, per-class accuracy and the confusion matrix."""
+
+    tasks = ("classify",)
 
     @staticmethod
     def get_data(data, options):
@@ -174,6 +179,7 @@ class ClassificationValidator(BaseValidator):
 
 
 class ClassificationPredictor(BasePredictor):
+    tasks = ("classify",)
     default_project = "runs/predict-cls"
 
     def load_source(self):

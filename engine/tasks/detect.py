@@ -9,12 +9,13 @@ import torch
 
 from engine.options import DetectTrainOptions
 from engine.predictor import BasePredictor
+from engine.tasks import SCRIPTS, check_task
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.backend import InferenceBackend
 from models.checkpoints import attempt_load, model_yaml, transfer_weights
 from models.tta import TTAModel, augment_backend
-from models.yolo import DetectionModel
+from models.yolo import DetectionModel, head_task
 from utils import ops
 from utils.autoanchor import check_anchors
 from utils.charts import plot_metric_curves
@@ -24,7 +25,7 @@ from utils.data.dataset_yaml import check_det_dataset
 from utils.data.detect_dataset import YOLODataset
 from utils.data.image_weights import ImageWeightSampler
 from utils.dist import get_rank, get_world_size
-from utils.errors import BadOption
+from utils.errors import BadDataset, BadOption
 from utils.loggers import LOGGER
 from utils.metrics import ConfusionMatrix, DetMetrics, process_batch
 from utils.plots import colors, plot_images
@@ -46,18 +47,21 @@ def single_class(data):
     return {**data, "nc": 1, "names": names, "label_nc": data["nc"]}
 
 
-# the training script of each task a box model's head may serve (OutputLayout.task)
-TRAIN_SCRIPTS = {"detect": "train.py", "segment": "segment/train.py", "pose": "pose/train.py"}
+def box_data(data, options, role):
+    """The dataset dict of a detection or segmentation run. A pose set is refused: its label lines (a box, then the
+    keypoints) would be read as polygons, and their boxes made from those points."""
+    d = check_det_dataset(data)
+    if d.get("kpt_shape") is not None:
+        raise BadDataset(f"--data {data}: a pose dataset (it has kpt_shape); use {SCRIPTS['pose'][role]}")
+    return single_class(d) if options.single_cls else d
 
 
 class DetectionTrainer(BaseTrainer):
     default_project = "runs/train"
     options = DetectTrainOptions
-    task = "detect"  # the head this trainer's loss and labels are for (OutputLayout.task)
 
     def get_data(self):
-        data = check_det_dataset(self.opt.data)
-        return single_class(data) if self.opt.single_cls else data
+        return box_data(self.opt.data, self.opt, "train")
 
     @staticmethod
     def model_class():
@@ -72,12 +76,11 @@ class DetectionTrainer(BaseTrainer):
         from --weights by key and shape."""
         src = attempt_load(self.opt.weights, device="cpu", fuse=False) if self.opt.weights else None
         own = src is not None and self.opt.cfg == self.opt.weights
-        model = self.model_class()(src.yaml if own else model_yaml(self.opt.cfg), nc=nc, **self.model_kwargs())
-        task = model.output_layout.task
-        if task != self.task:  # the loss and the labels would not fit the head
-            what = f"--weights {self.opt.weights}" if own else f"--cfg {self.opt.cfg}"
-            raise BadOption(f"{what}: its head is {type(model.model[-1]).__name__}, a {task} head; train it with "
-                            f"{TRAIN_SCRIPTS[task]}")
+        cfg = src.yaml if own else model_yaml(self.opt.cfg)
+        # the loss and the labels fit one kind of head
+        check_task(head_task(cfg), (self.task,), f"--weights {self.opt.weights}" if own else f"--cfg {self.opt.cfg}",
+                   "train")
+        model = self.model_class()(cfg, nc=nc, **self.model_kwargs())
         model.names = dict(names)
         if src is not None:
             transfer_weights(model, src, self.opt.weights)
@@ -157,8 +160,7 @@ class DetectionValidator(BaseValidator):
 
     @staticmethod
     def get_data(data, options):
-        data = check_det_dataset(data)
-        return single_class(data) if options.single_cls else data
+        return box_data(data, options, "val")
 
     def dataset_kwargs(self):
         return {}

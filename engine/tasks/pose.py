@@ -28,7 +28,6 @@ def pose_data(data, options):
 class PoseTrainer(DetectionTrainer):
     default_project = "runs/train-pose"
     task = "pose"
-    scripts = ("pose/val.py", "pose/predict.py")
 
     def get_data(self):
         return pose_data(self.opt.data, self.opt)
@@ -57,6 +56,8 @@ class PoseTrainer(DetectionTrainer):
 class PoseValidator(DetectionValidator):
     """Box and keypoint mAP; keypoints matched by OKS (utils/metrics.keypoint_oks) in original-image pixels, with the
     label's box area x 0.53 as its scale, as the official validator."""
+
+    tasks = ("pose",)
 
     def __init__(self, args, save_dir, names, criterion=None, label_nc=None, kpt_shape=(17, 3)):
         super().__init__(args, save_dir, names, criterion, label_nc)
@@ -174,6 +175,7 @@ class PoseValidator(DetectionValidator):
 class PosePredictor(DetectionPredictor):
     """Boxes with keypoints and the skeleton drawn: the `skeleton` of --data when given, COCO's for 17 keypoints."""
 
+    tasks = ("pose",)
     default_project = "runs/predict-pose"
 
     def __init__(self, args):

@@ -19,7 +19,6 @@ class SegmentationTrainer(DetectionTrainer):
     default_project = "runs/train-seg"
     options = SegmentTrainOptions
     task = "segment"
-    scripts = ("segment/val.py", "segment/predict.py")
 
     @staticmethod
     def model_class():
@@ -43,6 +42,8 @@ class SegmentationTrainer(DetectionTrainer):
 class SegmentationValidator(DetectionValidator):
     """Box and mask mAP; masks compared at the letterboxed input size, predictions upsampled from the prototypes
     and ground truth from its 1/4-resolution map, as the official validators do."""
+
+    tasks = ("segment",)
 
     def dataset_kwargs(self):
         return {"task": SegmentLabels(overlap=not self.args.no_overlap)}
@@ -121,6 +122,7 @@ class SegmentationValidator(DetectionValidator):
 
 
 class SegmentationPredictor(DetectionPredictor):
+    tasks = ("segment",)
     default_project = "runs/predict-seg"
 
     def postprocess(self, preds, im, im0):

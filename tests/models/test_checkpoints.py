@@ -20,7 +20,7 @@ from models.checkpoints import (
     official_url,
 )
 from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
-from utils.errors import BadFile
+from utils.errors import BadCheckpoint, BadFile
 from utils.files import ROOT
 
 X = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
@@ -57,6 +57,16 @@ def test_ckpt_round_trip_through_torch_save(tmp_path, make):
     assert all(p.dtype == torch.float32 for p in back.parameters())
     with torch.no_grad():
         torch.testing.assert_close(first(back(X)), first(model(X)), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("names", [{0: "a", 5: "b", 9: "c"}, {0: "a"}, ["a", "b", "c", "d"]])
+def test_names_that_miss_or_exceed_the_classes_are_refused(tmp_path, names):
+    """Every script looks a predicted class up by its index: names with gaps loaded, then detect.py died on
+    `KeyError: 2` at the first box of class 2."""
+    model = DetectionModel("yolov5n.yaml", nc=3)
+    torch.save({"model": {**model_to_ckpt(model), "names": names}}, tmp_path / "m.pt")
+    with pytest.raises(BadCheckpoint, match=r"m\.pt: its model is malformed .*names must name classes 0-2"):
+        attempt_load(tmp_path / "m.pt")
 
 
 def test_attempt_load_prefers_ema_and_fuses(tmp_path):

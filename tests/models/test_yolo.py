@@ -17,6 +17,7 @@ from models.yolo import (
     Model,
     PoseModel,
     SegmentationModel,
+    head_task,
     make_divisible,
     parse_model,
     yaml_model_load,
@@ -112,6 +113,29 @@ def test_detect_name_resolves_by_anchors_key():
     assert isinstance(DetectionModel("yolov5n.yaml").model[-1], Detect)
     assert isinstance(SegmentationModel("yolov8n-seg.yaml").model[-1], AnchorFreeSegment)
     assert isinstance(SegmentationModel("yolov5n-seg.yaml").model[-1], Segment)
+
+
+@pytest.mark.parametrize("cfg, task", [("yolov5n.yaml", "detect"), ("yolov7-tiny.yaml", "detect"),
+                                       ("yolov8n.yaml", "detect"), ("yolov5n-seg.yaml", "segment"),
+                                       ("yolov8n-seg.yaml", "segment"), ("yolov8n-pose.yaml", "pose"),
+                                       ("yolov5n-cls.yaml", "classify"), ("yolov8n-cls.yaml", "classify")])
+def test_head_task_from_the_yaml_agrees_with_the_built_head(cfg, task):
+    d = yaml_model_load(cfg)
+    cls = {"segment": SegmentationModel, "pose": PoseModel, "classify": ClassificationModel}.get(task, DetectionModel)
+    assert head_task(d) == task == cls(d).model[-1].task
+
+
+def test_a_model_class_refuses_a_head_it_does_not_serve():
+    """A classifier's head in a box model crashed finding strides; a box head in a classifier trained, then crashed
+    in the loss; a YAML ending in no head at all crashed on the missing stride."""
+    with pytest.raises(BadModelYaml, match=r"yolov8-cls\.yaml: ends in Classify \(a classify model\)"):
+        DetectionModel("yolov8n-cls.yaml")
+    with pytest.raises(BadModelYaml, match=r"yolov5n\.yaml: ends in Detect \(a detect model\); .* classify heads"):
+        ClassificationModel("yolov5n.yaml")
+    headless = {**yaml_model_load("yolov5n.yaml"), "head": []}
+    assert head_task(headless) is None
+    with pytest.raises(BadModelYaml, match="ends in SPPF, not a head"):
+        DetectionModel(headless)
 
 
 def test_unknown_module_names_file_and_line(tmp_path):

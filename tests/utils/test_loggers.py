@@ -24,3 +24,21 @@ def test_a_file_numbered_from_0_is_renumbered_when_a_resumed_run_writes(tmp_path
     CSVLogger(f).log(3, {"a": 0.125})  # the third epoch, as this version numbers it
     assert _epochs(f) == [1, 2, 3]
     assert [r["a"] for r in csv.DictReader(open(f))] == ["0.5", "0.25", "0.125"]
+
+
+def test_log_lines_go_to_the_stdout_of_the_moment():
+    """The handler wrote to the sys.stdout of its set-up: after an in-process run under one test's capture, every
+    later line was a 'Logging error' traceback on a closed stream."""
+    import contextlib
+    import io
+
+    from utils.loggers import LOGGER, set_logging
+
+    set_logging()
+    first, second = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(first):
+        LOGGER.info("one")
+    first.close()
+    with contextlib.redirect_stdout(second):
+        LOGGER.info("two")
+    assert second.getvalue() == "two\n"

@@ -24,11 +24,24 @@ class PrintableFormatter(logging.Formatter):
         return super().format(record).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever sys.stdout is when a record comes, not to the stream it was at set-up: a caller that swaps
+    it (a notebook, contextlib.redirect_stdout, a test's capture that is closed afterwards) gets the later lines."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, _):
+        pass
+
+
 def set_logging(rank=-1, verbose=True):
     """INFO on rank 0 (or single process, rank -1), WARNING elsewhere, so N ranks do not print N copies."""
     level = logging.INFO if verbose and rank in (-1, 0) else logging.WARNING
     if not LOGGER.handlers:
-        handler = logging.StreamHandler(sys.stdout)
+        handler = _StdoutHandler()
         handler.setFormatter(PrintableFormatter("%(message)s"))
         LOGGER.addHandler(handler)
         LOGGER.propagate = False
