@@ -239,8 +239,16 @@ def _scaling(d):
     """(depth, width, max_channels) from `scales` + `scale` (v8) or `depth/width_multiple` (v5/v7)."""
     if "scales" in d:
         scale = d.get("scale") or next(iter(d["scales"]))
-        return d["scales"][scale]
-    return d.get("depth_multiple", 1.0), d.get("width_multiple", 1.0), float("inf")
+        values, names = d["scales"][scale], (f"scales.{scale}",) * 3
+    else:
+        values, names = (d.get("depth_multiple", 1.0), d.get("width_multiple", 1.0), float("inf")), (
+            "depth_multiple", "width_multiple", "max_channels")
+    if not isinstance(values, (list, tuple)) or len(values) != 3:
+        raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: {names[0]} must be [depth, width, max_channels]")
+    for name, v in zip(names, values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: {name} must be a number > 0, got {v!r}")
+    return tuple(values)
 
 
 # Bounds on what a YAML may ask for (official models: under 110 rows, blocks repeated at most 12 times); a model
@@ -263,7 +271,8 @@ def _build_layer(row, d, section, j, ch, depth, width, max_channels):
     try:
         args, n, c2 = _layer_args(m, f, n, args, ch, width, max_channels)
         m_ = nn.Sequential(*(m(*args, **kwargs) for _ in range(n))) if n > 1 else m(*args, **kwargs)
-    except (TypeError, IndexError, KeyError, ValueError) as e:  # wrong argument count/type or a bad 'from' index
+    # wrong argument count or type, a bad 'from' index; RuntimeError: torch refusing the shapes the row asks for
+    except (TypeError, IndexError, KeyError, ValueError, RuntimeError) as e:
         raise BadModelYaml(f"{_where(d, section, j)}: cannot build {name} from {row!r} ({e})") from None
     m_.f, m_.type = f, m.__name__
     return m_, c2
@@ -434,7 +443,11 @@ class DetectionModel(BaseModel):
         head = self.model[-1]
         training = self.training
         self.eval()
-        feats = self._forward_once(torch.zeros(1, ch, s, s), head=False)
+        try:
+            feats = self._forward_once(torch.zeros(1, ch, s, s), head=False)
+        except RuntimeError as e:  # layers built one by one whose shapes do not meet (a Concat of other sizes)
+            raise BadModelYaml(f"{self.yaml.get('yaml_file', '<dict>')}: its layers do not fit together "
+                               f"({' '.join(str(e).split())[:200]})") from None
         self.train(training)
         head.stride.copy_(torch.tensor([s / f.shape[-2] for f in feats]))
         if head.anchor_based:

@@ -386,3 +386,20 @@ def test_pose_yaml_with_a_bad_kpt_shape_names_its_line(tmp_path):
                                  "kpt_shape": [17, 5]}, sort_keys=False))
     with pytest.raises(BadModelYaml, match="bad-pose.yaml:.*kpt_shape"):
         PoseModel(f)
+
+
+@pytest.mark.parametrize("change, error", [
+    (lambda d: d.update(width_multiple=-1), "width_multiple must be a number > 0, got -1"),
+    (lambda d: d.update(depth_multiple="x"), "depth_multiple must be a number > 0, got 'x'"),
+    (lambda d: d.update(anchors=[[10, 13, 16]]), r"head\[\d+\]\): cannot build Detect"),
+    (lambda d: d["backbone"].__setitem__(1, [-1, 1, "Conv", [64, 3, 2, 7]]), "its layers do not fit together"),
+])
+def test_a_yaml_torch_cannot_build_is_one_error_naming_it(tmp_path, change, error):
+    """Each was a RuntimeError traceback from torch (a negative channel count, anchors that are no pairs, a strided
+    conv whose output no longer meets the skip connection it is concatenated with)."""
+    d = yaml.safe_load((MODELS_DIR / "yolov5n.yaml").read_text())
+    change(d)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(BadModelYaml, match=error):
+        DetectionModel(str(path), nc=3)
