@@ -208,7 +208,9 @@ def test_classification_dataset_checks(tmp_path, shapes_cls, monkeypatch):
     (tmp_path / "only-train" / "train" / "a").mkdir(parents=True)
     with pytest.raises(DatasetNotFoundError) as e:
         check_cls_dataset(tmp_path / "only-train")
-    assert "test" in _one_line(e)
+    only = tmp_path / "only-train"
+    assert _one_line(e).endswith(f"missing {only / 'test'} (the validation split is {only / 'val'}, else "
+                                 f"{only / 'test'})"), "names the val/ folder it looked for first"
     with pytest.raises(DatasetNotFoundError, match="nowhere"):
         check_cls_dataset(tmp_path / "nowhere")
 

@@ -365,7 +365,9 @@ def check_cls_dataset(data, autodownload=True):
         _obtain(d, label, root, missing, autodownload)
         missing = [str(p) for p in (train, val) if not p.is_dir()]
     if missing:
-        raise DatasetNotFoundError(f"{label}: classification dataset not found, missing {', '.join(missing)}")
+        wanted = f" (the validation split is {root / 'val'}, else {root / 'test'})" if str(val) in missing and \
+            not d.get("val") else ""
+        raise DatasetNotFoundError(f"{label}: classification dataset not found, missing {', '.join(missing)}{wanted}")
     names = _class_map(d, label, train)
     test = root / d["test"] if d.get("test") else root / "test"
     for split in (val, test) if test.is_dir() else (val,):
