@@ -13,7 +13,7 @@ Usage:
     Evolve hyperparameters (single process; evolve.csv and hyp_evolve.yaml in runs/evolve/expN)
         $ python train.py --data data/shapes.yaml --epochs 10 --evolve 100
     Resume an interrupted run (same launch command as before, single process or torchrun)
-        $ python train.py --resume                # the latest runs/**/last.pt
+        $ python train.py --resume                # the newest unfinished last.pt under runs/train
         $ python train.py --resume runs/train/exp/weights/last.pt
 """
 

@@ -39,7 +39,7 @@ def find_unfinished_run(search_dir):
     where = Path(search_dir).resolve()
     if candidates:
         raise BadOption(f"--resume: every run under {where} has finished ({len(candidates)} found); to train one "
-                        f"further, give its last.pt with --epochs N or start a new run with --weights")
+                        f"further, start a new run with --weights <its last.pt> --epochs N")
     raise BadOption(f"--resume: no last.pt found under {where}")
 
 

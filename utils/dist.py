@@ -101,6 +101,11 @@ def select_device(device="", batch_size=None):
         n_visible = torch.cuda.device_count()
         if n_visible < len(spec.split(",")):
             raise BadOption(f"--device {device} requested but only {n_visible} CUDA devices are visible")
+        n = len(spec.split(","))
+        if batch_size is not None and n > 1 and get_world_size() == 1:  # one process would train on one of them
+            raise BadOption(f"--device {device}: one process trains on one GPU; to train on {n}, launch one process "
+                            f"per GPU: python -m torch.distributed.run --nproc_per_node {n} train.py ... --device "
+                            f"{device}")
     local_rank = get_local_rank()
     index = max(local_rank, 0)
     if index >= torch.cuda.device_count():

@@ -7,6 +7,7 @@ import torch.nn as nn
 
 from tests.ddp_utils import spawn, train_mode
 from utils import dist as du
+from utils.errors import BadOption
 from utils.files import ROOT, yaml_load
 
 
@@ -18,6 +19,24 @@ def test_rank_queries_single_process(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert du.get_rank() == 3 and du.get_world_size() == 4  # read lazily, at call time
+
+
+def test_several_gpus_for_one_training_process_is_refused_naming_torchrun(monkeypatch):
+    """`train.py --device 0,1` without torchrun trained on GPU 0 alone, without a word."""
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    with pytest.raises(BadOption, match=r"--device 0,1: one process trains on one GPU; to train on 2, .* "
+                                        r"torch.distributed.run --nproc_per_node 2 train.py"):
+        du.select_device("0,1", batch_size=16)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert du.select_device("0,1") == torch.device("cuda", 0), "val and predict take the first"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert du.select_device("0,1", batch_size=16) == torch.device("cuda", 1), "under torchrun: the rank's GPU"
 
 
 def _syncbn_worker(rank, world_size, out):
