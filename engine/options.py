@@ -31,7 +31,6 @@ class TrainOptions:
     epochs: int = _resume("extend")
     batch_size: int  # images per step over all ranks
     imgsz: int  # as given; train_imgsz is what the run uses
-    rect: bool
     resume: object = _resume("launch")  # False, True (the newest unfinished run) or a last.pt path
     nosave: bool
     noval: bool
@@ -82,6 +81,7 @@ class TrainOptions:
 class DetectTrainOptions(TrainOptions):
     """train.py: the box tasks' extras (utils/cli.add_detect_train_args)."""
 
+    rect: bool = False
     noautoanchor: bool = False
     single_cls: bool = False
     image_weights: bool = False

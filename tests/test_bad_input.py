@@ -146,6 +146,7 @@ def test_item7_option_mistakes(shapes_detect, tmp_path, capsys, argv, error):
     (["detect.py", "--vid-stride", "0"], "error: --vid-stride 0: must be in [1, inf)"),
     (["classify/predict.py", "--img", "-5"], "error: --imgsz -5: must be in [1, inf)"),
     (["val.py"], "error: the following arguments are required: --weights (see --help)"),
+    (["classify/train.py", "--rect"], "error: unrecognized arguments: --rect (see --help)"),  # nothing read it
     (["detect.py", "--name", "../../escape"],
      "error: --name '../../escape': must name a folder inside --project (no '..', not absolute)"),
     (["val.py", "--weights", "x.pt", "--name", "/tmp/abs"],

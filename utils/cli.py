@@ -163,7 +163,6 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p.add_argument("--epochs", type=int, default=30, help="epochs to train (with --resume: to train in all)")
     p.add_argument("--batch-size", type=int, default=16, help="images per step, the total over all processes")
     p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default, help="train/val image size")
-    p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
     p.add_argument("--resume", nargs="?", const=True, default=False, type=str2bool_or_path,
                    help="continue the newest unfinished run under --project, or the given last.pt")
     p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
@@ -210,7 +209,8 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
 
 
 def add_detect_train_args(p):
-    """Training options of the box tasks (detection, segmentation)."""
+    """Training options of the box tasks (detection, segmentation, pose)."""
+    p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
     p.add_argument("--noautoanchor", action="store_true", help="keep the YAML's anchors even when they fit poorly")
     p.add_argument("--single-cls", action="store_true", help="train every class as one class")
     p.add_argument("--image-weights", action="store_true",
