@@ -69,6 +69,9 @@ def test_transforms_and_missing_source(shapes_det, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="empty"):
         LoadImages(str(tmp_path / "empty"))
+    (tmp_path / "data.yaml").write_text("path: x\n")  # a dataset YAML given as --source said "no files found in" it
+    with pytest.raises(FileNotFoundError, match=r"data\.yaml is not an image, a video, a \.txt list or a \.streams"):
+        LoadImages(str(tmp_path / "data.yaml"))
 
 
 def test_a_folder_is_read_itself_not_its_sub_folders(shapes_det, tmp_path, caplog):

@@ -53,6 +53,9 @@ class LoadImages:
         skipped = [printable(p) for p, why in others if why == SUBFOLDER]
         hint = f"--source '{os.path.join(os.path.dirname(skipped[0]), '**', '*')}' reads them too" if skipped else ""
         if not files:
+            if os.path.isfile(source) and not str(source).endswith(".txt"):  # not a media file, nor a list of them
+                raise SourceNotFound(f"{source} is not an image, a video, a .txt list or a .streams file (formats: "
+                                     f"{', '.join(sorted(formats))})")
             where = f"; its {len(skipped)} sub-folder(s) are not read: {hint}" if skipped else ""
             raise SourceNotFound(f"no supported files found in {source} (formats: {', '.join(sorted(formats))})"
                                  f"{where}")
