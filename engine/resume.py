@@ -58,13 +58,13 @@ def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
         raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no options)")
     if not is_unfinished(ckpt):
         raise BadCheckpoint(f"--resume {path}: the run has finished (no optimizer state): nothing to resume")
-    if task is not None:
-        check_task(run_task(ckpt, path), (task,), f"--resume {path}", "train")
     refused = sorted(set(given) - set(rules))
     if refused:
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)
         raise BadOption(f"--resume continues a run with its own options; {flags} would change it (start a new run "
                         f"with --weights PATH to train with other options)")
+    if task is not None:
+        check_task(run_task(ckpt, path), (task,), f"--resume {path}", "train")
     # options added to the project after this checkpoint was written take this launch's values, which are their
     # defaults (any other given option was refused above)
     saved = {**vars(opt), **ckpt["opt"]}

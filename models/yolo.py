@@ -271,6 +271,8 @@ def _build_layer(row, d, section, j, ch, depth, width, max_channels):
     try:
         args, n, c2 = _layer_args(m, f, n, args, ch, width, max_channels)
         m_ = nn.Sequential(*(m(*args, **kwargs) for _ in range(n))) if n > 1 else m(*args, **kwargs)
+    except NotImplementedError:  # a block declaring a rule parse_model lacks: a bug, not the YAML's
+        raise
     # wrong argument count or type, a bad 'from' index; RuntimeError: torch refusing the shapes the row asks for
     except (TypeError, IndexError, KeyError, ValueError, RuntimeError) as e:
         raise BadModelYaml(f"{_where(d, section, j)}: cannot build {name} from {row!r} ({e})") from None

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.ddp_utils import free_port
-from utils.data.image_files import disk_cache_path
+from utils.data.image_files import DISK_CACHE_SUFFIX, disk_cache_path
 from utils.data.label_cache import FORMAT
 from utils.files import ROOT
 
@@ -51,7 +51,9 @@ def test_two_nodes_prepare_one_shared_dataset(tmp_path):
         assert len(list((root / "images" / split).glob("*.jpg"))) == n
         assert len(list((root / "labels" / split).glob("*.txt"))) == n
         assert json.loads((root / "labels" / f"{split}.yolo-engine.cache").read_text())["format"] == FORMAT
-    images = list(root.rglob("*.jpg"))
-    assert len(list(root.rglob("*.npy"))) == len(images), "--cache disk wrote one file per image"
-    for im in images:
-        np.testing.assert_array_equal(np.load(disk_cache_path(im)), cv2.imread(str(im)))
+    npys = list(root.rglob("*.npy"))
+    assert npys, "--cache disk wrote nothing"
+    for f in npys:
+        image = f.with_name(f.name.removesuffix(DISK_CACHE_SUFFIX))
+        assert disk_cache_path(image) == f, "every cache file is an image's"
+        np.testing.assert_array_equal(np.load(f), cv2.imread(str(image)))
