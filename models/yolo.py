@@ -156,13 +156,19 @@ def _resolve_module(name, d, section, index):
     )
 
 
+def _last_row(d):
+    """(section, index, row) of the last layer a model dict lists, None when it lists none."""
+    rows = [(k, j, r) for k in ("backbone", "head") if isinstance(d.get(k), list) for j, r in enumerate(d[k])]
+    return rows[-1] if rows else None
+
+
 def head_task(d):
     """The task ('detect', 'segment', 'pose', 'classify') of the head a model dict ends in, None when its last row
     is no head (or is malformed: parse_model says how)."""
-    rows = [(k, j, r) for k in ("backbone", "head") if isinstance(d.get(k), list) for j, r in enumerate(d[k])]
-    if not rows or not isinstance(rows[-1][2], list) or len(rows[-1][2]) != 4 or not isinstance(rows[-1][2][2], str):
+    last = _last_row(d)
+    if last is None or not isinstance(last[2], list) or len(last[2]) != 4 or not isinstance(last[2][2], str):
         return None
-    section, j, row = rows[-1]
+    section, j, row = last
     return getattr(_resolve_module(row[2], d, section, j), "task", None)
 
 
@@ -171,8 +177,8 @@ def _check_head(d, tasks):
     a box head in a classifier no class logits."""
     task = head_task(d)
     if task not in tasks:
-        rows = [r for k in ("backbone", "head") if isinstance(d.get(k), list) for r in d[k]]
-        row = rows[-1] if rows else None
+        last = _last_row(d)
+        row = last[2] if last else None
         name = row[2] if isinstance(row, list) and len(row) == 4 else repr(row)
         head = name if task else f"{name}, not a head"
         raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: ends in {head}"
