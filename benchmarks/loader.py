@@ -26,6 +26,9 @@ def ours(data, img):
     from utils.data.dataset_yaml import check_det_dataset
     from utils.data.detect_dataset import YOLODataset
     from utils.files import find_file, yaml_load
+    from utils.heap import keep_freed_memory
+
+    keep_freed_memory()  # as every script of ours does first (run_cli), data loader workers included
 
     d = check_det_dataset(data)
     hyp = {**yaml_load(find_file("hyp.v8.yaml", "data/hyps")), **HYP}

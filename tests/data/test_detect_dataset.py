@@ -208,3 +208,45 @@ def test_bad_arguments(shapes_det, tmp_path):
         YOLODataset(str(shapes_det / "images" / "val"), task="pose")
     with pytest.raises(BadDataset, match="val: .*missing"):
         YOLODataset(str(tmp_path / "missing"), prefix="val: ")
+
+
+def _mosaic_both_ways(ds, index, monkeypatch):
+    """load_mosaic as drawn (tile by tile) and with its tiles resized onto the 2s canvas that is then warped whole, the
+    same random draws for both."""
+    from utils.data import detect_dataset
+    from utils.data.augment import warp_image
+
+    drawn = ds.load_mosaic(index, np.random.default_rng(index))
+    with monkeypatch.context() as m:
+        m.setattr(detect_dataset, "warp_tiles",
+                  lambda tiles, M, s: warp_image(detect_dataset.mosaic_canvas(tiles, 2 * s), M, (s, s)))
+        canvas = ds.load_mosaic(index, np.random.default_rng(index))
+    return drawn, canvas
+
+
+@pytest.mark.parametrize("imgsz", [160, 96])  # images of 96-128 px: drawn larger and smaller
+@pytest.mark.parametrize("cache", [None, "ram"])
+def test_a_mosaic_drawn_tile_by_tile_is_the_warped_canvas(shapes_det, monkeypatch, imgsz, cache):
+    """The default mosaic (no rotation, shear or perspective) warps each image straight into the output, skipping the
+    resize and the 2s x 2s canvas: same labels; pixels equal up to interpolation, and not shifted."""
+    ds = YOLODataset(str(shapes_det / "images" / "train"), imgsz=imgsz, augment=True, nc=3, cache=cache)
+    for index in range(6):
+        (a, inst_a), (b, inst_b) = _mosaic_both_ways(ds, index, monkeypatch)
+        assert a.shape == b.shape == (imgsz, imgsz, 3)
+        np.testing.assert_array_equal(inst_a.boxes, inst_b.boxes)
+        np.testing.assert_array_equal(inst_a.cls, inst_b.cls)
+        a, b = a.astype(int), b.astype(int)
+        diff = np.abs(a - b).mean()
+        assert diff < 3.5  # one interpolation against two (resize, then warp)
+        for shifted in (np.abs(a[1:] - b[:-1]), np.abs(a[:-1] - b[1:]), np.abs(a[:, 1:] - b[:, :-1]),
+                        np.abs(a[:, :-1] - b[:, 1:])):
+            assert diff < shifted.mean()  # a pixel's worth off in any direction would match better
+        if cache == "ram":  # tiles already at their drawn size: only the seams between tiles interpolate otherwise
+            assert (np.abs(a - b) > 1).mean() < 0.04 and diff < 0.5  # a border of 0s there instead: 0.6-0.7
+
+
+def test_a_rotated_mosaic_still_warps_the_canvas(shapes_det, monkeypatch):
+    ds = YOLODataset(str(shapes_det / "images" / "train"), imgsz=128, augment=True, nc=3, hyp={"degrees": 10.0})
+    (a, inst_a), (b, inst_b) = _mosaic_both_ways(ds, 0, monkeypatch)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(inst_a.boxes, inst_b.boxes)
