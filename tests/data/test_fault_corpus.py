@@ -301,9 +301,9 @@ def test_images_with_a_bad_line_never_reach_a_batch(tmp_path, monkeypatch):
     loaded = []
     real = detect_dataset.YOLODataset.load_image
 
-    def spy(self, i, **kw):  # every image a batch is made of passes here, mosaic partners included
+    def spy(self, i):  # every image a batch is made of passes here, mosaic partners included
         loaded.append(self.im_files[i])
-        return real(self, i, **kw)
+        return real(self, i)
 
     monkeypatch.setattr(detect_dataset.YOLODataset, "load_image", spy)
     trainer, _ = train.main(train.parse_opt([

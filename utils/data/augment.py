@@ -131,9 +131,8 @@ def letterbox(im, new_shape=(640, 640), color=(PAD_VALUE,) * 3, auto=True, scale
     return im, (new_unpad[0] / shape[1], new_unpad[1] / shape[0]), (dw, dh)
 
 
-def draw_affine(in_shape, out_shape, degrees, translate, scale, shear, perspective, rng):
-    """A random 3x3 homography from an image of in_shape to one of out_shape: centre, perspective, rotate+scale,
-    shear, translate. Returns (M, scale drawn)."""
+def _affine_matrix(in_shape, out_shape, degrees, translate, scale, shear, perspective, rng):
+    """3x3 homography: centre, perspective, rotate+scale, shear, translate. Returns (M, scale drawn)."""
     C = np.eye(3)
     C[0, 2], C[1, 2] = -in_shape[1] / 2, -in_shape[0] / 2
     P = np.eye(3)
@@ -172,26 +171,16 @@ def random_perspective(img, inst, degrees=0.0, translate=0.1, scale=0.5, shear=0
     """
     rng = rng or np.random.default_rng()
     out_shape = (img.shape[0] + 2 * border[0], img.shape[1] + 2 * border[1])
-    M, s = draw_affine(img.shape, out_shape, degrees, translate, scale, shear, perspective, rng)
+    M, s = _affine_matrix(img.shape, out_shape, degrees, translate, scale, shear, perspective, rng)
     if border[0] or border[1] or (M != np.eye(3)).any():
-        img = warp_image(img, M, out_shape)
-    return img, warp_labels(inst, M, s, out_shape)
-
-
-def warp_image(img, M, out_shape):
-    """img warped by the homography M into out_shape (h, w), PAD_VALUE where nothing maps."""
-    size, fill = (out_shape[1], out_shape[0]), (PAD_VALUE,) * 3
-    if M[2, 0] or M[2, 1]:
-        return cv2.warpPerspective(img, M, dsize=size, borderValue=fill)
-    return cv2.warpAffine(img, M[:2], dsize=size, borderValue=fill)
-
-
-def warp_labels(inst, M, s, out_shape):
-    """The labels of an image warped by the homography M (drawn scale s) into an image of out_shape (h, w)."""
+        size, fill = (out_shape[1], out_shape[0]), (PAD_VALUE,) * 3
+        if perspective:
+            img = cv2.warpPerspective(img, M, dsize=size, borderValue=fill)
+        else:
+            img = cv2.warpAffine(img, M[:2], dsize=size, borderValue=fill)
     if not len(inst):
-        return inst
+        return img, inst
     h, w = out_shape
-    perspective = bool(M[2, 0] or M[2, 1])
     if inst.segments is not None:
         segments = [_transform_points(p, M, perspective).astype(np.float32) for p in resample_segments(inst.segments)]
         boxes = np.stack([segment2box(p, w, h) for p in segments]).astype(np.float32)
@@ -208,7 +197,7 @@ def warp_labels(inst, M, s, out_shape):
     out = Instances(inst.cls.copy(), boxes, segments, keypoints)
     out.clip(w, h)
     keep = box_candidates(inst.boxes * s, out.boxes, area_thr=0.01 if segments is not None else 0.10)
-    return out.select(keep)
+    return img, out.select(keep)
 
 
 def augment_hsv(img, hgain=0.5, sgain=0.5, vgain=0.5, rng=None):

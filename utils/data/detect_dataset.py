@@ -19,12 +19,9 @@ from utils.data.augment import (
     augment_hsv,
     chw_rgb,
     copy_paste,
-    draw_affine,
     letterbox,
     mixup,
     random_perspective,
-    warp_image,
-    warp_labels,
 )
 from utils.data.image_files import (
     IMG_FORMATS,
@@ -44,37 +41,6 @@ from utils.loggers import LOGGER
 from utils.ops import xyn2xy, xywhn2xyxy, xyxy2xywhn
 
 MAX_SUBSTITUTES = 16  # images tried in place of one that vanished during training before giving up
-
-
-def mosaic_canvas(tiles, size):
-    """The size x size mosaic canvas of `tiles`: (pixels, (x, y, w, h) where they are drawn, (x1, y1, x2, y2) the
-    part of that inside the canvas)."""
-    canvas = np.full((size, size, 3), PAD_VALUE, np.uint8)
-    for img, (ox, oy, w, h), (x1, y1, x2, y2) in tiles:
-        if img.shape[:2] != (h, w):
-            img = cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)
-        canvas[y1:y2, x1:x2] = img[y1 - oy : y2 - oy, x1 - ox : x2 - ox]
-    return canvas
-
-
-def warp_tiles(tiles, M, s):
-    """What warping `mosaic_canvas(tiles, 2s)` by the scale-and-shift M into s x s gives, up to interpolation, drawn
-    tile by tile straight from each image's pixels at any size: no canvas, no resize, one interpolation. Each output
-    pixel takes the tile whose canvas pixels lie nearest its source point; outside every tile it is PAD_VALUE."""
-    out = np.full((s, s, 3), PAD_VALUE, np.uint8)
-    a, tx, ty = M[0, 0], M[0, 2], M[1, 2]
-    for img, (ox, oy, w, h), (x1, y1, x2, y2) in tiles:
-        # output pixels u whose canvas point (u - tx) / a falls in [x1 - 0.5, x2 - 0.5): the tile's canvas pixels
-        u1, u2 = (min(max(math.ceil(a * (x - 0.5) + tx), 0), s) for x in (x1, x2))
-        v1, v2 = (min(max(math.ceil(a * (y - 0.5) + ty), 0), s) for y in (y1, y2))
-        if u1 >= u2 or v1 >= v2:
-            continue
-        # image pixel -> canvas (the resize's half-pixel centres) -> output, shifted to the output's (u1, v1)
-        rx, ry = w / img.shape[1], h / img.shape[0]
-        m = np.array([[a * rx, 0, a * (ox + 0.5 * rx - 0.5) + tx - u1],
-                      [0, a * ry, a * (oy + 0.5 * ry - 0.5) + ty - v1]])
-        cv2.warpAffine(img, m, (u2 - u1, v2 - v1), dst=out[v1:v2, u1:u2], borderMode=cv2.BORDER_REPLICATE)
-    return out
 
 
 class ImageGone(FileNotFoundError):
@@ -190,20 +156,19 @@ class YOLODataset(Dataset):
             raise ImageGone(self.im_files[i])
         return im
 
-    def load_image(self, i, resize=True):
-        """Image i resized so its long side is imgsz: (BGR image, (h0, w0) original, (h, w) resized). With
-        resize=False the pixels may come at any size (as decoded, unless cached), (h, w) still the size to draw."""
+    def load_image(self, i):
+        """Image i resized so its long side is imgsz: (BGR image, (h0, w0) original, (h, w) resized)."""
         if self.ims[i] is not None:
             return self.ims[i]
         im = self._read(i)
         h0, w0 = im.shape[:2]
         r = self.imgsz / max(h0, w0)
-        size = (min(math.ceil(w0 * r), self.imgsz), min(math.ceil(h0 * r), self.imgsz))
-        if r != 1 and resize:
+        if r != 1:
             # INTER_AREA keeps detail when shrinking for validation; training favours the faster INTER_LINEAR
             interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
+            size = (min(math.ceil(w0 * r), self.imgsz), min(math.ceil(h0 * r), self.imgsz))
             im = cv2.resize(im, size, interpolation=interp)
-        return im, (h0, w0), size[::-1]
+        return im, (h0, w0), im.shape[:2]
 
     def _save_npy(self, i):
         if read_disk_cache(self.npy_files[i], self.im_files[i], mmap_mode="r") is None:
@@ -238,28 +203,21 @@ class YOLODataset(Dataset):
         xc, yc = (int(v) for v in rng.uniform(s // 2, 3 * s // 2, 2))
         indices = [index, *rng.choice(self.pool, 3)]
         rng.shuffle(indices)
-        tiles, parts = [], []
+        canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, np.uint8)
+        parts = []
         for k, i in enumerate(indices):  # k: 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right of the centre
-            img, _, (h, w) = self.load_image(int(i), resize=False)
+            img, _, (h, w) = self.load_image(int(i))
             ox, oy = (xc - w if k in (0, 2) else xc), (yc - h if k in (0, 1) else yc)
-            tiles.append((img, (ox, oy, w, h), (max(ox, 0), max(oy, 0), min(ox + w, 2 * s), min(oy + h, 2 * s))))
+            x1, y1, x2, y2 = max(ox, 0), max(oy, 0), min(ox + w, 2 * s), min(oy + h, 2 * s)
+            canvas[y1:y2, x1:x2] = img[y1 - oy : y2 - oy, x1 - ox : x2 - ox]
             parts.append(self._instances(int(i), w, h, ox, oy))
         inst = Instances.concat(parts)
         inst.clip(2 * s, 2 * s)
         if inst.segments is not None:
             for seg in inst.segments:
                 np.clip(seg, 0, 2 * s, out=seg)
-        hyp = self.hyp
-        if hyp["copy_paste"] and inst.segments is not None and len(inst):  # pastes within the drawn canvas
-            canvas, inst = copy_paste(mosaic_canvas(tiles, 2 * s), inst, hyp["copy_paste"], rng)
-            return self._perspective(canvas, inst, rng, border=(-s // 2, -s // 2))
-        M, scale = draw_affine((2 * s, 2 * s), (s, s), hyp["degrees"], hyp["translate"], hyp["scale"], hyp["shear"],
-                               hyp["perspective"], rng)
-        if M[0, 1] or M[1, 0] or M[2, 0] or M[2, 1]:  # rotated, sheared or in perspective: warp the whole canvas
-            img = warp_image(mosaic_canvas(tiles, 2 * s), M, (s, s))
-        else:
-            img = warp_tiles(tiles, M, s)
-        return img, warp_labels(inst, M, scale, (s, s))
+        canvas, inst = copy_paste(canvas, inst, self.hyp["copy_paste"], rng)
+        return self._perspective(canvas, inst, rng, border=(-s // 2, -s // 2))
 
     def _perspective(self, img, inst, rng, border=(0, 0)):
         h = self.hyp
