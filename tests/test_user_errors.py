@@ -183,6 +183,26 @@ def test_a_bug_keeps_its_traceback(tmp_path):
     assert p.returncode == 1 and "Traceback" in p.stderr and "KeyError" in p.stderr and "error: " not in p.stderr
 
 
+@pytest.mark.parametrize("raise_it, what", [
+    ("raise MemoryError('Unable to allocate 27.9 GiB for an array with shape (100000, 100000, 3)')",
+     "Unable to allocate 27.9 GiB for an array with shape (100000, 100000, 3)"),
+    ("import torch; raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB.\\nGPU 0 has...')",
+     "CUDA out of memory. Tried to allocate 20.00 GiB."),
+    ("raise MemoryError()", "no details"),
+    ("import torch; torch.empty(10**13)", "DefaultCPUAllocator: can't allocate memory: you tried to allocate"),
+])
+def test_running_out_of_memory_is_one_line(tmp_path, raise_it, what):
+    script = tmp_path / "oom.py"
+    script.write_text(f"from utils.errors import run_cli\n\n\ndef main(opt):\n    {raise_it}\n\n\n"
+                      "run_cli(main, lambda: None)\n")
+    p, _ = _run([str(script)], tmp_path, timeout=60)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert len(errors) == 1 and errors[0].startswith("error: out of memory (") and what in errors[0], p.stderr
+    assert errors[0].endswith("): the command needs more memory than this machine has; a smaller --batch-size or "
+                              "--img needs less"), p.stderr
+
+
 def test_script_download_is_refused_not_run(tmp_path):
     """A dataset YAML's `download:` script (the official repositories run it) ends train.py before it runs."""
     marker = tmp_path / "marker"

@@ -5,6 +5,8 @@ problem. A script's `if __name__ == "__main__":` line is `run_cli(main, parse_op
 `error: <message>` line on stderr and exit status 2, on every rank; any other exception is a bug in the project and
 keeps its traceback. Each subclass is also a ValueError, so callers that catch ValueError keep working.
 A user's stop (Ctrl-C, SIGTERM) ends with status 128 + the signal number and no traceback either (`Interrupted`).
+Running out of memory (host or GPU) is reported the same way as a user error: the fix is in the command (a smaller
+batch or image size), and a traceback would only bury the one line of torch's that says how much was asked for.
 """
 
 import gc
@@ -13,6 +15,7 @@ import signal
 import sys
 import time
 
+import torch
 import torch.distributed as dist
 
 from utils.heap import keep_freed_memory
@@ -44,6 +47,23 @@ class BadModelYaml(UserError, ValueError):
 
 class BadCheckpoint(UserError, ValueError):
     """A weights / last.pt file is truncated, not ours, or does not fit the run (names the file)."""
+
+
+CPU_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"  # torch raises a bare RuntimeError on the host
+
+
+def is_out_of_memory(e):
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(e, RuntimeError) and CPU_OUT_OF_MEMORY in str(e))
+
+
+def out_of_memory(e):
+    """The one line for running out of memory: what was being allocated (the first line of torch's or numpy's
+    message), and what to change."""
+    said = str(e).strip().splitlines()
+    what = said[0][:300] if said else "no details"
+    return (f"out of memory ({what}): the command needs more memory than this machine has; a smaller --batch-size "
+            "or --img needs less")
 
 
 class Interrupted(BaseException):
@@ -81,8 +101,8 @@ def _grace_for_peers(seconds=PEER_GRACE_S):
 
 
 def run_cli(main, parse_opt):
-    """`main(parse_opt())`, turning a UserError into `error: ...` and exit status 2; the C heap keeps what a step
-    frees (utils/heap.py).
+    """`main(parse_opt())`, turning a UserError or running out of memory into `error: ...` and exit status 2; the C
+    heap keeps what a step frees (utils/heap.py).
 
     Under torchrun the process then leaves with os._exit after a bounded grace period: a clean exit would destroy
     the process group and run atexit handlers, which can wait on peers blocked in a collective (or gone). The
@@ -96,8 +116,10 @@ def run_cli(main, parse_opt):
         # by the collector and freed by the OS; every file the scripts write is closed by then.
         gc.freeze()
         return result
-    except UserError as e:
-        report_user_error(e)
+    except Exception as e:
+        if not (isinstance(e, UserError) or is_out_of_memory(e)):
+            raise  # a bug of ours: its traceback
+        report_user_error(e if isinstance(e, UserError) else out_of_memory(e))
         if dist.is_available() and dist.is_initialized():
             _grace_for_peers()
             _exit_now(2)
