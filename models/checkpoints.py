@@ -517,16 +517,60 @@ def attempt_load(weights, device="cpu", fuse=True):
 def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):
     """Copy every tensor of model `src` whose key and shape match `model` (the v5 fine-tuning rule); return the count.
 
-    Anchors are left to the model YAML, and heads with another class count simply do not match.
+    Anchors are left to the model YAML. A head with another class count does not match by shape; its class slices
+    (the head's `class_rows`) are then carried over for the classes both models name alike (`_shared_classes`), and
+    the other classes start new.
     """
     dst = model.state_dict()
     keep = {
         k: v for k, v in src.float().state_dict().items()
         if k in dst and v.shape == dst[k].shape and not any(e in k for e in exclude)
     }
+    shared = _shared_classes(model, src, keep)
     model.load_state_dict(keep, strict=False)
-    LOGGER.info(f"Transferred {len(keep)}/{len(dst)} items from {name}")
+    said = f", and the class weights of {len(shared)} classes named alike ({', '.join(shared)})" if shared else ""
+    LOGGER.info(f"Transferred {len(keep)}/{len(dst)} items from {name}{said}")
     return len(keep)
+
+
+def _class_names(model):
+    names = getattr(model, "names", None) or {}
+    return dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
+
+
+def _shared_classes(model, src, keep):
+    """Add to `keep` the head tensors of `model` with src's slices copied in for the classes both name alike (and
+    the slices that mean the same for any class count, e.g. anchor boxes), where the head did not transfer whole
+    (another class count) but every other dimension fits; returns those names. Nothing when no name is shared."""
+    head, src_head = model.model[-1], src.model[-1]
+    if type(head) is not type(src_head) or not hasattr(head, "class_rows"):
+        return []
+    prefix = f"model.{len(model.model) - 1}."
+    names, src_names = _class_names(model), _class_names(src)
+    by_name = {n: c for c, n in src_names.items()}
+    pairs = [(c, by_name[n]) for c, n in sorted(names.items()) if n in by_name]
+    ours, theirs = head.class_rows(), src_head.class_rows()
+    dst, src_sd = model.state_dict(), src.float().state_dict()
+    tensors = {}
+    for key, (dim, rows, fixed) in ours.items():
+        k = prefix + key
+        if k in keep or k not in src_sd or key not in theirs:
+            continue
+        a, b = dst[k], src_sd[k]
+        if a.dim() != b.dim() or any(x != y for d, (x, y) in enumerate(zip(a.shape, b.shape)) if d != dim):
+            return []  # the rest of the head differs too: nothing of it carries over
+        src_rows, src_fixed = theirs[key][1:]
+        if len(fixed) != len(src_fixed):  # another number of anchors or mask coefficients
+            return []
+        copies = [(rows(c), src_rows(c_src)) for c, c_src in pairs] + ([(fixed, src_fixed)] if fixed else [])
+        a = a.clone()
+        for to, frm in copies:
+            a.index_copy_(dim, torch.tensor(to), b.index_select(dim, torch.tensor(frm)))
+        tensors[k] = a
+    if not tensors or not pairs:
+        return []
+    keep.update(tensors)
+    return [names[c] for c, _ in pairs]
 
 
 def model_yaml(cfg):

@@ -53,6 +53,17 @@ class Detect(nn.Module):
         self.register_buffer("stride", torch.zeros(self.nl), persistent=False)
         self.m = nn.ModuleList(nn.Conv2d(x, self.no * self.na, 1) for x in ch)
 
+    def class_rows(self):
+        """The parameters that hold one slice per class: {name under this head: (dim, class -> its indices along
+        dim, the indices along dim that mean the same for any class count)}; `models.checkpoints.transfer_weights`
+        carries classes over by name with it. Here each anchor's box, objectness and mask coefficients are the same
+        for any class count."""
+        def rows(c):  # class c's output channel for each anchor
+            return [a * self.no + 5 + c for a in range(self.na)]
+
+        fixed = [a * self.no + k for a in range(self.na) for k in (*range(5), *range(5 + self.nc, self.no))]
+        return {f"m.{i}.{p}": (0, rows, fixed) for i in range(self.nl) for p in ("weight", "bias")}
+
     def forward(self, x):
         for i in range(self.nl):
             x[i] = self._level(x[i], i)
@@ -133,6 +144,11 @@ class IDetect(Detect):
         self.ia = nn.ModuleList(ImplicitA(x) for x in ch)
         self.im = nn.ModuleList(ImplicitM(self.no * self.na) for _ in ch)
 
+    def class_rows(self):
+        rows = super().class_rows()
+        rows.update({f"im.{i}.implicit": (1, *rows["m.0.bias"][1:]) for i in range(self.nl)})  # (1, no * na, 1, 1)
+        return rows
+
     def _level(self, x, i):
         bs, _, ny, nx = x.shape
         y = self.im[i](self.m[i](self.ia[i](x)))
@@ -174,6 +190,10 @@ class AnchorFreeDetect(nn.Module):
         )
         self.cv3 = nn.ModuleList(nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch)
         self.dfl = DFL(self.reg_max)
+
+    def class_rows(self):
+        """As `Detect.class_rows`: the last conv of each level's class branch."""
+        return {f"cv3.{i}.2.{p}": (0, lambda c: [c], []) for i in range(self.nl) for p in ("weight", "bias")}
 
     def forward(self, x):
         for i in range(self.nl):
@@ -300,6 +320,10 @@ class Classify(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.drop = nn.Dropout(p=dropout, inplace=True)
         self.linear = nn.Linear(c_, c2)
+
+    def class_rows(self):
+        """As `Detect.class_rows`: the linear layer's rows."""
+        return {f"linear.{p}": (0, lambda c: [c], []) for p in ("weight", "bias")}
 
     def forward(self, x):
         if isinstance(x, list):

@@ -33,6 +33,7 @@ def build_classifier(model_arg, nc, names):
             LOGGER.info(f"Classifier seeded from the backbone (layers 0-8) of detector {model_arg}")
         else:
             model = ClassificationModel(src.yaml, nc=nc)
+            model.names = dict(names)  # classes that src names alike keep their weights
             transfer_weights(model, src, model_arg, exclude=())
     else:
         d = yaml_model_load(model_arg)

@@ -251,3 +251,53 @@ def test_loading_a_v8_checkpoint_does_not_import_the_compiler(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[-1] == "False"
+
+
+@pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolov5n.yaml", "yolov7-tiny.yaml"])
+def test_fine_tuning_keeps_the_weights_of_classes_named_alike(cfg):
+    """A head for another class count: the classes both models name alike give the source's scores, in the new
+    order; the rest of the outputs (boxes, objectness) are the source's too, and a class it never had starts new."""
+    from models.checkpoints import transfer_weights
+    from models.yolo import DetectionModel
+
+    torch.manual_seed(0)
+    src = DetectionModel(cfg, nc=6)
+    src.names = dict(enumerate("abcdef"))
+    with torch.no_grad():
+        for p in src.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # no two classes alike
+    dst = DetectionModel(cfg, nc=3)
+    dst.names = {0: "c", 1: "new", 2: "a"}
+    head = dst.model[-1]
+    name = next(iter(head.class_rows()))
+    key = f"model.{len(dst.model) - 1}.{name}"
+    dim, rows, _ = head.class_rows()[name]
+    fresh = dst.state_dict()[key].index_select(dim, torch.tensor(rows(1)))
+    transfer_weights(dst, src, "src.pt")
+    x = torch.rand(1, 3, 64, 64)
+    y_src, y_dst = src.eval()(x)[0], dst.eval()(x)[0]
+    if cfg == "yolov8n.yaml":  # (B, 4 + nc, anchors) -> (B, anchors, 4 + nc)
+        y_src, y_dst = y_src.transpose(1, 2), y_dst.transpose(1, 2)
+    k = 4 if cfg == "yolov8n.yaml" else 5  # box (and objectness) channels before the classes
+    torch.testing.assert_close(y_dst[..., :k], y_src[..., :k])
+    torch.testing.assert_close(y_dst[..., k + 0], y_src[..., k + 2])  # "c"
+    torch.testing.assert_close(y_dst[..., k + 2], y_src[..., k + 0])  # "a"
+    assert not any(torch.allclose(y_dst[..., k + 1], y_src[..., k + c]) for c in range(6))
+    torch.testing.assert_close(dst.state_dict()[key].index_select(dim, torch.tensor(rows(1))), fresh)
+
+
+def test_fine_tuning_a_classifier_keeps_the_classes_named_alike():
+    from models.checkpoints import transfer_weights
+    from models.yolo import ClassificationModel
+
+    torch.manual_seed(0)
+    src = ClassificationModel("yolov8n-cls.yaml", nc=4)
+    src.names = {0: "cat", 1: "dog", 2: "cow", 3: "fox"}
+    dst = ClassificationModel("yolov8n-cls.yaml", nc=2)
+    dst.names = {0: "fox", 1: "cat"}
+    transfer_weights(dst, src, "src.pt", exclude=())
+    logits = []
+    for m in (src, dst):
+        m.model[-1].linear.register_forward_hook(lambda mod, i, out: logits.append(out))
+        m.eval()(torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)))
+    torch.testing.assert_close(logits[1], logits[0][:, [3, 0]])
