@@ -517,9 +517,9 @@ def attempt_load(weights, device="cpu", fuse=True):
 def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):
     """Copy every tensor of model `src` whose key and shape match `model` (the v5 fine-tuning rule); return the count.
 
-    Anchors are left to the model YAML. A head with another class count does not match by shape; its class slices
-    (the head's `class_rows`) are then carried over for the classes both models name alike (`_shared_classes`), and
-    the other classes start new.
+    Anchors are left to the model YAML. Where the classes differ (another count or order), the head's class slices
+    (its `class_rows`) are carried over for the classes both models name alike (`_shared_classes`), and the other
+    classes start new.
     """
     dst = model.state_dict()
     keep = {
@@ -539,9 +539,10 @@ def _class_names(model):
 
 
 def _shared_classes(model, src, keep):
-    """Add to `keep` the head tensors of `model` with src's slices copied in for the classes both name alike (and
-    the slices that mean the same for any class count, e.g. anchor boxes), where the head did not transfer whole
-    (another class count) but every other dimension fits; returns those names. Nothing when no name is shared."""
+    """Put in `keep` the head tensors of `model` with src's slices copied in for the classes both name alike (and
+    the slices that mean the same for any class count, e.g. anchor boxes), the other classes left new, where the
+    classes differ (another count, or another order) but every other dimension fits; returns those names. Nothing
+    changes when no name is shared."""
     head, src_head = model.model[-1], src.model[-1]
     if type(head) is not type(src_head) or not hasattr(head, "class_rows"):
         return []
@@ -552,9 +553,11 @@ def _shared_classes(model, src, keep):
     ours, theirs = head.class_rows(), src_head.class_rows()
     dst, src_sd = model.state_dict(), src.float().state_dict()
     tensors = {}
+    if all(src_names.get(c) == n for c, n in names.items()) and len(names) == len(src_names):
+        return []  # the same classes in the same order: the head transferred whole, or has another shape
     for key, (dim, rows, fixed) in ours.items():
         k = prefix + key
-        if k in keep or k not in src_sd or key not in theirs:
+        if k not in src_sd or key not in theirs:
             continue
         a, b = dst[k], src_sd[k]
         if a.dim() != b.dim() or any(x != y for d, (x, y) in enumerate(zip(a.shape, b.shape)) if d != dim):

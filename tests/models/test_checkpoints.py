@@ -301,3 +301,22 @@ def test_fine_tuning_a_classifier_keeps_the_classes_named_alike():
         m.model[-1].linear.register_forward_hook(lambda mod, i, out: logits.append(out))
         m.eval()(torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)))
     torch.testing.assert_close(logits[1], logits[0][:, [3, 0]])
+
+
+def test_fine_tuning_the_same_classes_in_another_order_follows_the_names():
+    from models.checkpoints import transfer_weights
+    from models.yolo import DetectionModel
+
+    torch.manual_seed(0)
+    src = DetectionModel("yolov8n.yaml", nc=3)
+    src.names = {0: "cat", 1: "dog", 2: "cow"}
+    with torch.no_grad():
+        for p in src.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    dst = DetectionModel("yolov8n.yaml", nc=3)
+    dst.names = {0: "dog", 1: "cow", 2: "cat"}
+    transfer_weights(dst, src, "src.pt")
+    x = torch.rand(1, 3, 64, 64)
+    y_src, y_dst = src.eval()(x)[0], dst.eval()(x)[0]
+    torch.testing.assert_close(y_dst[:, :4], y_src[:, :4])
+    torch.testing.assert_close(y_dst[:, 4:], y_src[:, 4:][:, [1, 2, 0]])
