@@ -526,10 +526,11 @@ def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):
         k: v for k, v in src.float().state_dict().items()
         if k in dst and v.shape == dst[k].shape and not any(e in k for e in exclude)
     }
+    whole = len(keep)
     shared = _shared_classes(model, src, keep)
     model.load_state_dict(keep, strict=False)
-    said = f", and the class weights of {len(shared)} classes named alike ({', '.join(shared)})" if shared else ""
-    LOGGER.info(f"Transferred {len(keep)}/{len(dst)} items from {name}{said}")
+    said = f"; in the head, the classes named alike: {', '.join(shared)}" if shared else ""
+    LOGGER.info(f"Transferred {whole}/{len(dst)} items from {name}{said}")
     return len(keep)
 
 
