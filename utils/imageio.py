@@ -25,23 +25,17 @@ def printable(text):
     return str(text).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
-           8: cv2.IMREAD_REDUCED_COLOR_8}
-
-
-def read_image(path, reduce=1):
+def read_image(path):
     """BGR uint8 image (EXIF orientation applied, grey/RGBA/16-bit converted by OpenCV), or None if undecodable.
-    reduce 2, 4 or 8: each side 1/reduce of the image's (rounded up for a JPEG, which then decodes several times
-    faster: libjpeg scales in the frequency domain; other formats decode whole and OpenCV shrinks them).
 
     cv2.imread stays the rule because only it also decodes a truncated JPEG (as far as the data goes); a name it
     cannot take is read by Python and decoded from memory."""
     path = str(path)
     try:
         if is_utf8(path):
-            return cv2.imread(path, REDUCED[reduce])
+            return cv2.imread(path, cv2.IMREAD_COLOR)
         data = np.fromfile(path, np.uint8)
-        return cv2.imdecode(data, REDUCED[reduce]) if data.size else None
+        return cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
     except (OSError, ValueError, cv2.error):
         return None
 

@@ -152,7 +152,7 @@ def test_disk_cache_keeps_images_of_one_stem_apart(det_copy):
     cv2.imwrite(str(png), cv2.imread(str(jpgs[1]))[:50, :70])  # another picture, another size
     ds = YOLODataset(str(val), imgsz=96, cache="disk", nc=3)
     for f in (jpgs[0], png):
-        np.testing.assert_array_equal(ds._read(ds.im_files.index(str(f)))[0], cv2.imread(str(f)))
+        np.testing.assert_array_equal(ds._read(ds.im_files.index(str(f))), cv2.imread(str(f)))
 
 
 def _bad_disk_caches(val):
@@ -208,52 +208,3 @@ def test_bad_arguments(shapes_det, tmp_path):
         YOLODataset(str(shapes_det / "images" / "val"), task="pose")
     with pytest.raises(BadDataset, match="val: .*missing"):
         YOLODataset(str(tmp_path / "missing"), prefix="val: ")
-
-
-def _large_jpegs(root, sides, exif_rotate=False):
-    """Smooth JPEGs of the given (w, h) with one box label each, in root/images, their labels in root/labels."""
-    import io
-
-    from PIL import Image
-
-    (root / "images").mkdir(parents=True)
-    (root / "labels").mkdir()
-    rng = np.random.default_rng(0)
-    for k, (w, h) in enumerate(sides):
-        im = cv2.GaussianBlur(rng.integers(0, 255, (h, w, 3), dtype=np.uint8), (0, 0), 4)
-        cv2.rectangle(im, (w // 4, h // 4), (w // 2, h // 2), (255, 255, 255), -1)
-        pil = Image.fromarray(im[..., ::-1])
-        if exif_rotate:  # stored w x h, shown h x w (EXIF orientation 6)
-            exif = Image.Exif()
-            exif[0x0112] = 6
-            buf = io.BytesIO()
-            pil.save(buf, "JPEG", exif=exif.tobytes(), quality=95)
-            (root / "images" / f"{k}.jpg").write_bytes(buf.getvalue())
-        else:
-            pil.save(root / "images" / f"{k}.jpg", quality=95)
-        (root / "labels" / f"{k}.txt").write_text("0 0.375 0.375 0.25 0.25\n")
-    return root / "images"
-
-
-@pytest.mark.parametrize("exif_rotate", [False, True])
-def test_training_decodes_a_large_jpeg_reduced_to_the_same_image(tmp_path, monkeypatch, exif_rotate):
-    """A JPEG twice its drawn size or more is decoded at 1/2, 1/4 or 1/8 while training (faster), then resized as
-    before: same size, same original shape, pixels close to the whole decode's; validation decodes it whole."""
-    from utils.data import detect_dataset
-
-    images = _large_jpegs(tmp_path, [(520, 390), (130, 100), (1100, 700), (64, 300)], exif_rotate)
-    asked = []
-    real = detect_dataset.read_image
-    monkeypatch.setattr(detect_dataset, "read_image", lambda p, reduce=1: asked.append(reduce) or real(p, reduce))
-    train = YOLODataset(str(images), imgsz=128, augment=True, nc=1)
-    val = YOLODataset(str(images), imgsz=128, augment=False, nc=1)
-    for i, (f, reduce) in enumerate(zip(train.im_files, (4, 1, 8, 2))):  # long sides 520, 130, 1100, 300
-        asked.clear()
-        got, shape0, shape = train.load_image(i)
-        h0, w0 = cv2.imread(f).shape[:2]  # EXIF applied
-        assert asked == [reduce]
-        asked.clear()
-        whole, vshape0, vshape = val.load_image(i)
-        assert asked == [1] and shape0 == vshape0 == (h0, w0) and shape == vshape == got.shape[:2]
-        ref = cv2.resize(cv2.imread(f), shape[::-1], interpolation=cv2.INTER_LINEAR)
-        assert np.abs(got.astype(int) - ref).mean() < 3

@@ -147,21 +147,11 @@ class YOLODataset(Dataset):
         self.batch_shapes = np.ceil(np.array(shapes) * self.imgsz / stride + pad).astype(int) * stride
 
     def _read(self, i):
-        """Image i's pixels and its original (h, w): from the disk cache when asked for, else decoded (reduced while
-        training when the image is twice its drawn size or more: see `_decode`)."""
         im = read_disk_cache(self.npy_files[i], self.im_files[i]) if self.disk_cache else None
-        if im is not None:
-            return im, im.shape[:2]
-        h0, w0 = self.labels[i]["shape"]
-        reduce = max((f for f in (8, 4, 2) if max(h0, w0) >= f * self.imgsz), default=1) if self.augment else 1
-        im = self._decode(i, reduce)
-        return im, ((h0, w0) if reduce > 1 else im.shape[:2])
+        return self._decode(i) if im is None else im
 
-    def _decode(self, i, reduce=1):
-        """Image i decoded, each side 1/reduce (rounded up): a JPEG of 4000 x 3000 px trained at 640 decodes at
-        1000 x 750 in a fifth of the time, and is still larger than drawn. Validation always decodes whole, so its
-        images and mAP do not depend on this."""
-        im = read_image(self.im_files[i], reduce)
+    def _decode(self, i):
+        im = read_image(self.im_files[i])
         if im is None:
             raise ImageGone(self.im_files[i])
         return im
@@ -170,12 +160,13 @@ class YOLODataset(Dataset):
         """Image i resized so its long side is imgsz: (BGR image, (h0, w0) original, (h, w) resized)."""
         if self.ims[i] is not None:
             return self.ims[i]
-        im, (h0, w0) = self._read(i)
+        im = self._read(i)
+        h0, w0 = im.shape[:2]
         r = self.imgsz / max(h0, w0)
-        size = (min(math.ceil(w0 * r), self.imgsz), min(math.ceil(h0 * r), self.imgsz))
-        if im.shape[:2] != size[::-1]:
+        if r != 1:
             # INTER_AREA keeps detail when shrinking for validation; training favours the faster INTER_LINEAR
             interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
+            size = (min(math.ceil(w0 * r), self.imgsz), min(math.ceil(h0 * r), self.imgsz))
             im = cv2.resize(im, size, interpolation=interp)
         return im, (h0, w0), im.shape[:2]
 
