@@ -320,3 +320,20 @@ def test_fine_tuning_the_same_classes_in_another_order_follows_the_names():
     y_src, y_dst = src.eval()(x)[0], dst.eval()(x)[0]
     torch.testing.assert_close(y_dst[:, :4], y_src[:, :4])
     torch.testing.assert_close(y_dst[:, 4:], y_src[:, 4:][:, [1, 2, 0]])
+
+
+@pytest.mark.parametrize("src_cfg, src_nc", [("yolov8n.yaml", 80), ("yolov5n.yaml", 6)])
+def test_no_class_weights_carry_over_where_the_rest_of_the_head_differs(src_cfg, src_nc):
+    """yolov8n's class branch is max(64, nc) wide, so an 80-class head shares nothing with a 3-class one; a v5 head
+    into a v8 model shares nothing either: the class rows stay as initialised."""
+    from models.checkpoints import transfer_weights
+    from models.yolo import DetectionModel
+
+    src = DetectionModel(src_cfg, nc=src_nc)
+    src.names = {i: f"class{i}" for i in range(src_nc)}
+    dst = DetectionModel("yolov8n.yaml", nc=3)
+    dst.names = {0: "class2", 1: "class0", 2: "other"}
+    before = {k: v.clone() for k, v in dst.state_dict().items() if ".cv3." in k}
+    transfer_weights(dst, src, "src.pt")
+    after = dst.state_dict()
+    assert [k for k, v in before.items() if not torch.equal(after[k], v)] == []
