@@ -547,15 +547,15 @@ def _shared_classes(model, src, keep):
     head, src_head = model.model[-1], src.model[-1]
     if type(head) is not type(src_head) or not hasattr(head, "class_rows"):
         return []
-    prefix = f"model.{len(model.model) - 1}."
     names, src_names = _class_names(model), _class_names(src)
+    if names == src_names:
+        return []  # the same classes in the same order: the head transferred whole, or has another shape
     by_name = {n: c for c, n in src_names.items()}
     pairs = [(c, by_name[n]) for c, n in sorted(names.items()) if n in by_name]
+    prefix = f"model.{len(model.model) - 1}."
     ours, theirs = head.class_rows(), src_head.class_rows()
     dst, src_sd = model.state_dict(), src.float().state_dict()
     tensors = {}
-    if all(src_names.get(c) == n for c, n in names.items()) and len(names) == len(src_names):
-        return []  # the same classes in the same order: the head transferred whole, or has another shape
     for key, (dim, rows, fixed) in ours.items():
         k = prefix + key
         if k not in src_sd or key not in theirs:
