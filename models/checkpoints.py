@@ -521,13 +521,12 @@ def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):
     (its `class_rows`) are carried over for the classes both models name alike (`_shared_classes`), and the other
     classes start new.
     """
-    dst = model.state_dict()
+    dst, src_sd = model.state_dict(), src.float().state_dict()
     keep = {
-        k: v for k, v in src.float().state_dict().items()
-        if k in dst and v.shape == dst[k].shape and not any(e in k for e in exclude)
+        k: v for k, v in src_sd.items() if k in dst and v.shape == dst[k].shape and not any(e in k for e in exclude)
     }
     whole = len(keep)
-    shared = _shared_classes(model, src, keep)
+    shared = _shared_classes(model, src, dst, src_sd, keep)
     model.load_state_dict(keep, strict=False)
     said = f"; in the head, the classes named alike: {', '.join(shared)}" if shared else ""
     LOGGER.info(f"Transferred {whole}/{len(dst)} items from {name}{said}")
@@ -539,11 +538,11 @@ def _class_names(model):
     return dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
 
 
-def _shared_classes(model, src, keep):
+def _shared_classes(model, src, dst, src_sd, keep):
     """Put in `keep` the head tensors of `model` with src's slices copied in for the classes both name alike (and
     the slices that mean the same for any class count, e.g. anchor boxes), the other classes left new, where the
     classes differ (another count, or another order) but every other dimension fits; returns those names. Nothing
-    changes when no name is shared."""
+    changes when no name is shared. dst, src_sd: the two models' state dicts."""
     head, src_head = model.model[-1], src.model[-1]
     if type(head) is not type(src_head) or not hasattr(head, "class_rows"):
         return []
@@ -554,7 +553,6 @@ def _shared_classes(model, src, keep):
     pairs = [(c, by_name[n]) for c, n in sorted(names.items()) if n in by_name]
     prefix = f"model.{len(model.model) - 1}."
     ours, theirs = head.class_rows(), src_head.class_rows()
-    dst, src_sd = model.state_dict(), src.float().state_dict()
     tensors = {}
     for key, (dim, rows, fixed) in ours.items():
         k = prefix + key
