@@ -28,6 +28,7 @@ import train  # noqa: E402
 from engine.tasks.detect import DetectionTrainer  # noqa: E402
 from engine.trainer import run  # noqa: E402
 from utils import dist as du  # noqa: E402
+from utils.errors import run_cli  # noqa: E402
 
 
 def _die(run_dir):
@@ -78,5 +79,6 @@ def report(trainer):
 
 if __name__ == "__main__":
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that times out asks every worker where it is
-    opt = train.parse_opt(sys.argv[1:])
-    run(DetectionTrainer, opt, callbacks={"on_train_start": [arm], "on_train_end": [report]})
+    # as train.py's own __main__ does, so that what a worker prints when it fails is what a user would see
+    run_cli(lambda opt: run(DetectionTrainer, opt, callbacks={"on_train_start": [arm], "on_train_end": [report]}),
+            lambda: train.parse_opt(sys.argv[1:]))

@@ -9,6 +9,7 @@ every rank's RNG states travel in the checkpoint.
 import contextlib
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -200,6 +201,27 @@ def test_a_restarted_group_continues_its_tracker_runs(shapes_detect, tmp_path):
         assert meta["offline_id"] == key and sorted(comet_metrics(messages)["train/box_loss"]) == [1]
     assert (run_dir / "trackers_rank0.txt").read_text().split() == ["wandb", "mlflow", "clearml", "comet_ml"]
     assert (run_dir / "trackers_rank1.txt").read_text() == "", "rank 1 imported a tracker package"
+
+
+@pytest.mark.ddp
+def test_a_lost_peer_is_one_line_and_the_launcher_names_the_one_that_died(shapes_detect, tmp_path):
+    """Rank 1 is SIGKILLed in epoch 1 with no restarts left. Rank 0's gradient all-reduce fails first (the agent
+    looks every 5 s): it says so in one line, on a line of its own, not in a traceback, and waits for the agent, so
+    that torchrun's summary names rank 1 as the root cause rather than the rank that only met the failure."""
+    args = ["--data", str(shapes_detect), "--imgsz", "64", "--batch-size", "4", "--epochs", "1", "--workers", "0",
+            "--device", "cpu", "--cfg", "yolov5n.yaml", "--noval", "--noplots", "--project", str(tmp_path)]
+    launcher = ["torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "0", "--monitor-interval", "5",
+                "--master_port", str(free_port())]
+    r = _launch(launcher, args, _env(KILL_RANK="1", KILL_AT="0:2"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    said = [line for line in r.stderr.split("\n") if "error:" in line]  # "\r" (the progress bar's) is no new line
+    # which end of the pair notices first decides between gloo's two wordings
+    lost = (r"^error: rank 0 lost contact with another process of this run \((Read error \S+: )?"
+            r"Connection (closed|reset)")
+    assert len(said) == 1 and re.match(lost, said[0]), said
+    assert r.stderr.count("Traceback") == 1, "a worker printed a traceback (the one is torchrun's own)"
+    root = r.stderr.split("Root Cause")[1]
+    assert "rank      : 1 (local_rank: 1)" in root and "SIGKILL" in root, root
 
 
 @pytest.mark.slow

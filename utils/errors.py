@@ -7,10 +7,14 @@ keeps its traceback. Each subclass is also a ValueError, so callers that catch V
 A user's stop (Ctrl-C, SIGTERM) ends with status 128 + the signal number and no traceback either (`Interrupted`).
 Running out of memory (host or GPU) is reported the same way as a user error: the fix is in the command (a smaller
 batch or image size), and a traceback would only bury the one line of torch's that says how much was asked for.
+A rank whose collective fails because another process of the run ended (killed, crashed, its machine lost) says so
+in one `error:` line and exits with status 1 once the launcher stops it: the process that ended first and the
+launcher's summary say why, and its own traceback would only bury theirs.
 """
 
 import gc
 import os
+import re
 import signal
 import sys
 import time
@@ -49,6 +53,10 @@ class BadCheckpoint(UserError, ValueError):
     """A weights / last.pt file is truncated, not ours, or does not fit the run (names the file)."""
 
 
+# how a collective or the launcher's store fails when the other end of its connection is gone: gloo's TCP pairs,
+# the TCP store, NCCL's remote-error report
+LOST_PEER = re.compile(r"(?:(?:Read|Write) error \[[^\]]*\]:\d+: )?(?:Connection (?:closed|reset) by peer"
+                       r"(?: \[[^\]]*\]:\d+)?|Broken pipe)|remote process exited or there was a network error")
 CPU_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"  # torch raises a bare RuntimeError on the host
 
 
@@ -64,6 +72,15 @@ def out_of_memory(e):
     what = said[0][:300] if said else "no details"
     return (f"out of memory ({what}): the command needs more memory than this machine has; a smaller --batch-size "
             "or --img needs less")
+
+
+def lost_peer(e):
+    """What a failed collective says of the process it lost (`Connection closed by peer [host]:port`), or None when
+    `e` is not such a failure of a running process group."""
+    if not (isinstance(e, RuntimeError) and dist.is_available() and dist.is_initialized()):
+        return None
+    found = LOST_PEER.search(str(e))
+    return found.group(0) if found else None
 
 
 class Interrupted(BaseException):
@@ -117,6 +134,8 @@ def run_cli(main, parse_opt):
         gc.freeze()
         return result
     except Exception as e:
+        if lost := lost_peer(e):
+            _leave_with_the_group(lost)
         if not (isinstance(e, UserError) or is_out_of_memory(e)):
             raise  # a bug of ours: its traceback
         report_user_error(e if isinstance(e, UserError) else out_of_memory(e))
@@ -131,6 +150,18 @@ def run_cli(main, parse_opt):
         if dist.is_available() and dist.is_initialized():
             _exit_now(stop.code)  # the ranks stopped together; leaving the group cleanly could wait on a peer
         sys.exit(stop.code)
+
+
+def _leave_with_the_group(lost, seconds=PEER_GRACE_S):
+    """One line for a collective whose peer is gone, then wait (at most `seconds`) for the launcher's SIGTERM and exit
+    with status 1. torchrun names as the root cause the first failed worker it sees; leaving at once would put this
+    rank, which only met the failure, beside the one that had it."""
+    signal.signal(signal.SIGTERM, lambda *_: _exit_now(1))
+    report_user_error(f"rank {dist.get_rank()} lost contact with another process of this run ({lost}): that "
+                      "process's own output and the launcher's summary say why it ended; with --max-restarts, "
+                      "torchrun restarts the group from the last checkpoint")
+    time.sleep(seconds)
+    _exit_now(1)
 
 
 def _exit_now(code):
