@@ -1,0 +1,34 @@
+"""What counts as a lost peer: the wordings of gloo, the TCP store and NCCL when the other end is gone, and nothing
+else (a failure that is not a peer's death keeps its traceback)."""
+
+import pytest
+
+from utils.errors import LOST_PEER, lost_peer
+
+GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:{}] {}. This is typically caused by a remote"
+
+
+@pytest.mark.parametrize("said, named", [
+    (GLOO.format(561, "Connection closed by peer [127.0.0.1]:46261"), "Connection closed by peer [127.0.0.1]:46261"),
+    (GLOO.format(545, "Read error [127.0.0.1]:9125: Connection reset by peer"),
+     "Read error [127.0.0.1]:9125: Connection reset by peer"),
+    (GLOO.format(590, "Write error [10.0.0.2]:8000: Broken pipe"), "Write error [10.0.0.2]:8000: Broken pipe"),
+    ("Broken pipe", "Broken pipe"),
+    ("NCCL error in: ProcessGroupNCCL.cpp:3000, remote process exited or there was a network error, NCCL version 2.27",
+     "remote process exited or there was a network error"),
+])
+def test_the_wordings_of_a_peer_that_is_gone(said, named):
+    assert LOST_PEER.search(said).group(0) == named
+
+
+@pytest.mark.parametrize("said", [
+    "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation",
+    "Expected all tensors to be on the same device",
+    "mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)",
+])
+def test_other_failures_are_not_a_lost_peer(said):
+    assert LOST_PEER.search(said) is None
+
+
+def test_without_a_process_group_nothing_is_a_lost_peer():
+    assert lost_peer(RuntimeError("Connection reset by peer")) is None
