@@ -533,11 +533,6 @@ def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):
     return len(keep)
 
 
-def _class_names(model):
-    names = getattr(model, "names", None) or {}
-    return dict(enumerate(names)) if isinstance(names, (list, tuple)) else dict(names)
-
-
 def _shared_classes(model, src, dst, src_sd, keep):
     """Put in `keep` the head tensors of `model` with src's slices copied in for the classes both name alike (and
     the slices that mean the same for any class count, e.g. anchor boxes), the other classes left new, where the
@@ -546,11 +541,13 @@ def _shared_classes(model, src, dst, src_sd, keep):
     head, src_head = model.model[-1], src.model[-1]
     if type(head) is not type(src_head) or not hasattr(head, "class_rows"):
         return []
-    names, src_names = _class_names(model), _class_names(src)
+    names, src_names = _names(model.names, model.nc), _names(src.names, src.nc)
     if names == src_names:
         return []  # the same classes in the same order: the head transferred whole, or has another shape
     by_name = {n: c for c, n in src_names.items()}
     pairs = [(c, by_name[n]) for c, n in sorted(names.items()) if n in by_name]
+    if not pairs:
+        return []
     prefix = f"model.{len(model.model) - 1}."
     ours, theirs = head.class_rows(), src_head.class_rows()
     tensors = {}
@@ -569,7 +566,7 @@ def _shared_classes(model, src, dst, src_sd, keep):
         for to, frm in copies:
             a.index_copy_(dim, torch.tensor(to), b.index_select(dim, torch.tensor(frm)))
         tensors[k] = a
-    if not tensors or not pairs:
+    if not tensors:
         return []
     keep.update(tensors)
     return [names[c] for c, _ in pairs]
