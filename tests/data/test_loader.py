@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from tests.ddp_utils import descendants, proc_stat
+from utils.data import loader as loader_mod
 from utils.data.augment import SampleRNG
 from utils.data.detect_dataset import YOLODataset
 from utils.data.loader import SmartDistributedSampler, build_dataloader, rank_indices, set_loader_epoch
@@ -100,6 +101,70 @@ def test_augmentation_draws_depend_on_sample_and_epoch_only(workers):
     assert list(tail) == order[6:] and tail == {i: ref[i] for i in order[6:]}
     other = run(loader, 2)
     assert all(other[i] != ref[i] for i in ref)
+
+
+def _mosaic_set(shapes_det):
+    hyp = dict(mosaic=1.0, mixup=0.5, degrees=5.0, translate=0.1, scale=0.5, fliplr=0.5)
+    return YOLODataset(str(shapes_det / "images" / "train"), imgsz=64, augment=True, hyp=hyp, nc=3)
+
+
+def test_a_group_reads_each_image_once_and_draws_partners_among_its_own(shapes_det, monkeypatch):
+    """Training loads groups of batches: every image a group's mosaics and mixups use is one of the group's own, and
+    is read once for the whole group; a lone `dataset[i]` still draws from the whole share."""
+    monkeypatch.setattr(loader_mod, "GROUP_IMAGES", 4)
+    ds = _mosaic_set(shapes_det)
+    reads = []
+    real = YOLODataset.load_image
+    monkeypatch.setattr(YOLODataset, "load_image", lambda self, i: reads.append(i) or real(self, i))
+    loader = build_dataloader(ds, 2, workers=0, shuffle=True, seed=5)
+    assert loader.group_batches == 2 and len(loader) == 8
+    set_loader_epoch(loader, 3)
+    order = list(loader.sampler)
+    groups = [order[j : j + 4] for j in range(0, 16, 4)]
+    reads_per_group = []
+    for k, _ in enumerate(loader):
+        if k % 2 == 0:  # a group's first batch: the whole group was loaded for it
+            reads_per_group.append(reads[:])
+            reads.clear()
+    assert [len(b) for b in reads_per_group] == [len(set(b)) for b in reads_per_group]  # each image once per group
+    assert all(set(r) == set(g) for r, g in zip(reads_per_group, groups))  # partners among the group's images only
+    reads.clear()
+    for i in range(16):
+        ds[i]
+    assert len(reads) > 16 and len(set(reads)) > 4  # one sample at a time: four reads each, from the whole share
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_grouped_batches_do_not_depend_on_workers_and_resume_inside_a_group(shapes_det, monkeypatch, workers):
+    monkeypatch.setattr(loader_mod, "GROUP_IMAGES", 6)  # groups of 3 batches of 2 images
+    ds = _mosaic_set(shapes_det)
+
+    def epoch(loader, start=0):
+        set_loader_epoch(loader, 1, start)
+        return [(b["paths"], b["img"], b["targets"]) for b in loader]
+
+    ref = epoch(build_dataloader(ds, 2, workers=0, shuffle=True, seed=2))
+    loader = build_dataloader(ds, 2, workers=workers, shuffle=True, seed=2)
+    got = epoch(loader)
+    assert loader.num_workers == workers and len(got) == len(ref) == 8
+    for (pa, ia, ta), (pb, ib, tb) in zip(got, ref):
+        assert pa == pb and torch.equal(ia, ib) and torch.equal(ta, tb)
+    for start in (1, 3, 4):  # inside the first group, at a group's start, inside the second
+        tail = epoch(loader, start)
+        assert len(tail) == len(loader) == 8 - start
+        assert all(a[0] == b[0] and torch.equal(a[1], b[1]) for a, b in zip(tail, ref[start:]))
+
+
+def test_grouped_loader_leaves_out_a_last_single_image_batch(shapes_det, monkeypatch):
+    monkeypatch.setattr(loader_mod, "GROUP_IMAGES", 10)  # 16 images: groups of 10 and 6 images, batches of 5
+    ds = _mosaic_set(shapes_det)
+    loader = build_dataloader(ds, 5, workers=0, shuffle=True, drop_single=True)
+    set_loader_epoch(loader, 0)
+    sizes = [len(b["paths"]) for b in loader]
+    assert loader.drop_last and sizes == [5, 5, 5] and len(loader) == 3
+    kept = build_dataloader(ds, 5, workers=0, shuffle=True)
+    set_loader_epoch(kept, 0)
+    assert [len(b["paths"]) for b in kept] == [5, 5, 5, 1] and len(kept) == 4
 
 
 @pytest.mark.parametrize("device, threads, local_procs, cores, expected", [

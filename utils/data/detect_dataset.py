@@ -58,7 +58,8 @@ class YOLODataset(Dataset):
     cache: 'ram' (resized images in memory) or 'disk' (decoded pixels beside each image, x.jpg.yolo-engine.npy,
     read only then, rebuilt when older than the image or unreadable), for `cache_indices` only when given, else for
     this rank's share `rank_indices(n, world_size, rank, seed)` when world_size > 1, else all.
-    Mosaic partners are drawn from that same share, so a DDP rank never reads images outside it.
+    Mosaic partners are drawn from that same share (from the sample's group of batches when the training loader
+    asks for a group at once, `__getitems__`), so a DDP rank never reads images outside it.
     nc: an image with a class id >= nc is skipped while scanning (see utils/data/labels.verify_image_label);
     `problems` lists every skipped image and every note, `stats` counts them. single_cls: every label becomes
     class 0 (after the scan).
@@ -197,16 +198,17 @@ class YOLODataset(Dataset):
             kpts = np.concatenate([xyn2xy(kpts[..., :2], w, h, padw, padh), kpts[..., 2:]], -1)
         return Instances(lb["cls"][:, 0].copy(), boxes, segs, kpts)
 
-    def load_mosaic(self, index, rng):
-        """Four images around a random centre of a 2s x 2s canvas, then warped and cropped back to s x s."""
+    def load_mosaic(self, index, rng, pool, load):
+        """Four images around a random centre of a 2s x 2s canvas, then warped and cropped back to s x s: image
+        `index` and three drawn from `pool`, each read by `load` (`load_image`, or its memo for a group)."""
         s = self.imgsz
         xc, yc = (int(v) for v in rng.uniform(s // 2, 3 * s // 2, 2))
-        indices = [index, *rng.choice(self.pool, 3)]
+        indices = [index, *rng.choice(pool, 3)]
         rng.shuffle(indices)
         canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, np.uint8)
         parts = []
         for k, i in enumerate(indices):  # k: 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right of the centre
-            img, _, (h, w) = self.load_image(int(i))
+            img, _, (h, w) = load(int(i))
             ox, oy = (xc - w if k in (0, 2) else xc), (yc - h if k in (0, 1) else yc)
             x1, y1, x2, y2 = max(ox, 0), max(oy, 0), min(ox + w, 2 * s), min(oy + h, 2 * s)
             canvas[y1:y2, x1:x2] = img[y1 - oy : y2 - oy, x1 - ox : x2 - ox]
@@ -224,8 +226,8 @@ class YOLODataset(Dataset):
         return random_perspective(img, inst, h["degrees"], h["translate"], h["scale"], h["shear"],
                                   h["perspective"], border=border, rng=rng)
 
-    def _letterboxed(self, index, rng):
-        img, (h0, w0), (h, w) = self.load_image(index)
+    def _letterboxed(self, index, rng, load):
+        img, (h0, w0), (h, w) = load(index)
         shape = self.batch_shapes[self.batch_index[index]] if self.rect else self.imgsz
         img, ratio, pad = letterbox(img, shape, auto=False, scaleup=self.augment)
         shapes = ((h0, w0), ((h / h0 * ratio[1], w / w0 * ratio[0]), pad))  # maps predictions back to the original
@@ -235,27 +237,46 @@ class YOLODataset(Dataset):
         return img, inst, shapes
 
     def __getitem__(self, index):
-        """Sample `index`; if an image it needs vanished since the scan, warn and use another image."""
+        """Sample `index`, its mosaic partners drawn from this rank's whole share."""
+        return self._draw(index, self.pool, self.load_image)
+
+    def __getitems__(self, indices):
+        """The samples of one group of batches (utils/data/loader.GroupedLoader), in one call: mosaic and mixup draw
+        their partners among the group's own images, and each image is read and resized once for the group. The
+        images are never written to: every sample copies them into its canvas or letterbox first."""
+        loaded = {}
+
+        def load(i):
+            if i not in loaded:
+                loaded[i] = self.load_image(i)
+            return loaded[i]
+
+        pool = np.unique(np.asarray(indices, dtype=np.int64))
+        return [self._draw(int(i), pool, load) for i in indices]
+
+    def _draw(self, index, pool, load):
+        """Sample `index`, other images drawn from `pool`; if an image it needs vanished since the scan, warn and
+        use another image of the pool."""
         rng = self.rng(index)
         for _ in range(MAX_SUBSTITUTES):
             try:
-                return self._sample(index, rng)
+                return self._sample(index, rng, pool, load)
             except ImageGone as e:
                 if str(e) not in self.gone:  # once per image and process
                     self.gone.add(str(e))
                     LOGGER.warning(f"{self.prefix}WARNING: {e}: image missing or unreadable since the scan, skipped")
-                index = int(rng.choice(self.pool))
+                index = int(rng.choice(pool))
         raise BadDataset(f"{self.prefix}{MAX_SUBSTITUTES} images in a row are missing or unreadable since the scan")
 
-    def _sample(self, index, rng):
+    def _sample(self, index, rng, pool, load):
         hyp = self.hyp
         if self.mosaic and rng.random() < hyp["mosaic"]:
-            img, inst = self.load_mosaic(index, rng)
+            img, inst = self.load_mosaic(index, rng, pool, load)
             shapes = None
             if rng.random() < hyp["mixup"]:
-                img, inst = mixup(img, inst, *self.load_mosaic(int(rng.choice(self.pool)), rng), rng)
+                img, inst = mixup(img, inst, *self.load_mosaic(int(rng.choice(pool)), rng, pool, load), rng)
         else:
-            img, inst, shapes = self._letterboxed(index, rng)
+            img, inst, shapes = self._letterboxed(index, rng, load)
         h, w = img.shape[:2]
         if self.augment:
             augment_hsv(img, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], rng)

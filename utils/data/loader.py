@@ -1,6 +1,7 @@
 """DataLoaders: the DDP sampler that gives each rank a fixed share of the data, and seeded, per-worker RNGs."""
 
 import ctypes
+import itertools
 import math
 import multiprocessing
 import os
@@ -11,12 +12,14 @@ import sys
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Sampler
 
 from utils.dist import get_local_world_size
 
 WORKERS = 2  # --workers when not given on a CPU whose cores are not all busy with the model step (below)
 GPU_WORKERS = 8  # at most, per rank, when the model steps on a GPU (as both official trainers)
+# training images per group of whole batches (GroupedLoader); Ultralytics' mosaic buffer holds 8 batches of 16
+GROUP_IMAGES = 128
 
 
 def rank_indices(n, num_replicas, rank, seed=0):
@@ -119,11 +122,62 @@ def worker_base_seed(seed, epoch, rank):
 def set_loader_epoch(loader, epoch, start_batch=0):
     """Before a training epoch: the sampler's order, the augmentation RNG's epoch and the worker seeds, all derived
     from (seed, epoch, rank[, worker]); `start_batch` batches are skipped when resuming inside the epoch."""
-    sampler = loader.sampler
-    sampler.set_epoch(epoch, skip=start_batch * loader.batch_size)
+    loader.start_at(epoch, start_batch)
     if hasattr(loader.dataset, "rng"):
         loader.dataset.rng.set_epoch(epoch)
-    loader.generator.manual_seed(worker_base_seed(sampler.seed, epoch, sampler.rank))
+    loader.generator.manual_seed(worker_base_seed(loader.sampler.seed, epoch, loader.sampler.rank))
+
+
+class _CollateGroup:
+    """A group's samples -> its batches, each collated by the dataset's collate_fn; a last batch of a single image
+    is left out when `drop_single` (only the epoch's last group can end in one: the others hold whole batches)."""
+
+    def __init__(self, collate_fn, batch_size, drop_single):
+        self.collate_fn, self.batch_size, self.drop_single = collate_fn, batch_size, drop_single
+
+    def __call__(self, samples):
+        chunks = [samples[j : j + self.batch_size] for j in range(0, len(samples), self.batch_size)]
+        if self.drop_single and len(chunks[-1]) == 1:
+            chunks.pop()
+        return [self.collate_fn(c) for c in chunks]
+
+
+class GroupedLoader:
+    """The training loader: each item of its DataLoader is a group of consecutive batches (about GROUP_IMAGES
+    images), which one worker loads whole and which is handed on batch by batch.
+
+    A dataset that can load several samples at once (`__getitems__`) sees the whole group in one call: mosaic then
+    draws its partner images among the group's own, and reads and resizes each of them once for all its mosaics,
+    where drawing from the whole share reads four images per sample. The groups are cut from the sampler's order,
+    a function of (seed, epoch, rank) alone, so the batches do not depend on --workers and a run resumed inside a
+    group loads that whole group again and skips the batches it had done.
+    """
+
+    def __init__(self, dataset, sampler, batch_size, drop_single, **loader_kwargs):
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_single
+        self.group_batches = max(1, round(GROUP_IMAGES / batch_size))
+        collate = _CollateGroup(getattr(dataset, "collate_fn", None) or torch.utils.data.default_collate,
+                                batch_size, drop_single)
+        self.loader = DataLoader(dataset, batch_sampler=BatchSampler(sampler, self.group_batches * batch_size, False),
+                                 collate_fn=collate, **loader_kwargs)
+        self.skip = 0  # batches of the first group done before a resume
+
+    def __getattr__(self, name):  # dataset, generator, num_workers, persistent_workers: the DataLoader's
+        if "loader" not in self.__dict__:  # copy and pickle look attributes up before __init__ has run
+            raise AttributeError(name)
+        return getattr(self.__dict__["loader"], name)
+
+    def start_at(self, epoch, start_batch=0):
+        group = start_batch // self.group_batches
+        self.sampler.set_epoch(epoch, skip=group * self.group_batches * self.batch_size)
+        self.skip = start_batch - group * self.group_batches
+
+    def __len__(self):
+        n = len(self.sampler)
+        return max((n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)) - self.skip, 0)
+
+    def __iter__(self):
+        return itertools.islice((b for group in self.loader for b in group), self.skip, None)
 
 
 def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_size=1, seed=0, sampler=None,
@@ -134,10 +188,10 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
     one image fails wherever a feature map is 1 x 1); the loader's `drop_last` then says so. Every rank draws the
     same number of samples, so all decide alike.
 
-    A plain DataLoader, not an 'infinite' one that keeps one iterator alive: that design reads the sampler
-    before `set_epoch` takes effect, and so repeats the first epoch's order (yolov5 issue #6741). Training workers
-    are not persistent: each epoch starts new ones, which receive the dataset as it is then (its augmentation
-    epoch, a closed mosaic); evaluation loaders keep theirs.
+    Training loaders are GroupedLoaders over plain DataLoaders, not an 'infinite' one that keeps one iterator
+    alive: that design reads the sampler before `set_epoch` takes effect, and so repeats the first epoch's order
+    (yolov5 issue #6741). Training workers are not persistent: each epoch starts new ones, which receive the
+    dataset as it is then (its augmentation epoch, a closed mosaic); evaluation loaders keep theirs.
     """
     train = shuffle
     if getattr(dataset, "rect", False) and shuffle:
@@ -147,15 +201,12 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
     if sampler is None and (train or world_size > 1):  # a given sampler (--image-weights) splits the shares itself
         sampler = SmartDistributedSampler(dataset, max(world_size, 1), max(rank, 0), shuffle, seed)
     per_rank = len(sampler) if sampler is not None else len(dataset)
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        drop_last=drop_single and per_rank > batch_size and per_rank % batch_size == 1,
-        sampler=sampler,
-        num_workers=n_workers,
-        pin_memory=torch.cuda.is_available(),
-        collate_fn=getattr(dataset, "collate_fn", None),
-        worker_init_fn=seed_worker,
-        persistent_workers=n_workers > 0 and not train,
-        generator=torch.Generator().manual_seed(worker_base_seed(seed, 0, rank)),
-    )
+    drop_single = drop_single and per_rank > batch_size and per_rank % batch_size == 1
+    common = dict(num_workers=n_workers, pin_memory=torch.cuda.is_available(), worker_init_fn=seed_worker,
+                  generator=torch.Generator().manual_seed(worker_base_seed(seed, 0, rank)))
+    if train:
+        # an item is a whole group already: one in flight per worker keeps the loop fed
+        prefetch = dict(prefetch_factor=1) if n_workers else {}
+        return GroupedLoader(dataset, sampler, batch_size, drop_single, **common, **prefetch)
+    return DataLoader(dataset, batch_size=batch_size, drop_last=drop_single, sampler=sampler,
+                      collate_fn=getattr(dataset, "collate_fn", None), persistent_workers=n_workers > 0, **common)
