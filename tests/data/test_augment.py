@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 
 from utils.data.augment import (
+    PAD_VALUE,
+    Canvas,
     Instances,
     augment_hsv,
     chw_rgb,
@@ -142,3 +144,36 @@ def test_chw_rgb_is_the_channel_reversed_transpose(view):
     out = chw_rgb(img)
     assert out.flags.c_contiguous and out.dtype == np.uint8
     assert np.array_equal(out, img[..., ::-1].transpose(2, 0, 1))
+
+
+@pytest.mark.parametrize("params", [
+    dict(degrees=0.0, translate=0.1, scale=0.5, shear=0.0, perspective=0.0),  # YOLOv8's default: scale and shift
+    dict(degrees=0.0, translate=0.4, scale=0.9, shear=0.0, perspective=0.0),  # far off the output, and zoomed
+    dict(degrees=30.0, translate=0.3, scale=0.9, shear=10.0, perspective=0.0),  # drawn whole
+    dict(degrees=5.0, translate=0.1, scale=0.5, shear=2.0, perspective=0.001),  # drawn whole
+])
+def test_a_mosaic_canvas_warped_where_it_is_read_gives_the_whole_canvas_pixels(params):
+    """The warp draws only the window of the mosaic canvas it reads; pixels and labels must equal those of the
+    canvas drawn whole, for draws that zoom in and out and push the picture off the output."""
+    gen = np.random.default_rng(0)
+    s = 96
+    for trial in range(200):
+        pieces, boxes = [], []
+        xc, yc = (int(v) for v in gen.uniform(s // 2, 3 * s // 2, 2))
+        for k in range(4):
+            h, w = (int(v) for v in gen.integers(20, s + 1, 2))
+            img = gen.integers(0, 256, (h, w, 3), dtype=np.uint8)
+            ox, oy = (xc - w if k in (0, 2) else xc), (yc - h if k in (0, 1) else yc)
+            pieces.append((img, ox, oy))
+            boxes.append([ox + w / 4, oy + h / 4, ox + w * 3 / 4, oy + h * 3 / 4])
+        canvas = Canvas(2 * s, 2 * s, pieces)
+        inst = Instances(np.arange(4, dtype=np.float32), np.clip(np.array(boxes, np.float32), 0, 2 * s), None, None)
+        whole = canvas.draw()
+        assert whole.shape == (2 * s, 2 * s, 3) and (whole == PAD_VALUE).any()
+        lazy_img, lazy_inst = random_perspective(canvas, inst, **params, border=(-s // 2, -s // 2),
+                                                 rng=np.random.default_rng(trial))
+        ref_img, ref_inst = random_perspective(whole, inst, **params, border=(-s // 2, -s // 2),
+                                               rng=np.random.default_rng(trial))
+        assert lazy_img.shape == ref_img.shape == (s, s, 3)
+        assert np.array_equal(lazy_img, ref_img), (trial, int((lazy_img != ref_img).sum()))
+        assert np.array_equal(lazy_inst.boxes, ref_inst.boxes) and np.array_equal(lazy_inst.cls, ref_inst.cls)

@@ -131,6 +131,48 @@ def letterbox(im, new_shape=(640, 640), color=(PAD_VALUE,) * 3, auto=True, scale
     return im, (new_unpad[0] / shape[1], new_unpad[1] / shape[0]), (dw, dh)
 
 
+class Canvas:
+    """A mosaic picture not drawn until needed: images pasted at pixel offsets onto a (h, w) ground of PAD_VALUE.
+
+    `draw` paints a window of it. `random_perspective`, when its draw only scales and shifts (no rotation, shear or
+    perspective: the default of every family), paints just the window its warp reads, plus two pixels of margin for
+    the interpolation; everything outside is never read, or ground, which the warp's border value equals. The
+    pixels are those of the whole picture warped (tested); with rotation or shear, OpenCV's single-precision source
+    coordinates would differ by the window's offset, and a few pixels by one grey level, so those draws paint it
+    whole."""
+
+    def __init__(self, h, w, pieces):
+        self.shape, self.pieces = (h, w, 3), pieces  # pieces: (image, x offset, y offset), any offset
+
+    def draw(self, x1=0, y1=0, x2=None, y2=None):
+        x2, y2 = self.shape[1] if x2 is None else x2, self.shape[0] if y2 is None else y2
+        out = np.full((y2 - y1, x2 - x1, 3), PAD_VALUE, np.uint8)
+        for img, ox, oy in self.pieces:
+            h, w = img.shape[:2]
+            a1, b1, a2, b2 = max(ox, x1), max(oy, y1), min(ox + w, x2), min(oy + h, y2)
+            if a2 > a1 and b2 > b1:
+                out[b1 - y1 : b2 - y1, a1 - x1 : a2 - x1] = img[b1 - oy : b2 - oy, a1 - ox : a2 - ox]
+        return out
+
+
+def _warp_affine(img, A, size, fill):
+    """cv2.warpAffine of an array or of a Canvas, of which only the window the warp reads is drawn when A only scales
+    and shifts (see Canvas)."""
+    if isinstance(img, Canvas) and (A[0, 1] or A[1, 0]):
+        img = img.draw()
+    if not isinstance(img, Canvas):
+        return cv2.warpAffine(img, A, dsize=size, borderValue=fill)
+    w, h = size
+    src = cv2.invertAffineTransform(A) @ np.array([[0, w, 0, w], [0, 0, h, h], [1, 1, 1, 1]], np.float64)
+    x1, y1 = (max(int(math.floor(v)) - 2, 0) for v in src.min(1))
+    x2, y2 = (min(int(math.ceil(v)) + 3, n) for v, n in zip(src.max(1), (img.shape[1], img.shape[0])))
+    if x2 <= x1 or y2 <= y1:  # the whole output lies off the canvas
+        return np.full((h, w, 3), fill, np.uint8)
+    A = A.copy()
+    A[:, 2] += A[:, :2] @ (x1, y1)
+    return cv2.warpAffine(img.draw(x1, y1, x2, y2), A, dsize=size, borderValue=fill)
+
+
 def _affine_matrix(in_shape, out_shape, degrees, translate, scale, shear, perspective, rng):
     """3x3 homography: centre, perspective, rotate+scale, shear, translate. Returns (M, scale drawn)."""
     C = np.eye(3)
@@ -175,9 +217,11 @@ def random_perspective(img, inst, degrees=0.0, translate=0.1, scale=0.5, shear=0
     if border[0] or border[1] or (M != np.eye(3)).any():
         size, fill = (out_shape[1], out_shape[0]), (PAD_VALUE,) * 3
         if perspective:
-            img = cv2.warpPerspective(img, M, dsize=size, borderValue=fill)
+            img = cv2.warpPerspective(img.draw() if isinstance(img, Canvas) else img, M, dsize=size, borderValue=fill)
         else:
-            img = cv2.warpAffine(img, M[:2], dsize=size, borderValue=fill)
+            img = _warp_affine(img, M[:2], size, fill)
+    elif isinstance(img, Canvas):
+        img = img.draw()
     if not len(inst):
         return img, inst
     h, w = out_shape

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from utils.data.augment import (
     HYP_DEFAULTS,
-    PAD_VALUE,
+    Canvas,
     Instances,
     SampleRNG,
     augment_hsv,
@@ -205,20 +205,20 @@ class YOLODataset(Dataset):
         xc, yc = (int(v) for v in rng.uniform(s // 2, 3 * s // 2, 2))
         indices = [index, *rng.choice(pool, 3)]
         rng.shuffle(indices)
-        canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, np.uint8)
-        parts = []
+        pieces, parts = [], []
         for k, i in enumerate(indices):  # k: 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right of the centre
             img, _, (h, w) = load(int(i))
             ox, oy = (xc - w if k in (0, 2) else xc), (yc - h if k in (0, 1) else yc)
-            x1, y1, x2, y2 = max(ox, 0), max(oy, 0), min(ox + w, 2 * s), min(oy + h, 2 * s)
-            canvas[y1:y2, x1:x2] = img[y1 - oy : y2 - oy, x1 - ox : x2 - ox]
+            pieces.append((img, ox, oy))
             parts.append(self._instances(int(i), w, h, ox, oy))
+        canvas = Canvas(2 * s, 2 * s, pieces)  # drawn by the warp, only where it reads
         inst = Instances.concat(parts)
         inst.clip(2 * s, 2 * s)
         if inst.segments is not None:
             for seg in inst.segments:
                 np.clip(seg, 0, 2 * s, out=seg)
-        canvas, inst = copy_paste(canvas, inst, self.hyp["copy_paste"], rng)
+        if self.hyp["copy_paste"] and inst.segments is not None:
+            canvas, inst = copy_paste(canvas.draw(), inst, self.hyp["copy_paste"], rng)
         return self._perspective(canvas, inst, rng, border=(-s // 2, -s // 2))
 
     def _perspective(self, img, inst, rng, border=(0, 0)):
