@@ -177,7 +177,13 @@ class GroupedLoader:
         return max((n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)) - self.skip, 0)
 
     def __iter__(self):
-        return itertools.islice((b for group in self.loader for b in group), self.skip, None)
+        return itertools.islice(self._batches(), self.skip, None)
+
+    def _batches(self):
+        for group in self.loader:
+            group.reverse()
+            while group:  # a batch handed on is no longer held here: the group's memory goes as the loop trains
+                yield group.pop()
 
 
 def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_size=1, seed=0, sampler=None,
