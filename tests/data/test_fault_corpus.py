@@ -324,6 +324,27 @@ def test_an_image_deleted_during_training_is_replaced_with_a_warning(det_copy, y
     assert len(warnings) == 1 and "missing or unreadable since the scan, skipped" in warnings[0]
 
 
+@pytest.mark.parametrize("group", [[3, 5], [3]])
+def test_a_group_holding_a_deleted_image_still_loads(det_copy, yolo_log, group):
+    """The training loader's groups draw partners among their own images: a group of two with one gone, and a group
+    of only the lost image (an epoch's last group), must still give every sample, read the lost file once, and
+    substitute from what is left (the share, when the group has nothing left)."""
+    ds = YOLODataset(str(det_copy / "images" / "train"), imgsz=64, augment=True, hyp=dict(mosaic=1.0, mixup=0.5),
+                     nc=3)
+    gone = ds.im_files[3]
+    os.remove(gone)
+    reads = []
+    real = ds.load_image
+    ds.load_image = lambda i: reads.append(i) or real(i)
+    for epoch in range(20):
+        ds.rng.set_epoch(epoch)
+        reads.clear()
+        samples = ds.__getitems__(group)
+        assert len(samples) == len(group) and gone not in [s["path"] for s in samples]
+        assert reads.count(3) == 1  # a lost image is tried once per group
+    assert len([m for m in yolo_log if gone in m]) == 1
+
+
 def test_a_class_folder_without_readable_images_is_named(shapes_cls, tmp_path):
     from utils.data.classify_dataset import ClassificationDataset
 

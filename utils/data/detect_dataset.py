@@ -46,6 +46,10 @@ MAX_SUBSTITUTES = 16  # images tried in place of one that vanished during traini
 class ImageGone(FileNotFoundError):
     """An image that was readable when the labels were scanned can no longer be read."""
 
+    def __init__(self, path, index):
+        super().__init__(path)
+        self.index = index
+
 
 class YOLODataset(Dataset):
     """Images + YOLO label files. `dataset[i]` is a dict (img uint8 (3, H, W) RGB, cls (n, 1), bboxes (n, 4)
@@ -154,7 +158,7 @@ class YOLODataset(Dataset):
     def _decode(self, i):
         im = read_image(self.im_files[i])
         if im is None:
-            raise ImageGone(self.im_files[i])
+            raise ImageGone(self.im_files[i], i)
         return im
 
     def load_image(self, i):
@@ -244,20 +248,27 @@ class YOLODataset(Dataset):
         """The samples of one group of batches (utils/data/loader.GroupedLoader), in one call: mosaic and mixup draw
         their partners among the group's own images, and each image is read and resized once for the group. The
         images are never written to: every sample copies them into its canvas or letterbox first."""
-        loaded = {}
+        loaded, gone = {}, set()
 
         def load(i):
+            if i in gone:  # tried once for this group: not read again
+                raise ImageGone(self.im_files[i], i)
             if i not in loaded:
-                loaded[i] = self.load_image(i)
+                try:
+                    loaded[i] = self.load_image(i)
+                except ImageGone:
+                    gone.add(i)
+                    raise
             return loaded[i]
 
         pool = np.unique(np.asarray(indices, dtype=np.int64))
         return [self._draw(int(i), pool, load) for i in indices]
 
     def _draw(self, index, pool, load):
-        """Sample `index`, other images drawn from `pool`; if an image it needs vanished since the scan, warn and
-        use another image of the pool."""
+        """Sample `index`, other images drawn from `pool`; if an image it needs vanished since the scan, warn, leave
+        it out of the pool and start again from another image of the pool (of the share, once the pool has none)."""
         rng = self.rng(index)
+        missing = []
         for _ in range(MAX_SUBSTITUTES):
             try:
                 return self._sample(index, rng, pool, load)
@@ -265,8 +276,15 @@ class YOLODataset(Dataset):
                 if str(e) not in self.gone:  # once per image and process
                     self.gone.add(str(e))
                     LOGGER.warning(f"{self.prefix}WARNING: {e}: image missing or unreadable since the scan, skipped")
+                missing.append(e.index)
+                pool = np.setdiff1d(pool, missing)
+                if not len(pool):  # a small group whose images are all gone
+                    pool = np.setdiff1d(self.pool, missing)
+                if not len(pool):
+                    break
                 index = int(rng.choice(pool))
-        raise BadDataset(f"{self.prefix}{MAX_SUBSTITUTES} images in a row are missing or unreadable since the scan")
+        raise BadDataset(f"{self.prefix}{len(missing)} images tried for one sample are missing or unreadable since the "
+                         f"scan, e.g. {self.im_files[missing[0]]}")
 
     def _sample(self, index, rng, pool, load):
         hyp = self.hyp
