@@ -144,7 +144,7 @@ class _CollateGroup:
 
 class GroupedLoader:
     """The training loader: each item of its DataLoader is a group of consecutive batches (about GROUP_IMAGES
-    images), which one worker loads whole and which is handed on batch by batch.
+    images; the epoch's last group holds what is left), which one worker loads whole and hands on batch by batch.
 
     A dataset that can load several samples at once (`__getitems__`) sees the whole group in one call: mosaic then
     draws its partner images among the group's own, and reads and resizes each of them once for all its mosaics,
