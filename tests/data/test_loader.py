@@ -155,6 +155,42 @@ def test_grouped_batches_do_not_depend_on_workers_and_resume_inside_a_group(shap
         assert all(a[0] == b[0] and torch.equal(a[1], b[1]) for a, b in zip(tail, ref[start:]))
 
 
+class _Groupwise(Dataset):
+    """Each sample is (index, the indices of the group it was loaded with)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitems__(self, indices):
+        return [(i, tuple(indices)) for i in indices]
+
+    def collate_fn(self, batch):
+        return batch
+
+
+@pytest.mark.parametrize("n, batch, group_images", [
+    (130, 16, 128), (129, 16, 128), (200, 16, 128), (300, 64, 128), (16, 16, 128), (7, 2, 128), (20, 2, 6)])
+def test_no_group_but_a_lone_one_is_small_and_a_resume_loads_the_same_groups(monkeypatch, n, batch, group_images):
+    """A rest under half a group joins the group before it (130 images: one group, not 128 and 2), and a run resumed
+    at any batch loads each sample with the same group as the uninterrupted epoch, so its partners are the same."""
+    monkeypatch.setattr(loader_mod, "GROUP_IMAGES", group_images)
+    loader = build_dataloader(_Groupwise(n), batch, workers=0, shuffle=True, seed=1, drop_single=True)
+    set_loader_epoch(loader, 2)
+    order = list(loader.sampler)
+    batches = list(loader)
+    groups = list(dict.fromkeys(g for b in batches for _, g in b))
+    size = loader.group_batches * batch
+    assert [i for g in groups for i in g] == order  # consecutive slices of the order, the lone dropped one included
+    assert len(groups) == 1 or min(len(g) for g in groups) >= size / 2
+    assert len(groups) == len(loader_mod.group_starts(n, size)) and len(batches) == len(loader)
+    for start in range(len(batches) + 1):
+        set_loader_epoch(loader, 2, start)
+        assert list(loader) == batches[start:] and len(loader) == len(batches) - start
+
+
 def test_grouped_loader_leaves_out_a_last_single_image_batch(shapes_det, monkeypatch):
     monkeypatch.setattr(loader_mod, "GROUP_IMAGES", 10)  # 16 images: groups of 10 and 6 images, batches of 5
     ds = _mosaic_set(shapes_det)

@@ -12,7 +12,7 @@ import sys
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from utils.dist import get_local_world_size
 
@@ -128,6 +128,34 @@ def set_loader_epoch(loader, epoch, start_batch=0):
     loader.generator.manual_seed(worker_base_seed(loader.sampler.seed, epoch, loader.sampler.rank))
 
 
+def group_starts(n, size):
+    """Where the groups of an order of n samples start: every `size` samples, except that a rest under half a group
+    joins the group before it, so that no group but a lone one holds fewer than size / 2 images to draw from. Cut
+    from a group's start onwards, an order keeps the same boundaries."""
+    k = max(1, math.ceil(n / size))
+    if k > 1 and n - (k - 1) * size < size / 2:
+        k -= 1
+    return [g * size for g in range(k)]
+
+
+class _Groups(Sampler):
+    """The sampler's order (what is left of it after a resume's skip) cut at `group_starts`."""
+
+    def __init__(self, sampler, size):
+        self.sampler, self.size = sampler, size
+
+    def __iter__(self):
+        idx = list(self.sampler)
+        if not idx:
+            return iter(())
+        starts = group_starts(len(idx), self.size)
+        return iter([idx[a:b] for a, b in zip(starts, [*starts[1:], len(idx)])])
+
+    def __len__(self):
+        n = len(self.sampler)
+        return len(group_starts(n, self.size)) if n else 0
+
+
 class _CollateGroup:
     """A group's samples -> its batches, each collated by the dataset's collate_fn; a last batch of a single image
     is left out when `drop_single` (only the epoch's last group can end in one: the others hold whole batches)."""
@@ -144,7 +172,8 @@ class _CollateGroup:
 
 class GroupedLoader:
     """The training loader: each item of its DataLoader is a group of consecutive batches (about GROUP_IMAGES
-    images; the epoch's last group holds what is left), which one worker loads whole and hands on batch by batch.
+    images, the last one up to half as many again: `group_starts`), which one worker loads whole and hands on
+    batch by batch.
 
     A dataset that can load several samples at once (`__getitems__`) sees the whole group in one call: mosaic then
     draws its partner images among the group's own, and reads and resizes each of them once for all its mosaics,
@@ -158,7 +187,7 @@ class GroupedLoader:
         self.group_batches = max(1, round(GROUP_IMAGES / batch_size))
         collate = _CollateGroup(getattr(dataset, "collate_fn", None) or torch.utils.data.default_collate,
                                 batch_size, drop_single)
-        self.loader = DataLoader(dataset, batch_sampler=BatchSampler(sampler, self.group_batches * batch_size, False),
+        self.loader = DataLoader(dataset, batch_sampler=_Groups(sampler, self.group_batches * batch_size),
                                  collate_fn=collate, **loader_kwargs)
         self.skip = 0  # batches of the first group done before a resume
 
@@ -168,9 +197,12 @@ class GroupedLoader:
         return getattr(self.__dict__["loader"], name)
 
     def start_at(self, epoch, start_batch=0):
-        group = start_batch // self.group_batches
-        self.sampler.set_epoch(epoch, skip=group * self.group_batches * self.batch_size)
-        self.skip = start_batch - group * self.group_batches
+        """Epoch `epoch` from batch `start_batch`: from the start of the group that holds it, skipping the batches
+        of that group before it."""
+        starts = group_starts(self.sampler.num_samples, self.group_batches * self.batch_size)
+        first = max(a for a in starts if a <= start_batch * self.batch_size)
+        self.sampler.set_epoch(epoch, skip=first)
+        self.skip = start_batch - first // self.batch_size
 
     def __len__(self):
         n = len(self.sampler)
