@@ -155,13 +155,16 @@ class Canvas:
         return out
 
 
+def _pixels(img):
+    """An array, or a Canvas drawn whole."""
+    return img.draw() if isinstance(img, Canvas) else img
+
+
 def _warp_affine(img, A, size, fill):
     """cv2.warpAffine of an array or of a Canvas, of which only the window the warp reads is drawn when A only scales
     and shifts (see Canvas)."""
-    if isinstance(img, Canvas) and (A[0, 1] or A[1, 0]):
-        img = img.draw()
-    if not isinstance(img, Canvas):
-        return cv2.warpAffine(img, A, dsize=size, borderValue=fill)
+    if not isinstance(img, Canvas) or A[0, 1] or A[1, 0]:
+        return cv2.warpAffine(_pixels(img), A, dsize=size, borderValue=fill)
     w, h = size
     src = cv2.invertAffineTransform(A) @ np.array([[0, w, 0, w], [0, 0, h, h], [1, 1, 1, 1]], np.float64)
     x1, y1 = (max(int(math.floor(v)) - 2, 0) for v in src.min(1))
@@ -217,11 +220,10 @@ def random_perspective(img, inst, degrees=0.0, translate=0.1, scale=0.5, shear=0
     if border[0] or border[1] or (M != np.eye(3)).any():
         size, fill = (out_shape[1], out_shape[0]), (PAD_VALUE,) * 3
         if perspective:
-            img = cv2.warpPerspective(img.draw() if isinstance(img, Canvas) else img, M, dsize=size, borderValue=fill)
+            img = cv2.warpPerspective(_pixels(img), M, dsize=size, borderValue=fill)
         else:
             img = _warp_affine(img, M[:2], size, fill)
-    elif isinstance(img, Canvas):
-        img = img.draw()
+    img = _pixels(img)
     if not len(inst):
         return img, inst
     h, w = out_shape
@@ -276,10 +278,12 @@ def _ioa(box, boxes, eps=1e-7):
 def copy_paste(img, inst, p, rng):
     """Segment copy-paste within one image (Ghiasi et al. 2021, in YOLOv5's same-image form): a random fraction p
     of the instances is mirrored left-right and pasted, pixels and outline, wherever the copy hides less than 30 %
-    of every box already there. Needs outlines (`inst.segments`); changes `img` in place; returns (img, inst)."""
+    of every box already there. Needs outlines (`inst.segments`); changes `img` in place (a Canvas is drawn first, and
+    only when something is pasted); returns (img, inst)."""
     n = len(inst)
     if not p or not n or inst.segments is None:
         return img, inst
+    img = _pixels(img)
     w = img.shape[1]
     paste = np.zeros(img.shape[:2], np.uint8)
     cls, boxes, segs = list(inst.cls), list(inst.boxes), list(inst.segments)

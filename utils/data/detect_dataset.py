@@ -221,8 +221,7 @@ class YOLODataset(Dataset):
         if inst.segments is not None:
             for seg in inst.segments:
                 np.clip(seg, 0, 2 * s, out=seg)
-        if self.hyp["copy_paste"] and inst.segments is not None:
-            canvas, inst = copy_paste(canvas.draw(), inst, self.hyp["copy_paste"], rng)
+        canvas, inst = copy_paste(canvas, inst, self.hyp["copy_paste"], rng)
         return self._perspective(canvas, inst, rng, border=(-s // 2, -s // 2))
 
     def _perspective(self, img, inst, rng, border=(0, 0)):
