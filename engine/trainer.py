@@ -33,6 +33,7 @@ from models.checkpoints import attempt_load
 from utils import dist as du
 from utils.charts import RunPlots
 from utils.cli import check_imgsz
+from utils.data.augment import apply_hsv_batch
 from utils.data.labels import problems_listed_on_failure, write_problems
 from utils.data.loader import build_dataloader, default_workers, set_loader_epoch
 from utils.errors import BadOption, Interrupted
@@ -118,7 +119,10 @@ class BaseTrainer:
         raise NotImplementedError
 
     def preprocess_batch(self, batch):
-        batch["img"] = batch["img"].to(self.device, non_blocking=True).float() / 255
+        img = batch["img"].to(self.device, non_blocking=True).float() / 255
+        if "hsv" in batch:  # colour gains the loader drew and left to the device (YOLODataset device_hsv)
+            img = apply_hsv_batch(img, batch["hsv"].to(self.device, non_blocking=True))
+        batch["img"] = img
         return batch
 
     def plot_training_batch(self, batch, step):

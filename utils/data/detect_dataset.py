@@ -16,9 +16,10 @@ from utils.data.augment import (
     Canvas,
     Instances,
     SampleRNG,
-    augment_hsv,
+    apply_hsv,
     chw_rgb,
     copy_paste,
+    hsv_gains,
     letterbox,
     mixup,
     random_perspective,
@@ -67,17 +68,21 @@ class YOLODataset(Dataset):
     nc: an image with a class id >= nc is skipped while scanning (see utils/data/labels.verify_image_label);
     `problems` lists every skipped image and every note, `stats` counts them. single_cls: every label becomes
     class 0 (after the scan).
+    device_hsv: leave the colour gains to the device (training on a GPU): each augmented sample carries its drawn
+    hue/saturation/value gains as 'hsv' (3,), the batch as (B, 3), and the trainer applies them there
+    (`augment.apply_hsv_batch`); otherwise the sample's pixels have them already.
     """
 
     def __init__(self, img_path, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, cache=None,
                  stride=32, pad=0.0, prefix="", task="detect", nc=None, cache_indices=None, rank=-1, world_size=1,
-                 seed=0, single_cls=False):
+                 seed=0, single_cls=False, device_hsv=False):
         if cache not in (None, False, "ram", "disk"):
             raise ValueError(f"cache must be 'ram', 'disk' or None, got '{cache}'")
         self.imgsz, self.augment, self.rect, self.stride, self.prefix = imgsz, augment, rect, stride, prefix
         self.format = get_format(task)
         self.hyp = {**HYP_DEFAULTS, **(hyp or {})}  # a merged copy: the caller's dict is never modified
         self.mosaic = augment and not rect  # rect batches need each image's own aspect ratio
+        self.device_hsv = device_hsv
         self.rng = SampleRNG(seed)
         try:
             im_files, others = scan_files(img_path)
@@ -295,15 +300,19 @@ class YOLODataset(Dataset):
         else:
             img, inst, shapes = self._letterboxed(index, rng, load)
         h, w = img.shape[:2]
+        sample = {"path": self.im_files[index], "shape": shapes}
         if self.augment:
-            augment_hsv(img, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], rng)
+            gains = hsv_gains(hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], rng)
+            if gains is not None and self.device_hsv:
+                sample["hsv"] = torch.from_numpy(gains.astype(np.float32))
+            elif gains is not None:
+                apply_hsv(img, gains)
             if rng.random() < hyp["flipud"]:
                 img = cv2.flip(img, 0)  # a contiguous copy: the planes below split fast only from one
                 inst.flip(height=h)
             if rng.random() < hyp["fliplr"]:
                 img = cv2.flip(img, 1)
                 inst.flip(width=w, flip_idx=self.format.flip_idx)
-        sample = {"path": self.im_files[index], "shape": shapes}
         inst = self.format.add_to_sample(sample, inst, (h, w))
         sample["cls"] = torch.from_numpy(inst.cls.reshape(-1, 1).astype(np.float32))
         sample["bboxes"] = torch.from_numpy(xyxy2xywhn(inst.boxes, w, h, clip=True, eps=1e-3).astype(np.float32))
@@ -311,8 +320,9 @@ class YOLODataset(Dataset):
         return sample
 
     def collate_fn(self, batch):
-        """Samples -> {'img' (B, 3, H, W) uint8, 'targets' (N, 6) [image index, cls, xywhn], 'paths', 'shapes'}
-        plus the label format's entries ('masks' (B, H/r, W/r) overlap maps or (N, H/r, W/r) for segment)."""
+        """Samples -> {'img' (B, 3, H, W) uint8, 'targets' (N, 6) [image index, cls, xywhn], 'paths', 'shapes'},
+        'hsv' (B, 3) with device_hsv, plus the label format's entries ('masks' (B, H/r, W/r) overlap maps or
+        (N, H/r, W/r) for segment)."""
         targets = [torch.cat([torch.full((len(b["cls"]), 1), float(i)), b["cls"], b["bboxes"]], 1)
                    for i, b in enumerate(batch)]
         out = {
@@ -321,5 +331,7 @@ class YOLODataset(Dataset):
             "paths": tuple(b["path"] for b in batch),
             "shapes": tuple(b["shape"] for b in batch),
         }
+        if "hsv" in batch[0]:
+            out["hsv"] = torch.stack([b["hsv"] for b in batch])
         self.format.collate(batch, out)
         return out
