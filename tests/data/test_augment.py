@@ -1,5 +1,3 @@
-import colorsys
-
 import cv2
 import numpy as np
 import pytest
@@ -144,42 +142,22 @@ def test_hsv_gains_are_per_channel_lookups():
     assert np.array_equal(out, cv2.cvtColor(want, cv2.COLOR_HSV2BGR))
 
 
-def _pixels_to_check(n, seed):
-    """Random RGB pixels in [0, 1] plus the corners of the colour cube and greys, where hue is undefined."""
-    rng = np.random.default_rng(seed)
-    corners = np.array([[a, b, c] for a in (0, 1) for b in (0, 1) for c in (0, 1)], np.float64)
-    greys = np.repeat(np.linspace(0, 1, 5)[:, None], 3, 1)
-    return np.concatenate([rng.random((n, 3)), corners, greys, rng.integers(0, 256, (n, 3)) / 255])
-
-
-@pytest.mark.parametrize("gains", [(1.0, 1.0, 1.0), (1.015, 1.7, 1.4), (0.985, 0.3, 0.6), (1.3, 0.0, 2.0)])
-def test_hsv_on_the_device_is_the_colour_model_math(gains):
-    """The batch form against Python's colorsys, pixel by pixel: hue times its gain modulo a turn, saturation and
-    value times theirs clipped to 1."""
-    px = _pixels_to_check(400, seed=0)
-    want = []
-    for r, g, b in px:
-        h, s, v = colorsys.rgb_to_hsv(r, g, b)
-        want.append(colorsys.hsv_to_rgb((h * gains[0]) % 1.0, min(s * gains[1], 1.0), min(v * gains[2], 1.0)))
-    img = torch.from_numpy(px.T.reshape(1, 3, -1, 1))  # (1, 3, n, 1) float64
-    out = apply_hsv_batch(img, torch.tensor([gains], dtype=torch.float64))
-    assert np.allclose(out[0, :, :, 0].numpy().T, np.array(want), atol=1e-9)
-
-
-def test_hsv_on_the_device_matches_the_loaders_within_its_8_bit_steps():
-    """The same drawn gains through OpenCV's 8-bit HSV (the loader's form) and through the float batch form (the
-    device's): equal but for OpenCV's rounding (hue in 2-degree steps, the tables truncated), so within about one
-    grey level on average; a batch holds each sample's own gains."""
+@pytest.mark.parametrize("hyp", [(0.015, 0.7, 0.4), (0.5, 0.9, 0.9), (0.0, 0.0, 0.3)])
+def test_hsv_on_the_device_gives_the_loaders_pixels(hyp):
+    """The batch form (the device's) against OpenCV's per image (the loader's), each image with its own drawn gains,
+    on photos-like and noise images: all but a few values in 10,000 equal, none more than one grey level apart."""
     rng = np.random.default_rng(3)
-    ims = [cv2.GaussianBlur(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), (7, 7), 2) for _ in range(4)]
-    gains = [hsv_gains(0.015, 0.7, 0.4, rng) for _ in ims]
+    smooth = [cv2.GaussianBlur(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), (7, 7), 2) for _ in range(3)]
+    noise = [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for _ in range(3)]
+    ims = [cv2.resize(im, (256, 192), interpolation=cv2.INTER_NEAREST) for im in smooth + noise]
+    gains = [hsv_gains(*hyp, rng) for _ in ims]
     want = np.stack([chw_rgb(apply_hsv(im.copy(), g)) for im, g in zip(ims, gains)]).astype(np.float32)
     x = torch.from_numpy(np.stack([chw_rgb(im) for im in ims])).float() / 255
     got = apply_hsv_batch(x, torch.tensor(np.stack(gains))).numpy() * 255
     diff = np.abs(got - want)
-    assert diff.mean() < 1.5 and np.percentile(diff, 99) < 8
+    assert diff.max() <= 1 + 1e-4 and (diff < 1e-4).mean() > 0.999
     swapped = apply_hsv_batch(x, torch.tensor(np.stack(gains[::-1]))).numpy() * 255
-    assert np.abs(swapped - want).mean() > 3 * diff.mean()  # the gains are each sample's own
+    assert np.abs(swapped - want).mean() > 1  # each image its own gains
     assert hsv_gains(0, 0, 0, rng) is None
 
 

@@ -213,7 +213,7 @@ def test_bad_arguments(shapes_det, tmp_path):
 @pytest.mark.parametrize("task", ["detect", "segment"])
 def test_device_hsv_leaves_the_same_gains_to_the_device(shapes_det, shapes_seg, task):
     """With device_hsv the batch carries each sample's gains and pixels without them; the trainer's step on the device
-    gives the loader's own colours within OpenCV's 8-bit rounding, and everything else is identical."""
+    gives the loader's own pixels (but for OpenCV's own rounding: at most one grey level), the rest is equal."""
     from types import SimpleNamespace
 
     from engine.trainer import BaseTrainer
@@ -223,13 +223,14 @@ def test_device_hsv_leaves_the_same_gains_to_the_device(shapes_det, shapes_seg, 
                                task=task, device_hsv=dev) for dev in (False, True))
     idx = list(range(8))
     a, b = here.collate_fn(here.__getitems__(idx)), there.collate_fn(there.__getitems__(idx))
-    assert "hsv" not in a and b["hsv"].shape == (8, 3) and b["hsv"].dtype == torch.float32
+    assert "hsv" not in a and b["hsv"].shape == (8, 3) and b["hsv"].dtype == torch.float64
     assert (b["hsv"] - 1).abs().max() > 0.05 and not torch.equal(a["img"], b["img"])
     for key in ("targets", "masks"):  # the geometry and the draws after the colour are the same
         assert key not in a or torch.equal(a[key], b[key])
     BaseTrainer.preprocess_batch(SimpleNamespace(device=torch.device("cpu")), b)
     diff = (b["img"] * 255 - a["img"].float()).abs()
-    assert diff.mean() < 1.5 and "hsv" in b
+    # OpenCV rounds the last pixels of each row (its scalar path) where its vector path truncates, as the device does
+    assert diff.max() <= 1 + 1e-4 and (diff < 1e-4).float().mean() > 0.85
     plain = dict(STRONG, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
     none = YOLODataset(str(root / "images" / "train"), imgsz=96, augment=True, hyp=plain, nc=3, task=task,
                        device_hsv=True)

@@ -304,7 +304,7 @@ class YOLODataset(Dataset):
         if self.augment:
             gains = hsv_gains(hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], rng)
             if gains is not None and self.device_hsv:
-                sample["hsv"] = torch.from_numpy(gains.astype(np.float32))
+                sample["hsv"] = torch.from_numpy(gains)  # float64: the very tables the worker would use
             elif gains is not None:
                 apply_hsv(img, gains)
             if rng.random() < hyp["flipud"]:
