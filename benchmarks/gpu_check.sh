@@ -52,12 +52,12 @@ python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version
 
 COMMON=(--device "$DEVICE" --img "$IMG" --batch-size "$BATCH" --epochs "$EPOCHS" --project "$P" --exist-ok)
 # the colour gains a training batch leaves to the GPU give the pixels the CPU gives (the CPU form is tested on CI)
-step hsv-on-device python -c "import sys, torch; from utils.data.augment import apply_hsv_batch; \
-from utils.dist import select_device; \
-g = torch.Generator().manual_seed(0); x = torch.randint(0, 256, (8, 3, 160, 224), generator=g).float() / 255; \
-k = 1 + (torch.rand(8, 3, generator=g, dtype=torch.float64) * 2 - 1) * torch.tensor([0.015, 0.7, 0.4]).double(); \
-a = apply_hsv_batch(x, k); b = apply_hsv_batch(x.to(select_device(sys.argv[1])), k).cpu(); \
-d = (a - b).abs().max().item() * 255; print('max difference', d, 'grey levels'); assert d < 0.5" "$DEVICE"
+step hsv-on-device python -c "import sys, numpy as np, torch; from utils.data import augment as A; \
+from utils.dist import select_device; dev = select_device(sys.argv[1]); rng = np.random.default_rng(0); \
+x = torch.from_numpy(rng.integers(0, 256, (8, 3, 160, 224))).float() / 255; \
+t = torch.from_numpy(np.stack([A.hsv_tables(A.hsv_gains(0.015, 0.7, 0.4, rng)) for _ in x])); \
+d = (A.apply_hsv_batch(x, t) - A.apply_hsv_batch(x.to(dev), t.to(dev)).cpu()).abs().max().item() * 255; \
+print('max difference', d, 'grey levels'); assert d < 0.5" "$DEVICE"
 step train-amp-v8 python train.py --cfg yolov8n.yaml --amp "$AMP" --name v8 "${COMMON[@]}"
 step train-amp-v5 python train.py --cfg yolov5n.yaml --amp "$AMP" --name v5 "${COMMON[@]}"
 step train-seg python segment/train.py --cfg yolov8n-seg.yaml --amp "$AMP" --name seg "${COMMON[@]}"

@@ -120,8 +120,8 @@ class BaseTrainer:
 
     def preprocess_batch(self, batch):
         img = batch["img"].to(self.device, non_blocking=True).float() / 255
-        if "hsv" in batch:  # colour gains the loader drew and left to the device (YOLODataset device_hsv)
-            img = apply_hsv_batch(img, batch["hsv"])
+        if "hsv" in batch:  # the colour the loader drew and left to the device (YOLODataset device_hsv)
+            img = apply_hsv_batch(img, batch["hsv"].to(self.device, non_blocking=True))
         batch["img"] = img
         return batch
 

@@ -13,6 +13,7 @@ from utils.data.augment import (
     chw_rgb,
     copy_paste,
     hsv_gains,
+    hsv_tables,
     letterbox,
     mixup,
     polygons_to_masks,
@@ -153,10 +154,11 @@ def test_hsv_on_the_device_gives_the_loaders_pixels(hyp):
     gains = [hsv_gains(*hyp, rng) for _ in ims]
     want = np.stack([chw_rgb(apply_hsv(im.copy(), g)) for im, g in zip(ims, gains)]).astype(np.float32)
     x = torch.from_numpy(np.stack([chw_rgb(im) for im in ims])).float() / 255
-    got = apply_hsv_batch(x, torch.tensor(np.stack(gains))).numpy() * 255
+    tables = torch.from_numpy(np.stack([hsv_tables(g) for g in gains]))
+    got = apply_hsv_batch(x, tables).numpy() * 255
     diff = np.abs(got - want)
     assert diff.max() <= 1 + 1e-4 and (diff < 1e-4).mean() > 0.999
-    swapped = apply_hsv_batch(x, torch.tensor(np.stack(gains[::-1]))).numpy() * 255
+    swapped = apply_hsv_batch(x, tables.flip(0)).numpy() * 255
     assert np.abs(swapped - want).mean() > 1  # each image its own gains
     assert hsv_gains(0, 0, 0, rng) is None
 

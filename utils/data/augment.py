@@ -5,6 +5,7 @@ a keypoint that a transform moves outside the image keeps its place but becomes 
 Every random draw comes from an explicit numpy Generator (`SampleRNG`: one per sample, from seed, epoch and index).
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -280,36 +281,44 @@ def apply_hsv(img, r):
 
 # OpenCV's 8-bit BGR->HSV divides by tables of 255 / v and 30 / (max - min) in 12-bit fixed point
 _HSV_SHIFT = 12
-_HSV_DIV = np.rint(np.stack([(255 << _HSV_SHIFT) / np.arange(1, 256), (180 << _HSV_SHIFT) / (6.0 * np.arange(1, 256))]))
 # its HSV->BGR: for each sextant of the hue, which of (v, v(1-s), v(1-s f), v(1-s(1-f))) is red, green and blue
 _HSV_SECTORS = ((0, 3, 1), (2, 0, 1), (1, 0, 3), (1, 2, 0), (3, 1, 0), (0, 1, 2))
 
 
-def apply_hsv_batch(img, gains):
-    """`apply_hsv` on the device: a float RGB batch (B, 3, H, W) of 8-bit values over 255 and each image's gains
-    (B, 3, on the CPU). OpenCV's own 8-bit arithmetic in torch (its fixed-point HSV, the same tables, its float
-    inverse truncated as its vector path does), so the pixels are the ones the loader would have made: on wide rows
-    all but about one value in 20,000 equal, and none more than one grey level apart, since OpenCV's scalar path
-    rounds the few pixels at the end of a row (tested). The training loader leaves the colour to this when the batch
-    goes to a GPU, where it costs little next to the step and frees a third of a worker's time."""
-    n, dev = len(img), img.device
+@functools.lru_cache(maxsize=None)
+def _hsv_constants(device):
+    """OpenCV's division tables and the sextants' channel order, copied to `device` once: a copy from pageable
+    memory to a GPU at every step would wait for the work queued before it."""
+    i = np.arange(1, 256)
+    div = np.rint(np.stack([(255 << _HSV_SHIFT) / i, (180 << _HSV_SHIFT) / (6.0 * i)]))
+    div = torch.from_numpy(np.concatenate([np.zeros((2, 1)), div], 1)).to(device, torch.int32)
+    return div, torch.tensor(_HSV_SECTORS, device=device)
+
+
+def apply_hsv_batch(img, tables):
+    """`apply_hsv` on the device: a float RGB batch (B, 3, H, W) of 8-bit values over 255 and each image's
+    `hsv_tables` (B, 3, 256) uint8 on the same device. OpenCV's own 8-bit arithmetic in torch (its fixed-point HSV,
+    the tables, its float inverse truncated as its vector path does), so the pixels are the ones the loader would
+    have made: on wide rows all but about one value in 20,000 equal, and none more than one grey level apart, since
+    OpenCV's scalar path rounds the few pixels at the end of a row (tested). The training loader leaves the colour to
+    this when the batch goes to a GPU, where it costs little next to the step and frees a third of a worker's time."""
+    n = len(img)
+    div, sectors = _hsv_constants(img.device)
     x = (img * 255).round_().to(torch.int32)
     r, g, b = x.unbind(1)
     v = x.amax(1)
     d = v - x.amin(1)
-    div = torch.from_numpy(np.concatenate([np.zeros((2, 1)), _HSV_DIV], 1)).to(dev, torch.int32)
     half = 1 << (_HSV_SHIFT - 1)
     hue = torch.where(v == r, g - b, torch.where(v == g, b - r + 2 * d, r - g + 4 * d))
     hue = (hue * div[1][d] + half) >> _HSV_SHIFT
     planes = torch.stack([torch.where(hue < 0, hue + 180, hue), (d * div[0][v] + half) >> _HSV_SHIFT, v], 1)
-    luts = torch.from_numpy(np.stack([hsv_tables(r) for r in gains.cpu().double().numpy()])).to(dev, torch.float32)
-    hue, sat, val = torch.gather(luts, 2, planes.view(n, 3, -1).long()).view_as(img).unbind(1)
+    hue, sat, val = torch.gather(tables.float(), 2, planes.view(n, 3, -1).long()).view_as(img).unbind(1)
     hue = hue * np.float32(6 / 180)
     sat, val = sat * np.float32(1 / 255), val * np.float32(1 / 255)
     sector = hue.floor()
     f = hue - sector
     tab = torch.stack([val, val * (1 - sat), val * (1 - sat * f), val * (1 - sat * (1 - f))], 1)
-    pick = torch.tensor(_HSV_SECTORS, device=dev)[sector.long()].permute(0, 3, 1, 2)  # (B, 3, H, W) into tab
+    pick = sectors[sector.long()].permute(0, 3, 1, 2)  # (B, 3, H, W): which of tab is red, green, blue
     return torch.gather(tab, 1, pick).mul_(255).floor_().div_(255).to(img.dtype)
 
 

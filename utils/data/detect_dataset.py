@@ -20,6 +20,7 @@ from utils.data.augment import (
     chw_rgb,
     copy_paste,
     hsv_gains,
+    hsv_tables,
     letterbox,
     mixup,
     random_perspective,
@@ -68,9 +69,9 @@ class YOLODataset(Dataset):
     nc: an image with a class id >= nc is skipped while scanning (see utils/data/labels.verify_image_label);
     `problems` lists every skipped image and every note, `stats` counts them. single_cls: every label becomes
     class 0 (after the scan).
-    device_hsv: leave the colour gains to the device (training on a GPU): each augmented sample carries its drawn
-    hue/saturation/value gains as 'hsv' (3,), the batch as (B, 3), and the trainer applies them there
-    (`augment.apply_hsv_batch`); otherwise the sample's pixels have them already.
+    device_hsv: leave the colour to the device (training on a GPU): each augmented sample carries the lookup tables
+    of its drawn hue/saturation/value gains as 'hsv' (3, 256) uint8, the batch as (B, 3, 256), and the trainer
+    applies them there (`augment.apply_hsv_batch`); otherwise the sample's pixels have them already.
     """
 
     def __init__(self, img_path, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, cache=None,
@@ -304,7 +305,7 @@ class YOLODataset(Dataset):
         if self.augment:
             gains = hsv_gains(hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"], rng)
             if gains is not None and self.device_hsv:
-                sample["hsv"] = torch.from_numpy(gains)  # float64: the very tables the worker would use
+                sample["hsv"] = torch.from_numpy(hsv_tables(gains))
             elif gains is not None:
                 apply_hsv(img, gains)
             if rng.random() < hyp["flipud"]:
@@ -321,7 +322,7 @@ class YOLODataset(Dataset):
 
     def collate_fn(self, batch):
         """Samples -> {'img' (B, 3, H, W) uint8, 'targets' (N, 6) [image index, cls, xywhn], 'paths', 'shapes'},
-        'hsv' (B, 3) with device_hsv, plus the label format's entries ('masks' (B, H/r, W/r) overlap maps or
+        'hsv' (B, 3, 256) with device_hsv, plus the label format's entries ('masks' (B, H/r, W/r) overlap maps or
         (N, H/r, W/r) for segment)."""
         targets = [torch.cat([torch.full((len(b["cls"]), 1), float(i)), b["cls"], b["bboxes"]], 1)
                    for i, b in enumerate(batch)]
