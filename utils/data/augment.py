@@ -299,9 +299,10 @@ def apply_hsv_batch(img, tables):
     """`apply_hsv` on the device: a float RGB batch (B, 3, H, W) of 8-bit values over 255 and each image's
     `hsv_tables` (B, 3, 256) uint8 on the same device. OpenCV's own 8-bit arithmetic in torch (its fixed-point HSV,
     the tables, its float inverse truncated as its vector path does), so the pixels are the ones the loader would
-    have made: on wide rows all but about one value in 20,000 equal, and none more than one grey level apart, since
-    OpenCV's scalar path rounds the few pixels at the end of a row (tested). The training loader leaves the colour to
-    this when the batch goes to a GPU, where it costs little next to the step and frees a third of a worker's time."""
+    have made, none more than one grey level apart (tested). How many are one level apart depends on the loader's CPU
+    and the image width: OpenCV's AVX paths fuse a multiply and a subtraction, and it rounds the pixels of a row that
+    do not fill a vector; with OpenCV on SSE4 only they are all equal. The training loader leaves the colour to this
+    when the batch goes to a GPU, where it costs little next to the step and frees a third of a worker's time."""
     n = len(img)
     div, sectors = _hsv_constants(img.device)
     x = (img * 255).round_().to(torch.int32)
@@ -314,6 +315,7 @@ def apply_hsv_batch(img, tables):
     planes = torch.stack([torch.where(hue < 0, hue + 180, hue), (d * div[0][v] + half) >> _HSV_SHIFT, v], 1)
     hue, sat, val = torch.gather(tables.float(), 2, planes.view(n, 3, -1).long()).view_as(img).unbind(1)
     hue = hue * np.float32(6 / 180)
+    hue = torch.where(hue >= 6, hue - 6, hue)  # a table's hue of 180 (a hue gain a hair below 0), as OpenCV wraps it
     sat, val = sat * np.float32(1 / 255), val * np.float32(1 / 255)
     sector = hue.floor()
     f = hue - sector
