@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from utils.data.augment import (
+    HSV_CHUNK,
     PAD_VALUE,
     Canvas,
     Instances,
@@ -161,6 +162,16 @@ def test_hsv_on_the_device_gives_the_loaders_pixels(hyp):
     swapped = apply_hsv_batch(x, tables.flip(0)).numpy() * 255
     assert np.abs(swapped - want).mean() > 1  # each image its own gains
     assert hsv_gains(0, 0, 0, rng) is None
+
+
+def test_hsv_on_the_device_in_chunks_is_image_by_image():
+    """A batch larger than a pass (HSV_CHUNK) gives each image what it gets alone, with its own tables."""
+    rng = np.random.default_rng(4)
+    n = HSV_CHUNK + 3
+    x = torch.from_numpy(rng.integers(0, 256, (n, 3, 8, 40))).float() / 255
+    tables = torch.from_numpy(np.stack([hsv_tables(hsv_gains(0.5, 0.9, 0.9, rng)) for _ in range(n)]))
+    alone = torch.cat([apply_hsv_batch(x[i : i + 1], tables[i : i + 1]) for i in range(n)])
+    assert torch.equal(apply_hsv_batch(x, tables), alone) and not torch.equal(alone[-1], alone[-2])
 
 
 def test_hsv_on_the_device_wraps_a_hue_of_180_as_opencv():
