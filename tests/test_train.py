@@ -226,3 +226,36 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
     assert weights_own_model(opt, opt.given) is opt
     trainer, _ = train.main(opt)
     assert type(trainer.model.model[-1]) is Detect
+
+
+def test_colour_left_to_the_device_trains_as_in_the_worker(shapes_detect, tmp_path, monkeypatch):
+    """Training on a GPU the loader leaves the HSV colour to the device (YOLODataset device_hsv); forced here on the
+    CPU, a run goes through the same trainer path (the tables in the batch, preprocess_batch applying them, the
+    training plots) and trains as the worker-coloured run of the same seed: the pixels differ only by OpenCV's own
+    rounding, at most one grey level."""
+    import engine.trainer as trainer_mod
+
+    build, apply, calls = DetectionTrainer.build_dataset, trainer_mod.apply_hsv_batch, []
+
+    def on_device(self, *args, **kwargs):
+        dataset = build(self, *args, **kwargs)
+        dataset.device_hsv = True
+        return dataset
+
+    def counted(img, tables):
+        calls.append(tables.shape)
+        return apply(img, tables)
+
+    args = ["--cfg", "yolov5n.yaml", "--seed", "3"]
+    worker, _ = train.main(train.parse_opt(_train_args(shapes_detect, tmp_path / "w", *args)))
+    monkeypatch.setattr(DetectionTrainer, "build_dataset", on_device)
+    monkeypatch.setattr(trainer_mod, "apply_hsv_batch", counted)
+    device, _ = train.main(train.parse_opt(_train_args(shapes_detect, tmp_path / "d", *args)))
+    assert calls and all(s[1:] == (3, 256) for s in calls)
+    assert (device.save_dir / "train_batch0.jpg").is_file()
+    rows = [list(csv.DictReader(open(t.save_dir / "results.csv"))) for t in (worker, device)]
+    losses = [k for k in rows[0][0] if k.startswith("train/")]
+    assert len(rows[0]) == len(rows[1]) == 2 and len(losses) == 3
+    for a, b in zip(*rows):
+        for key in losses:
+            assert float(a[key]) == pytest.approx(float(b[key]), rel=0.02), key
