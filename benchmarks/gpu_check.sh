@@ -51,7 +51,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
 
 COMMON=(--device "$DEVICE" --img "$IMG" --batch-size "$BATCH" --epochs "$EPOCHS" --project "$P" --exist-ok)
-# the colour gains a training batch leaves to the GPU give the pixels the CPU gives (the CPU form is tested on CI)
+# the colour tables a training batch leaves to the GPU give the pixels the CPU gives (the CPU form is tested on CI)
 step hsv-on-device python -c "import sys, numpy as np, torch; from utils.data import augment as A; \
 from utils.dist import select_device; dev = select_device(sys.argv[1]); rng = np.random.default_rng(0); \
 x = torch.from_numpy(rng.integers(0, 256, (8, 3, 160, 224))).float() / 255; \

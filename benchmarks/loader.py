@@ -5,7 +5,7 @@ run (torch and OpenCV at one thread), every image of the train split once in a f
 own training loader asks: Ultralytics `dataset[i]` (its mosaic draws partners from a buffer of recent images), ours
 a group of consecutive samples at once (`dataset.__getitems__`, utils/data/loader.GroupedLoader). Ours runs twice:
 as when training on a CPU ('ours'), and as when training on a GPU ('ours-gpu'), where the samples carry their
-colour gains and the GPU applies them (YOLODataset device_hsv; that step is not timed here).
+colour tables and the GPU applies them (YOLODataset device_hsv; that step is not timed here).
 
     python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0
     python benchmarks/loader.py --data /tmp/shapes/shapes-det.yaml --img 640 --repeats 3
