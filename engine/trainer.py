@@ -482,7 +482,8 @@ class BaseTrainer:
 
     def final_eval(self):
         """Rank 0 strips the optimizer from the saved weights; then every rank validates best.pt once more, with
-        per-class output. Rank 0 reads the file and sends the weights: the other ranks may run on other machines."""
+        per-class output. Rank 0 reads the file and sends the weights: the other ranks may run on other machines.
+        The model is the one val.py validates (fused, in the device's layout), so that both report the same mAP."""
         best = self.checkpointer.best
         if self.is_main:
             with self.profile("checkpoints"):
@@ -490,7 +491,8 @@ class BaseTrainer:
         if du.broadcast_object(best.exists()):
             LOGGER.info(f"\nValidating {best}...")
             with self.profile("validation"):
-                model = attempt_load(best, device=self.device, fuse=False) if self.is_main else deepcopy(self.ema.ema)
+                model = attempt_load(best, device=self.device) if self.is_main else deepcopy(self.ema.ema).fuse()
+                model.to(memory_format=memory_format(self.device))
                 self.state.metrics = self.validator(du.broadcast_state(model), final=True)
             self.run_callbacks("on_val_end")
         if self.is_main:

@@ -10,8 +10,9 @@ import yaml
 import detect
 import train
 import val
-from engine.tasks.detect import DetectionTrainer
+from engine.tasks.detect import DetectionTrainer, DetectionValidator
 from engine.trainer import run
+from models.backend import flatten_outputs, validation_model
 
 
 def _train_args(data, tmp_path, *extra):
@@ -44,18 +45,46 @@ def test_train_writes_run_folder(trained_v5):
 
 
 def test_val_and_detect_on_trained_weights(trained_v5, shapes_detect, tmp_path):
-    trainer, _ = trained_v5
+    trainer, metrics = trained_v5
     best = str(trainer.save_dir / "weights/best.pt")
+    # the training's final validation batches twice its batch size: the same batches give the same figures
     stats = val.main(val.parse_opt(["--weights", best, "--data", str(shapes_detect), "--imgsz", "96",
                                     "--project", str(tmp_path / "val"), "--device", "cpu", "--workers", "0",
-                                    "--save-txt", "--save-json"]))
+                                    "--batch-size", "16", "--save-txt", "--save-json"]))
     assert 0.0 <= stats["metrics/mAP50-95(B)"] <= stats["metrics/mAP50(B)"] <= 1.0
+    assert stats["metrics/mAP50(B)"] > 0  # a model that finds something, so that the comparison below means something
+    for key in ("metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)"):
+        assert stats[key] == metrics[key], key  # the run reports what val.py reports on its best.pt
     results = detect.main(detect.parse_opt(["--weights", best, "--source", str(detect_source()), "--imgsz", "96",
                                             "--project", str(tmp_path / "det"), "--device", "cpu", "--save-txt",
                                             "--conf-thres", "0.01"]))
     assert len(results) == len(list(detect_source().glob("*.jpg")))
     out = tmp_path / "det" / "exp"
     assert len(list(out.glob("*.jpg"))) == len(results)
+
+
+def test_final_validation_is_of_the_model_val_py_loads(shapes_detect, tmp_path, monkeypatch):
+    """The run's last figures come from the very model val.py validates on best.pt: the same outputs, bit for bit
+    (an unfused model's convolutions round differently from the fused one's)."""
+    validated = []
+    init_metrics = DetectionValidator.init_metrics
+
+    def recording(self, model):
+        validated.append(model)
+        return init_metrics(self, model)
+
+    monkeypatch.setattr(DetectionValidator, "init_metrics", recording)
+    trainer, _ = train.main(train.parse_opt(_train_args(shapes_detect, tmp_path, "--cfg", "yolov5n.yaml",
+                                                        "--epochs", "1")))
+    final = validated[-1]
+    standalone, _, _ = validation_model(trainer.save_dir / "weights/best.pt", torch.device("cpu"), 96)
+    x = torch.rand(2, 3, 96, 96, generator=torch.Generator().manual_seed(0))
+    x = x.contiguous(memory_format=torch.channels_last)  # the layout the validator gives its batches on a CPU
+    with torch.no_grad():
+        ours, theirs = flatten_outputs(final(x))[0], flatten_outputs(standalone(x))[0]
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
 
 
 def detect_source():
