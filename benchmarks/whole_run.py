@@ -10,7 +10,8 @@ not single times.
     python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 --ours-args --amp bf16
 
 The peers train with 2 dataloader workers, their best on a 2-core CPU (docs/performance.md); `--peer-workers`
-changes it. Each row gives the median wall time and the median peak resident memory (GNU time's maximum RSS) of each side.
+changes it. Each row gives the median wall time and the median peak resident memory (GNU time's maximum RSS) of each
+side.
 
 Without the peers' venv only our commands run.
 """
@@ -47,13 +48,13 @@ def jobs(opt, out):
         "train-v8": (ours_train + ["--cfg", "yolov8n.yaml", "--name", "v8"],
                      ultralytics_train(peers / "python", ULTRALYTICS_BEST_THREADS, {
                          "model": "yolov8n.yaml", "data": data, "pretrained": False, "epochs": ep, "imgsz": img,
-                         "batch": 16, "device": "cpu", "workers": opt.peer_workers, "plots": opt.plots, "close_mosaic": 0,
-                         "project": out / "ultralytics", "exist_ok": True}),
+                         "batch": 16, "device": "cpu", "workers": opt.peer_workers, "plots": opt.plots,
+                         "close_mosaic": 0, "project": out / "ultralytics", "exist_ok": True}),
                      out / "ours" / "v8"),
         "train-v5": (ours_train + ["--cfg", "yolov5n.yaml", "--name", "v5"],
                      [str(peers / "yolov5"), "train", "--data", data, "--cfg", "yolov5n.yaml", "--weights", "",
-                      "--img", img, "--batch", "16", "--epochs", ep, "--workers", str(opt.peer_workers), "--device", "cpu",
-                      *noplots, "--project", str(out / "yolov5"), "--exist-ok"],
+                      "--img", img, "--batch", "16", "--epochs", ep, "--workers", str(opt.peer_workers),
+                      "--device", "cpu", *noplots, "--project", str(out / "yolov5"), "--exist-ok"],
                      out / "ours" / "v5"),
         "predict": ([py, str(ROOT / "detect.py"), "--weights", str(out / "ours" / "v8" / "weights" / "best.pt"),
                      "--source", images, "--img", img, "--device", "cpu", "--project", str(out / "ours"),
