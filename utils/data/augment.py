@@ -351,8 +351,8 @@ def _ioa(box, boxes, eps=1e-7):
 def copy_paste(img, inst, p, rng):
     """Segment copy-paste within one image (Ghiasi et al. 2021, in YOLOv5's same-image form): a random fraction p
     of the instances is mirrored left-right and pasted, pixels and outline, wherever the copy hides less than 30 %
-    of every box already there. Needs outlines (`inst.segments`); changes `img` in place (a Canvas is drawn first, and
-    only when something is pasted); returns (img, inst)."""
+    of every box already there. Needs outlines (`inst.segments`); changes `img` in place (a Canvas is drawn first, when
+    p is set and the image has outlines); returns (img, inst)."""
     n = len(inst)
     if not p or not n or inst.segments is None:
         return img, inst
