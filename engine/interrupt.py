@@ -1,15 +1,18 @@
-"""Stopping a training run on request: Ctrl-C (SIGINT), and SIGTERM outside torchrun.
+"""Stopping a training run on request: Ctrl-C (SIGINT), SIGUSR1, and SIGTERM outside torchrun.
 
 The first signal only asks: the loop stops at its next safe point (right after an optimizer step, when no
 accumulated gradient would be lost, or at the end of an epoch), every rank agreeing on the same step, writes
-last.pt with the exact position, prints how to resume and exits 130 (SIGINT) or 143 (SIGTERM). A second Ctrl-C in
-a single process exits at once, without saving.
+last.pt with the exact position, prints how to resume and exits 128 + the signal's number (130, 138, 143). A second
+Ctrl-C in a single process started by hand exits at once, without saving.
 
 Under torchrun SIGTERM stays the launcher's: the agent sends it to the surviving workers when a peer died, to
 restart the group, and the peers cannot agree on anything then (engine/resume.py only defers it while a checkpoint
 is written). The agent also passes the terminal's Ctrl-C on to its workers, which are in the terminal's process
-group as well, so each worker sees one Ctrl-C twice: there a repeated SIGINT is not a second request, and the agent
-ends workers that take longer than its shutdown timeout.
+group as well, so each worker sees one Ctrl-C twice: there a repeated signal is not a second request, and the agent
+ends workers that take longer than its shutdown timeout. The same holds in a SLURM job, whose scheduler may signal
+a rank directly and again through the batch script (examples/slurm/train.sbatch); it kills what is left after its
+grace time itself. SIGUSR1 is what `sbatch --signal=USR1@T` sends every task before a time limit; no launcher uses
+it, so it asks for a stop under torchrun too.
 """
 
 import os
@@ -20,7 +23,7 @@ from utils import dist as du
 from utils.errors import Interrupted
 from utils.loggers import LOGGER
 
-NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1"}
 
 
 class StopRequests:
@@ -32,12 +35,13 @@ class StopRequests:
 
     def __init__(self, announce=True):
         self.announce = announce  # rank 0 says that the stop is under way
-        self.launched = bool(os.environ.get("TORCHELASTIC_RUN_ID"))  # by torchrun, whose SIGTERM restarts groups
+        self.torchrun = du.launcher() == "torchrun"  # whose SIGTERM restarts groups
+        self.repeats = self.torchrun or bool(du.slurm_job())  # a signal may come twice: once is a request
         self.signum, self.pid, self.previous = None, os.getpid(), {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
-            for s in (signal.SIGINT,) if self.launched else (signal.SIGINT, signal.SIGTERM):
+            for s in (signal.SIGINT, signal.SIGUSR1) + (() if self.torchrun else (signal.SIGTERM,)):
                 self.previous[s] = signal.signal(s, self._handle)
         return self
 
@@ -52,10 +56,10 @@ class StopRequests:
         if self.signum is None:
             self.signum = signum
             if self.announce:
-                again = "" if self.launched else "; Ctrl-C again exits at once, without saving"
+                again = "" if self.repeats else "; Ctrl-C again exits at once, without saving"
                 LOGGER.warning(f"\n{NAMES[signum]}: stopping after the next optimizer step or at the end of the "
                                f"epoch, to save last.pt{again}")
-        elif not self.launched:
+        elif not self.repeats:
             raise Interrupted(signum, f"{NAMES[signum]} again: exiting at once, without saving")
 
     def agreed(self):

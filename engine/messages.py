@@ -44,9 +44,14 @@ def shown(path):
     return shlex.quote(str(p))
 
 
-def resume_command(last):
-    """The command line that continues from `last`: this script, under the launcher it was started by."""
+def resume_command(last, auto=False):
+    """The command line that continues from `last`: this script, under the launcher it was started by; with `auto`
+    (--resume auto), the command that was run."""
     script, path = shown(sys.argv[0]), shown(last)
+    if auto:
+        return f"the same command (--resume auto continues {shown(Path(last).parent.parent)})"
+    if du.launcher() == "srun":
+        return f"srun python {script} --resume {path} (in an allocation of {du.get_world_size()} tasks)"
     if not du.is_distributed():
         return f"python {script} --resume {path}"
     nodes = "" if du.get_world_size() == du.get_local_world_size() else " --nnodes ... (on every machine)"

@@ -4,6 +4,9 @@ Rules (docs/distributed.md, "Stopping and resuming"):
 - A bare `--resume` continues the newest *unfinished* run (its last.pt still holds an optimizer) under the runs
   folder this command writes to (--project, else the task's default).
 - Options given with `--resume` that would change the run are refused, naming them; `--epochs` extends the run.
+- `--resume auto` continues the run in --project/--name when it is unfinished and starts it there when the folder
+  holds no run, so one command serves the first start, a requeued SLURM job and a spot machine's restart; options
+  with the values the run was started with are the same command, others are refused as with `--resume PATH`.
 - Under torchrun, global rank 0 records the run folder it chose in a file in the system's temp folder, named for
   the torchrun agent that started it (host, agent pid and its start time). When the agent restarts the worker group
   (TORCHELASTIC_RESTART_COUNT > 0), rank 0 reads the record back: the group continues in the same folder, from its
@@ -23,6 +26,9 @@ from models.yolo import head_task, yaml_model_load
 from utils import dist as du
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.loggers import LOGGER
+
+AUTO = "auto"  # --resume auto
+RUN_FILES = ("results.csv", "weights/last.pt", "weights/best.pt")  # a folder holding any of these is a run
 
 
 def is_unfinished(ckpt):
@@ -84,7 +90,7 @@ def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
 
 def _launch_record():
     """`<tmp>/yolo-elastic/<host>-<agent pid>-<agent start>`, or None outside torchrun."""
-    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+    if du.launcher() != "torchrun":
         return None
     agent = os.getppid()
     try:  # the start time tells this agent from an earlier process that had the same pid
@@ -147,7 +153,34 @@ def plan_run(opt, default_project, given=(), options=TrainOptions, task=None):
             return saved, last, run_dir
         LOGGER.info(f"torchrun restart {du.get_restart_count()}: no checkpoint yet, starting over in {run_dir}")
         return weights_own_model(opt, given), None, run_dir
+    if opt.resume == AUTO:
+        return auto_run(opt, default_project, given, options, task)
     if opt.resume:
         saved, path = resume_opt(opt, default_project, given, options, task)
         return saved, path, path.parent.parent
     return weights_own_model(opt, given), None, None
+
+
+def auto_run(opt, default_project, given, options, task):
+    """--resume auto: (options, last.pt to continue or None, the run folder --project/--name)."""
+    run_dir = Path(opt.project or default_project) / opt.name
+    last = run_dir / "weights" / "last.pt"
+    if last.is_file():
+        ckpt = load_checkpoint(last)
+        if not is_unfinished(ckpt) or not isinstance(ckpt.get("opt"), dict):
+            raise BadOption(f"--resume auto: {run_dir} holds a finished run (or not one of this project's): "
+                            f"nothing to continue; choose another --name to train anew")
+        # what the command line repeats is not a change; what it changes is refused (or ruled) by resume_opt. --name
+        # found the folder (which may differ from the name the run was started with, numbered by increment_path)
+        rules = options.resume_rules()
+        changed = [k for k in given if k in rules or (k != "name" and ckpt["opt"].get(k) != getattr(opt, k))]
+        saved, _ = resume_opt(SimpleNamespace(**{**vars(opt), "resume": str(last)}), default_project, changed,
+                              options, task)
+        LOGGER.info(f"--resume auto: continuing the unfinished run in {run_dir}")
+        return SimpleNamespace(**{**vars(saved), "resume": AUTO}), last, run_dir
+    found = [f for f in RUN_FILES if (run_dir / f).exists()]
+    if found:
+        raise BadOption(f"--resume auto: {run_dir} holds a run that cannot continue ({', '.join(found)}, no "
+                        f"weights/last.pt); choose another --name")
+    LOGGER.info(f"--resume auto: no run in {run_dir} yet, starting one there")
+    return weights_own_model(opt, given), None, run_dir

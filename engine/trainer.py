@@ -27,7 +27,7 @@ from engine.hyp import SCHEDULE, Reader, default_hyp_file, load_hyp, read_hyp, r
 from engine.interrupt import StopRequests
 from engine.messages import banner, next_commands, plural, position, resume_command, shown
 from engine.options import TrainOptions
-from engine.resume import forget_run_dir, plan_run, record_run_dir
+from engine.resume import AUTO, RUN_FILES, forget_run_dir, plan_run, record_run_dir
 from engine.tasks import SCRIPTS
 from models.checkpoints import attempt_load
 from utils import dist as du
@@ -54,8 +54,6 @@ from utils.torch_utils import (
     memory_used,
     to_float32,
 )
-
-RUN_FILES = ("results.csv", "weights/last.pt", "weights/best.pt")  # a folder holding any of these is a run
 
 
 class BaseTrainer:
@@ -269,7 +267,7 @@ class BaseTrainer:
         if self.is_main:
             forget_run_dir()  # the user stopped the run: no torchrun restart is to continue it
             LOGGER.info(f"interrupted {position(epoch, batch, self.epochs, self.batches_per_epoch)}: resume with "
-                        f"{resume_command(self.checkpointer.last)}")
+                        f"{resume_command(self.checkpointer.last, self.opt.resume == AUTO)}")
         raise Interrupted(self.stop_requests.signum or signal.SIGINT)
 
     def log_banner(self):

@@ -78,7 +78,8 @@ def report(trainer):
 
 
 if __name__ == "__main__":
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that times out asks every worker where it is
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # a test that times out asks every worker where it is
+    # (SIGUSR1 would ask the training loop to stop)
     # as train.py's own __main__ does, so that what a worker prints when it fails is what a user would see
     run_cli(lambda opt: run(DetectionTrainer, opt, callbacks={"on_train_start": [arm], "on_train_end": [report]}),
             lambda: train.parse_opt(sys.argv[1:]))

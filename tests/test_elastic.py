@@ -49,10 +49,10 @@ def _launch(launcher, args, env, timeout=400):
 
 
 def _stop_hung(launchers):
-    """Every worker under the launchers prints its threads' stacks (the driver's SIGUSR1 handler), then all die."""
+    """Every worker under the launchers prints its threads' stacks (the driver's SIGUSR2 handler), then all die."""
     for pid in [pid for p in launchers for pid in descendants(p.pid)]:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, signal.SIGUSR2)
     time.sleep(2)
     for pid in [pid for p in launchers for pid in [*descendants(p.pid), p.pid]]:
         with contextlib.suppress(ProcessLookupError):
@@ -300,6 +300,39 @@ def test_bare_resume_picks_the_newest_unfinished_run(tmp_path):
     _fake_run(done, "exp", finished=True)
     with pytest.raises(BadOption, match="every run under .* has finished"):
         resume_opt(train.parse_opt(["--resume", "--project", str(done)]), "runs/train")
+
+
+def test_resume_auto_starts_a_run_continues_it_and_refuses_what_cannot_continue(tmp_path):
+    """--resume auto: a new run in --project/--name, then the same command continues it (the options it repeats are
+    no change, --device is this launch's), another value is refused, and so is a finished run or a folder holding a
+    run without last.pt."""
+    import train
+    from engine.resume import plan_run
+    from utils.errors import BadOption
+
+    project = tmp_path / "runs"
+    cmd = ["--resume", "auto", "--project", str(project), "--name", "job7", "--epochs", "5", "--batch-size", "8",
+           "--imgsz", "64", "--device", "cpu"]
+
+    def plan(argv):
+        opt = train.parse_opt(argv)
+        return plan_run(opt, "runs/train", opt.given)
+
+    opt, resume_from, run_dir = plan(cmd)
+    assert (resume_from, run_dir, opt.resume, opt.name) == (None, project / "job7", "auto", "job7")
+    last = _fake_run(project, "job7", finished=False)
+    opt, resume_from, run_dir = plan(cmd)
+    assert (resume_from, run_dir, opt.resume, opt.device, opt.batch_size) == (last, project / "job7", "auto", "cpu", 8)
+    with pytest.raises(BadOption, match="--imgsz would change it"):
+        plan([*cmd, "--imgsz", "96"])
+    assert plan([*cmd, "--epochs", "9"])[0].epochs == 9  # extends it, as with --resume PATH
+    _fake_run(project, "done", finished=True)
+    with pytest.raises(BadOption, match=r"--resume auto: .*done holds a finished run"):
+        plan([*cmd, "--name", "done"])
+    (project / "csv-only").mkdir()
+    (project / "csv-only" / "results.csv").write_text("epoch\n1\n")
+    with pytest.raises(BadOption, match=r"csv-only holds a run that cannot continue \(results.csv"):
+        plan([*cmd, "--name", "csv-only"])
 
 
 def test_resume_refuses_options_that_change_the_run_and_extends_epochs(tmp_path, capsys):

@@ -99,9 +99,15 @@ def _no_traceback_of_ours(stderr):
     assert not re.search(r'File ".*(/engine/|/utils/|/models/|train\.py)', stderr), stderr[-3000:]
 
 
-def test_ctrl_c_saves_says_how_to_resume_and_resumes_exactly(setup):
-    project = setup[2]
+@pytest.fixture(scope="module")
+def reference(setup):
+    """The uninterrupted single-process run."""
     _run([sys.executable, *_args(setup, "ref")])
+    return setup[2] / "ref"
+
+
+def test_ctrl_c_saves_says_how_to_resume_and_resumes_exactly(setup, reference):
+    project = setup[2]
     code, out, err = _interrupt([sys.executable, *_args(setup, "int")])
     assert code == 130, out[-2000:] + err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
@@ -111,13 +117,22 @@ def test_ctrl_c_saves_says_how_to_resume_and_resumes_exactly(setup):
     assert cmd[:3] == ["python", "train.py", "--resume"], cmd
     assert torch.load(cmd[3], weights_only=True)["optimizer"] is not None  # a resumable checkpoint
     _run([sys.executable, *cmd[1:]])
-    _assert_same_weights(project / "int", project / "ref")
+    _assert_same_weights(project / "int", reference)
 
 
-def test_sigterm_outside_torchrun_also_saves_and_exits_143(setup):
-    code, out, err = _interrupt([sys.executable, *_args(setup, "term")], signal.SIGTERM)
-    assert code == 143 and len(RESUME_LINE.findall(out)) == 1, out[-2000:] + err[-3000:]
-    assert "Traceback" not in err
+def test_a_spot_machines_sigterm_then_the_same_command_continues_exactly(setup, reference):
+    """A spot VM's shutdown sends SIGTERM: the run saves and exits 143; its replacement runs the same command, whose
+    --resume auto continues the run in its folder."""
+    project = setup[2]
+    cmd = [sys.executable, *_args(setup, "spot"), "--resume", "auto"]
+    code, out, err = _interrupt(cmd, signal.SIGTERM)
+    assert code == 143 and "Traceback" not in err, out[-2000:] + err[-3000:]
+    [(_, how)] = RESUME_LINE.findall(out)
+    assert how == f"the same command (--resume auto continues {project / 'spot'})"
+    r = _run(cmd)
+    assert f"--resume auto: continuing the unfinished run in {project / 'spot'}" in r.stdout + r.stderr
+    _assert_same_weights(project / "spot", reference)
+    assert [p.name for p in project.iterdir() if p.name.startswith("spot")] == ["spot"]
 
 
 @pytest.mark.ddp
@@ -155,6 +170,23 @@ def test_under_torchrun_a_repeated_sigint_is_the_launcher_passing_it_on(monkeypa
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)
         assert requests.signum == signal.SIGINT
+
+
+def test_in_a_slurm_job_a_signal_that_comes_twice_is_one_request(monkeypatch):
+    """SLURM may signal a task directly (a preemption's SIGTERM) and through the batch script (its Ctrl-C to every
+    step): the second is not a request to exit at once. SIGUSR1 (`--signal=USR1@T`) is a request under torchrun too."""
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    with StopRequests(announce=False) as requests:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert requests.signum == signal.SIGTERM
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    before = signal.getsignal(signal.SIGUSR1)
+    with StopRequests(announce=False) as requests:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert requests.signum == signal.SIGUSR1 and requests.agreed()
+    assert signal.getsignal(signal.SIGUSR1) is before
 
 
 def test_positions_are_numbered_from_1():

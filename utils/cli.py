@@ -11,7 +11,7 @@ from utils.loggers import DEFAULT_LOGGERS, LOGGER, LOGGERS, check_loggers
 
 
 def str2bool_or_path(v):
-    """--resume alone means 'the latest run'; --resume PATH names a last.pt."""
+    """--resume alone means 'the latest run'; --resume PATH names a last.pt; --resume auto, the run --name names."""
     return True if v in (None, "", "True", "true") else v
 
 
@@ -164,7 +164,8 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p.add_argument("--batch-size", type=int, default=16, help="images per step, the total over all processes")
     p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default, help="train/val image size")
     p.add_argument("--resume", nargs="?", const=True, default=False, type=str2bool_or_path,
-                   help="continue the newest unfinished run under --project, or the given last.pt")
+                   help="continue the newest unfinished run under --project, or the given last.pt; 'auto': "
+                        "continue --project/--name if it holds an unfinished run, else start it there")
     p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
     p.add_argument("--noval", action="store_true", help="only validate the final epoch")
     p.add_argument("--noplots", action="store_true", help="save no plots (results.png, labels.jpg, curves, ...)")

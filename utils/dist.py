@@ -1,13 +1,16 @@
 """Everything distributed lives here: rank queries, process-group set-up, DDP wrapping, SyncBatchNorm, barriers.
 
-Scripts are launched once per process by `torch.distributed.run` (torchrun), which sets RANK, LOCAL_RANK and
-WORLD_SIZE. This is the only module that reads them, and it reads them lazily (at call time, never at import), so
-a module imported before the launcher's environment is complete still sees the right values.
+Scripts are launched once per process by `torch.distributed.run` (torchrun), which sets RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or by SLURM's srun as one task per process, whose
+variables stand in for torchrun's when none of those is set (`slurm_task_env`). This is the only module that reads
+them, and it reads them lazily (at call time, never at import), so a module imported before the launcher's
+environment is complete still sees the right values.
 """
 
 import contextlib
 import datetime
 import os
+import re
 import socket
 import time
 import uuid
@@ -34,13 +37,74 @@ SETUP_TIMEOUT = _env_minutes("YOLO_DDP_SETUP_TIMEOUT", 5)
 DDP_TIMEOUT = _env_minutes("YOLO_DDP_TIMEOUT", 30)
 
 
-def _env_int(name, default):
+def _env(name):
+    """A launch variable: torchrun's, else the one SLURM's variables give (srun tasks), else None."""
     value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
+    return value if value not in (None, "") else slurm_task_env().get(name)
+
+
+def _env_int(name, default):
+    value = _env(name)
+    return int(value) if value is not None else default
+
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+SLURM_PORTS = (15000, 10000)  # MASTER_PORT of an srun-launched job: 15000 + job id % 10000, below Linux's ephemeral
+# ports (32768-60999), so that no outgoing connection on the first node holds it
+
+
+def slurm_task_env(environ=os.environ):
+    """torchrun's variables for a process that srun started as one task of a step of several tasks: RANK from
+    SLURM_PROCID, WORLD_SIZE from SLURM_STEP_NUM_TASKS, LOCAL_RANK from SLURM_LOCALID, LOCAL_WORLD_SIZE from the
+    step's tasks on this node (SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), MASTER_ADDR the step's first node, where
+    rank 0 runs, MASTER_PORT from the job id (the same on every node, and again when the job is requeued). {} when
+    any of torchrun's variables is set (torchrun under srun), outside an srun step (a batch script has no
+    SLURM_STEP_NUM_TASKS) and for a step of one task."""
+    if any(environ.get(k) for k in TORCHRUN_VARS) or int(environ.get("SLURM_STEP_NUM_TASKS") or 1) < 2:
+        return {}
+    per_node = tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE") or environ["SLURM_STEP_NUM_TASKS"])
+    node = int(environ.get("SLURM_NODEID") or 0)
+    base, span = SLURM_PORTS
+    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_STEP_NUM_TASKS"],
+            "LOCAL_RANK": environ.get("SLURM_LOCALID") or "0",
+            "LOCAL_WORLD_SIZE": str(per_node[node] if node < len(per_node) else 1),
+            "MASTER_ADDR": first_host(environ["SLURM_STEP_NODELIST"]),
+            "MASTER_PORT": str(base + int(environ.get("SLURM_JOB_ID") or 0) % span)}
+
+
+def tasks_per_node(spec):
+    """SLURM's tasks-per-node list, '4(x2),3' -> [4, 4, 3]."""
+    counts = []
+    for part in spec.split(","):
+        found = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if found is None:
+            raise ValueError(f"unreadable SLURM tasks-per-node list {spec!r}")
+        counts += [int(found.group(1))] * int(found.group(2) or 1)
+    return counts
+
+
+def first_host(nodelist):
+    """The first host of a SLURM node list: 'gpu[07-09,12],cpu1' -> 'gpu07', 'rack[2-3]-n[1-4]' -> 'rack2-n1'."""
+    first = re.split(r",(?![^\[]*\])", nodelist.strip())[0]  # the first name or range outside brackets
+    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], first)
+
+
+def launcher():
+    """What started this process: 'torchrun' (torch.distributed.run, whose agent outlives and restarts its
+    workers), 'srun' (one SLURM task per rank) or '' (one process, or ranks set by hand)."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return "torchrun"
+    return "srun" if slurm_task_env() else ""
+
+
+def slurm_job():
+    """The id of the SLURM job this process runs in ('' outside one): its scheduler may signal it twice, once
+    through the batch script and once directly, and requeues it under the same id."""
+    return os.environ.get("SLURM_JOB_ID", "")
 
 
 def get_rank():
-    """Global rank; -1 when not launched by torchrun (single process)."""
+    """Global rank; -1 when not launched by torchrun or srun (single process)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return _env_int("RANK", -1)
@@ -108,6 +172,8 @@ def select_device(device="", batch_size=None):
                             f"{device}")
     local_rank = get_local_rank()
     index = max(local_rank, 0)
+    if launcher() == "srun" and torch.cuda.device_count() == 1:
+        index = 0  # srun gave this task a GPU of its own (--gpus-per-task=1, --gpu-bind): the one it sees
     if index >= torch.cuda.device_count():
         raise BadOption(f"LOCAL_RANK {local_rank} has no GPU: only {torch.cuda.device_count()} are visible")
     if batch_size is not None and get_world_size() == 1 and torch.cuda.device_count() > 1 and not spec:
@@ -137,6 +203,7 @@ def setup_ddp(device):
     store = _fresh_store(rank, world_size)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=DDP_TIMEOUT)
     LOGGER.info(f"DDP: rank {get_rank()}/{get_world_size()} (local {get_local_rank()}) backend={backend}"
+                + (" from SLURM's task variables" if launcher() == "srun" else "")
                 + (f", restart {get_restart_count()}" if get_restart_count() else ""))
 
 
@@ -152,7 +219,7 @@ def _fresh_store(rank, world_size):
     unserved: TCPStore's constructor waits without limit for the answer of a socket that accepts but is never
     served, which is why loader workers, forked with it open, die with their rank (`die_with_parent`).
     """
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    addr, port = _env("MASTER_ADDR"), int(_env("MASTER_PORT"))
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=SETUP_TIMEOUT)
     agent = dist.TCPStore(addr, port, world_size, is_master=False, timeout=SETUP_TIMEOUT)

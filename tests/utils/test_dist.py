@@ -1,6 +1,12 @@
 """Distributed helpers under 2 gloo processes: SyncBatchNorm, and that `loss *= WORLD_SIZE` under DDP gives the
 single-process gradient of the concatenated batch."""
 
+import os
+import random
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -173,3 +179,98 @@ def test_a_session_leaves_the_group_after_a_clean_exit_only(monkeypatch):
     with pytest.raises(RuntimeError), du.session("cpu"):
         raise RuntimeError("a bug")
     assert calls == ["join", "work", "leave", "join"]
+
+
+SLURM_TASK = {"SLURM_JOB_ID": "123456", "SLURM_STEP_NUM_TASKS": "12", "SLURM_STEP_TASKS_PER_NODE": "4(x2),2,2",
+              "SLURM_STEP_NODELIST": "gpu[07-09,12]", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NODEID": "2"}
+
+
+def _launch_env(monkeypatch, env):
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "TORCHELASTIC_RUN_ID", *SLURM_TASK):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_srun_tasks_take_their_ranks_from_slurm(monkeypatch):
+    """Task 9 of 12 on the third of four nodes (4, 4, 2 and 2 tasks): the ranks, rank 0's node and a port from the
+    job id; torchrun's variables, where set, are the ones read."""
+    _launch_env(monkeypatch, SLURM_TASK)
+    assert (du.get_rank(), du.get_world_size(), du.get_local_rank(), du.get_local_world_size()) == (9, 12, 1, 2)
+    assert du.launcher() == "srun" and du.slurm_job() == "123456"
+    assert du.slurm_task_env()["MASTER_ADDR"] == "gpu07" and du.slurm_task_env()["MASTER_PORT"] == "18456"
+    monkeypatch.setenv("MASTER_PORT", "29500")  # the user's choice wins
+    assert du._env("MASTER_PORT") == "29500"
+    monkeypatch.setenv("RANK", "3")  # torchrun under srun: one task per node, torchrun's ranks
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    assert (du.get_rank(), du.get_world_size(), du.get_local_rank(), du.launcher()) == (3, 16, -1, "")
+    # the batch script itself (no step) and a step of one task are one process
+    _launch_env(monkeypatch, {k: v for k, v in SLURM_TASK.items() if not k.startswith("SLURM_STEP")})
+    assert (du.get_rank(), du.get_world_size(), du.launcher(), du.slurm_job()) == (-1, 1, "", "123456")
+    _launch_env(monkeypatch, {**SLURM_TASK, "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"})
+    assert (du.get_rank(), du.get_world_size()) == (-1, 1)
+
+
+@pytest.mark.parametrize("nodelist,first", [
+    ("node1", "node1"), ("node1,node2", "node1"), ("gpu[07-09,12]", "gpu07"), ("gpu[12,07-09]", "gpu12"),
+    ("a[3-4],b1", "a3"), ("rack[2-3]-n[1-4]", "rack2-n1"), ("x-1.cluster", "x-1.cluster")])
+def test_first_host_of_a_slurm_node_list(nodelist, first):
+    assert du.first_host(nodelist) == first
+
+
+def test_slurm_tasks_per_node():
+    assert du.tasks_per_node("4(x2),3") == [4, 4, 3] and du.tasks_per_node("8") == [8]
+    with pytest.raises(ValueError, match="unreadable"):
+        du.tasks_per_node("4x2")
+
+
+def test_an_srun_task_bound_to_one_gpu_uses_it(monkeypatch):
+    """srun --gpus-per-task=1 shows each task only its own GPU: local rank 1 takes the one it sees; a task that sees
+    every GPU of the node takes the one of its local rank."""
+    _launch_env(monkeypatch, SLURM_TASK)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert du.select_device("", batch_size=16) == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert du.select_device("", batch_size=16) == torch.device("cuda", 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # under torchrun, a worker without a GPU of its own is refused
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(BadOption, match="LOCAL_RANK 1 has no GPU"):
+        du.select_device("", batch_size=16)
+
+
+def _free_slurm_job_id():
+    """A job id whose MASTER_PORT (15000 + id % 10000) nothing listens on."""
+    for _ in range(100):
+        job = random.randrange(10000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", 15000 + job))
+                return job
+            except OSError:
+                continue
+    pytest.fail("no free port in 15000-24999")
+
+
+@pytest.mark.ddp
+def test_two_srun_tasks_form_a_process_group(tmp_path):
+    """Two processes with only SLURM's task variables (as srun sets them, torchrun's absent) join one gloo group at
+    the node list's first host and the job id's port."""
+    code = ("import torch, torch.distributed as dist; from utils import dist as du; du.setup_ddp(torch.device('cpu'));"
+            " t = torch.tensor([du.get_rank() + 1.0]); dist.all_reduce(t);"
+            " print(du.get_rank(), du.get_world_size(), du.get_local_rank(), du.launcher(), int(t.item()))")
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                                "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+    slurm = {"SLURM_JOB_ID": str(_free_slurm_job_id()), "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "0",
+             "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NODELIST": "localhost", "OMP_NUM_THREADS": "1",
+             "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**base, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)})
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [o.strip().splitlines()[-1] for o in outs] == ["0 2 0 srun 3", "1 2 1 srun 3"]
