@@ -1,0 +1,131 @@
+"""examples/slurm/train.sbatch on a real SLURM cluster of one node (tests/slurm_cluster.py), both ways: one task
+running torchrun with 2 processes, and 2 tasks that take their ranks from SLURM. A high-priority job preempts the
+training mid-epoch; every rank stops at one optimizer step and saves, the job requeues itself, and the requeued job
+continues in the same folder to the weights of an uninterrupted 2-process run (--deterministic), each epoch once.
+
+Installs Debian's SLURM and MUNGE when absent (root, apt-get), and skips, saying why, where that or the daemons
+fail. `pytest -m slurm` runs these tests alone.
+"""
+
+import csv
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.ddp_utils import free_port
+from tests.slurm_cluster import Cluster, ClusterError, install
+from utils.files import ROOT
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SCRIPT = "examples/slurm/train.sbatch"
+NB = 16  # batches per epoch: 64 images, 2 per rank and step
+STOPPED = re.compile(r"^interrupted (at epoch [12]/2 batch \d+/16|after epoch 1/2): resume with the same command "
+                     r"\(--resume auto continues (.+)\)$", re.M)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    try:
+        install()
+    except ClusterError as e:
+        pytest.skip(str(e))
+    c = Cluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start()
+    except (ClusterError, OSError, subprocess.SubprocessError) as e:
+        c.stop()
+        pytest.skip(f"the SLURM daemons did not start: {e}")
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """64 images of 64-96 px; nbs 4 makes every batch an optimizer step. The reference: the same training as one
+    uninterrupted torchrun of 2 processes, outside SLURM."""
+    from tests.conftest import write_yaml
+    from utils.data.synthetic import generate_dataset
+
+    root = tmp_path_factory.mktemp("slurm-runs")
+    generate_dataset(root / "data", task="detect", n_train=64, n_val=4, seed=0, min_side=64, max_side=96)
+    hyp = root / "hyp.yaml"
+    hyp.write_text("nbs: 4\n")
+    args = ["--data", str(write_yaml(root / "data", "detect")), "--hyp", str(hyp), "--imgsz", "64", "--batch-size",
+            "4", "--epochs", "2", "--workers", "0", "--device", "cpu", "--cfg", "yolov5n.yaml", "--deterministic",
+            "--noval", "--noplots", "--project", str(root / "runs")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        str(free_port()), "train.py", *args, "--name", "ref"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return root, args
+
+
+def _weights(run_dir):
+    return torch.load(run_dir / "weights" / "last.pt", weights_only=True)["model"]["state_dict"]
+
+
+def _preempted_and_requeued(cluster, setup, name, sbatch_options, env=None):
+    """Submit the training, preempt it once rank 0 is a few batches into epoch 1 with a job of the high partition
+    that needs both CPUs, and wait for the requeued job to finish. Returns (job id, its log, its fields)."""
+    root, args = setup
+    log = root / f"{name}.out"
+    job = cluster.sbatch(f"--output={log}", f"--chdir={ROOT}", *sbatch_options, SCRIPT, "train.py", *args,
+                         env={"PYTHONPATH": str(ROOT), "PYTHON": sys.executable, **(env or {})})
+    mid_epoch = re.compile(rf"1/2 .*\| ([2-9]|1[0-2])/{NB} \[")
+    deadline = time.monotonic() + 400
+    while not (log.exists() and mid_epoch.search(log.read_text(errors="replace"))):
+        fields = cluster.job(job)
+        assert fields.get("JobState") in ("PENDING", "RUNNING") and time.monotonic() < deadline, \
+            f"{fields.get('JobState')}: {log.read_text(errors='replace')[-4000:] if log.exists() else ''}"
+        time.sleep(0.2)
+    cluster.sbatch("-p", "high", "-n", "2", f"--output={root / f'{name}-high.out'}", "--wrap", "true")
+    fields = cluster.wait_job(job, lambda f: f.get("JobState") not in ("PENDING", "RUNNING", "REQUEUED",
+                                                                       "COMPLETING"), 600, log)
+    return job, log.read_text(errors="replace"), fields
+
+
+def _check(setup, job, text, fields, signal_name):
+    """The job ran twice: stopped at one step on every rank after `signal_name`, requeued by its script, continued
+    from that step in the same folder, each epoch once, with the reference's weights."""
+    root, _ = setup
+    run_dir = root / "runs" / f"job{job}"
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), text[-4000:]
+    assert text.count(f"{signal_name}: stopping after the next optimizer step") == 1, text[-4000:]  # rank 0 says
+    [(where, folder)] = STOPPED.findall(text)
+    assert folder == str(run_dir)
+    assert text.count(f"requeueing job {job}") == 1 and f"job {job} start 1 " in text
+    assert f"--resume auto: continuing the unfinished run in {run_dir}" in text
+    assert f"Resuming training from {run_dir / 'weights' / 'last.pt'} {where}" in text
+    assert sorted(p.name for p in (root / "runs").iterdir() if p.name.startswith("job")).count(f"job{job}") == 1
+    assert [int(r["epoch"]) for r in csv.DictReader(open(run_dir / "results.csv"))] == [1, 2]
+    got, ref = _weights(run_dir), _weights(root / "runs" / "ref")
+    diff = max((got[k].float() - ref[k].float()).abs().max().item() for k in ref)
+    assert diff == 0, f"the requeued run ends {diff:.3g} away from the uninterrupted one"
+
+
+def test_torchrun_per_node_is_warned_of_a_preemption_stops_and_requeues(cluster, setup):
+    """One task running torchrun (2 processes). With preempt_send_user_signal the preemption sends the script's
+    --signal=B:USR1 to the batch shell, which passes a Ctrl-C to every process of the step."""
+    cluster.reconfigure(user_signal=True)
+    job, text, fields = _preempted_and_requeued(cluster, setup, "torchrun", ["--cpus-per-task=2"],
+                                                {"NPROC_PER_NODE": "2"})
+    assert "--nproc_per_node 2 " in text
+    assert "SIGUSR1: asking every rank to stop and save" in text
+    _check(setup, job, text, fields, "Ctrl-C")
+
+
+def test_srun_tasks_take_a_preemptions_sigterm_stop_and_requeue(cluster, setup):
+    """Two tasks, ranks from SLURM's variables. Without preempt_send_user_signal the preemption sends SIGTERM to
+    every task directly; the script requeues the job because SLURM set its PreemptTime."""
+    cluster.reconfigure(user_signal=False)
+    job, text, fields = _preempted_and_requeued(cluster, setup, "tasks", ["--ntasks-per-node=2"])
+    assert text.count("DDP: rank 0/2 (local 0) backend=gloo from SLURM's task variables") == 2  # each start
+    assert "asking every rank to stop" not in text  # the batch shell was not signalled
+    _check(setup, job, text, fields, "SIGTERM")
