@@ -1,5 +1,6 @@
 import logging
 import os
+import re
 from pathlib import Path
 
 # Spinning OpenMP threads stall badly when the two cores are shared (tests that start subprocesses, other jobs):
@@ -57,16 +58,24 @@ def write_yaml(root, task):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A process-group test is also slow; a network test is skipped unless YOLO_TEST_NETWORK=1 (offline by default)."""
+    """A process-group test is also slow; a network test is skipped unless YOLO_TEST_NETWORK=1 (offline by default);
+    a SLURM test, which may install system packages and starts daemons, runs only when a -m expression asks for it
+    (`-m slurm`): not in the whole suite, whose time CI bounds (docs/distributed.md, "Schedulers")."""
     offline = pytest.mark.skip(reason="needs the internet: set YOLO_TEST_NETWORK=1 to run it")
+    not_asked = pytest.mark.skip(reason="starts a SLURM cluster (installing Debian's slurm packages when absent) and "
+                                        "takes minutes: run it with -m slurm")
+    slurm_asked = re.search(r"(?<!not )\bslurm\b", config.getoption("markexpr") or "")
     for item in items:
         if item.get_closest_marker("ddp"):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("network") and os.environ.get("YOLO_TEST_NETWORK") != "1":
             item.add_marker(offline)
+        if item.get_closest_marker("slurm") and not slurm_asked:
+            item.add_marker(not_asked)
 
 
-_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID")
 
 
 @pytest.fixture(autouse=True)

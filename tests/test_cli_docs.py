@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from utils.files import ROOT
 
@@ -67,9 +68,19 @@ def _commands(doc):
                     yield part.strip(), shlex.split(part)
 
 
+SBATCH = "examples/slurm/train.sbatch"
+
+
 def _script_args(argv):
-    """(module, args) of a command that runs one of SCRIPTS, directly or under torchrun; None for other commands.
-    The launcher's own options are checked by torchrun's parser."""
+    """(module, args) of a command that runs one of SCRIPTS, directly, under torchrun, through the SLURM script or
+    TorchX's dist.ddp (`--script`); None for other commands. The launcher's own options are checked by torchrun's
+    parser."""
+    if argv[:1] == ["sbatch"] and SBATCH in argv:
+        argv = ["python", *argv[argv.index(SBATCH) + 1 :], "--name", "job1", "--resume", "auto"]  # as it runs them
+    elif argv[:2] == ["torchx", "run"] and "--script" in argv:
+        argv = ["python", *argv[argv.index("--script") + 1 :]]
+    elif argv[:1] == ["torchrun"]:
+        argv = ["python", "-m", "torch.distributed.run", *argv[1:]]
     if argv[:1] != ["python"]:
         return None
     rest = argv[1:]
@@ -95,6 +106,21 @@ def test_every_documented_command_parses(doc):
             importlib.import_module(module).parse_opt(args)  # a BadOption names what does not parse
             parsed += 1
     assert parsed or doc.name != "README.md"
+
+
+def test_the_kubernetes_manifest_runs_a_command_that_parses():
+    """examples/kubernetes/pytorchjob.yaml: its torchrun line parses, continues its run on the mounted volume, and
+    the volume is one every pod may write."""
+    docs = list(yaml.safe_load_all((ROOT / "examples/kubernetes/pytorchjob.yaml").read_text()))
+    claim, job = docs
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    [container] = pod["containers"]
+    [line] = [x for x in container["args"][0].replace("\\\n", " ").splitlines() if x.strip().startswith("torchrun")]
+    module, args = _script_args(shlex.split(line.split("&")[0]))
+    opt = importlib.import_module(module).parse_opt(args)
+    assert opt.resume == "auto" and opt.project == "/runs"
+    assert {"name": "runs", "mountPath": "/runs"} in container["volumeMounts"]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
