@@ -80,6 +80,8 @@ def evolve(trainer_cls, opt, run):
     if du.get_world_size() > 1:
         raise BadOption("--evolve runs in a single process (each generation is a whole training run): launch it "
                         "without torchrun, one evolution per GPU with --device")
+    if opt.resume:  # a generation's own --resume would continue, or refuse, an earlier search's generation
+        raise BadOption("--evolve starts a new search of new runs; it does not take --resume")
     opt = weights_own_model(opt, getattr(opt, "given", ()))  # the model whose default hyp the search starts from
     base = _base_hyp(opt, trainer_cls)  # a mistake in --hyp ends the command before a folder is made
     save_dir = increment_path(Path(opt.project or "runs/evolve") / opt.name, exist_ok=opt.exist_ok, mkdir=True)

@@ -152,6 +152,7 @@ def test_ctrl_c_under_torchrun_stops_every_rank_and_resumes_exactly(setup):
 
 def test_a_second_ctrl_c_exits_at_once(monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # a process started by hand, not a SLURM job's
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest runs as a shell's background job
     with StopRequests(announce=False) as requests:
         os.kill(os.getpid(), signal.SIGINT)
@@ -187,6 +188,23 @@ def test_in_a_slurm_job_a_signal_that_comes_twice_is_one_request(monkeypatch):
         os.kill(os.getpid(), signal.SIGUSR1)
         assert requests.signum == signal.SIGUSR1 and requests.agreed()
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_the_resume_command_names_how_the_run_was_launched(monkeypatch, tmp_path):
+    from engine.messages import resume_command
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "train.py")])
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(k, raising=False)
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    assert resume_command(last) == "python train.py --resume runs/exp/weights/last.pt"
+    assert resume_command(last, auto=True) == "the same command (--resume auto continues runs/exp)"
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")  # one srun task of 4
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "n1")
+    assert resume_command(last) == ("srun python train.py --resume runs/exp/weights/last.pt (in an allocation of 4 "
+                                    "tasks)")
 
 
 def test_positions_are_numbered_from_1():
@@ -247,3 +265,17 @@ def test_an_interrupted_evolution_says_what_it_keeps(shapes_detect, tmp_path):
     with pytest.raises(Interrupted, match=r"generation 2/3; .*evolve.csv holds the 1 finished") as e:
         evolve(DetectionTrainer, opt, run)
     assert e.value.code == 130
+
+
+def test_an_evolution_does_not_take_resume(shapes_detect, tmp_path):
+    """--resume auto in a scheduler's command line would reach every generation: refused before any folder is made."""
+    import train
+    from engine.evolve import evolve
+    from engine.tasks.detect import DetectionTrainer
+    from utils.errors import BadOption
+
+    opt = train.parse_opt(["--data", str(shapes_detect), "--project", str(tmp_path), "--evolve", "3", "--resume",
+                           "auto"])
+    with pytest.raises(BadOption, match="does not take --resume"):
+        evolve(DetectionTrainer, opt, lambda *a: pytest.fail("a generation ran"))
+    assert not list(tmp_path.iterdir())

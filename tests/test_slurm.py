@@ -129,3 +129,42 @@ def test_srun_tasks_take_a_preemptions_sigterm_stop_and_requeue(cluster, setup):
     assert text.count("DDP: rank 0/2 (local 0) backend=gloo from SLURM's task variables") == 2  # each start
     assert "asking every rank to stop" not in text  # the batch shell was not signalled
     _check(setup, job, text, fields, "SIGTERM")
+
+
+STUB = """import signal, sys, time
+got = []
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(s, lambda n, f: got.append(n))
+print("stub running", flush=True)
+deadline = time.time() + 300
+while not got and time.time() < deadline:
+    time.sleep(0.1)
+sys.exit(128 + got[0] if got else 0)
+"""
+
+
+def test_the_time_limit_warning_requeues_and_a_cancel_does_not(cluster, tmp_path):
+    """The script's decisions, with two tasks of a stand-in that exits 128 + the first signal it gets, as the ranks
+    do: `--signal=B:USR1` before the time limit (sent here with scancel --batch, as SLURM sends it) reaches every
+    task as a Ctrl-C and the job is requeued; scancel ends the job for good, though its tasks stop the same way."""
+    stub, log = tmp_path / "stub.py", tmp_path / "stub.out"
+    stub.write_text(STUB)
+    job = cluster.sbatch(f"--output={log}", f"--chdir={ROOT}", "--ntasks-per-node=2", SCRIPT, str(stub),
+                         env={"PYTHON": sys.executable})
+
+    def said(text, n):
+        return lambda fields: log.exists() and log.read_text(errors="replace").count(text) >= n
+
+    cluster.wait_job(job, said("stub running", 2), 120, log)
+    assert cluster.run("scancel", "--batch", "--signal=USR1", job).returncode == 0
+    cluster.wait_job(job, lambda f: f.get("Restarts") == "1", 120, log)
+    cluster.wait_job(job, said("stub running", 4), 120, log)  # the requeued job's tasks
+    text = log.read_text()
+    assert "SIGUSR1: asking every rank to stop and save" in text and "stopped (status 130): requeueing" in text
+    assert cluster.run("scancel", job).returncode == 0
+    fields = cluster.wait_job(job, lambda f: f.get("JobState") in ("CANCELLED", "PENDING", "COMPLETED", "FAILED"),
+                              120, log)
+    time.sleep(3)  # a requeue would show now
+    fields = cluster.job(job)
+    assert (fields["JobState"], fields["Restarts"]) == ("CANCELLED", "1"), log.read_text()[-3000:]
+    assert log.read_text().count("requeueing") == 1
