@@ -12,11 +12,18 @@ Blocks declare how `models.yolo.parse_model` builds them from a YAML row, as cla
 - a `fuse()` method: `BaseModel.fuse()` calls it on every module that has one (BatchNorm folding, re-parameterising).
 """
 
+import contextlib
+import contextvars
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 BN_EPS, BN_MOMENTUM = 0.001, 0.03
+# what `Conv(..., act=True)` builds: SiLU, unless a model YAML's `activation:` key names another for the whole model
+# while it is parsed (yolov5s-LeakyReLU.yaml); a factory, so each convolution gets its own module
+_MODEL_ACTIVATION = contextvars.ContextVar("model_activation", default=nn.SiLU)
 
 
 def autopad(k, p=None, d=1):
@@ -39,6 +46,16 @@ def make_activation(act):
     if isinstance(act, nn.Module):
         return act
     return nn.Identity()
+
+
+@contextlib.contextmanager
+def model_activation(factory):
+    """Inside the block, `Conv(..., act=True)` activates with `factory()` (a model-wide `activation:` key)."""
+    token = _MODEL_ACTIVATION.set(factory)
+    try:
+        yield
+    finally:
+        _MODEL_ACTIVATION.reset(token)
 
 
 @torch.no_grad()
@@ -77,7 +94,7 @@ class Conv(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p, d), groups=g, dilation=d, bias=False)
         self.bn = batchnorm(c2)
-        self.act = make_activation(act)
+        self.act = _MODEL_ACTIVATION.get()() if act is True else make_activation(act)
 
     def forward(self, x):
         return self.act(self.bn(self.conv(x)))
@@ -91,6 +108,48 @@ class Conv(nn.Module):
         self.conv = fuse_conv_and_bn(self.conv, self.bn)
         del self.bn
         self.forward = self.forward_fuse
+
+
+class DWConv(Conv):
+    """Depthwise convolution: groups = gcd(c1, c2), one group per channel when c1 == c2."""
+
+    def __init__(self, c1, c2, k=1, s=1, d=1, act=True):
+        super().__init__(c1, c2, k, s, g=math.gcd(c1, c2), d=d, act=act)
+
+
+class GhostConv(nn.Module):
+    """Ghost convolution (GhostNet): half the output from a convolution, the other half a cheap 5x5 depthwise
+    convolution of that half."""
+
+    channel_rule = "width"
+
+    def __init__(self, c1, c2, k=1, s=1, g=1, act=True):
+        super().__init__()
+        c_ = c2 // 2
+        self.cv1 = Conv(c1, c_, k, s, None, g, act=act)
+        self.cv2 = Conv(c_, c_, 5, 1, None, c_, act=act)
+
+    def forward(self, x):
+        y = self.cv1(x)
+        return torch.cat((y, self.cv2(y)), 1)
+
+
+class GhostBottleneck(nn.Module):
+    """Two ghost convolutions (the second linear) with a residual; stride 2 adds depthwise downsampling to both
+    paths."""
+
+    channel_rule = "width"
+
+    def __init__(self, c1, c2, k=3, s=1):
+        super().__init__()
+        c_ = c2 // 2
+        down = DWConv(c_, c_, k, s, act=False) if s == 2 else nn.Identity()
+        self.conv = nn.Sequential(GhostConv(c1, c_, 1, 1), down, GhostConv(c_, c2, 1, 1, act=False))
+        self.shortcut = (nn.Sequential(DWConv(c1, c1, k, s, act=False), Conv(c1, c2, 1, 1, act=False)) if s == 2
+                         else nn.Identity())
+
+    def forward(self, x):
+        return self.conv(x) + self.shortcut(x)
 
 
 class Bottleneck(nn.Module):
@@ -128,6 +187,42 @@ class C3(nn.Module):
         return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
 
 
+class C3Ghost(C3):
+    """C3 whose bottlenecks are ghost bottlenecks."""
+
+    def __init__(self, c1, c2, n=1, shortcut=True, g=1, e=0.5):
+        super().__init__(c1, c2, n, shortcut, g, e)
+        c_ = int(c2 * e)
+        self.m = nn.Sequential(*(GhostBottleneck(c_, c_) for _ in range(n)))
+
+
+class C3k(C3):
+    """C3 with k x k kernels in both convolutions of its bottlenecks (inside YOLO11's C3k2)."""
+
+    def __init__(self, c1, c2, n=1, shortcut=True, g=1, e=0.5, k=3):
+        super().__init__(c1, c2, n, shortcut, g, e)
+        c_ = int(c2 * e)
+        self.m = nn.Sequential(*(Bottleneck(c_, c_, shortcut, g, k=(k, k), e=1.0) for _ in range(n)))
+
+
+class C2(nn.Module):
+    """CSP block with 2 convolutions: half the channels through the bottlenecks, half around them (YOLOv8-p6)."""
+
+    channel_rule = "width"
+    repeat_arg = True
+
+    def __init__(self, c1, c2, n=1, shortcut=True, g=1, e=0.5):
+        super().__init__()
+        self.c = int(c2 * e)
+        self.cv1 = Conv(c1, 2 * self.c, 1, 1)
+        self.cv2 = Conv(2 * self.c, c2, 1)
+        self.m = nn.Sequential(*(Bottleneck(self.c, self.c, shortcut, g, k=(3, 3), e=1.0) for _ in range(n)))
+
+    def forward(self, x):
+        a, b = self.cv1(x).chunk(2, 1)
+        return self.cv2(torch.cat((self.m(a), b), 1))
+
+
 class C2f(nn.Module):
     """CSP block with 2 convolutions whose every bottleneck output is concatenated (YOLOv8)."""
 
@@ -145,6 +240,40 @@ class C2f(nn.Module):
         y = list(self.cv1(x).chunk(2, 1))
         y.extend(m(y[-1]) for m in self.m)
         return self.cv2(torch.cat(y, 1))
+
+
+class C3k2(C2f):
+    """YOLO11's C2f: each of its n blocks a bottleneck with 3x3 kernels (half width), or with `c3k` a C3k of two.
+
+    Ultralytics builds the m, l and x scales with `c3k` whatever the row says (`scale_args`). A model with this block
+    has YOLO11's head: depthwise convolutions in the class branch of an anchor-free head (`dw_head`)."""
+
+    scale_args = {"mlx": (3, True)}
+    dw_head = True
+
+    def __init__(self, c1, c2, n=1, c3k=False, e=0.5, attn=False, g=1, shortcut=True):
+        if attn:  # the argument keeps the official positions; its attention variant is YOLO26's, not built here
+            raise ValueError("C3k2 with attn=True (YOLO26) is not available")
+        super().__init__(c1, c2, n, shortcut, g, e)
+        self.m = nn.ModuleList(C3k(self.c, self.c, 2, shortcut, g) if c3k else
+                               Bottleneck(self.c, self.c, shortcut, g, k=(3, 3), e=0.5) for _ in range(n))
+
+
+class SPP(nn.Module):
+    """Spatial pyramid pooling (YOLOv3-SPP): the input beside its k x k max-pools, for each k."""
+
+    channel_rule = "width"
+
+    def __init__(self, c1, c2, k=(5, 9, 13)):
+        super().__init__()
+        c_ = c1 // 2
+        self.cv1 = Conv(c1, c_, 1, 1)
+        self.cv2 = Conv(c_ * (len(k) + 1), c2, 1, 1)
+        self.m = nn.ModuleList(nn.MaxPool2d(kernel_size=x, stride=1, padding=x // 2) for x in k)
+
+    def forward(self, x):
+        x = self.cv1(x)
+        return self.cv2(torch.cat([x] + [m(x) for m in self.m], 1))
 
 
 class SPPF(nn.Module):

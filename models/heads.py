@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn as nn
 
-from models.common import DFL, Conv, ImplicitA, ImplicitM, Proto
+from models.common import DFL, Conv, DWConv, ImplicitA, ImplicitM, Proto
 from utils.ops import OutputLayout, dist2bbox, make_anchors
 
 
@@ -170,7 +170,9 @@ class IDetect(Detect):
 
 
 class AnchorFreeDetect(nn.Module):
-    """YOLOv8 decoupled head: per level a box branch (4 x reg_max DFL bins) and a class branch."""
+    """YOLOv8 decoupled head: per level a box branch (4 x reg_max DFL bins) and a class branch. With `dw` (YOLO11:
+    the parser sets it for a model with a block declaring `dw_head`) each 3x3 convolution of the class branch is a
+    depthwise 3x3 followed by a 1x1."""
 
     default_loss = "v8"
     task = "detect"
@@ -178,7 +180,7 @@ class AnchorFreeDetect(nn.Module):
     channel_rule = "levels"
     reg_max = 16
 
-    def __init__(self, nc=80, ch=()):
+    def __init__(self, nc=80, ch=(), dw=False):
         super().__init__()
         self.nc = nc
         self.nl = len(ch)
@@ -188,7 +190,12 @@ class AnchorFreeDetect(nn.Module):
         self.cv2 = nn.ModuleList(
             nn.Sequential(Conv(x, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * self.reg_max, 1)) for x in ch
         )
-        self.cv3 = nn.ModuleList(nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch)
+        if dw:
+            self.cv3 = nn.ModuleList(nn.Sequential(nn.Sequential(DWConv(x, x, 3), Conv(x, c3, 1)),
+                                                   nn.Sequential(DWConv(c3, c3, 3), Conv(c3, c3, 1)),
+                                                   nn.Conv2d(c3, nc, 1)) for x in ch)
+        else:
+            self.cv3 = nn.ModuleList(nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch)
         self.dfl = DFL(self.reg_max)
 
     def class_rows(self):
@@ -232,8 +239,8 @@ class AnchorFreeSegment(AnchorFreeDetect):
     task = "segment"
     proto_arg = 2
 
-    def __init__(self, nc=80, nm=32, npr=256, ch=()):
-        super().__init__(nc, ch)
+    def __init__(self, nc=80, nm=32, npr=256, ch=(), dw=False):
+        super().__init__(nc, ch, dw)
         self.nm, self.npr = nm, npr
         self.proto = Proto(ch[0], npr, nm, transpose=True)
         c4 = max(ch[0] // 4, nm)
@@ -272,8 +279,8 @@ class Pose(AnchorFreeDetect):
     default_loss = "v8pose"
     task = "pose"
 
-    def __init__(self, nc=80, kpt_shape=(17, 3), ch=()):
-        super().__init__(nc, ch)
+    def __init__(self, nc=80, kpt_shape=(17, 3), ch=(), dw=False):
+        super().__init__(nc, ch, dw)
         self.kpt_shape = check_kpt_shape(kpt_shape)
         self.nk = self.kpt_shape[0] * self.kpt_shape[1]
         c4 = max(ch[0] // 4, self.nk)

@@ -7,6 +7,7 @@ or `scales: {n: [depth, width, max_channels], ...}` (v8, one file for all sizes)
 """
 
 import ast
+import dataclasses
 import difflib
 import math
 import re
@@ -17,27 +18,8 @@ import torch
 import torch.nn as nn
 import yaml
 
-from models.common import (
-    C3,
-    MP,
-    SP,
-    SPPCSPC,
-    SPPF,
-    Bottleneck,
-    C2f,
-    Concat,
-    Conv,
-    RepConv,
-)
-from models.heads import (
-    AnchorFreeDetect,
-    AnchorFreeSegment,
-    Classify,
-    Detect,
-    IDetect,
-    Pose,
-    Segment,
-)
+from models.common import model_activation
+from models.registry import ACTIVATIONS, known_names, resolve
 from utils.errors import BadModelYaml
 from utils.files import ConfigError, UniqueKeyLoader, yaml_text
 from utils.loggers import LOGGER
@@ -45,35 +27,6 @@ from utils.loss import build_criterion
 
 MODELS_DIR = Path(__file__).resolve().parent
 
-REGISTRY = {
-    "Conv": Conv,
-    "Bottleneck": Bottleneck,
-    "C3": C3,
-    "C2f": C2f,
-    "SPPF": SPPF,
-    "SPPCSPC": SPPCSPC,
-    "RepConv": RepConv,
-    "MP": MP,
-    "SP": SP,
-    "Concat": Concat,
-    "nn.Upsample": nn.Upsample,
-    "Classify": Classify,
-    "IDetect": IDetect,
-    "AnchorFreeDetect": AnchorFreeDetect,
-    "AnchorFreeSegment": AnchorFreeSegment,
-    "Pose": Pose,
-}
-# Official v5 and v8 YAMLs both say Detect/Segment: the YAML's `anchors` key decides which head that is.
-AMBIGUOUS_HEADS = {"Detect": (Detect, AnchorFreeDetect), "Segment": (Segment, AnchorFreeSegment)}
-ACTIVATIONS = {
-    "LeakyReLU": nn.LeakyReLU,
-    "ReLU": nn.ReLU,
-    "SiLU": nn.SiLU,
-    "Hardswish": nn.Hardswish,
-    "Mish": nn.Mish,
-    "Sigmoid": nn.Sigmoid,
-    "Identity": nn.Identity,
-}
 _ACTIVATION_RE = re.compile(r"^nn\.(\w+)\(([^()]*)\)$")
 
 
@@ -85,12 +38,14 @@ def _find_yaml(cfg):
     """Path of a model YAML and the scale its name implies: `yolov8n-seg.yaml` -> (models/yolov8-seg.yaml, 'n')."""
     path = Path(cfg)
     unified = re.sub(r"(\d+)([nslmx])(.*)$", r"\1\3", path.stem) + path.suffix
-    match = re.search(r"yolov\d+([nslmx])", path.stem)
+    match = re.search(r"yolov?\d+([nslmx])", path.stem)
     for candidate in (path, MODELS_DIR / path.name):
         if candidate.is_file():
             return candidate, None
     for candidate in (path.with_name(unified), MODELS_DIR / unified):
         if match and candidate.is_file():
+            if not re.search(r"^scales:", candidate.read_text(), re.M):  # one size only: the name's would be ignored
+                raise BadModelYaml(f"model YAML '{cfg}' not found; {candidate.name} has one size, not scales")
             return candidate, match.group(1)
     close = difflib.get_close_matches(path.name, _model_names(), n=1, cutoff=0.8)
     hint = f"; did you mean {close[0]}?" if close else ""
@@ -103,7 +58,7 @@ def _model_names():
     for f in sorted(MODELS_DIR.glob("*.yaml")):
         names.append(f.name)
         if re.search(r"^scales:", f.read_text(), re.M):
-            names += [re.sub(r"^(yolov\d+)", rf"\g<1>{s}", f.name) for s in "nslmx"]
+            names += [re.sub(r"^(yolov?\d+)", rf"\g<1>{s}", f.name) for s in "nslmx"]
     return names
 
 
@@ -146,14 +101,11 @@ def _where(d, section, index):
 
 
 def _resolve_module(name, d, section, index):
-    if name in AMBIGUOUS_HEADS:
-        anchor_based, anchor_free = AMBIGUOUS_HEADS[name]
-        return anchor_based if "anchors" in d else anchor_free
-    if name in REGISTRY:
-        return REGISTRY[name]
-    raise BadModelYaml(
-        f"{_where(d, section, index)}: unknown module '{name}'; known: {sorted([*REGISTRY, *AMBIGUOUS_HEADS])}"
-    )
+    m = resolve(name, anchor_based="anchors" in d)
+    if m is None:
+        hint = "; a block of your own comes with --modules FILE.py" if not name.startswith("nn.") else ""
+        raise BadModelYaml(f"{_where(d, section, index)}: unknown module '{name}'{hint}; known: {known_names()}")
+    return m
 
 
 def _last_row(d):
@@ -213,16 +165,20 @@ def _resolve_arg(a, d, section, index):
     return a  # plain strings such as 'nearest'
 
 
-def _layer_args(m, f, n, args, ch, width, max_channels):
+def _layer_args(m, f, n, args, ch, scaling):
     """Final constructor args, repeat count and output channels of one layer, by the block's declared
-    `channel_rule`, `repeat_arg` and `proto_arg` (models/common.py) under the official scaling rules."""
+    `channel_rule`, `repeat_arg`, `scale_args` and `proto_arg` (models/common.py) under the official scaling rules."""
     rule = getattr(m, "channel_rule", None)
+    width, max_channels = scaling.width, scaling.max_channels
     if rule in ("width", "fixed"):
         c2 = make_divisible(min(args[0], max_channels) * width, 8) if rule == "width" else args[0]
         args = [ch[f], c2, *args[1:]]
         if getattr(m, "repeat_arg", False):
             args.insert(2, n)
             n = 1
+        for scales, (k, value) in getattr(m, "scale_args", {}).items():
+            if scaling.scale and scaling.scale in scales:  # the argument's slot, added where the row leaves it out
+                args[k:k + 1] = [value]
     elif rule == "concat":
         c2 = sum(ch[x] for x in f)
     elif rule == "levels":
@@ -241,8 +197,21 @@ def _layer_args(m, f, n, args, ch, width, max_channels):
     return args, n, c2
 
 
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """How a model dict scales its rows: depth, width, max_channels, the scale's name (None without `scales`), and
+    whether its anchor-free head has YOLO11's depthwise class branches (a block of it declares `dw_head`)."""
+
+    depth: float
+    width: float
+    max_channels: float
+    scale: str = None
+    dw_head: bool = False
+
+
 def _scaling(d):
-    """(depth, width, max_channels) from `scales` + `scale` (v8) or `depth/width_multiple` (v5/v7)."""
+    """Scaling from `scales` + `scale` (v8) or `depth/width_multiple` (v5/v7)."""
+    scale = None
     if "scales" in d:
         scale = d.get("scale") or next(iter(d["scales"]))
         values, names = d["scales"][scale], (f"scales.{scale}",) * 3
@@ -254,7 +223,9 @@ def _scaling(d):
     for name, v in zip(names, values):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: {name} must be a number > 0, got {v!r}")
-    return tuple(values)
+    rows = [r for k in ("backbone", "head") for r in d[k] if isinstance(r, list) and len(r) == 4]
+    dw_head = any(getattr(resolve(r[2], "anchors" in d), "dw_head", False) for r in rows if isinstance(r[2], str))
+    return Scaling(*values, scale=scale if isinstance(scale, str) else None, dw_head=dw_head)
 
 
 # Bounds on what a YAML may ask for (official models: under 110 rows, blocks repeated at most 12 times); a model
@@ -262,7 +233,7 @@ def _scaling(d):
 MAX_ROWS, MAX_REPEATS = 1024, 256
 
 
-def _build_layer(row, d, section, j, ch, depth, width, max_channels):
+def _build_layer(row, d, section, j, ch, scaling):
     """One YAML row -> (module, output channels); a row that cannot be built is a BadModelYaml naming its line."""
     if not isinstance(row, list) or len(row) != 4:
         raise BadModelYaml(f"{_where(d, section, j)}: expected [from, number, module, args], got {row!r}")
@@ -271,11 +242,13 @@ def _build_layer(row, d, section, j, ch, depth, width, max_channels):
     args = [_resolve_arg(a, d, section, j) for a in args]
     kwargs = {"act": a for a in args if isinstance(a, nn.Module)}
     args = [a for a in args if not isinstance(a, nn.Module)]
-    n = max(round(n * depth), 1) if n > 1 else n
+    if scaling.dw_head and getattr(m, "channel_rule", None) == "levels" and not m.anchor_based:
+        kwargs["dw"] = True
+    n = max(round(n * scaling.depth), 1) if n > 1 else n
     if not 1 <= n <= MAX_REPEATS:
         raise BadModelYaml(f"{_where(d, section, j)}: repeats {name} {n} times, expected 1..{MAX_REPEATS}")
     try:
-        args, n, c2 = _layer_args(m, f, n, args, ch, width, max_channels)
+        args, n, c2 = _layer_args(m, f, n, args, ch, scaling)
         m_ = nn.Sequential(*(m(*args, **kwargs) for _ in range(n))) if n > 1 else m(*args, **kwargs)
     except NotImplementedError:  # a block declaring a rule parse_model lacks: a bug, not the YAML's
         raise
@@ -290,18 +263,35 @@ def parse_model(d, ch):
     """Build nn.Sequential from a model dict; returns (model, sorted indices of layers whose outputs are reused).
 
     Arguments that are activation modules (`nn.LeakyReLU(0.1)` in YOLOv7 YAMLs) go to the `act` keyword, since
-    YOLOv7's Conv has no dilation argument before `act` and the official YAMLs pass it positionally.
+    YOLOv7's Conv has no dilation argument before `act` and the official YAMLs pass it positionally. A model-wide
+    `activation: nn.LeakyReLU(0.1)` (yolov5s-LeakyReLU.yaml) is what every Conv told `act=True` uses.
     """
-    if "activation" in d:
-        raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: a model-wide 'activation' key is not supported")
-    depth, width, max_channels = _scaling(d)
-    ch = [ch] if isinstance(ch, int) else list(ch)
     rows = [("backbone", j, r) for j, r in enumerate(d["backbone"])] + [("head", j, r) for j, r in enumerate(d["head"])]
     if len(rows) > MAX_ROWS:
         raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: {len(rows)} layers, more than {MAX_ROWS}")
+    scaling = _scaling(d)
+    with model_activation(_model_activation(d)):
+        model, save = _build_layers(rows, d, ch, scaling)
+    _set_batchnorm(model, d)
+    return model, save
+
+
+def _model_activation(d):
+    """The factory of the YAML's `activation:` (a registered activation with literal arguments), else SiLU's."""
+    text = d.get("activation")
+    if text is None:
+        return nn.SiLU
+    if not isinstance(text, str) or _parse_activation(text) is None:
+        raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: activation {text!r:.60} is not one of "
+                           f"nn.{{{', '.join(sorted(ACTIVATIONS))}}}(literal arguments)")
+    return lambda: _parse_activation(text)
+
+
+def _build_layers(rows, d, ch, scaling):
+    ch = [ch] if isinstance(ch, int) else list(ch)
     layers, save = [], []
     for i, (section, j, row) in enumerate(rows):
-        m_, c2 = _build_layer(row, d, section, j, ch, depth, width, max_channels)
+        m_, c2 = _build_layer(row, d, section, j, ch, scaling)
         f = m_.f
         m_.i = i
         m_.np = sum(x.numel() for x in m_.parameters())
@@ -310,9 +300,7 @@ def parse_model(d, ch):
         if i == 0:
             ch = []
         ch.append(c2)
-    model = nn.Sequential(*layers)
-    _set_batchnorm(model, d)
-    return model, sorted(set(save))
+    return nn.Sequential(*layers), sorted(set(save))
 
 
 def _set_batchnorm(model, d):

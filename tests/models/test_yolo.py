@@ -7,7 +7,7 @@ import torch.nn as nn
 import yaml
 from models_testutil import randomise_bn
 
-from models import yolo
+from models import registry, yolo
 from models.common import C3, C2f, Conv
 from models.heads import AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, Segment
 from models.yolo import (
@@ -147,7 +147,7 @@ def test_unknown_module_names_file_and_line(tmp_path):
         DetectionModel(str(path))
 
 
-def test_unknown_activation_and_model_wide_activation_rejected():
+def test_unknown_activation_rejected():
     d = yaml_model_load("yolov5n.yaml")
     d["backbone"][0][3] = [64, 6, 2, 2, "nn.Gelu(1)"]
     with pytest.raises(ValueError, match=r"unsupported argument 'nn.Gelu\(1\)'"):
@@ -155,10 +155,24 @@ def test_unknown_activation_and_model_wide_activation_rejected():
     d["backbone"][0][3] = [64, 6, 2, 2, "nn.LeakyReLU(0.1 +)"]
     with pytest.raises(ValueError, match="unsupported argument"):
         DetectionModel(d)
-    d = yaml_model_load("yolov5n.yaml")
-    d["activation"] = "nn.ReLU()"
-    with pytest.raises(ValueError, match="activation"):
-        DetectionModel(d)
+    for bad in ("nn.Gelu()", "print(1)", "nn.ReLU(x)", ["nn.ReLU()"]):
+        d = yaml_model_load("yolov5n.yaml")
+        d["activation"] = bad
+        with pytest.raises(BadModelYaml, match="activation"):
+            DetectionModel(d)
+
+
+def test_model_wide_activation_is_every_default_conv_activation():
+    """yolov5s-LeakyReLU.yaml: every Conv told act=True activates with LeakyReLU(0.1), each with its own module; a
+    Conv told act=False stays linear; the heads' plain convolutions have none. The setting ends with the parse."""
+    m = DetectionModel("yolov5s-LeakyReLU.yaml")
+    convs = [x for x in m.modules() if isinstance(x, Conv)]
+    assert convs and all(isinstance(c.act, nn.LeakyReLU) and c.act.negative_slope == 0.1 for c in convs)
+    assert len({id(c.act) for c in convs}) == len(convs)
+    assert not any(isinstance(x, nn.SiLU) for x in m.modules())
+    assert isinstance(Conv(3, 8).act, nn.SiLU)
+    ref = DetectionModel("yolov5s.yaml")
+    assert [(k, v.shape) for k, v in m.state_dict().items()] == [(k, v.shape) for k, v in ref.state_dict().items()]
 
 
 def test_activation_argument_goes_to_act():
@@ -351,7 +365,7 @@ class _Widen(nn.Module):
 
 
 def test_blocks_declare_their_parser_rules(monkeypatch):
-    monkeypatch.setitem(yolo.REGISTRY, "Widen", _Widen)
+    monkeypatch.setitem(registry.REGISTRY, "Widen", _Widen)
     d = yaml_model_load("yolov8n.yaml")  # scale n: depth 0.33, width 0.25
     d["backbone"][1] = [-1, 6, "Widen", [128]]
     m = DetectionModel(d)
