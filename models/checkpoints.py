@@ -68,6 +68,7 @@ RELEASES = (
     (r"yolov7(x|-tiny|-w6|-e6|-d6|-e6e)?(_training)?\.pt", "https://github.com/WongKinYiu/yolov7/releases/download/v0.1/"),
     (r"yolov8[nsmlx](-seg|-cls|-pose)?\.pt", "https://github.com/ultralytics/assets/releases/download/v0.0.0/"),
     (r"yolov5[nsmlx]6?u\.pt", "https://github.com/ultralytics/assets/releases/download/v8.2.0/"),  # YOLOv5u
+    (r"yolo11[nsmlx](-seg|-cls|-pose)?\.pt", "https://github.com/ultralytics/assets/releases/download/v8.3.0/"),
 )
 
 _STORAGE_TYPES = ("Half", "Float", "Double", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
@@ -87,7 +88,7 @@ TORCH_GLOBALS = frozenset({
     # protocol-2 pickles write bytes as _codecs.encode(str, 'latin1')
     "collections.OrderedDict", "builtins.set", "_codecs.encode",
 })
-NN_LAYERS = {  # every torch.nn class in official YOLOv5/v7/v8 detect/segment/classify trees
+NN_LAYERS = {  # every torch.nn class in official YOLOv5/v7/v8/11 detect/segment/classify trees
     f"torch.nn.modules.{path}": cls for path, cls in {
         "conv.Conv2d": nn.Conv2d, "conv.ConvTranspose2d": nn.ConvTranspose2d, "batchnorm.BatchNorm2d": nn.BatchNorm2d,
         "activation.SiLU": nn.SiLU, "activation.LeakyReLU": nn.LeakyReLU, "activation.ReLU": nn.ReLU,
@@ -97,6 +98,9 @@ NN_LAYERS = {  # every torch.nn class in official YOLOv5/v7/v8 detect/segment/cl
         "container.Sequential": nn.Sequential, "container.ModuleList": nn.ModuleList,
         # later Ultralytics versions keep the criterion on the model (the stubbed v8DetectionLoss holds this)
         "loss.BCEWithLogitsLoss": nn.BCEWithLogitsLoss,
+        # yolov3-tiny's pad; the transformer of yolov5s-transformer (C3TR)
+        "padding.ZeroPad2d": nn.ZeroPad2d, "activation.MultiheadAttention": nn.MultiheadAttention,
+        "linear.NonDynamicallyQuantizableLinear": nn.modules.linear.NonDynamicallyQuantizableLinear,
     }.items()
 }
 # the preprocessing Ultralytics classifiers keep on the model (`model.transforms`): plain torchvision objects,
