@@ -2,20 +2,15 @@
 inference ms/image for the fused model at batch 1. These time the model step on prefetched batches; whole-run
 figures (start-up, data, validation, saving) come from timing the scripts themselves.
 
-    python benchmarks/bench.py                                  # yolov5n, yolov8n, yolov7-tiny, seg, cls at 320/640
-    python benchmarks/bench.py --models yolov8n.yaml --imgsz 640 --amp bf16 --channels-last
-    python benchmarks/bench.py --device 0 --amp fp16 --imgsz 640 --train-imgsz 640 --batch 64   # one GPU
+    python -m benchmarks.bench                                  # yolov5n, yolov8n, yolov7-tiny, seg, cls at 320/640
+    python -m benchmarks.bench --models yolov8n.yaml --imgsz 640 --amp bf16 --channels-last
+    python -m benchmarks.bench --device 0 --amp fp16 --imgsz 640 --train-imgsz 640 --batch 64   # one GPU
 """
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils import ops

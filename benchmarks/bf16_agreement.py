@@ -6,18 +6,13 @@ the other run (near the confidence threshold, a box may cross it either way). Wi
 file on the dataset's val split twice, fp32 and under bf16 autocast (as training's per-epoch validation runs under
 --amp bf16), and prints both mAPs. Figures, not assertions.
 
-    python benchmarks/bf16_agreement.py --weights runs/train/exp/weights/best.pt --source /tmp/shapes/images/val \
+    python -m benchmarks.bf16_agreement --weights runs/train/exp/weights/best.pt --source /tmp/shapes/images/val \
         --data /tmp/shapes/shapes-det.yaml
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.tasks.detect import DetectionPredictor, DetectionValidator
 from engine.validator import ValOptions

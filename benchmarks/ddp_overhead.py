@@ -7,8 +7,8 @@
 2. run:  the same whole training command as 1 process x 2 threads and as torchrun with 2 processes x 1 thread,
    alternated, img/s of the train loop from --profile (medians).
 
-    python benchmarks/ddp_overhead.py --data /tmp/shapes/shapes-det.yaml          # both parts
-    python benchmarks/ddp_overhead.py --parts step --cfg yolov5n.yaml
+    python -m benchmarks.ddp_overhead --data /tmp/shapes/shapes-det.yaml          # both parts
+    python -m benchmarks.ddp_overhead --parts step --cfg yolov5n.yaml
 """
 
 import argparse
@@ -25,9 +25,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.yolo import DetectionModel
 from utils.files import ROOT
@@ -115,7 +112,7 @@ def part_run(opt):
     for i in range(opt.repeats):
         for label, (cmd, env, kind) in jobs.items():
             name = f"{kind}{i}"  # a run folder holds one run: each repeat writes its own
-            _run([*cmd, "--name", name], {**os.environ, **env, "PYTHONPATH": str(ROOT)}, out / f"{name}.log")
+            _run([*cmd, "--name", name], {**os.environ, **env}, out / f"{name}.log")
             s = json.loads((out / name / "profile.json").read_text())
             figures[label].append((s["train_img_per_s"], s["sections"]["forward_backward"]["s"], s["wall_s"]))
     print(f"\nrun: train.py {opt.cfg}, {opt.imgsz} px, batch 16 in all, {opt.epochs} epochs, medians of {opt.repeats}")

@@ -102,8 +102,8 @@ step resume-here python train.py --resume "$P/res/weights/last.pt" --device "$DE
 step resume-on-cpu python train.py --resume "$P/res-cpu/weights/last.pt" --device cpu
 BENCH=(--device "$DEVICE" --amp "$AMP" --imgsz "$IMG" --train-imgsz "$IMG" --batch "$BATCH" --steps 10 --workers 8
        --models yolov5n.yaml yolov8n.yaml yolov8n-seg.yaml)
-step bench python benchmarks/bench.py "${BENCH[@]}"
-step bench-channels-last python benchmarks/bench.py "${BENCH[@]}" --channels-last
+step bench python -m benchmarks.bench "${BENCH[@]}"
+step bench-channels-last python -m benchmarks.bench "${BENCH[@]}" --channels-last
 
 echo
 echo "=== benchmark (train img/s on prefetched batches, batch-1 inference ms with NMS, peak GPU memory)"

@@ -2,8 +2,8 @@
 to its exit, alternating (ours, peer, ours, peer ...), with the GPU's memory and utilisation sampled by nvidia-smi
 during the run and the last epoch's mAP read from each run's results.csv (both write the same column names).
 
-    python benchmarks/gpu_whole_run.py --models yolov8n.yaml yolov8s.yaml          # on the GPU machine
-    DEVICE=cpu python benchmarks/gpu_whole_run.py --device cpu --n-train 32 --n-val 8 --img 128 --batch 8 --epochs 1
+    python -m benchmarks.gpu_whole_run --models yolov8n.yaml yolov8s.yaml          # on the GPU machine
+    DEVICE=cpu python -m benchmarks.gpu_whole_run --device cpu --n-train 32 --n-val 8 --img 128 --batch 8 --epochs 1
 
 The data is the project's synthetic generator (`--n-train` / `--n-val` images of `--min-side`-`--img` px); both
 tools read the same folder through one plain dataset YAML. Each tool runs at its defaults otherwise (workers,
@@ -20,9 +20,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from utils.data.synthetic import CLASS_NAMES, generate_dataset
 from utils.files import ROOT

@@ -8,7 +8,7 @@ as when training on a CPU ('ours'), and as when training on a GPU ('ours-gpu'), 
 colour tables and the GPU applies them (YOLODataset device_hsv; that step is not timed here).
 
     python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0
-    python benchmarks/loader.py --data /tmp/shapes/shapes-det.yaml --img 640 --repeats 3
+    python -m benchmarks.loader --data /tmp/shapes/shapes-det.yaml --img 640 --repeats 3
 
 Without the peers' venv (../shared/peers/setup.sh) only ours runs.
 """
@@ -75,8 +75,9 @@ def time_one_side(side, data, img):
 
 def run_side(side, opt):
     python = sys.executable if side != "ultralytics" else str(Path(opt.peers_venv) / "bin" / "python")
-    cmd = ["taskset", "-c", "0", python, __file__, "--side", side, "--data", opt.data, "--img", str(opt.img)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # as this process was started (`python -m benchmarks.loader` from the root), so the root is on the path
+    cmd = ["taskset", "-c", "0", python, "-m", __spec__.name, "--side", side, "--data", opt.data, "--img", str(opt.img)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode:
         raise SystemExit(f"error: the {side} run failed:\n{out.stderr[-2000:]}")

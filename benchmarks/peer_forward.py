@@ -3,8 +3,8 @@ IoU 0.45, 2 warm-up runs, median of --runs, --threads torch threads), so the two
 machine. Run it with the peers' interpreter (`bash ../shared/peers/setup.sh`):
 
     source /tmp/peers-venv/peer-env.sh
-    /tmp/peers-venv/bin/python benchmarks/peer_forward.py --imgsz 320 640
-    python benchmarks/bench.py --models yolov8n.yaml --imgsz 320 640 --amp bf16 --channels-last
+    /tmp/peers-venv/bin/python -m benchmarks.peer_forward --imgsz 320 640
+    python -m benchmarks.bench --models yolov8n.yaml --imgsz 320 640 --amp bf16 --channels-last
 
 Prints the Ultralytics YOLOv8n figures in its own default path (fp32, default memory layout), as its predict runs.
 """

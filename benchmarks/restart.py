@@ -1,8 +1,8 @@
 """What a killed worker costs on this machine (figures, not assertions): a 2-process torchrun run on CPU trained
 once without a kill and once with a SIGKILL of one rank mid-epoch under --max-restarts 1.
 
-    python benchmarks/restart.py                        # static rendezvous, rank 1 killed before batch 2 of epoch 1
-    python benchmarks/restart.py --rdzv c10d --kill-rank 0 --epochs 3 --save-interval 2it
+    python -m benchmarks.restart                        # static rendezvous, rank 1 killed before batch 2 of epoch 1
+    python -m benchmarks.restart --rdzv c10d --kill-rank 0 --epochs 3 --save-interval 2it
 
 Prints the wall time of both runs (their difference is the time one kill costs), the restart time (from the
 SIGKILL to the restarted group's first training batch, set-up included) and where the restart resumed.
@@ -16,9 +16,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from utils.data.synthetic import generate_dataset
 from utils.files import ROOT
@@ -38,7 +35,7 @@ def launch(args, run_args, name, kill):
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1", *rdzv,
            str(DRIVER), *run_args, "--name", name]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if kill:
         env.update(KILL_RANK=str(args.kill_rank), KILL_AT=args.kill_at)
     t0 = time.time()

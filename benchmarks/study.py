@@ -4,20 +4,20 @@ the times do (compare them only between runs made back to back).
 
     python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0
     # bf16 against fp32 (issue: make bf16 the CPU default only where its mean mAP50-95 is within 0.01)
-    python benchmarks/study.py --data /tmp/shapes/shapes-det.yaml --cfgs yolov8n.yaml yolov5n.yaml \
+    python -m benchmarks.study --data /tmp/shapes/shapes-det.yaml --cfgs yolov8n.yaml yolov5n.yaml \
         --seeds 0 1 2 --variant fp32 --amp off --variant bf16 --amp bf16
     # a recipe study: one change against the defaults
-    python benchmarks/study.py --cfgs yolov8n.yaml --seeds 0 --variant default --variant iou07 --hyp my.yaml
+    python -m benchmarks.study --cfgs yolov8n.yaml --seeds 0 --variant default --variant iou07 --hyp my.yaml
 
     # a long schedule against the peers' defaults (their venv: bash ../shared/peers/setup.sh)
     python ../shared/peers/make_shapes.py --out /tmp/shapes6 --seed 1 --nc 6
-    python benchmarks/study.py --data /tmp/shapes6/shapes-det.yaml --cfgs yolov8n.yaml --epochs 100 --seeds 0 \
+    python -m benchmarks.study --data /tmp/shapes6/shapes-det.yaml --cfgs yolov8n.yaml --epochs 100 --seeds 0 \
         --peers ultralytics --peer-threads 2
     # fine-tuning both tools from the same weights (ours converted for Ultralytics by to_ultralytics.py)
-    python benchmarks/study.py --data /tmp/shapes/shapes-det.yaml --seeds 0 --peers ultralytics \
+    python -m benchmarks.study --data /tmp/shapes/shapes-det.yaml --seeds 0 --peers ultralytics \
         --peer-weights start-ul.pt --variant default --weights best.pt
     # segmentation (box and mask mAP): segment/train.py against `yolo segment train`
-    python benchmarks/study.py --task segment --data /tmp/shapes/shapes-seg.yaml --cfgs yolov8n-seg.yaml \
+    python -m benchmarks.study --task segment --data /tmp/shapes/shapes-seg.yaml --cfgs yolov8n-seg.yaml \
         --seeds 0 --peers ultralytics --variant default --variant gain1 --hyp gain1.yaml
 
 Each `--variant NAME` is followed by the options it adds to every train.py command. `--peers` adds a row per peer,
@@ -38,9 +38,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peer_commands import ultralytics_train
 from utils.files import ROOT

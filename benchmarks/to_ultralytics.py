@@ -1,7 +1,7 @@
 """One of our detection checkpoints as an Ultralytics .pt, for fine-tuning both tools from the same weights
 (`benchmarks/study.py --peer-weights`). Runs with the peers' interpreter, where ultralytics is installed:
 
-    /tmp/peers-venv/bin/python benchmarks/to_ultralytics.py runs/train/exp/weights/best.pt yolov8n.yaml start.pt
+    /tmp/peers-venv/bin/python -m benchmarks.to_ultralytics runs/train/exp/weights/best.pt yolov8n.yaml start.pt
 
 Our state-dict keys and shapes are the official ones (docs/design.md), so the weights load by key into Ultralytics'
 own model built from the same cfg; the script refuses a checkpoint where any key is missing, extra or of
@@ -10,13 +10,8 @@ Ultralytics model object, as Ultralytics' own files do.
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main():

@@ -1,19 +1,15 @@
 """mAP with and without test-time augmentation (--augment) on a short from-scratch run, at the training size and
 at 4/3 of it. An accuracy figure, not a test: a model that learns enough to compare takes minutes on a CPU.
 
-    python benchmarks/tta_map.py                       # yolov8n, 256 synthetic images at 96 px, 8 epochs
-    python benchmarks/tta_map.py --cfg yolov5n.yaml --epochs 12
+    python -m benchmarks.tta_map                       # yolov8n, 256 synthetic images at 96 px, 8 epochs
+    python -m benchmarks.tta_map --cfg yolov5n.yaml --epochs 12
 """
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train
 import val

@@ -2,8 +2,8 @@
 and in 2 gloo processes, and how long rank 1 waits for rank 0, before (rank 0 validates alone, as the official
 repos do) and after (every rank validates its share).
 
-    python benchmarks/val_sharding.py                              # yolov5n, 64 synthetic images at 320
-    python benchmarks/val_sharding.py --cfg yolov8n.yaml --n 96 --imgsz 256 --repeat 3
+    python -m benchmarks.val_sharding                              # yolov5n, 64 synthetic images at 320
+    python -m benchmarks.val_sharding --cfg yolov8n.yaml --n 96 --imgsz 256 --repeat 3
 
 Each process uses one thread, so 2 processes use the 2 cores that 1 process leaves half idle; the 1-process figure
 with 2 threads is printed too. On a GPU machine each rank has its own GPU, so the speed-up approaches the rank count.
@@ -14,7 +14,6 @@ import json
 import os
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,9 +22,6 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 from torch.utils.data import DataLoader
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.tasks.detect import DetectionValidator
 from engine.validator import ShardedBatchSampler, ValOptions

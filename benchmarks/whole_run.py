@@ -5,9 +5,9 @@ not single times.
 
     python ../shared/peers/make_shapes.py --out /tmp/shapes --seed 0        # the benchmark data (256 / 64 images)
     bash ../shared/peers/setup.sh && source /tmp/peers-venv/peer-env.sh      # the peers, in a venv of their own
-    python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 train-v5 predict val --repeats 3
-    python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 train-v5 --img 640 --repeats 3
-    python benchmarks/whole_run.py --data /tmp/shapes/shapes-det.yaml --jobs train-v8 --ours-args --amp bf16
+    python -m benchmarks.whole_run --data /tmp/shapes/shapes-det.yaml --jobs train-v8 train-v5 predict val --repeats 3
+    python -m benchmarks.whole_run --data /tmp/shapes/shapes-det.yaml --jobs train-v8 train-v5 --img 640 --repeats 3
+    python -m benchmarks.whole_run --data /tmp/shapes/shapes-det.yaml --jobs train-v8 --ours-args --amp bf16
 
 The peers train with 2 dataloader workers, their best on a 2-core CPU (docs/performance.md); `--peer-workers`
 changes it. Each row gives the median wall time and the median peak resident memory (GNU time's maximum RSS) of each
@@ -24,9 +24,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peer_commands import ultralytics_train
 from utils.files import ROOT

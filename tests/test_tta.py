@@ -2,7 +2,7 @@
 fake heads whose output is known), and val.py / the predictors run with --augment for every family.
 
 No mAP comparison here: a model that learns enough to compare takes ~4 min on this 2-core CPU. The figures come
-from `python benchmarks/tta_map.py` (yolov8n, 256 synthetic images, 8 epochs at 96 px), mAP50 / mAP50-95:
+from `python -m benchmarks.tta_map` (yolov8n, 256 synthetic images, 8 epochs at 96 px), mAP50 / mAP50-95:
     val at  96 px: plain 0.081 / 0.045, TTA 0.079 / 0.033
     val at 128 px: plain 0.074 / 0.023, TTA 0.092 / 0.039
 TTA only adds smaller passes (0.83x, 0.67x), so at the training size they show objects below the scales the

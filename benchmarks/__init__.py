@@ -1,0 +1,1 @@
+"""Speed, accuracy, memory and structure figures (not assertions): `python -m benchmarks.NAME` from the root."""
