@@ -1,0 +1,56 @@
+"""benchmarks/structure.py on a small tree written here, whose figures are counted by hand."""
+
+from benchmarks.structure import measure
+
+
+def _tree(root):
+    files = {
+        "train.py": "import engine.trainer\n",
+        "engine/__init__.py": "",
+        "engine/tasks/__init__.py": "TASKS = 1\n",
+        "engine/trainer.py": ("from engine.tasks import TASKS\n"
+                              "class BaseTrainer:\n"
+                              "    def __init__(self):\n"
+                              "        self.a, (self.b, self.c) = 1, (2, 3)\n"
+                              "        self.d: int = 4\n"
+                              "        self.a += 1\n"
+                              "    def step(self):\n"
+                              "        from utils import ops  # a lazy import from the floor below\n"
+                              "        self.e = [x for x in range(3)]\n"
+                              "        y = self.e\n"
+                              "        return ops, y\n"
+                              "    def hook(self):\n"
+                              "        pass\n"),
+        "engine/tasks/detect.py": ("from engine.trainer import BaseTrainer\n"
+                                   "class DetectionTrainer(BaseTrainer):\n"
+                                   "    def hook(self):\n"
+                                   "        pass\n"
+                                   "    def extra(self):\n"
+                                   "        pass\n"
+                                   "class PoseTrainer(DetectionTrainer):\n"
+                                   "    def step(self):\n"
+                                   "        pass\n"
+                                   "    def extra(self):\n"
+                                   "        pass\n"
+                                   "    def own(self):\n"
+                                   "        pass\n"),
+        "utils/__init__.py": "",
+        "utils/ops.py": "import models.yolo\n",
+        "models/__init__.py": "",
+        "models/yolo.py": "import torch\n" + "x = 1\n" * 420,
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_structure_figures(tmp_path):
+    _tree(tmp_path)
+    m = measure(tmp_path, big=400, top=2)
+    assert m["files over 400 lines"] == [(421, "models/yolo.py")]
+    assert m["longest functions"] == [(5, "engine/trainer.py:7 step"), (4, "engine/trainer.py:3 __init__")]
+    assert m["engine class attributes"] == {"BaseTrainer": ["a", "b", "c", "d", "e"]}
+    # inherited through two generations; a method no parent has is not an override
+    assert m["task class overrides"] == {"DetectionTrainer": ["hook"], "PoseTrainer": ["extra", "step"]}
+    assert sorted(m["arrows that climb"]) == ["engine/trainer.py:1 -> engine/tasks/__init__.py",
+                                              "utils/ops.py:1 -> models/yolo.py"]
