@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import torch
 
-from engine.tasks import check_task
+from engine.messages import check_task
 from models.backend import InferenceBackend
 from utils import dist as du
 from utils.cli import check_imgsz

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+from engine.messages import check_task
 from engine.options import TrainOptions
-from engine.tasks import check_task
 from models.checkpoints import load_checkpoint
 from models.yolo import head_task, yaml_model_load
 from utils import dist as du

@@ -25,10 +25,9 @@ from engine.callbacks import Callbacks
 from engine.checkpointer import Checkpointer, LoopState, sigterm_deferred
 from engine.hyp import SCHEDULE, Reader, default_hyp_file, load_hyp, read_hyp, require_keys
 from engine.interrupt import StopRequests
-from engine.messages import banner, next_commands, plural, position, resume_command, shown
+from engine.messages import SCRIPTS, banner, next_commands, plural, position, resume_command, shown
 from engine.options import TrainOptions
 from engine.resume import AUTO, RUN_FILES, forget_run_dir, plan_run, record_run_dir
-from engine.tasks import SCRIPTS
 from models.checkpoints import attempt_load
 from utils import dist as du
 from utils.charts import RunPlots

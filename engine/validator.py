@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
-from engine.tasks import check_task
+from engine.messages import check_task
 from models.backend import validation_model
 from utils import dist as du
 from utils.data.labels import problems_listed_on_failure, write_problems

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
+from engine.messages import check_task
 from engine.predictor import BasePredictor
-from engine.tasks import check_task
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.messages import SCRIPTS, check_task
 from engine.options import DetectTrainOptions
 from engine.predictor import BasePredictor
-from engine.tasks import SCRIPTS, check_task
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.backend import InferenceBackend
