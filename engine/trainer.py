@@ -146,9 +146,6 @@ class BaseTrainer:
         loggers = build_loggers(self.opt.loggers, self.save_dir, plots=plots, log_model=self.opt.log_model)
         return [RunPlots(), *loggers] if plots else loggers
 
-    def add_callback(self, event, fn):
-        self.callbacks.add(event, fn)
-
     def run_callbacks(self, event):
         """Fire `event` (on rank 0 only, unless the event is declared for every rank); listeners' time is charged to
         plotting/logging."""

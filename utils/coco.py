@@ -15,13 +15,6 @@ import torch
 from utils.metrics import OKS_AREA_SCALE
 from utils.ops import xywhn2xyxy
 
-_COCO91_GAPS = {12, 26, 29, 30, 45, 66, 68, 69, 71, 83}  # ids the 2014 paper listed but the 2017 release lacks
-
-
-def coco80_to_coco91_class():
-    """COCO category id (1..90, with gaps) of each of the 80 contiguous class indices used for training."""
-    return [i for i in range(1, 91) if i not in _COCO91_GAPS]
-
 
 def image_id_from_path(path):
     """COCO image id of an image file: int(stem) when the stem is numeric (COCO's own files), else the stem."""

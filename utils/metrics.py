@@ -229,10 +229,6 @@ class Metric:
         return self._mean(self.ap50)
 
     @property
-    def map75(self):
-        return self._mean(self.all_ap[:, 5]) if len(self.all_ap) else 0.0
-
-    @property
     def map(self):
         return self._mean(self.ap)
 
@@ -353,8 +349,6 @@ class ClassifyMetrics:
     def __init__(self, names=None):
         self.names = names or {}
         self.top1 = self.top5 = 0.0
-        self.class_index = np.zeros(0, dtype=int)
-        self.class_top1 = np.zeros(0)
 
     def process(self, targets, preds):
         """targets (n,) int; preds either scores (n, nc) float or class indices (n, k) int sorted best first."""
@@ -366,9 +360,6 @@ class ClassifyMetrics:
         top1, top5 = hits[:, 0].float(), hits.any(1).float()
         self.top1 = float(top1.mean()) if len(targets) else 0.0
         self.top5 = float(top5.mean()) if len(targets) else 0.0
-        classes = targets.unique()
-        self.class_index = classes.numpy().astype(int)
-        self.class_top1 = np.array([float(top1[targets == c].mean()) for c in classes])
 
     @property
     def keys(self):
@@ -425,12 +416,6 @@ class ConfusionMatrix:
         np.add.at(self.matrix, (det_cls[di], gt_cls[li]), 1)
         np.add.at(self.matrix, (bg, np.delete(gt_cls, li)), 1)
         np.add.at(self.matrix, (np.delete(det_cls, di), bg), 1)
-
-    def tp_fp(self):
-        """True and false positives per class (background excluded)."""
-        tp = np.diag(self.matrix)
-        fp = self.matrix.sum(1) - tp
-        return (tp[:-1], fp[:-1]) if self.task == "detect" else (tp, fp)
 
     def plot(self, save_dir, names=(), normalize=True):
         """Draw the matrix as a PNG (counts, or fractions of each true class); returns the file path."""

@@ -83,12 +83,6 @@ def segment2box(segment, width=640, height=640):
     return np.array([x.min(), y.min(), x.max(), y.max()], dtype=segment.dtype)
 
 
-def segments2boxes(segments):
-    """Polygons (list of (n, 2)) -> xywh boxes (m, 4)."""
-    boxes = [[s[:, 0].min(), s[:, 1].min(), s[:, 0].max(), s[:, 1].max()] for s in segments]
-    return xyxy2xywh(np.array(boxes, dtype=np.float32).reshape(-1, 4))
-
-
 def resample_segments(segments, n=1000):
     """Resample each closed polygon to n points by linear interpolation along its outline."""
     out = []
@@ -158,10 +152,6 @@ def scale_coords(img1_shape, coords, img0_shape, ratio_pad=None, normalize=False
         coords[..., 0] /= img0_shape[1]
         coords[..., 1] /= img0_shape[0]
     return coords
-
-
-def box_area(box):
-    return (box[:, 2] - box[:, 0]) * (box[:, 3] - box[:, 1])
 
 
 def box_iou(box1, box2, eps=1e-7):

@@ -132,10 +132,6 @@ def time_sync():
     return time.time()
 
 
-def num_params(model):
-    return sum(p.numel() for p in model.parameters())
-
-
 class ModelEMA:
     """Exponential moving average of the weights (and BN buffers), decay ramped as decay * (1 - exp(-updates / tau)).
 

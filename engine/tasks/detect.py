@@ -27,7 +27,7 @@ from utils.data.image_weights import ImageWeightSampler
 from utils.dist import get_rank, get_world_size
 from utils.errors import BadDataset, BadOption
 from utils.loggers import LOGGER
-from utils.metrics import ConfusionMatrix, DetMetrics, process_batch
+from utils.metrics import ConfusionMatrix, DetMetrics, iou_vector, process_batch
 from utils.plots import colors, plot_images
 
 MAX_PLOTTED_PREDS = 30  # per image in val_batch*_pred.jpg: the most confident, enough to judge a tile
@@ -153,7 +153,7 @@ class DetectionValidator(BaseValidator):
 
     def __init__(self, args, save_dir, names, criterion=None, label_nc=None):
         super().__init__(args, save_dir, names, criterion, label_nc)
-        self.iouv = torch.linspace(0.5, 0.95, 10)
+        self.iouv = iou_vector()
         self.layout = None  # the model's output_layout, read by init_metrics
         # the last validation's: every image's matches (for inspection), COCO JSON rows, whether any image had a
         # prediction, labels per class

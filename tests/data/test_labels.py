@@ -7,7 +7,7 @@ import pytest
 from utils.data import label_cache
 from utils.data import labels as labels_mod
 from utils.data.detect_dataset import YOLODataset
-from utils.data.image_files import img2label_paths, list_files
+from utils.data.image_files import img2label_paths, scan_files
 
 
 def _dataset(root, **kw):
@@ -112,15 +112,15 @@ def test_read_only_cache_location_only_warns(det_copy, monkeypatch, yolo_log):
 
 
 def test_image_listing_rules(det_copy, tmp_path):
-    imgs = list_files(str(det_copy / "images" / "train"))
+    imgs = scan_files(str(det_copy / "images" / "train"))[0]
     assert len(imgs) == 16
     assert img2label_paths(imgs)[0] == str(det_copy / "labels" / "train" / "00000.txt")
     lst = det_copy / "train.txt"
     lst.write_text("./images/train/00001.jpg\nimages/train/00002.jpg\n")
-    assert [os.path.basename(f) for f in list_files(str(lst))] == ["00001.jpg", "00002.jpg"]
-    assert len(list_files(str(det_copy / "images" / "*" / "0000[0-3].jpg"))) == 8
-    assert len(list_files([str(det_copy / "images" / "train"), str(det_copy / "images" / "val")])) == 20
+    assert [os.path.basename(f) for f in scan_files(str(lst))[0]] == ["00001.jpg", "00002.jpg"]
+    assert len(scan_files(str(det_copy / "images" / "*" / "0000[0-3].jpg"))[0]) == 8
+    assert len(scan_files([str(det_copy / "images" / "train"), str(det_copy / "images" / "val")])[0]) == 20
     with pytest.raises(FileNotFoundError, match="nowhere"):
-        list_files(str(tmp_path / "nowhere"))
+        scan_files(str(tmp_path / "nowhere"))
     ds = YOLODataset(str(lst), imgsz=96, nc=3)
     assert len(ds) == 2 and (det_copy / "train.yolo-engine.cache").is_file()

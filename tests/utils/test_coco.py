@@ -10,7 +10,6 @@ import torch
 from utils import coco
 from utils.coco import (
     box_to_coco_json,
-    coco80_to_coco91_class,
     eval_coco_json,
     image_id_from_path,
     labels_to_coco_json,
@@ -18,14 +17,6 @@ from utils.coco import (
 )
 
 mask_utils = pytest.importorskip("pycocotools.mask")
-
-
-def test_coco80_to_coco91():
-    ids = coco80_to_coco91_class()
-    assert len(ids) == 80 and ids[0] == 1 and ids[-1] == 90
-    assert all(a < b for a, b in zip(ids, ids[1:]))
-    assert ids[11] == 13 and ids[24] == 27 and ids[39] == 44 and ids[40] == 46  # person=1 ... stop sign=13
-    assert set(range(1, 91)) - set(ids) == {12, 26, 29, 30, 45, 66, 68, 69, 71, 83}
 
 
 def test_image_id_from_path():

@@ -233,7 +233,6 @@ def test_anchors_and_distances_round_trip():
 def test_segment_helpers():
     seg = np.array([[10.0, 5.0], [50.0, 5.0], [50.0, 40.0], [-5.0, 40.0]])
     np.testing.assert_allclose(ops.segment2box(seg, width=100, height=100), [10, 5, 50, 40])
-    np.testing.assert_allclose(ops.segments2boxes([seg]), [[22.5, 22.5, 55, 35]])
     out = ops.resample_segments([seg], n=9)[0]
     assert out.shape == (9, 2)
     np.testing.assert_allclose(out[0], seg[0])

@@ -145,15 +145,6 @@ def scan_files(source, formats=IMG_FORMATS, recursive=True):
     return files, others
 
 
-def list_files(source, formats=IMG_FORMATS):
-    """The `files` of `scan_files`; raises FileNotFoundError naming the source when an entry is missing or nothing
-    usable is found."""
-    files, _ = scan_files(source, formats)
-    if not files:
-        raise FileNotFoundError(f"no supported files found in {source} (formats: {', '.join(sorted(formats))})")
-    return files
-
-
 def class_folders(split_dir, hidden=None):
     """The sorted class folder names of a classification split (symlinked folders included). Hidden folders
     (`.ipynb_checkpoints`, `.git`) are no classes: their paths go to the list `hidden` when given."""
