@@ -259,10 +259,7 @@ class DetectionValidator(BaseValidator):
 
     def pred_to_json(self, image, predn, batch, si):
         """COCO JSON rows of image si's predictions (`predn`: its boxes in original-image pixels)."""
-        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(Path(batch["paths"][si])), self.class_map())
-
-    def class_map(self):
-        return list(range(1000))
+        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(Path(batch["paths"][si])))
 
     def _concat_stats(self, records):
         out = {}

@@ -148,7 +148,7 @@ class PoseValidator(DetectionValidator):
         """Boxes and keypoints in original-image pixels, as COCO keypoint results."""
         kpts = self.layout.det_keypoints(predn)
         path = Path(batch["paths"][si])
-        return keypoints_to_coco_json(predn[:, :6].cpu(), kpts.cpu(), image_id_from_path(path), self.class_map())
+        return keypoints_to_coco_json(predn[:, :6].cpu(), kpts.cpu(), image_id_from_path(path))
 
     def curve_metrics(self):
         return [("", self.metrics.box), ("Pose", self.metrics.pose)]

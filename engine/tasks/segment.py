@@ -97,7 +97,7 @@ class SegmentationValidator(DetectionValidator):
         native = ops.scale_masks(image["masks"], batch["shapes"][si][0], batch["shapes"][si][1])
         rles = masks_to_rle(native.gt(0.5).cpu().numpy())
         path = Path(batch["paths"][si])
-        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), self.class_map(), rles=rles)
+        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), rles=rles)
 
     def curve_metrics(self):
         return [("", self.metrics.box), ("Mask", self.metrics.seg)]
