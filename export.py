@@ -1,6 +1,6 @@
-"""Export a trained or official model (YOLOv5/v7/v8; detect, segment, classify) to ONNX and/or TorchScript.
+"""Export a trained or official model (YOLOv5/v7/v8; detect, segment, classify, pose) to ONNX and/or TorchScript.
 
-The exported files run with detect.py, segment/predict.py, classify/predict.py and the val scripts
+The exported files run with detect.py, segment/predict.py, classify/predict.py, pose/predict.py and the val scripts
 (`--weights best.onnx`). They take any batch and image size (--dynamic, the default), so at the same --img they see
 the input the .pt sees and give its detections; `--no-dynamic` fixes the input to --imgsz and --batch-size.
 

@@ -5,14 +5,14 @@ accumulated gradient would be lost, or at the end of an epoch), every rank agree
 last.pt with the exact position, prints how to resume and exits 128 + the signal's number (130, 138, 143). A second
 Ctrl-C in a single process started by hand exits at once, without saving.
 
-Under torchrun SIGTERM stays the launcher's: the agent sends it to the surviving workers when a peer died, to
-restart the group, and the peers cannot agree on anything then (engine/resume.py only defers it while a checkpoint
-is written). The agent also passes the terminal's Ctrl-C on to its workers, which are in the terminal's process
-group as well, so each worker sees one Ctrl-C twice: there a repeated signal is not a second request, and the agent
-ends workers that take longer than its shutdown timeout. The same holds in a SLURM job, whose scheduler may signal
-a rank directly and again through the batch script (examples/slurm/train.sbatch); it kills what is left after its
-grace time itself. SIGUSR1 is what `sbatch --signal=USR1@T` sends every task before a time limit; no launcher uses
-it, so it asks for a stop under torchrun too.
+Under torchrun SIGTERM stays the launcher's: the agent sends it to the surviving workers when a peer died, to restart
+the group, and the peers cannot agree on anything then (engine/checkpointer.py only defers it while a checkpoint is
+written). The agent also passes the terminal's Ctrl-C on to its workers, which are in the terminal's process group as
+well, so each worker sees one Ctrl-C twice: there a repeated signal is not a second request, and the agent ends
+workers that take longer than its shutdown timeout. The same holds in a SLURM job, whose scheduler may signal a rank
+directly and again through the batch script (examples/slurm/train.sbatch); it kills what is left after its grace time
+itself. SIGUSR1 is what `sbatch --signal=USR1@T` sends every task before a time limit; no launcher uses it, so it
+asks for a stop under torchrun too.
 """
 
 import os

@@ -1,11 +1,11 @@
-"""BaseTrainer: the one training loop shared by detection, segmentation and classification.
+"""BaseTrainer: the one training loop shared by detection, segmentation, classification and pose.
 
-Task subclasses (engine/tasks/*.py) override a few hooks: `get_data`, `build_model(nc, names)`,
-`build_dataset(path, mode, stride)`, `build_validator()`, `preprocess_batch`, and optionally
-`plot_training_batch`. Hooks get what they need as arguments or from attributes `_setup` assigned before calling
-them (opt, hyp, nc, names, batch_size, save_dir). The loop itself knows nothing about tasks or YOLO versions: the
-model brings its criterion (`model.init_criterion`). Checkpoints are the Checkpointer's (engine/checkpointer.py),
-logging and plots are listeners of the loop's events (engine/callbacks.py).
+Task subclasses (engine/tasks/*.py) override a few hooks: `get_data`, `build_model(nc, names)`, `build_dataset(path,
+mode, stride)`, `build_validator()`, `preprocess_batch`, and optionally `plot_training_batch`, `train_sampler`,
+`fit_model_to_data` and `predict_source`. Hooks get what they need as arguments or from attributes `_setup` assigned
+before calling them (opt, hyp, nc, names, batch_size, save_dir). The loop itself knows nothing about tasks or YOLO
+versions: the model brings its criterion (`model.init_criterion`). Checkpoints are the Checkpointer's
+(engine/checkpointer.py), logging and plots are listeners of the loop's events (engine/callbacks.py).
 """
 
 import contextlib

@@ -316,8 +316,8 @@ class BaseValidator:
 
     @classmethod
     def run_val(cls, opt):
-        """Validate a weights file, as `val.py`, `segment/val.py` and `classify/val.py` do; under torchrun every
-        rank validates its share."""
+        """Validate a weights file, as `val.py`, `segment/val.py`, `classify/val.py` and `pose/val.py` do; under
+        torchrun every rank validates its share."""
         set_logging(du.get_rank())
         device = du.select_device(opt.device)
         with du.session(device):

@@ -27,10 +27,12 @@ early YOLOv8 segmentation files pickle `Detect.forward` that way). Refused: ever
 webbrowser. An unpickled official tree is read from its dicts (`_module_state`), never through nn.Module methods that
 would call hooks the file stored.
 
-Our format (saved by the trainer through `save_checkpoint`): a dict with `epoch, best_fitness, model, ema, updates,
-optimizer, scheduler, scaler, rng, opt, hyp, metrics, date, version`, where `model` and `ema` are `model_to_ckpt`
-dicts (class name, YAML dict, fp16 state_dict, names). It holds only tensors, numbers, strings, None and
-lists/tuples/dicts of them (`to_safe` converts numpy arrays, Paths and namespaces), which `weights_only` loads as is.
+Our format (written by `engine/checkpointer.Checkpointer.checkpoint` through `save_checkpoint`, which docs/design.md
+describes): a dict of the loop's position (`LoopState`), `model` and `ema` as `model_to_ckpt` dicts (class name, YAML
+dict, state_dict, names; fp32 while the run can resume, the EMA alone in fp16 as `model` once `strip_optimizer`
+finished it), the optimizer, scheduler and scaler states, each rank's RNG states (`ranks`), options and hyp. It holds
+only tensors, numbers, strings, None and lists/tuples/dicts of them (`to_safe` converts numpy arrays, Paths and
+namespaces), which `weights_only` loads as is.
 
 Official files pickle whole module trees under `models.*` (YOLOv5 and YOLOv7 GitHub: the same paths with different
 class bodies), `yolov5.models.*` / `yolov5.utils.*` (the pip yolov5 package) and `ultralytics.*`; our model is built

@@ -1,5 +1,5 @@
-"""YOLO models built from YAML: the module registry, `parse_model`, and the detection/segmentation/classification
-models.
+"""YOLO models built from YAML: the module registry, `parse_model`, and the detection, segmentation, classification
+and pose models.
 
 YAML schema (official): `nc`, optional `anchors`, either `depth_multiple`/`width_multiple` (one file per size, v5/v7)
 or `scales: {n: [depth, width, max_channels], ...}` (v8, one file for all sizes), `backbone` and `head` lists of

@@ -1,4 +1,4 @@
-"""Command-line options shared by the task scripts (train, val, predict), so the three tasks cannot drift apart."""
+"""Command-line options shared by the task scripts (train, val, predict), so the tasks' scripts cannot drift apart."""
 
 import argparse
 import math
