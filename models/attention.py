@@ -222,7 +222,8 @@ class SimAM(nn.Module):
         self.e_lambda = e_lambda
 
     def forward(self, x):
-        n = x.shape[2] * x.shape[3] - 1
+        # n counted by a tensor, not from x.shape in Python: an exported graph then divides by its input's n
+        n = torch.ones_like(x[:1, :1]).sum((2, 3), keepdim=True) - 1
         d = (x - x.mean((2, 3), keepdim=True)).pow(2)
-        v = d.sum((2, 3), keepdim=True) / max(n, 1)
+        v = d.sum((2, 3), keepdim=True) / n.clamp(min=1)
         return x * torch.sigmoid(d / (4 * (v + self.e_lambda)) + 0.5)
