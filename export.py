@@ -14,7 +14,7 @@ Usage:
 import argparse
 
 from engine.exporter import DEFAULT_OPSET, FORMATS, OPSETS, Exporter
-from utils.cli import Parser
+from utils.cli import Parser, add_modules_arg
 from utils.dist import get_rank
 from utils.errors import run_cli
 from utils.loggers import set_logging
@@ -36,6 +36,7 @@ def parse_opt(argv=None):
     p.add_argument("--simplify", action="store_true", help="ONNX: simplify the graph with onnxslim")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
                    help=f"ONNX opset version, {OPSETS.start}..{OPSETS.stop - 1} with this torch")
+    add_modules_arg(p)
     return p.parse_args(argv)
 
 

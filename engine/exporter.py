@@ -15,6 +15,7 @@ from torch.onnx import _constants as onnx_constants
 
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
 from models.checkpoints import attempt_load
+from models.registry import use_modules
 from utils import dist as du
 from utils.errors import BadOption
 from utils.loggers import LOGGER
@@ -62,6 +63,7 @@ class Exporter:
     @torch.no_grad()
     def __call__(self):
         opt = self.opt
+        use_modules(getattr(opt, "modules", None))
         device = du.select_device(opt.device)
         if opt.half and device.type != "cuda":
             raise BadOption("--half export needs a CUDA device (--device 0)")

@@ -57,6 +57,8 @@ class TrainOptions:
     loggers: list = _resume("given")  # names in utils.loggers.LOGGERS: results.csv, TensorBoard, trackers
     log_model: bool = _resume("given")  # trackers receive best.pt at the end
     local_rank: int = _resume("given")
+    # the user's block files: this launch's only, never the checkpoint's (a checkpoint names no file to import)
+    modules: list = _resume("launch")
     train_imgsz: Optional[int] = _derived()  # imgsz rounded up to the model's largest stride
     loader_workers: Optional[int] = _derived()  # dataloader workers per rank, resolved for the device
 

@@ -17,6 +17,7 @@ import torch
 
 from engine.messages import check_task
 from models.backend import InferenceBackend
+from models.registry import use_modules
 from utils import dist as du
 from utils.cli import check_imgsz
 from utils.data.streams import open_source
@@ -34,6 +35,7 @@ class BasePredictor:
 
     def __init__(self, args):
         self.args = args if isinstance(args, SimpleNamespace) else SimpleNamespace(**vars(args))
+        use_modules(getattr(self.args, "modules", None))
         self.device = du.select_device(self.args.device)
         half = bool(getattr(self.args, "half", False)) and self.device.type == "cuda"
         bf16 = inference_bf16(self.device, getattr(self.args, "amp", "off"))

@@ -29,6 +29,7 @@ from engine.messages import SCRIPTS, banner, next_commands, plural, position, re
 from engine.options import TrainOptions
 from engine.resume import AUTO, RUN_FILES, forget_run_dir, plan_run, record_run_dir
 from models.checkpoints import attempt_load
+from models.registry import use_modules
 from utils import dist as du
 from utils.charts import RunPlots
 from utils.cli import check_imgsz
@@ -508,6 +509,7 @@ def run(trainer_cls, opt, callbacks=None):
     set_logging(du.get_rank())
     if opt.hyp:  # checked before any work (the options were, by the parser)
         read_hyp(opt.hyp)
+    use_modules(getattr(opt, "modules", None))  # before any model is built or checkpoint read, on every rank
     device = du.select_device(opt.device, opt.batch_size)
     with du.session(device):
         opt = deepcopy(opt)

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from engine.messages import check_task
 from models.backend import validation_model
+from models.registry import use_modules
 from utils import dist as du
 from utils.data.labels import problems_listed_on_failure, write_problems
 from utils.data.loader import seed_worker
@@ -319,6 +320,7 @@ class BaseValidator:
         """Validate a weights file, as `val.py`, `segment/val.py`, `classify/val.py` and `pose/val.py` do; under
         torchrun every rank validates its share."""
         set_logging(du.get_rank())
+        use_modules(getattr(opt, "modules", None))
         device = du.select_device(opt.device)
         with du.session(device):
             model, stride, task = validation_model(opt.weights, device, opt.imgsz)

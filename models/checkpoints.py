@@ -53,7 +53,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from models.untrusted import UnsafeCheckpoint, check_checkpoint
+from models.registry import check_user_blocks, with_needs
+from models.untrusted import ZIP_MAGIC, Archive, UnsafeCheckpoint, check_checkpoint
 from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel, parse_model, yaml_model_load
 from utils.data.downloads import fetch
 from utils.dist import de_parallel
@@ -241,6 +242,8 @@ def load_checkpoint(path):
     except OSError as e:
         raise BadCheckpoint(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
     names = list(dict.fromkeys(check_checkpoint(data, path, functools.partial(_refuse_unsafe, path))))
+    if data[:4] == ZIP_MAGIC:  # blocks of the user's own that the model needs: refused before anything is built
+        check_user_blocks(Archive(data, path).read("data.pkl"), path)
     if not TORCH_SAFE_GLOBALS and any(g not in TORCH_GLOBALS for g in names):
         raise BadCheckpoint(f"{path}: official module trees load safely only with torch >= 2.6 (this is "
                             f"{torch.__version__}): upgrade torch")
@@ -332,7 +335,9 @@ def _check_storable(x, key="checkpoint"):
 
 
 def save_checkpoint(obj, path):
-    """Atomically write a checkpoint that `load_checkpoint` reads with weights_only (temp file + rename)."""
+    """Atomically write a checkpoint that `load_checkpoint` reads with weights_only (temp file + rename), first in it
+    the user blocks (--modules) its models need, if any (`models.registry.with_needs`)."""
+    obj = with_needs(obj)
     _check_storable(obj)
     atomic_save(obj, path)
 

@@ -149,6 +149,14 @@ DATA_HELP = {
 }
 
 
+def add_modules_arg(p):
+    """--modules: the user's own blocks, on every script that builds or loads a model."""
+    p.add_argument("--modules", nargs="+", action="extend", default=[], metavar="FILE.py",
+                   help="Python files of your own blocks: each torch.nn.Module subclass a file defines becomes a name "
+                        "model YAML rows may use (docs/blocks.md); needed again to load what they trained")
+    return p
+
+
 def train_parser(description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",),
                  data_help=DATA_HELP["boxes"]):
     p = Parser(description, record_given=True)
@@ -206,7 +214,7 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
                         f"repeated also work; trackers: README.md, Experiment tracking")
     p.add_argument("--no-log-model", dest="log_model", action="store_false",
                    help="trackers do not receive best.pt at the end (large models; by default they do)")
-    return p
+    return add_modules_arg(p)
 
 
 def add_detect_train_args(p):
@@ -247,7 +255,7 @@ def predict_parser(description, weights_default, imgsz_default, project):
     p.add_argument("--amp", choices=["auto", "off", "bf16"], default="auto",
                    help=".pt models: bf16 = bfloat16 autocast (CPU or CUDA); auto = bf16 on CPUs that compute it "
                         "natively (AVX512-BF16, AMX), else off (fp32, or fp16 with --half)")
-    return p
+    return add_modules_arg(p)
 
 
 def val_parser(description, data_default, project, defaults, boxes=True):
@@ -277,7 +285,7 @@ def val_parser(description, data_default, project, defaults, boxes=True):
         p.add_argument("--iou-thres", type=float, default=defaults.iou, help="NMS IoU threshold")
         p.add_argument("--max-det", type=int, default=defaults.max_det, help="maximum detections per image")
         p.add_argument("--augment", action="store_true", help="test-time augmentation: 3 scales, one flipped, one NMS")
-    return p
+    return add_modules_arg(p)
 
 
 def add_nms_args(p, conf=0.25, iou=0.45, max_det=1000):

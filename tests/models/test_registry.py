@@ -1,0 +1,99 @@
+"""models/registry.py: blocks from a user's own file (--modules), and checkpoints that record and require them."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+import models.registry as registry
+from models.checkpoints import attempt_load, load_checkpoint, model_to_ckpt, save_checkpoint
+from models.yolo import DetectionModel
+from tests.user_blocks_util import BLOCKS, with_rows
+from utils.errors import BadCheckpoint, BadModelYaml, BadOption
+
+
+@pytest.fixture
+def blocks(tmp_path, monkeypatch):
+    """A user's file of two blocks, and a registry of user blocks of this test's own."""
+    monkeypatch.setattr(registry, "USER_BLOCKS", {})
+    f = tmp_path / "my_blocks.py"
+    f.write_text(BLOCKS)
+    return f
+
+
+def test_a_users_blocks_become_row_names(blocks):
+    with pytest.raises(BadModelYaml, match="unknown module 'Scale'; a block of your own comes with --modules"):
+        DetectionModel(with_rows([-1, 1, "Scale", [1024]]), nc=3)
+    assert sorted(registry.use_modules([blocks, blocks])) == ["Blur", "Blur", "Scale", "Scale"]  # once imported
+    m = DetectionModel(with_rows([-1, 1, "Scale", [1024]], [-1, 1, "Blur", []]), nc=3)
+    assert type(m.model[10]).__name__ == "Scale" and m.model[10].g.shape == (1, 256, 1, 1)  # width-scaled: 1024/4
+    assert type(m.model[11]).__name__ == "Blur"
+    assert registry.USER_BLOCKS["Scale"].sha256 == hashlib.sha256(blocks.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("source, message", [
+    ("import torch.nn as nn\nclass Conv(nn.Module):\n    pass\n", "Conv is the name of a built-in block"),
+    ("x = 1\n", "defines no torch.nn.Module subclass"),
+    ("import torch.nn as nn\n\nclass A(nn.Module:\n    pass\n", r"bad\.py:3: importing it raised SyntaxError"),
+    ("import torch.nn as nn\n\n\nraise RuntimeError('boom')\n", r"bad\.py:4: importing it raised RuntimeError: boom"),
+])
+def test_a_bad_file_is_one_error_naming_it(source, message, tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "USER_BLOCKS", {})
+    f = tmp_path / "bad.py"
+    f.write_text(source)
+    with pytest.raises(BadOption, match=message):
+        registry.use_modules([f])
+
+
+def test_missing_files_and_clashing_names(blocks, tmp_path):
+    for path in (tmp_path / "none.py", tmp_path / "blocks.txt"):
+        with pytest.raises(BadOption, match=rf"--modules {path}"):
+            registry.use_modules([path])
+    registry.use_modules([blocks])
+    other = tmp_path / "other.py"
+    other.write_text("import torch.nn as nn\nclass Scale(nn.Module):\n    pass\n")
+    with pytest.raises(BadOption, match="Scale is also defined by my_blocks.py"):
+        registry.use_modules([other])
+
+
+def test_checkpoint_records_and_requires_the_users_blocks(blocks, tmp_path, monkeypatch):
+    """A checkpoint of a model with user blocks names them and the file's sha256, first in its pickle; without
+    --modules it is refused naming them and the option before torch unpickles anything; with another version of
+    the file it loads with a warning."""
+    registry.use_modules([blocks])
+    model = DetectionModel(with_rows([-1, 1, "Scale", [1024]]), nc=3)
+    save_checkpoint({"model": model_to_ckpt(model), "epoch": 3}, tmp_path / "m.pt")
+    plain = tmp_path / "plain.pt"
+    save_checkpoint({"model": model_to_ckpt(DetectionModel("yolov8n.yaml", nc=3))}, plain)
+    ckpt = load_checkpoint(tmp_path / "m.pt")
+    assert list(ckpt)[0] == registry.NEEDS_KEY and "user_blocks" not in load_checkpoint(plain)
+    assert json.loads(ckpt[registry.NEEDS_KEY]) == {"Scale": {"file": "my_blocks.py",
+                                                              "sha256": registry.USER_BLOCKS["Scale"].sha256}}
+    assert type(attempt_load(tmp_path / "m.pt").model[10]).__name__ == "Scale"
+
+    monkeypatch.setattr(registry, "USER_BLOCKS", {})
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("unpickled"))
+    with pytest.raises(BadCheckpoint, match=r"m\.pt: its model needs blocks of your own \(Scale, from my_blocks\.py\)"
+                                            r": give that file with --modules FILE\.py"):
+        load_checkpoint(tmp_path / "m.pt")
+    monkeypatch.undo()
+
+    monkeypatch.setattr(registry, "USER_BLOCKS", {})
+    blocks.write_text(BLOCKS + "\n# edited\n")
+    registry.use_modules([blocks])
+    warnings = []
+    monkeypatch.setattr(registry.LOGGER, "warning", warnings.append)
+    attempt_load(tmp_path / "m.pt")
+    assert len(warnings) == 1 and "block Scale comes from my_blocks.py, whose sha256 differs" in warnings[0]
+
+
+def test_a_forged_record_cannot_hide_a_needed_block(blocks, tmp_path, monkeypatch):
+    """The record is a convenience, not the guard: a checkpoint whose record is missing or wrong still fails to
+    build a block nobody gave, as one error naming it."""
+    registry.use_modules([blocks])
+    model = DetectionModel(with_rows([-1, 1, "Scale", [1024]]), nc=3)
+    torch.save({"model": model_to_ckpt(model)}, tmp_path / "m.pt")  # written without the record
+    monkeypatch.setattr(registry, "USER_BLOCKS", {})
+    with pytest.raises(BadCheckpoint, match="unknown module 'Scale'"):
+        attempt_load(tmp_path / "m.pt")
