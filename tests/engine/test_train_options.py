@@ -26,7 +26,8 @@ def test_every_option_of_a_train_script_is_a_field_of_its_class(script, options)
 def test_what_resume_may_change_is_declared_on_the_fields():
     assert TrainOptions.resume_rules() == {
         "epochs": "extend", "resume": "launch", "device": "launch", "workers": "launch", "project": "search",
-        "save_interval": "given", "profile": "launch", "loggers": "given", "log_model": "given", "local_rank": "given"}
+        "save_interval": "given", "profile": "launch", "loggers": "given", "log_model": "given", "local_rank": "given",
+        "modules": "launch"}
     assert SegmentTrainOptions.resume_rules() == TrainOptions.resume_rules()  # no task extra may change a run
 
 
