@@ -14,7 +14,6 @@ batch dict; nothing per batch is kept on the validator between these calls.
 import contextlib
 import dataclasses
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ from models.backend import validation_model
 from models.registry import use_modules
 from utils import dist as du
 from utils.data.labels import problems_listed_on_failure, write_problems
-from utils.data.loader import seed_worker
+from utils.data.loader import loader_workers, seed_worker
 from utils.errors import BadCheckpoint
 from utils.files import increment_path
 from utils.loggers import LOGGER, set_logging
@@ -183,8 +182,7 @@ class BaseValidator:
         with du.torch_distributed_zero_first(du.get_local_rank()):  # one rank per machine writes the label cache
             dataset = self.build_dataset(path, stride)
         sampler = ShardedBatchSampler(len(dataset), self.args.batch, du.get_rank(), du.get_world_size())
-        cores = (os.cpu_count() or 1) // du.get_local_world_size()
-        n_workers = min(cores, self.args.batch if self.args.batch > 1 else 0, self.args.workers)
+        n_workers = loader_workers(self.args.workers, self.args.batch)
         self.dataloader = DataLoader(dataset, batch_sampler=sampler, num_workers=n_workers, worker_init_fn=seed_worker,
                                      collate_fn=getattr(dataset, "collate_fn", None), persistent_workers=n_workers > 0,
                                      pin_memory=torch.cuda.is_available())

@@ -269,3 +269,16 @@ def test_a_worker_dies_with_its_killed_rank(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+@pytest.mark.parametrize("cores,local_ranks,workers,batch,expected", [
+    (8, 2, 8, 16, 4),  # this rank's share of the cores
+    (8, 1, 3, 16, 3),  # --workers
+    (8, 1, 8, 1, 0),  # batches of one image: none
+    (1, 4, 8, 16, 0),  # fewer cores than ranks
+])
+def test_loader_workers(monkeypatch, cores, local_ranks, workers, batch, expected):
+    """One rule for the training and the validation loaders (utils.data.loader.loader_workers)."""
+    monkeypatch.setattr(loader_mod.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(loader_mod, "get_local_world_size", lambda: local_ranks)
+    assert loader_mod.loader_workers(workers, batch) == expected

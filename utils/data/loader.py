@@ -114,6 +114,12 @@ def default_workers(device):
     return WORKERS
 
 
+def loader_workers(workers, batch_size):
+    """The worker processes of one rank's loader: --workers, at most this rank's share of the machine's cores (the
+    ranks on other machines have their own), and none for batches of one image."""
+    return min((os.cpu_count() or 1) // get_local_world_size(), batch_size if batch_size > 1 else 0, workers)
+
+
 def worker_base_seed(seed, epoch, rank):
     """The loader generator's seed for one epoch of one rank; worker w's torch seed is then derived from it and w."""
     return int(np.random.SeedSequence([seed, epoch, max(rank, 0)]).generate_state(1)[0])
@@ -234,8 +240,7 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
     train = shuffle
     if getattr(dataset, "rect", False) and shuffle:
         shuffle = False  # rect batches are built from aspect-ratio-sorted neighbours; shuffling would break them
-    # a share of this machine's cores: the ranks on other machines have their own
-    n_workers = min((os.cpu_count() or 1) // get_local_world_size(), batch_size if batch_size > 1 else 0, workers)
+    n_workers = loader_workers(workers, batch_size)
     if sampler is None and (train or world_size > 1):  # a given sampler (--image-weights) splits the shares itself
         sampler = SmartDistributedSampler(dataset, max(world_size, 1), max(rank, 0), shuffle, seed)
     per_rank = len(sampler) if sampler is not None else len(dataset)
