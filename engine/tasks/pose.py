@@ -20,6 +20,17 @@ COCO_SKELETON = [[15, 13], [13, 11], [16, 14], [14, 12], [11, 12], [5, 11], [6, 
                  [8, 10], [1, 2], [0, 1], [0, 2], [1, 3], [2, 4], [3, 5], [4, 6]]
 
 
+def keypoint_txt_lines(det, kpts, shape, conf):
+    """--save-txt lines of detections `det` (n, 6+: xyxy, conf, cls in pixels of an image of `shape` (h, w)) and their
+    keypoints `kpts` (n, K, ndim): `cls cx cy w h` + K keypoints `x y [v]`, normalised, + conf when `conf`. The val
+    and predict scripts write the same lines (val with conf)."""
+    h, w = shape
+    xywhn = ops.xyxy2xywh(det[:, :4]) / torch.tensor((w, h, w, h), device=det.device)
+    kptsn = kpts / torch.tensor([w, h, 1][: kpts.shape[-1]], device=kpts.device)
+    return [f"{int(c)} " + " ".join(f"{v:.6g}" for v in box + k) + (f" {p:.6g}" if conf else "") + "\n"
+            for box, k, (p, c) in zip(xywhn.tolist(), kptsn.flatten(1).tolist(), det[:, 4:6].tolist())]
+
+
 def pose_data(data, options):
     data = check_pose_dataset(data)
     return single_class(data) if options.single_cls else data
@@ -133,16 +144,9 @@ class PoseValidator(DetectionValidator):
         record["tp_p"].append(tp_p.cpu())
 
     def save_txt(self, predn, shape, file):
-        """`cls cx cy w h` + the keypoints (x y [v]), normalised, + conf: predict.py's lines with --save-conf."""
         file.parent.mkdir(parents=True, exist_ok=True)
-        h, w = shape
-        xywhn = ops.xyxy2xywh(predn[:, :4]) / torch.tensor((w, h, w, h), device=predn.device)
-        kpts = self.layout.det_keypoints(predn)
-        kpts = kpts / torch.tensor([w, h, 1][: kpts.shape[-1]], device=kpts.device)
         with open(file, "a") as f:
-            for box, k, conf, c in zip(xywhn.tolist(), kpts.flatten(1).tolist(), predn[:, 4].tolist(),
-                                       predn[:, 5].tolist()):
-                f.write(f"{int(c)} " + " ".join(f"{v:.6g}" for v in box + k) + f" {conf:.6g}\n")
+            f.writelines(keypoint_txt_lines(predn, self.layout.det_keypoints(predn), shape, conf=True))
 
     def pred_to_json(self, image, predn, batch, si):
         """Boxes and keypoints in original-image pixels, as COCO keypoint results."""
@@ -211,15 +215,6 @@ class PosePredictor(DetectionPredictor):
             im0[:] = annotator.result()
         summary = super().write_result(det[:, :6], im, im0, path, None)
         if txt_path is not None and len(det):
-            self._write_txt(det, kpts, im0.shape[:2], txt_path)
+            with open(txt_path, "a") as f:
+                f.writelines(keypoint_txt_lines(det, kpts, im0.shape[:2], self.args.save_conf))
         return summary
-
-    def _write_txt(self, det, kpts, shape, txt_path):
-        """`cls cx cy w h` + K keypoints `x y [v]` normalised (+ conf with --save-conf), one line per detection."""
-        h, w = shape
-        scale = torch.tensor([w, h, 1][: kpts.shape[-1]], device=kpts.device)
-        xywhn = ops.xyxy2xywh(det[:, :4]) / torch.tensor((w, h, w, h), device=det.device)
-        with open(txt_path, "a") as f:
-            for box, row, (conf, c) in zip(xywhn.tolist(), (kpts / scale).tolist(), det[:, 4:6].tolist()):
-                values = " ".join(f"{v:.6g}" for v in box + [x for p in row for x in p])
-                f.write(f"{int(c)} {values}" + (f" {conf:.6g}" if self.args.save_conf else "") + "\n")
