@@ -117,10 +117,19 @@ class BaseTrainer:
         raise NotImplementedError
 
     def preprocess_batch(self, batch):
+        """The batch on the device: the uint8 images as floats in [0, 1], and its labels."""
         img = batch["img"].to(self.device, non_blocking=True).float() / 255
         if "hsv" in batch:  # the colour the loader drew and left to the device (YOLODataset device_hsv)
             img = apply_hsv_batch(img, batch["hsv"].to(self.device, non_blocking=True))
         batch["img"] = img
+        return self.labels_to_device(batch)
+
+    def labels_to_device(self, batch):
+        """Every tensor of `batch` besides the images (targets, masks, keypoints, cls: whatever the label format's
+        collate added) on the training device, as the loader made it."""
+        for k, v in batch.items():
+            if k not in ("img", "hsv") and isinstance(v, torch.Tensor):
+                batch[k] = v.to(self.device)
         return batch
 
     def plot_training_batch(self, batch, step):

@@ -82,9 +82,8 @@ class ClassificationTrainer(BaseTrainer):
         )
 
     def preprocess_batch(self, batch):
-        batch["img"] = batch["img"].to(self.device, non_blocking=True)
-        batch["cls"] = batch["cls"].to(self.device)
-        return batch
+        batch["img"] = batch["img"].to(self.device, non_blocking=True)  # floats in [0, 1] already
+        return self.labels_to_device(batch)
 
     def plot_training_batch(self, batch, step):
         if step < 3:

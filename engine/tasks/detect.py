@@ -134,11 +134,6 @@ class DetectionTrainer(BaseTrainer):
         return DetectionValidator(options, self.save_dir, self.names, criterion=self.criterion,
                                   label_nc=self.data.get("label_nc"))
 
-    def preprocess_batch(self, batch):
-        batch = super().preprocess_batch(batch)
-        batch["targets"] = batch["targets"].to(self.device)
-        return batch
-
     def plot_training_batch(self, batch, step):
         if step < 3:
             plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"train_batch{step}.jpg",

@@ -53,11 +53,6 @@ class PoseTrainer(DetectionTrainer):
     def dataset_kwargs(self, mode):
         return {"task": PoseLabels(self.data["kpt_shape"], self.data["flip_idx"])}
 
-    def preprocess_batch(self, batch):
-        batch = super().preprocess_batch(batch)
-        batch["keypoints"] = batch["keypoints"].to(self.device)
-        return batch
-
     def build_validator(self):
         options = ValOptions.from_train(self.opt, self.batch_size * 2, single_cls=self.opt.single_cls)
         return PoseValidator(options, self.save_dir, self.names, criterion=self.criterion,

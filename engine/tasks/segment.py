@@ -29,7 +29,7 @@ class SegmentationTrainer(DetectionTrainer):
 
     def preprocess_batch(self, batch):
         batch = super().preprocess_batch(batch)
-        batch["masks"] = batch["masks"].to(self.device).float()
+        batch["masks"] = batch["masks"].float()  # overlap maps come as integers
         return batch
 
     def build_validator(self):
