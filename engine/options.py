@@ -20,6 +20,12 @@ def _derived():
     return dataclasses.field(default=None, metadata={"derived": True})
 
 
+def _planned():
+    """Not an option: what `engine/resume.plan_run` decides from the options given, kept in the run's options (and
+    so in its checkpoints, where --resume reads it back)."""
+    return dataclasses.field(default=False, metadata={"planned": True})
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
     """The options of classify/train.py, and of every train script (utils/cli.train_parser writes their defaults)."""
@@ -59,6 +65,9 @@ class TrainOptions:
     local_rank: int = _resume("given")
     # the user's block files: this launch's only, never the checkpoint's (a checkpoint names no file to import)
     modules: list = _resume("launch")
+    # `cfg` is the checkpoint --weights names, trained as its own model (--weights without --cfg), not a model that
+    # --weights seeds (engine/resume.weights_own_model)
+    train_checkpoint_model: bool = _planned()
     train_imgsz: Optional[int] = _derived()  # imgsz rounded up to the model's largest stride
     loader_workers: Optional[int] = _derived()  # dataloader workers per rank, resolved for the device
 

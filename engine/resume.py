@@ -125,11 +125,12 @@ def forget_run_dir():
 def weights_own_model(opt, given):
     """A new run with --weights and no --cfg trains the checkpoint's own model (`cfg` becomes the .pt), as YOLOv5
     (`cfg or the checkpoint's YAML`) and Ultralytics (`model=x.pt`) do; not the script's default YAML seeded with
-    whichever tensors of another model happen to fit it."""
-    if not opt.weights or "cfg" in given or opt.cfg == opt.weights:
+    whichever tensors of another model happen to fit it. The options say so (`train_checkpoint_model`), for the
+    trainers and the run's opt.yaml."""
+    if not opt.weights or "cfg" in given:
         return opt
     LOGGER.info(f"--weights {opt.weights} without --cfg: training its own model (as --cfg {opt.weights})")
-    return SimpleNamespace(**{**vars(opt), "cfg": opt.weights})
+    return SimpleNamespace(**{**vars(opt), "cfg": opt.weights, "train_checkpoint_model": True})
 
 
 def run_task(ckpt, path):

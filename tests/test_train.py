@@ -242,19 +242,22 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
     torch.save({"model": model_to_ckpt(source)}, weights)
     opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--epochs", "1",
                                       "--imgsz", "64"))
-    assert opt.cfg == "yolov5n.yaml" and weights_own_model(opt, opt.given).cfg == str(weights)
+    own = weights_own_model(opt, opt.given)
+    assert opt.cfg == "yolov5n.yaml" and own.cfg == str(weights) and own.train_checkpoint_model
     assert "dfl" in _base_hyp(weights_own_model(opt, opt.given), DetectionTrainer)  # hyp.v8.yaml, not scratch-low
     trainer, _ = train.main(opt)
     assert isinstance(trainer.model.model[-1], AnchorFreeDetect) and trainer.opt.cfg == str(weights)
+    assert trainer.opt.train_checkpoint_model
     assert {k: v.shape for k, v in trainer.model.state_dict().items()} == \
         {k: v.shape for k, v in source.state_dict().items()}
-    assert yaml.safe_load((trainer.save_dir / "opt.yaml").read_text())["cfg"] == str(weights)
+    saved = yaml.safe_load((trainer.save_dir / "opt.yaml").read_text())
+    assert saved["cfg"] == str(weights) and saved["train_checkpoint_model"]
 
     opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--cfg", "yolov5n.yaml",
                                       "--epochs", "1", "--imgsz", "64", "--name", "given"))
     assert weights_own_model(opt, opt.given) is opt
     trainer, _ = train.main(opt)
-    assert type(trainer.model.model[-1]) is Detect
+    assert type(trainer.model.model[-1]) is Detect and not trainer.opt.train_checkpoint_model
 
 
 def test_colour_left_to_the_device_trains_as_in_the_worker(shapes_detect, tmp_path, monkeypatch):

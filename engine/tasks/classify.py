@@ -69,7 +69,7 @@ class ClassificationTrainer(BaseTrainer):
 
     def build_model(self, nc, names):
         model = build_classifier(self.opt.cfg, nc, names)
-        if self.opt.weights and self.opt.cfg != self.opt.weights:  # else build_classifier seeded it from them
+        if self.opt.weights and not self.opt.train_checkpoint_model:  # else build_classifier seeded it from them
             load_pretrained(model, self.opt.weights)
         return model
 

@@ -75,7 +75,7 @@ class DetectionTrainer(BaseTrainer):
         """--cfg's model (a YAML, or a .pt's own model: what --weights without --cfg trains, engine/resume.py), seeded
         from --weights by key and shape."""
         src = attempt_load(self.opt.weights, device="cpu", fuse=False) if self.opt.weights else None
-        own = src is not None and self.opt.cfg == self.opt.weights
+        own = self.opt.train_checkpoint_model
         cfg = src.yaml if own else model_yaml(self.opt.cfg)
         # the loss and the labels fit one kind of head
         check_task(head_task(cfg), (self.task,), f"--weights {self.opt.weights}" if own else f"--cfg {self.opt.cfg}",

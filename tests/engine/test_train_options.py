@@ -16,9 +16,11 @@ from segment import train as seg_train
 def test_every_option_of_a_train_script_is_a_field_of_its_class(script, options):
     parsed = script.parse_opt([])
     fields = {f.name for f in dataclasses.fields(options) if not f.metadata.get("derived")}
-    assert set(vars(parsed)) - {"given"} == fields
+    planned = {f.name for f in dataclasses.fields(options) if f.metadata.get("planned")}
+    assert set(vars(parsed)) - {"given"} == fields - planned and planned == {"train_checkpoint_model"}
     opt = options.from_values(parsed)
     assert opt.train_imgsz is None and opt.loader_workers is None  # set-up derives them
+    assert opt.train_checkpoint_model is False  # plan_run decides it
     with pytest.raises(dataclasses.FrozenInstanceError):
         opt.imgsz = 64
 
@@ -33,6 +35,9 @@ def test_what_resume_may_change_is_declared_on_the_fields():
 
 def test_a_checkpoint_s_derived_values_are_derived_again():
     saved = {**TrainOptions.from_values(cls_train.parse_opt([])).to_dict(), "train_imgsz": 999, "loader_workers": 9,
-             "single_cls": True}  # a detection run's option, unknown to a classifier
+             "single_cls": True, "train_checkpoint_model": True}  # single_cls: a detection run's, unknown here
     opt = TrainOptions.from_values(saved)
     assert (opt.train_imgsz, opt.loader_workers) == (None, None) and not hasattr(opt, "single_cls")
+    assert opt.train_checkpoint_model  # what plan_run decided stays the run's
+    del saved["train_checkpoint_model"]  # a checkpoint saved before the field was
+    assert TrainOptions.from_values(saved).train_checkpoint_model is False
