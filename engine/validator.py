@@ -58,7 +58,7 @@ class ValOptions:
         fields = {f.name for f in dataclasses.fields(cls)}
         given = {cls._CLI_NAMES.get(k, k): v for k, v in vars(opt).items()}
         options = cls(**{k: v for k, v in given.items() if k in fields})
-        if opt.task == "speed":  # timing at deployment thresholds, no JSON
+        if opt.speed:  # timing at deployment thresholds, no JSON
             options = dataclasses.replace(options, conf=0.25, iou=0.45, save_json=False)
         return options
 
@@ -292,8 +292,8 @@ class BaseValidator:
 
     # ---------------------------------------------------------------- stand-alone (the val scripts)
     @staticmethod
-    def split_path(data, task):
-        return data["test"] if task == "test" and data.get("test") else data["val"]
+    def split_path(data, split):
+        return data["test"] if split == "test" and data.get("test") else data["val"]
 
     @classmethod
     def val_names(cls, data, model, opt):
@@ -333,11 +333,10 @@ class BaseValidator:
                 save_dir = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True))
             validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_nc=data.get("label_nc"),
                             **cls.data_kwargs(data))
-            split = "test" if opt.task == "test" else "val"
-            with problems_listed_on_failure(validator.save_dir, split, write=du.is_main_process()):
-                dataset = validator.build_dataloader(cls.split_path(data, opt.task), stride).dataset
+            with problems_listed_on_failure(validator.save_dir, opt.split, write=du.is_main_process()):
+                dataset = validator.build_dataloader(cls.split_path(data, opt.split), stride).dataset
             if du.is_main_process():  # as training does
-                write_problems(validator.save_dir, {split: dataset.problems})
+                write_problems(validator.save_dir, {opt.split: dataset.problems})
             stats = validator(model, final=True)
             if du.is_main_process():
                 LOGGER.info(f"Results saved to {validator.save_dir}")

@@ -86,6 +86,14 @@ class LoggersAction(argparse.Action):
             raise argparse.ArgumentError(None, str(e)) from None  # the message names the option
 
 
+class ValTaskAction(argparse.Action):
+    """The val scripts' --task (the official scripts' name), read once into two options: `split` (val or test) and
+    `speed` (--task speed: the val split at deployment thresholds, for timing)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.split, namespace.speed = ("val", True) if value == "speed" else (value, False)
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """--help with each option's default said once: appended where the help text does not already say it, left out
     where there is nothing to say (a flag that is off, an option whose help explains its empty default)."""
@@ -268,8 +276,10 @@ def val_parser(description, data_default, project, defaults, boxes=True):
     p.add_argument("--batch-size", type=int, default=defaults.batch, help="images per batch on each process")
     p.add_argument("--imgsz", "--img", "--img-size", type=int, default=defaults.imgsz,
                    help="validation size, long side in pixels")
-    p.add_argument("--task", default="val", choices=["val", "test", "speed"] if boxes else ["val", "test"],
-                   help="split to evaluate" + (", or speed" if boxes else ""))
+    p.add_argument("--task", dest="split", action=ValTaskAction, default="val",
+                   choices=["val", "test", "speed"] if boxes else ["val", "test"],
+                   help="split to evaluate" + (", or speed: val at conf 0.25, IoU 0.45, no JSON" if boxes else ""))
+    p.set_defaults(speed=False)
     p.add_argument("--device", default="", help="GPU 0, or cpu; under torchrun one GPU per process (default: GPU 0 "
                                                 "if there is one, else cpu)")
     p.add_argument("--workers", type=int, default=defaults.workers, help="max dataloader workers per process")
