@@ -19,7 +19,7 @@ from utils.files import ROOT
 
 SCRIPTS = ["train", "val", "detect", "export", "segment.train", "segment.val", "segment.predict", "classify.train",
            "classify.val", "classify.predict", "pose.train", "pose.val", "pose.predict"]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def _help(module):
