@@ -67,7 +67,14 @@ class Exporter:
         device = du.select_device(opt.device)
         if opt.half and device.type != "cuda":
             raise BadOption("--half export needs a CUDA device (--device 0)")
-        model = attempt_load(opt.weights, device=device, fuse=True)
+        return self.export(attempt_load(opt.weights, device=device, fuse=True))
+
+    @torch.no_grad()
+    def export(self, model):
+        """Write the formats of `model` (fused, on its device; fp16 with --half) beside --weights. The CLI refuses
+        --half on a CPU, where fp16 runs slowly, yet the graph traced is the same on any device (tests use that)."""
+        opt = self.opt
+        device = next(model.parameters()).device
         imgsz = _imgsz(opt.imgsz, int(max(model.stride)))
         model.info(imgsz=imgsz[0])
         for p in model.parameters():

@@ -80,11 +80,9 @@ class Detect(nn.Module):
     def _decode(self, p, i):
         """(B, na, ny, nx, no) logits -> (B, na*ny*nx, no): xywh pixels, sigmoid obj/cls, raw mask coefficients."""
         bs, _, ny, nx, _ = p.shape
-        yv, xv = torch.meshgrid(
-            torch.arange(ny, device=p.device, dtype=p.dtype),
-            torch.arange(nx, device=p.device, dtype=p.dtype),
-            indexing="ij",
-        )
+        # ranges in int64, then cast: the ONNX exporter has no fp16 `arange` (`export.py --half`)
+        yv, xv = torch.meshgrid(torch.arange(ny, device=p.device).to(p.dtype),
+                                torch.arange(nx, device=p.device).to(p.dtype), indexing="ij")
         grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2) - 0.5  # the -0.5 of xy * 2 - 0.5 lives here
         anchor_grid = (self.anchors[i] * self.stride[i]).view(1, self.na, 1, 1, 2).to(p.dtype)
         xy, wh, conf, mask = p.split((2, 2, self.nc + 1, self.nm), 4)

@@ -195,13 +195,15 @@ def bbox_iou(box1, box2, xywh=True, GIoU=False, DIoU=False, CIoU=False, eps=1e-7
 
 
 def make_anchors(feats, strides, offset=0.5):
-    """Anchor-free grid: cell centres (A, 2) in grid units and their strides (A, 1), levels concatenated."""
+    """Anchor-free grid: cell centres (A, 2) in grid units and their strides (A, 1), levels concatenated, in the
+    maps' dtype. The ranges are built in the default dtype and cast: the ONNX exporter has no fp16 `arange`
+    (`export.py --half`), and half + offset would round twice where one rounding suffices."""
     points, stride_list = [], []
     dtype, device = feats[0].dtype, feats[0].device
     for f, s in zip(feats, strides):
         h, w = f.shape[2:]
-        sx = torch.arange(w, device=device, dtype=dtype) + offset
-        sy = torch.arange(h, device=device, dtype=dtype) + offset
+        sx = (torch.arange(w, device=device) + offset).to(dtype)
+        sy = (torch.arange(h, device=device) + offset).to(dtype)
         sy, sx = torch.meshgrid(sy, sx, indexing="ij")
         points.append(torch.stack((sx, sy), -1).view(-1, 2))
         stride_list.append(torch.full((h * w, 1), float(s), dtype=dtype, device=device))

@@ -72,6 +72,28 @@ def test_static_export_pads_batch_and_rejects_other_sizes(tmp_path):
         backend(torch.rand(1, 3, 96, 96))
 
 
+@pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolov5n.yaml"])
+def test_half_onnx_exports_and_gives_the_fp32_boxes_to_fp16_rounding(cfg, tmp_path):
+    """--half to ONNX (the graph export.py traces on CUDA, traced here on the CPU): it exports (torch's ONNX `arange`
+    has no fp16), its input and outputs are fp16, and onnxruntime's CPU gives the fp32 model's boxes to within what
+    fp16's 11-bit significand leaves after the network (about 1e-3 of each value)."""
+    ort = pytest.importorskip("onnxruntime")
+    weights = save_checkpoint(cfg, DetectionModel, tmp_path / "model.pt")
+    opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=True,
+                          dynamic=False, simplify=False, opset=17)
+    (f,) = Exporter(opt).export(attempt_load(weights, fuse=True))
+    session = ort.InferenceSession(str(f), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].type == "tensor(float16)"
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    out = session.run(None, {"images": x.half().numpy()})[0]
+    assert out.dtype == np.float16
+    model = attempt_load(weights)
+    with torch.no_grad():
+        ref = model.output_layout.rows(flatten_outputs(model(x))[0][0])[..., :4]
+    boxes = model.output_layout.rows(torch.from_numpy(out).float())[..., :4]
+    torch.testing.assert_close(boxes, ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
+
+
 def test_onnx_without_onnxruntime_says_what_to_install(tmp_path, monkeypatch):
     weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
     (f,) = export(weights, ["onnx"])
