@@ -77,12 +77,13 @@ def resume_command(last, auto=False):
            f"--resume {path}"
 
 
-def next_commands(scripts, weights, data, source, imgsz):
+def next_commands(scripts, weights, data, source, imgsz, half=False):
     """Validate, predict and export commands for a finished run's weights. `scripts` is the task's (val, predict)
-    pair of script paths under the repository root; `data` the --data given, `source` what to predict on."""
+    pair of script paths under the repository root; `data` the --data given, `source` what to predict on; `half`:
+    the run validated in fp16, which val.py repeats with --half."""
     val, predict = (shown(ROOT / s) for s in scripts)
     w, img = shown(weights), f"--img {imgsz}"
     data = shown(data) if Path(data).exists() else shlex.quote(str(data))  # else a name found under data/
-    return [f"python {val} --weights {w} --data {data} {img}",
+    return [f"python {val} --weights {w} --data {data} {img}{' --half' if half else ''}",
             f"python {predict} --weights {w} --source {source} {img}",
             f"python {shown(ROOT / 'export.py')} --weights {w} --include onnx {img}"]

@@ -52,6 +52,7 @@ from utils.torch_utils import (
     init_seeds,
     memory_format,
     memory_used,
+    peak_memory,
     to_float32,
 )
 
@@ -249,7 +250,8 @@ class BaseTrainer:
             self.hyp, self.opt.optimizer, self.epochs, self.batch_size * self.world_size, len(self.train_set),
             self.batches_per_epoch, self.nc, pretrained=bool(self.opt.weights), cos_lr=self.opt.cos_lr)
         s = self.schedule
-        self.optimizer = build_optimizer(self.model, s.optimizer, s.lr0, s.momentum, s.weight_decay)
+        self.optimizer = build_optimizer(self.model, s.optimizer, s.lr0, s.momentum, s.weight_decay,
+                                         fused=self.device.type == "cuda")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=s.lr_factor)
 
     # ---------------------------------------------------------------- checkpoints (engine/checkpointer.py)
@@ -300,6 +302,7 @@ class BaseTrainer:
             for epoch in range(first, self.epochs):
                 with self.profile("train_loop"):
                     done = self.train_epoch(epoch)
+                self.log_peak_memory(f"training epoch {epoch + 1}")
                 if done:
                     self.interrupted(epoch, done)
                 stop = self.end_epoch(epoch)
@@ -385,7 +388,7 @@ class BaseTrainer:
     def _show_progress(self, bar, batch, epoch, step):
         """The progress bar's line and the first batches' pictures (rank 0)."""
         with self.profile("plots_logs"):
-            mem = f"{memory_used(self.device):.3g}G"  # GPU memory reserved, or this process's RSS
+            mem = f"{memory_used(self.device):.3g}GiB"  # GPU memory reserved, or this process's RSS
             n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
             bar.set_description(
                 ("%11s" * 2 + "%11.4g" * (2 + len(self.criterion.loss_names)))
@@ -460,12 +463,20 @@ class BaseTrainer:
             with self.profile("validation"):
                 self.state.metrics = self.validator(du.broadcast_state(self.ema.ema),
                                                     amp_dtype=self.amp_dtype if self.amp else None)
+            self.log_peak_memory(f"validation {epoch + 1}")
             self.run_callbacks("on_val_end")
         if self.is_main:
             stop = self._log_and_save(epoch, final, ranks)
         du.barrier()
         self.state.epoch, self.state.batch = epoch + 1, 0
         return stop
+
+    def log_peak_memory(self, what):
+        """On CUDA, rank 0's line of the GPU memory torch's allocator peaked at during `what` (counted from the last
+        such line: each epoch's training, each validation and the final one get their own)."""
+        peaks = peak_memory(self.device, reset=True)
+        if peaks and self.is_main:
+            LOGGER.info(f"GPU memory peak in {what}: {peaks[0]:.2f} GiB allocated, {peaks[1]:.2f} GiB reserved")
 
     def _log_and_save(self, epoch, final, ranks):
         """Rank 0 at an epoch's end: fitness, early stopping, the epoch's row, the checkpoints. Returns the stop."""
@@ -487,8 +498,11 @@ class BaseTrainer:
     def final_eval(self):
         """Rank 0 strips the optimizer from the saved weights; then every rank validates best.pt once more, with
         per-class output. Rank 0 reads the file and sends the weights: the other ranks may run on other machines.
-        The model is the one val.py validates (fused, in the device's layout), so that both report the same mAP."""
+        The model is the one val.py validates (fused, in the device's layout), so that both report the same mAP: an
+        fp16 run's in fp16, as `val.py --half` (in fp32 it would take twice the memory of training's validations),
+        any other in fp32."""
         best = self.checkpointer.best
+        half = self.amp and self.amp_dtype == torch.float16
         if self.is_main:
             with self.profile("checkpoints"):
                 self.checkpointer.finish()
@@ -497,14 +511,15 @@ class BaseTrainer:
             with self.profile("validation"):
                 model = attempt_load(best, device=self.device) if self.is_main else deepcopy(self.ema.ema).fuse()
                 model.to(memory_format=memory_format(self.device))
-                self.state.metrics = self.validator(du.broadcast_state(model), final=True)
+                self.state.metrics = self.validator(du.broadcast_state(model), final=True, half=half)
+            self.log_peak_memory("the final validation")
             self.run_callbacks("on_val_end")
         if self.is_main:
             LOGGER.info(f"Results saved to {self.save_dir}")
             if best.exists():
                 scripts = SCRIPTS[self.task]["val"], SCRIPTS[self.task]["predict"]
                 commands = next_commands(scripts, best, self.opt.data, self.predict_source(),
-                                         self.opt.train_imgsz)
+                                         self.opt.train_imgsz, half)
                 LOGGER.info("Next: " + "\n      ".join(commands))
 
 

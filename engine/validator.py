@@ -190,14 +190,15 @@ class BaseValidator:
 
     # ---------------------------------------------------------------- the loop
     @torch.no_grad()
-    def __call__(self, model, final=False, amp_dtype=None):
+    def __call__(self, model, final=False, amp_dtype=None, half=None):
         """Evaluate `model` on every rank; returns the same results dict on every rank.
 
         `amp_dtype`: the training's autocast dtype, for the per-epoch validations inside training (the official
         trainers validate in half precision there too); the heads decode boxes in fp32 and NMS, losses and metrics
-        take fp32 outputs. The final validation and the val scripts run the model in full precision (or --half)."""
+        take fp32 outputs. The final validation and the val scripts run the model in full precision, or in fp16 with
+        `half` (None: --half, which a CPU ignores), as the trainer's final validation of an fp16 run does."""
         device = next(model.parameters()).device
-        half = self.args.half and device.type == "cuda"
+        half = self.args.half and device.type == "cuda" if half is None else half
         training = model.training
         model.eval()
         if half:

@@ -73,13 +73,16 @@ def device_name(device):
     return found.group(1).strip() if found else platform.processor() or platform.machine() or "CPU"
 
 
+GIB = 2**30  # memory is reported in GiB, as nvidia-smi's MiB and every peer's "G" are binary units
+
+
 def memory_used(device):
-    """The progress bar's `mem`, in GB: GPU memory torch holds (reserved) on CUDA, the process's resident memory
+    """The progress bar's `mem`, in GiB: GPU memory torch holds (reserved) on CUDA, the process's resident memory
     on CPU (its peak where /proc is missing)."""
     if device.type == "cuda":
-        return torch.cuda.memory_reserved(device) / 1e9
+        return torch.cuda.memory_reserved(device) / GIB
     try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GIB
     except (OSError, ValueError, IndexError, AttributeError):
         pass
     try:
@@ -87,7 +90,18 @@ def memory_used(device):
     except ImportError:  # Windows: no /proc and no resource module; the column shows 0
         return 0.0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak * (1 if sys.platform == "darwin" else 1024) / 1e9  # bytes on macOS, KiB on Linux
+    return peak * (1 if sys.platform == "darwin" else 1024) / GIB  # bytes on macOS, KiB on Linux
+
+
+def peak_memory(device, reset=False):
+    """(allocated, reserved): the peaks of torch's CUDA allocator on `device` in GiB since the last reset, which
+    `reset` then starts again; None on other devices, where torch keeps no such count."""
+    if device.type != "cuda":
+        return None
+    peaks = torch.cuda.max_memory_allocated(device) / GIB, torch.cuda.max_memory_reserved(device) / GIB
+    if reset:
+        torch.cuda.reset_peak_memory_stats(device)
+    return peaks
 
 
 def memory_format(device):
@@ -217,15 +231,18 @@ def param_groups(model):
     return decay, no_decay, biases
 
 
-def build_optimizer(model, name, lr, momentum, weight_decay):
-    """SGD / Adam / AdamW over the YOLOv5 parameter groups; weight decay only on conv/linear weights."""
+def build_optimizer(model, name, lr, momentum, weight_decay, fused=False):
+    """SGD / Adam / AdamW over the YOLOv5 parameter groups; weight decay only on conv/linear weights. `fused` (for
+    CUDA): one kernel updates every tensor of a group, and under a GradScaler the step reads the overflow flag on
+    the GPU instead of copying it to the host; a CPU keeps torch's default implementation."""
     decay, no_decay, biases = param_groups(model)
+    fused = fused or None  # False would forbid torch's foreach default, not only the fused kernels
     if name == "SGD":
-        opt = torch.optim.SGD(no_decay, lr=lr, momentum=momentum, nesterov=True)
+        opt = torch.optim.SGD(no_decay, lr=lr, momentum=momentum, nesterov=True, fused=fused)
     elif name == "Adam":
-        opt = torch.optim.Adam(no_decay, lr=lr, betas=(momentum, 0.999))
+        opt = torch.optim.Adam(no_decay, lr=lr, betas=(momentum, 0.999), fused=fused)
     elif name == "AdamW":
-        opt = torch.optim.AdamW(no_decay, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+        opt = torch.optim.AdamW(no_decay, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, fused=fused)
     else:
         raise ValueError(f"unknown optimizer {name!r}: choose SGD, Adam, AdamW or auto")
     opt.add_param_group({"params": decay, "weight_decay": weight_decay})

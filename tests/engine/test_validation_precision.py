@@ -4,6 +4,7 @@ validation of best.pt and the val scripts run it in fp32. The heads decode, and 
 import pytest
 import torch
 
+import engine.trainer
 import train
 from engine.validator import BaseValidator, ValOptions
 from tests.test_val_sharding import CASES, NAMES, _dataset, _model, _perturb
@@ -48,19 +49,34 @@ def test_half_precision_validation_runs_in_it_and_agrees_with_fp32(tmp_path, dty
     assert next(model.parameters()).dtype == torch.float32  # autocast casts per op, the model keeps its weights
 
 
-def test_training_validates_each_epoch_in_its_amp_dtype_and_best_pt_in_fp32(shapes_detect, tmp_path, monkeypatch):
+def test_training_validates_each_epoch_in_its_amp_dtype_and_best_pt_in_fp32(shapes_detect, tmp_path, monkeypatch,
+                                                                             yolo_log):
+    """bf16 and fp32 runs validate best.pt in fp32 (fp16 runs in fp16: tests/engine/test_amp_scaler.py). On CUDA
+    each epoch's training, each validation and the final one log the allocator's peaks, each from a reset."""
     calls = []
     call = BaseValidator.__call__
 
-    def spy(self, model, final=False, amp_dtype=None):
-        calls.append((final, amp_dtype))
-        return call(self, model, final=final, amp_dtype=amp_dtype)
+    def spy(self, model, final=False, amp_dtype=None, half=None):
+        calls.append((final, amp_dtype, half))
+        return call(self, model, final=final, amp_dtype=amp_dtype, half=half)
+
+    peaks = []  # a CUDA allocator's peaks since each reset, as torch_utils.peak_memory gives them
+
+    def peak_memory(device, reset=False):
+        assert reset
+        peaks.append(len(peaks) + 1)
+        return peaks[-1], 2 * peaks[-1]
 
     monkeypatch.setattr(BaseValidator, "__call__", spy)
+    monkeypatch.setattr(engine.trainer, "peak_memory", peak_memory)
     args = ["--data", str(shapes_detect), "--cfg", "yolov8n.yaml", "--imgsz", "64", "--batch-size", "8",
             "--epochs", "2", "--workers", "0", "--device", "cpu", "--noplots", "--project", str(tmp_path)]
     train.main(train.parse_opt([*args, "--amp", "bf16", "--name", "bf16"]))
-    assert calls == [(False, torch.bfloat16), (False, torch.bfloat16), (True, None)]
+    assert calls == [(False, torch.bfloat16, None), (False, torch.bfloat16, None), (True, None, False)]
+    lines = [m for m in yolo_log if m.startswith("GPU memory peak")]
+    assert lines == [f"GPU memory peak in {what}: {i:.2f} GiB allocated, {2 * i:.2f} GiB reserved" for i, what in
+                     enumerate(["training epoch 1", "validation 1", "training epoch 2", "validation 2",
+                                "the final validation"], 1)]
     calls.clear()
     train.main(train.parse_opt([*args, "--amp", "off", "--name", "fp32"]))
-    assert calls == [(False, None), (False, None), (True, None)]
+    assert calls == [(False, None, None), (False, None, None), (True, None, False)]

@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from utils.errors import BadOption
-from utils.torch_utils import ModelEMA, amp_settings, cpu_bf16_native, inference_bf16, memory_format
+from utils.torch_utils import (
+    ModelEMA,
+    amp_settings,
+    cpu_bf16_native,
+    inference_bf16,
+    memory_format,
+    memory_used,
+    peak_memory,
+)
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -77,3 +85,18 @@ def test_ema_update_is_the_per_tensor_formula():
             assert torch.equal(v, before[k])
         else:
             assert torch.equal(v, before[k].mul(d).add(model.state_dict()[k], alpha=1 - d)), k
+
+
+def test_memory_is_reported_in_gib(monkeypatch):
+    """The progress bar's mem and the peaks in GiB (2**30 bytes, nvidia-smi's and the peers' unit), read from torch's
+    CUDA allocator; a reset starts the peaks again after they are read."""
+    gpu = torch.device("cuda", 0)
+    resets = []
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: 5 * 2**29)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: 7 * 2**29)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", resets.append)
+    assert memory_used(gpu) == 3.0
+    assert peak_memory(gpu) == (2.5, 3.5) and not resets
+    assert peak_memory(gpu, reset=True) == (2.5, 3.5) and resets == [gpu]
+    assert peak_memory(torch.device("cpu"), reset=True) is None
