@@ -136,9 +136,9 @@ class Checkpointer:
         if state.epoch >= trainer.epochs:
             raise BadCheckpoint(f"{path}: training to {trainer.epochs} epochs is finished, nothing to resume")
         trainer.model.load_state_dict({k: v.float() for k, v in ckpt["model"]["state_dict"].items()})
-        trainer.optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer(trainer.optimizer, ckpt["optimizer"])
         trainer.scheduler.load_state_dict(ckpt["scheduler"])
-        trainer.scaler.load_state_dict(ckpt["scaler"])
+        load_scaler(trainer.scaler, ckpt["scaler"], path)
         trainer.ema.ema.load_state_dict({k: v.float() for k, v in ckpt["ema"]["state_dict"].items()})
         trainer.ema.updates = ckpt["updates"]
         ranks = ckpt["ranks"]
@@ -165,6 +165,29 @@ class Checkpointer:
             atomic_copy(self.last, self.best)
         elif self.best.exists():
             strip_optimizer(self.best)
+
+
+# How torch.optim runs a step, which this run's device decides (fused kernels on CUDA), not the checkpoint's
+IMPLEMENTATION = ("fused", "foreach", "capturable")
+
+
+def load_optimizer(optimizer, saved):
+    """`saved` into `optimizer`, each group keeping this run's implementation: a checkpoint trained on CUDA says
+    `fused`, which a CPU run resumed from it would otherwise take, and torch places each loaded step count by the
+    flags of the state it loads (on the GPU for fused kernels, else where it was saved)."""
+    groups = [{**g, **{k: own[k] for k in IMPLEMENTATION if k in own}}
+              for g, own in zip(saved["param_groups"], optimizer.param_groups)]
+    optimizer.load_state_dict({**saved, "param_groups": groups})
+
+
+def load_scaler(scaler, saved, path):
+    """The GradScaler state of an fp16 run. A run without one (fp32, bf16: a CPU run resumed on CUDA) saved an
+    empty state, which torch refuses to load into an enabled scaler: that one starts fresh. A disabled scaler (a
+    fp16 run resumed on a CPU) ignores what it is given."""
+    if scaler.is_enabled() and not saved:
+        LOGGER.info(f"{path} was trained without fp16 gradient scaling: the GradScaler starts at its initial scale")
+        return
+    scaler.load_state_dict(saved)
 
 
 def parse_save_interval(value):

@@ -1,10 +1,14 @@
 """The fp16 GradScaler path of the trainer, on CPU (torch runs fp16 autocast and GradScaler there too): CI has no
 GPU, and this is the path CUDA training takes by default."""
 
+import pytest
 import torch
 import torch.nn as nn
 
-from engine.trainer import BaseTrainer
+import train
+import utils.torch_utils
+from engine.tasks.detect import DetectionTrainer, DetectionValidator
+from engine.trainer import BaseTrainer, run
 
 
 class _Criterion:
@@ -62,3 +66,61 @@ def test_scaled_step_equals_fp32_step():
     t.optimizer_step()
     for a, b in zip(_params(ref.model), _params(t.model)):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-3)
+
+
+class _Stop(BaseException):  # a listener's Exception is only a warning (engine/callbacks.py); this ends the run
+    pass
+
+
+def _as_precision(monkeypatch, where):
+    """Train this process as a run `where` does, on the CPU: "cuda-fp16" as CUDA's default (fp16 autocast, an
+    enabled GradScaler, which torch's CPU one stands in for, and a fused optimizer), "cpu-bf16" and "cpu-fp32"."""
+    import engine.trainer
+
+    dtype = {"cuda-fp16": torch.float16, "cpu-bf16": torch.bfloat16, "cpu-fp32": None}[where]
+    monkeypatch.setattr(engine.trainer, "amp_settings", lambda device, amp: (dtype is not None, dtype or torch.float32))
+    build = utils.torch_utils.build_optimizer
+    monkeypatch.setattr(engine.trainer, "build_optimizer", lambda *a, fused: build(*a, fused=where == "cuda-fp16"))
+
+
+@pytest.mark.slow
+def test_a_run_continues_across_devices_and_precisions_and_validates_in_its_own(shapes_detect, tmp_path, monkeypatch,
+                                                                                 yolo_log):
+    """One 4-epoch run, each epoch trained as another device would: CPU fp32 -> CUDA fp16 (a CPU run resumed on a GPU
+    crashed on the empty GradScaler state) -> CPU bf16 -> CUDA fp16. Each part takes its own precision, scaler and
+    optimizer implementation; the last validates best.pt in fp16, as `val.py --half`, which it names next."""
+    args = ["--data", str(shapes_detect), "--cfg", "yolov8n.yaml", "--imgsz", "64", "--batch-size", "8", "--epochs",
+            "4", "--workers", "0", "--device", "cpu", "--noplots", "--amp", "off", "--project", str(tmp_path)]
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    seen = []
+
+    def stop_after(epoch):
+        def listener(trainer):
+            seen.append((trainer.amp_dtype if trainer.amp else None, trainer.scaler.is_enabled(),
+                         trainer.optimizer.param_groups[0]["fused"]))
+            if trainer.state.epoch == epoch:
+                raise _Stop
+        return {"on_fit_epoch_end": [listener]}
+
+    validated = []  # the dtype of the weights each validation runs
+    init_metrics = DetectionValidator.init_metrics
+
+    def recording(self, model):
+        validated.append(next(model.parameters()).dtype)
+        return init_metrics(self, model)
+
+    monkeypatch.setattr(DetectionValidator, "init_metrics", recording)
+    for epoch, where in enumerate(("cpu-fp32", "cuda-fp16", "cpu-bf16", "cuda-fp16")):
+        _as_precision(monkeypatch, where)
+        opt = train.parse_opt(args if epoch == 0 else ["--resume", str(last), "--device", "cpu", "--workers", "0"])
+        if epoch < 3:
+            with pytest.raises(_Stop):
+                run(DetectionTrainer, opt, callbacks=stop_after(epoch))
+        else:
+            run(DetectionTrainer, opt, callbacks=stop_after(None))
+    assert seen == [(None, False, None), (torch.float16, True, True), (torch.bfloat16, False, None),
+                    (torch.float16, True, True)]
+    assert sum("starts at its initial scale" in m for m in yolo_log) == 2  # after fp32 and after bf16
+    # each epoch's validation autocasts the fp32 EMA; best.pt is validated in fp16, as val.py --half would
+    assert validated == [torch.float32] * 4 + [torch.float16]
+    assert any("val.py --weights" in m and "--half" in m for m in yolo_log)

@@ -116,3 +116,52 @@ def test_finish_strips_a_best_that_is_still_last_once(tmp_path, monkeypatch):
     assert stripped == [checkpointer.last]
     assert load_checkpoint(checkpointer.best)["optimizer"] is None
     assert torch.equal(_ema_weights(checkpointer.best), _ema_weights(checkpointer.last))
+
+
+# Where a run trained, as far as a CPU can stand in for it: the GradScaler is enabled for fp16 (CUDA's default; a CPU
+# GradScaler behaves the same), the optimizer fused on CUDA whatever the precision, neither on a CPU (fp32 or bf16).
+RUNS = {"cpu": (False, False), "cuda-fp16": (True, True), "cuda-bf16": (False, True)}
+
+
+def _run_like(where, seed):
+    scaler_on, fused = RUNS[where]
+    t = _trainer(seed)
+    t.optimizer = build_optimizer(t.model, "AdamW", 0.01, 0.9, 0.0005, fused=fused)
+    t.scheduler = torch.optim.lr_scheduler.LambdaLR(t.optimizer, lambda e: 1.0)
+    t.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10 if seed == 0 else 2.0**16, enabled=scaler_on)
+    return t
+
+
+def _step(t):
+    for p in t.model.parameters():
+        p.grad = torch.full_like(p, 0.01)
+    t.scaler.scale(torch.ones(()))  # an enabled scaler has a state once it scaled a loss
+    t.optimizer.step()
+
+
+@pytest.mark.parametrize("target", RUNS)
+@pytest.mark.parametrize("source", RUNS)
+def test_resume_across_devices_and_precisions(tmp_path, source, target, yolo_log):
+    """A checkpoint continues on any device in any precision: a CPU run's empty GradScaler state is not loaded into
+    an fp16 run's scaler (torch refuses it); a CUDA run's fused optimizer is not carried to a CPU, nor a CPU run's
+    unfused one to CUDA; the optimizer's state and the scale, where both runs have one, are what was saved."""
+    checkpointer = Checkpointer(tmp_path)
+    src = _run_like(source, seed=0)
+    _step(src)
+    state = LoopState(epoch=1, mean_losses=torch.zeros(3))
+    checkpointer.save_last(checkpointer.checkpoint(src, state, ranks=[Checkpointer.rank_state(state)]))
+
+    dst = _run_like(target, seed=1)
+    checkpointer.restore(dst, checkpointer.last)
+    fused = RUNS[target][1] or None
+    assert [g["fused"] for g in dst.optimizer.param_groups] == [fused] * 3
+    saved, loaded = src.optimizer.state_dict()["state"], dst.optimizer.state_dict()["state"]
+    assert saved.keys() == loaded.keys() and saved
+    for k in saved:
+        assert float(loaded[k]["step"]) == 1.0
+        assert torch.equal(loaded[k]["exp_avg"], saved[k]["exp_avg"])
+    if RUNS[target][0]:  # the saved scale where there is one, else the initial one
+        assert dst.scaler.get_scale() == (2.0**10 if RUNS[source][0] else 2.0**16)
+        assert any("starts at its initial scale" in m for m in yolo_log) == (not RUNS[source][0])
+    _step(dst)  # and it trains on
+    assert all(float(s["step"]) == 2.0 for s in dst.optimizer.state_dict()["state"].values())
