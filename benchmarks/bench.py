@@ -19,7 +19,7 @@ from utils.data.detect_dataset import YOLODataset
 from utils.data.loader import build_dataloader
 from utils.dist import select_device
 from utils.files import ROOT, find_file, yaml_load
-from utils.torch_utils import to_float32
+from utils.torch_utils import peak_memory, to_float32
 
 
 def model_for(cfg, nc=3):
@@ -53,7 +53,7 @@ def classification_batches(imgsz, batch, n):
             for _ in range(n)]
 
 
-def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers, device):
+def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers, device, profile_steps=0):
     model = model_for(cfg).train().to(device)
     hyp = yaml_load(find_file(model.default_hyp or "hyp.scratch-low.yaml", "data/hyps"))
     criterion = model.init_criterion(hyp, imgsz=imgsz)
@@ -65,11 +65,8 @@ def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers, device):
     model = model.to(memory_format=memory_format)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-    t0 = None
-    for i, b in enumerate(batches):
-        if i == 1:
-            sync(device)
-            t0 = time.perf_counter()  # the first step warms up allocators
+
+    def step(b):
         img = b["img"].to(device).float() / (255 if b["img"].dtype == torch.uint8 else 1)
         b = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
         b["img"] = img.contiguous(memory_format=memory_format)
@@ -80,8 +77,38 @@ def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers, device):
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
+
+    ips = steps * batch / timed_steps(batches, steps, step, device)
+    if profile_steps:
+        print(f"{cfg}: torch.profiler over {profile_steps} steps after the timed ones")
+        print(profiled_steps(batches, profile_steps, step, device))
+    return ips, loader_ips
+
+
+def timed_steps(batches, steps, step, device):
+    """Seconds that `steps` calls of `step` take after one untimed call (which warms up the allocators), the
+    batches taken in turn and cycled: a small set has fewer batches than --steps (256 images make 4 of 64)."""
+    step(batches[0])
     sync(device)
-    return steps * batch / (time.perf_counter() - t0), loader_ips
+    t0 = time.perf_counter()
+    for i in range(1, steps + 1):
+        step(batches[i % len(batches)])
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def profiled_steps(batches, steps, step, device, rows=25):
+    """torch.profiler's table of `steps` training steps: the operators that take the time, on the GPU where there is
+    one (kernels are what a slow step is made of there), else on the CPU."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for i in range(steps):
+            step(batches[i % len(batches)])
+        sync(device)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=rows)
 
 
 def autocast(device, amp):
@@ -133,27 +160,29 @@ def main():
     p.add_argument("--device", default="cpu", help="cpu, or a CUDA index such as 0")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--no-fuse", action="store_true", help="time inference in the training structure")
+    p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per input shape")
+    p.add_argument("--profile-steps", type=int, default=0, help="then print torch.profiler's table of N train steps")
     opt = p.parse_args()
     torch.set_num_threads(opt.threads)
+    torch.backends.cudnn.benchmark = opt.cudnn_benchmark
     device = select_device(opt.device)
     print(f"torch {torch.__version__}, {device}, {opt.threads} threads, amp={opt.amp}, "
-          f"channels_last={opt.channels_last}, fused={not opt.no_fuse}")
+          f"channels_last={opt.channels_last}, fused={not opt.no_fuse}, cudnn.benchmark={opt.cudnn_benchmark}")
     header = "".join(f"{f'infer {s} ms':>14}" for s in opt.imgsz)
-    print(f"{'model':<20}{'train img/s':>12}{'loader img/s':>14}{header}{'GPU mem GB':>12}")
+    print(f"{'model':<20}{'train img/s':>12}{'loader img/s':>14}{header}{'GPU GiB alloc':>14}{'reserved':>10}")
     for cfg in opt.models:
         if not (ROOT / "models" / cfg.replace("yolov8n", "yolov8")).exists():
             print(f"{cfg:<20} (no such model YAML yet)")
             continue
         train_imgsz = 96 if "-cls" in cfg else opt.train_imgsz
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        peak_memory(device, reset=True)
         ips, loader = bench_train(cfg, train_imgsz, opt.batch, opt.steps, opt.amp, opt.channels_last, opt.workers,
-                                  device)
+                                  device, opt.profile_steps)
         inf = [bench_infer(cfg, 96 if "-cls" in cfg else s, opt.runs, opt.amp, opt.channels_last, device,
                            not opt.no_fuse) for s in opt.imgsz]
-        mem = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else 0.0
-        print(f"{cfg:<20}{ips:>12.1f}{loader:>14.1f}" + "".join(f"{t:>14.1f}" for t in inf) + f"{mem:>12.2f}",
-              flush=True)
+        alloc, reserved = peak_memory(device) or (0.0, 0.0)
+        print(f"{cfg:<20}{ips:>12.1f}{loader:>14.1f}" + "".join(f"{t:>14.1f}" for t in inf)
+              + f"{alloc:>14.2f}{reserved:>10.2f}", flush=True)
 
 
 if __name__ == "__main__":
