@@ -158,20 +158,28 @@ class ModelEMA:
         self.decay_fn = lambda x: decay * (1 - math.exp(-x / tau))
         for p in self.ema.parameters():
             p.requires_grad_(False)
+        self._pairs = None  # (model, EMA tensors, its tensors), from the first update
+
+    def _tensor_pairs(self, model):
+        """The floating-point tensors of the EMA and of `model`, paired by state-dict key, found once per model:
+        rebuilding two state dicts every step was most of an update's time. The trainer's model and the EMA change
+        their tensors only in place (a step, a checkpoint loaded), so the pairs stay theirs. Frozen parameters are
+        left out: they cannot change, and averaging a constant would only add rounding to them."""
+        if self._pairs is None or self._pairs[0] is not model:
+            new = model.state_dict(keep_vars=True)  # the tensors themselves, not detached views
+            frozen = {k for k, p in model.named_parameters() if not p.requires_grad}
+            pairs = [(v, new[k]) for k, v in self.ema.state_dict(keep_vars=True).items()
+                     if v.dtype.is_floating_point and k not in frozen]
+            self._pairs = (model, [e for e, _ in pairs], [n for _, n in pairs])
+        return self._pairs[1:]
 
     @torch.no_grad()
     def update(self, model):
         self.updates += 1
         d = self.decay_fn(self.updates)
-        msd = model.state_dict()
-        # frozen parameters cannot change; averaging a constant would only add rounding to them
-        frozen = {k for k, p in model.named_parameters() if not p.requires_grad}
-        pairs = [(v, msd[k].detach()) for k, v in self.ema.state_dict().items()
-                 if v.dtype.is_floating_point and k not in frozen]
-        if pairs:  # one fused kernel per step for all tensors: a launch per tensor costs more than the math on a GPU
-            ema, new = map(list, zip(*pairs))
-            torch._foreach_mul_(ema, d)
-            torch._foreach_add_(ema, new, alpha=1 - d)
+        ema, new = self._tensor_pairs(model)
+        if ema:  # one fused kernel per step for all tensors: a launch per tensor costs more than the math on a GPU
+            torch._foreach_lerp_(ema, new, 1 - d)  # ema + (1 - d)(new - ema): one pass, where * then + took two
 
 
 class EarlyStopping:

@@ -67,7 +67,8 @@ def test_auto_is_bf16_only_on_cpus_with_native_bf16(monkeypatch, native):
 
 
 def test_ema_update_is_the_per_tensor_formula():
-    """The fused update gives the bits of v * d + (1 - d) * w per tensor, leaves frozen and integer tensors alone."""
+    """The fused update gives the bits of lerp(v, w, 1 - d) per tensor, which is v * d + (1 - d) * w to float32
+    rounding, and leaves frozen and integer tensors alone."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Conv2d(4, 2, 1))
     model[2].bias.requires_grad_(False)
@@ -84,7 +85,10 @@ def test_ema_update_is_the_per_tensor_formula():
         if k in ("2.bias", "1.num_batches_tracked"):
             assert torch.equal(v, before[k])
         else:
-            assert torch.equal(v, before[k].mul(d).add(model.state_dict()[k], alpha=1 - d)), k
+            w = model.state_dict()[k]
+            assert torch.equal(v, torch.lerp(before[k], w, 1 - d)), k
+            exact = before[k].double() * d + w.double() * (1 - d)
+            torch.testing.assert_close(v.double(), exact, rtol=2**-22, atol=2**-22 * exact.abs().max().item())
 
 
 def test_memory_is_reported_in_gib(monkeypatch):
@@ -100,3 +104,33 @@ def test_memory_is_reported_in_gib(monkeypatch):
     assert peak_memory(gpu) == (2.5, 3.5) and not resets
     assert peak_memory(gpu, reset=True) == (2.5, 3.5) and resets == [gpu]
     assert peak_memory(torch.device("cpu"), reset=True) is None
+
+
+def test_ema_keeps_its_tensor_pairs_and_follows_in_place_changes(monkeypatch):
+    """The pairs are found once per model (not two state dicts per step); they stay right as the model's tensors
+    change in place, as an optimizer step and a loaded checkpoint change them, and another model is paired anew."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    ema = ModelEMA(model, decay=0.5, tau=1e-9)  # d = 0.5 from the first update
+    read = []  # the modules whose whole state dict was asked for
+    state_dict = torch.nn.Module.state_dict
+    monkeypatch.setattr(torch.nn.Module, "state_dict", lambda self, *a, **k: (read.append(self),
+                                                                              state_dict(self, *a, **k))[1])
+
+    def update_and_check(source):
+        expected = {k: torch.lerp(v, state_dict(source)[k], 0.5) for k, v in state_dict(ema.ema).items()
+                    if v.is_floating_point()}
+        ema.update(source)
+        assert all(torch.equal(state_dict(ema.ema)[k], v) for k, v in expected.items())
+
+    for _ in range(3):
+        with torch.no_grad():
+            model[0].weight.add_(1.0)
+            model[1].running_var.mul_(2.0)
+        update_and_check(model)
+    assert [m for m in read if m in (model, ema.ema)] == [model, ema.ema]  # at the first update only
+    model.load_state_dict({k: v + 1 if v.is_floating_point() else v for k, v in state_dict(model).items()})
+    update_and_check(model)
+    other = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    update_and_check(other)
+    assert [m for m in read if m in (model, other)] == [model, other]
