@@ -67,6 +67,11 @@ class LoopState:
                    mean_losses=mean_losses, tracker_runs=dict(ckpt.get("tracker_runs") or {}))  # older: none
 
 
+# Under DDP, optimizer steps between the collectives that share a stop request and rank 0's --save-interval clock:
+# a stop or a timed save comes at most this many steps late
+AGREE_EVERY = 10
+
+
 class Checkpointer:
     """last.pt, best.pt and epochN.pt of one run folder, and when to write them."""
 
@@ -76,6 +81,7 @@ class Checkpointer:
         self.interval = parse_save_interval(save_interval)  # (kind, every): inside epochs, by time or by steps
         self.period = save_period
         self.last_save = (time.monotonic(), -1)  # (time, global batch number) of the last checkpoint
+        self.steps = 0  # optimizer steps `due` was asked about, which every rank counts alike
 
     @staticmethod
     def checkpoint(trainer, state, ranks):
@@ -119,13 +125,20 @@ class Checkpointer:
 
     def due(self, step, stop_asked, is_main):
         """(stop, save) right after the optimizer step at global batch `step`: whether a stop was asked on any rank,
-        and whether to write last.pt (for the stop, or --save-interval, where rank 0's clock decides for all). One
-        collective answers both, so every rank takes the same decisions at the same step."""
+        and whether to write last.pt (for the stop, or --save-interval, where rank 0's clock decides for all). A
+        count of steps ('500it') is the same on every rank; the rest needs every rank's word, which one collective
+        gives for both, every AGREE_EVERY optimizer steps under DDP (on CUDA, reading its answer makes the host wait
+        for the GPU's queued work), at each one in a single process. Every rank takes the same decisions at the
+        same step."""
         kind, every = self.interval
         t, last_step = self.last_save
+        counted = kind == "it" and step - last_step >= every
+        self.steps += 1
+        if du.is_distributed() and self.steps % AGREE_EVERY:
+            return False, counted
         timed = kind == "s" and is_main and time.monotonic() - t >= every
         stop, timed = du.any_ranks(stop_asked, timed)
-        return stop, stop or timed or (kind == "it" and step - last_step >= every)
+        return stop, stop or timed or counted
 
     def restore(self, trainer, path):
         """Load `path` into `trainer` (model, EMA, optimizer, scheduler, scaler; this rank's RNG states) and return

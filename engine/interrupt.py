@@ -1,7 +1,8 @@
 """Stopping a training run on request: Ctrl-C (SIGINT), SIGUSR1, and SIGTERM outside torchrun.
 
 The first signal only asks: the loop stops at its next safe point (right after an optimizer step, when no
-accumulated gradient would be lost, or at the end of an epoch), every rank agreeing on the same step, writes
+accumulated gradient would be lost, or at the end of an epoch; under DDP the ranks share their requests every
+AGREE_EVERY optimizer steps, engine/checkpointer.py), every rank agreeing on the same step, writes
 last.pt with the exact position, prints how to resume and exits 128 + the signal's number (130, 138, 143). A second
 Ctrl-C in a single process started by hand exits at once, without saving.
 
@@ -33,8 +34,9 @@ class StopRequests:
     Ctrl-C to them too, and a worker that died of it would take the batches the loop still needs to reach its stop.
     """
 
-    def __init__(self, announce=True):
+    def __init__(self, announce=True, within=1):
         self.announce = announce  # rank 0 says that the stop is under way
+        self.within = within  # optimizer steps between the checks for a request (engine/checkpointer.AGREE_EVERY)
         self.torchrun = du.launcher() == "torchrun"  # whose SIGTERM restarts groups
         self.repeats = self.torchrun or bool(du.slurm_job())  # a signal may come twice: once is a request
         self.signum, self.pid, self.previous = None, os.getpid(), {}
@@ -57,8 +59,9 @@ class StopRequests:
             self.signum = signum
             if self.announce:
                 again = "" if self.repeats else "; Ctrl-C again exits at once, without saving"
-                LOGGER.warning(f"\n{NAMES[signum]}: stopping after the next optimizer step or at the end of the "
-                               f"epoch, to save last.pt{again}")
+                when = "the next optimizer step" if self.within == 1 else f"at most {self.within} optimizer steps"
+                LOGGER.warning(f"\n{NAMES[signum]}: stopping after {when} or at the end of the epoch, to save "
+                               f"last.pt{again}")
         elif not self.repeats:
             raise Interrupted(signum, f"{NAMES[signum]} again: exiting at once, without saving")
 

@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from engine.callbacks import Callbacks
-from engine.checkpointer import Checkpointer, LoopState, sigterm_deferred
+from engine.checkpointer import AGREE_EVERY, Checkpointer, LoopState, sigterm_deferred
 from engine.hyp import SCHEDULE, Reader, default_hyp_file, load_hyp, read_hyp, require_keys
 from engine.interrupt import StopRequests
 from engine.messages import SCRIPTS, banner, next_commands, plural, position, resume_command, shown
@@ -84,7 +84,8 @@ class BaseTrainer:
         self.checkpointer = Checkpointer(self.save_dir, self.opt.save_interval, self.opt.save_period)
         self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
         self.profile = RunProfile.for_run(self.opt.profile and self.is_main, device)  # --profile: rank 0's table
-        self.stop_requests = StopRequests(announce=self.is_main)  # its signal handlers are set while the loop runs
+        # its signal handlers are set while the loop runs; under DDP the ranks share a request every AGREE_EVERY steps
+        self.stop_requests = StopRequests(announce=self.is_main, within=AGREE_EVERY if self.world_size > 1 else 1)
         # built by _setup: the data, the model (unwrapped; train_model is what DDP wraps) and its criterion
         self.data, self.nc, self.names, self.hyp = None, 0, {}, {}
         self.model = self.train_model = self.criterion = None

@@ -165,3 +165,30 @@ def test_resume_across_devices_and_precisions(tmp_path, source, target, yolo_log
         assert any("starts at its initial scale" in m for m in yolo_log) == (not RUNS[source][0])
     _step(dst)  # and it trains on
     assert all(float(s["step"]) == 2.0 for s in dst.optimizer.state_dict()["state"].values())
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ranks_agree_on_stops_and_timed_saves_every_agree_every_steps_under_ddp(tmp_path, monkeypatch, ranks):
+    """Under DDP the collective that shares a stop request and rank 0's --save-interval clock runs every
+    AGREE_EVERY optimizer steps, not at each (on CUDA its answer makes the host wait for the GPU); counted
+    intervals ('3it') need no collective and keep their steps; a single process decides at every step."""
+    from engine.checkpointer import AGREE_EVERY
+    from utils import dist as du
+
+    asked = []
+    monkeypatch.setattr(du, "is_distributed", lambda: ranks > 1)
+    monkeypatch.setattr(du, "any_ranks", lambda *flags: (asked.append(flags), flags)[1])
+    counted, timed = Checkpointer(tmp_path, save_interval="3it"), Checkpointer(tmp_path, save_interval="1s")
+    timed.last_save = (timed.last_save[0] - 10, -1)  # its second is up
+    decisions = []
+    for step in range(2 * AGREE_EVERY + 5):
+        stop_asked = step >= 12  # a Ctrl-C on this rank after step 12
+        saves = counted.due(step, False, True)[1]
+        if saves:
+            counted.saved(step)
+        decisions.append((saves, *timed.due(step, stop_asked, True)))
+    agreed = [s for s in range(len(decisions)) if ranks == 1 or (s + 1) % AGREE_EVERY == 0]
+    assert [s for s, d in enumerate(decisions) if d[2]] == agreed  # timed saves at the checks only
+    assert [s for s, d in enumerate(decisions) if d[1]] == [s for s in agreed if s >= 12]  # the stop too
+    assert [s for s, d in enumerate(decisions) if d[0]] == list(range(2, len(decisions), 3))
+    assert len(asked) == 2 * len(agreed)  # one collective per check of each checkpointer
