@@ -32,6 +32,8 @@ from utils.loggers import LOGGER, set_logging
 from utils.profiling import RunProfile
 from utils.torch_utils import memory_format, time_sync, to_float32
 
+LOSS_LABELS = ("targets", "keypoints")  # what the criterion reads of a batch whose labels stay on the CPU
+
 
 @dataclasses.dataclass
 class ValOptions:
@@ -168,10 +170,12 @@ class BaseValidator:
             self.confusion.matrix = sum(s["confusion"] for s in shards)
 
     def preprocess(self, batch, device, half):
+        """The images (and masks, which are matched on the device) on `device`. The labels stay on the CPU, where
+        each image's matching reads them after one copy of its predictions; the loss takes its own (`_loss`)."""
         batch["img"] = batch["img"].to(device, non_blocking=True)
         batch["img"] = (batch["img"].half() if half else batch["img"].float()) / 255
         batch["img"] = batch["img"].contiguous(memory_format=memory_format(device))  # the layout the model has
-        for k in ("targets", "masks", "cls"):
+        for k in ("masks", "cls"):
             if k in batch:
                 batch[k] = batch[k].to(device)
         return batch
@@ -254,7 +258,9 @@ class BaseValidator:
         without a criterion."""
         if self.criterion is None:
             return None
-        return self.criterion(self.loss_inputs(preds), batch)[1].detach().cpu().double()
+        device = batch["img"].device
+        labels = {k: batch[k].to(device, non_blocking=True) for k in LOSS_LABELS if k in batch}
+        return self.criterion(self.loss_inputs(preds), {**batch, **labels})[1].detach().cpu().double()
 
     def _gather(self, records):
         """Every rank's records on rank 0, merged in batch order: {key: list}, as one process would have them.

@@ -56,17 +56,18 @@ def match_predictions(pred_classes, true_classes, iou, iouv):
     iou is (n_true, n_pred); predictions in descending confidence, as NMS returns them. At each threshold the
     candidate pairs (IoU >= t, same class) are ranked by IoU; every prediction keeps its best label, then every
     label keeps its earliest (most confident) prediction: the YOLOv5/v8 matching, which on NMS output agrees
-    with pycocotools' confidence-ordered greedy match. Returns bool (n_pred, n_thresholds) on pred_classes' device.
+    with pycocotools' confidence-ordered greedy match. Returns bool (n_pred, n_thresholds) on the CPU, where the
+    validators keep the classes; an `iou` computed on a GPU (masks) comes over in one copy.
     """
     correct = np.zeros((pred_classes.shape[0], iouv.shape[0]), dtype=bool)
-    same_class = true_classes[:, None] == pred_classes[None, :]
-    iou = (iou * same_class).cpu().numpy()
+    same_class = (true_classes[:, None] == pred_classes[None, :]).cpu()
+    iou = (iou.cpu() * same_class).numpy()
     for k, t in enumerate(iouv.tolist()):
         li, pi = np.nonzero(iou >= t)
         if len(li):
             _, pi = _unique_pairs(li, pi, iou, label_by_score=True)
             correct[pi, k] = True
-    return torch.from_numpy(correct).to(pred_classes.device)
+    return torch.from_numpy(correct)
 
 
 def process_batch(detections, labels, iouv):

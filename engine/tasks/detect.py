@@ -208,25 +208,26 @@ class DetectionValidator(BaseValidator):
         return {"tp": [], "conf": [], "pred_cls": [], "target_cls": [], "json": []}
 
     def update_metrics(self, preds, batch):
+        """The matches of each image, on the CPU: its labels are there (`preprocess`), and its predictions come over
+        in one copy; what is matched on the device (masks) stays there in `decode` and `match_extra`."""
         record = self.new_record()
         for si, image in enumerate(preds):
-            pred = image["boxes"]
             self.seen += 1
             cls, tboxes = self._labels_native(batch, si)
-            record["target_cls"].append(cls.cpu())
+            record["target_cls"].append(cls)
             labelsn = torch.cat([cls[:, None], tboxes], 1)
-            if len(pred) == 0:
+            if len(image["boxes"]) == 0:
                 if len(cls):
-                    self.confusion.process_batch(None, labelsn.cpu())
+                    self.confusion.process_batch(None, labelsn)
                 continue
             image = self.decode(image, batch)
-            predn = self._native_preds(pred, batch, si)
-            correct = process_batch(predn[:, :6], labelsn, self.iouv.to(pred.device))
+            predn = self._native_preds(image["boxes"].cpu(), batch, si)
+            correct = process_batch(predn[:, :6], labelsn, self.iouv)
             self.match_extra(record, image, batch, si, predn, labelsn, correct)
-            record["tp"].append(correct.cpu())
-            record["conf"].append(predn[:, 4].cpu())
-            record["pred_cls"].append(predn[:, 5].cpu())
-            self.confusion.process_batch(predn[:, :6].cpu(), labelsn.cpu())
+            record["tp"].append(correct)
+            record["conf"].append(predn[:, 4])
+            record["pred_cls"].append(predn[:, 5])
+            self.confusion.process_batch(predn[:, :6], labelsn)
             path = Path(batch["paths"][si])
             if self.args.save_txt:
                 self.save_txt(predn, batch["shapes"][si][0], self.save_dir / "labels" / f"{path.stem}.txt")
@@ -254,7 +255,7 @@ class DetectionValidator(BaseValidator):
 
     def pred_to_json(self, image, predn, batch, si):
         """COCO JSON rows of image si's predictions (`predn`: its boxes in original-image pixels)."""
-        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(Path(batch["paths"][si])))
+        return box_to_coco_json(predn[:, :6], image_id_from_path(Path(batch["paths"][si])))
 
     def _concat_stats(self, records):
         out = {}

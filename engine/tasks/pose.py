@@ -90,11 +90,6 @@ class PoseValidator(DetectionValidator):
     def dataset_kwargs(self):
         return {"task": PoseLabels(self.kpt_shape)}
 
-    def preprocess(self, batch, device, half):
-        batch = super().preprocess(batch, device, half)
-        batch["keypoints"] = batch["keypoints"].to(device)
-        return batch
-
     def init_metrics(self, model):
         super().init_metrics(model)
         self.metrics = PoseMetrics(names=self.names)
@@ -133,10 +128,10 @@ class PoseValidator(DetectionValidator):
         """Keypoint matches of image si by OKS, in the same rows as its box matches (`correct`)."""
         if len(labelsn):
             tp_p = process_keypoint_batch(predn[:, :6], labelsn, self.layout.det_keypoints(predn),
-                                          self._gt_keypoints(batch, si), self.sigmas, self.iouv.to(predn.device))
+                                          self._gt_keypoints(batch, si), self.sigmas, self.iouv)
         else:
             tp_p = torch.zeros_like(correct)
-        record["tp_p"].append(tp_p.cpu())
+        record["tp_p"].append(tp_p)
 
     def save_txt(self, predn, shape, file):
         file.parent.mkdir(parents=True, exist_ok=True)

@@ -83,21 +83,19 @@ class SegmentationValidator(DetectionValidator):
 
     def match_extra(self, record, image, batch, si, predn, labelsn, correct):
         """Mask matches of image si, in the same rows as its box matches (`correct`)."""
-        pred, pred_masks = image["boxes"], image["masks"]
-        gt_cls = batch["targets"][batch["targets"][:, 0] == si, 1:2]
-        if len(gt_cls):
-            gt = self._gt_masks(batch, si, len(gt_cls))
-            tp_m = process_mask_batch(pred, gt_cls, pred_masks, gt, self.iouv.to(pred.device))
+        if len(labelsn):
+            gt = self._gt_masks(batch, si, len(labelsn))
+            tp_m = process_mask_batch(predn, labelsn, image["masks"], gt, self.iouv)
         else:
             tp_m = torch.zeros_like(correct)
-        record["tp_m"].append(tp_m.cpu())
+        record["tp_m"].append(tp_m)
 
     def pred_to_json(self, image, predn, batch, si):
         """Boxes and masks in original-image pixels, the masks as COCO RLE."""
         native = ops.scale_masks(image["masks"], batch["shapes"][si][0], batch["shapes"][si][1])
         rles = masks_to_rle(native.gt(0.5).cpu().numpy())
         path = Path(batch["paths"][si])
-        return box_to_coco_json(predn[:, :6].cpu(), image_id_from_path(path), rles=rles)
+        return box_to_coco_json(predn[:, :6], image_id_from_path(path), rles=rles)
 
     def curve_metrics(self):
         return [("", self.metrics.box), ("Mask", self.metrics.seg)]
