@@ -84,12 +84,13 @@ class CSVLogger:
 
 class TensorBoardLogger:
     """Scalars (losses, metrics, learning rates) per epoch in the run folder, from set-up to the end of the run (or its
-    interruption); with `plots`, the model graph after set-up and every picture of the run folder at the end. Absent,
-    with one warning, if tensorboard is not installed."""
+    interruption); with `plots`, every picture of the run folder at the end, and with `graph` too the model graph
+    after set-up (a trace of the model: 6.2 s at 640 px on a 2-core CPU, hence only when asked). Absent, with one
+    warning, if tensorboard is not installed."""
 
-    def __init__(self, log_dir, plots=True):
+    def __init__(self, log_dir, plots=True, graph=False):
         self.log_dir = log_dir
-        self.plots = plots
+        self.plots, self.graph = plots, graph
         self.writer = None
 
     def on_pretrain_routine_end(self, trainer):
@@ -100,7 +101,7 @@ class TensorBoardLogger:
             return
         self.writer = SummaryWriter(str(self.log_dir))
         LOGGER.info(f"TensorBoard: tensorboard --logdir {self.log_dir.parent}")
-        if self.plots:
+        if self.plots and self.graph:
             _add_graph(self.writer, trainer.model, int(max(trainer.model.stride)))
 
     def on_fit_epoch_end(self, trainer):
@@ -159,7 +160,8 @@ def _add_graph(writer, model, stride):
 # package only when the run starts (utils/loggers/tracker.py), so a run that does not name it needs no package.
 LOGGERS = {
     "csv": "results.csv in the run folder, one row per epoch",
-    "tensorboard": "TensorBoard scalars, model graph and pictures in the run folder",
+    "tensorboard": "TensorBoard scalars and pictures in the run folder",
+    "tensorboard-graph": "the same with the model's graph, traced at set-up (seconds of a run)",
     "wandb": "Weights & Biases (utils/loggers/wandb.py; pip install wandb)",
     "mlflow": "MLflow (utils/loggers/mlflow.py; pip install mlflow)",
     "clearml": "ClearML (utils/loggers/clearml.py; pip install clearml)",
@@ -187,8 +189,9 @@ def build_loggers(names, save_dir, plots=True, log_model=True):
     for name in names:
         if name == "csv":
             listeners.append(CSVLogger(save_dir / "results.csv"))
-        elif name == "tensorboard":
-            listeners.append(TensorBoardLogger(save_dir, plots))
+        elif name.startswith("tensorboard"):
+            if not any(isinstance(x, TensorBoardLogger) for x in listeners):  # one, with the graph if either asks
+                listeners.append(TensorBoardLogger(save_dir, plots, graph="tensorboard-graph" in names))
         else:
             module, cls = TRACKERS[name]
             listeners.append(getattr(importlib.import_module(module), cls)(log_model=log_model))
