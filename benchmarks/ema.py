@@ -1,21 +1,16 @@
 """Milliseconds per EMA update after an optimizer step, ours and, when the interpreter imports it, Ultralytics'
 (the same model built by each tool from the same YAML). Figures, not assertions.
 
-    python benchmarks/ema.py                                   # yolov8n, 200 updates, 1 thread, CPU
-    /tmp/peers-venv/bin/python benchmarks/ema.py --tool ultralytics
-    python benchmarks/ema.py --device 0                        # on a GPU (each update synchronised)
+    python -m benchmarks.ema                                   # yolov8n, 200 updates, 1 thread, CPU
+    /tmp/peers-venv/bin/python -m benchmarks.ema --tool ultralytics
+    python -m benchmarks.ema --device 0                        # on a GPU (each update synchronised)
 """
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def ours(cfg, device):
