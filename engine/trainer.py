@@ -124,15 +124,7 @@ class BaseTrainer:
         if "hsv" in batch:  # the colour the loader drew and left to the device (YOLODataset device_hsv)
             img = apply_hsv_batch(img, batch["hsv"].to(self.device, non_blocking=True))
         batch["img"] = img
-        return self.labels_to_device(batch)
-
-    def labels_to_device(self, batch):
-        """Every tensor of `batch` besides the images (targets, masks, keypoints, cls: whatever the label format's
-        collate added) on the training device, as the loader made it."""
-        for k, v in batch.items():
-            if k not in ("img", "hsv") and isinstance(v, torch.Tensor):
-                batch[k] = v.to(self.device)
-        return batch
+        return labels_to(batch, self.device)
 
     def plot_training_batch(self, batch, step):
         """Optional: save an image of the first training batches."""
@@ -522,6 +514,15 @@ class BaseTrainer:
                 commands = next_commands(scripts, best, self.opt.data, self.predict_source(),
                                          self.opt.train_imgsz, half)
                 LOGGER.info("Next: " + "\n      ".join(commands))
+
+
+def labels_to(batch, device):
+    """`batch` with every tensor besides the images (targets, masks, keypoints, cls: whatever the label format's
+    collate added) on `device`, as the loader made it."""
+    for k, v in batch.items():
+        if k not in ("img", "hsv") and isinstance(v, torch.Tensor):
+            batch[k] = v.to(device)
+    return batch
 
 
 def run(trainer_cls, opt, callbacks=None):

@@ -7,7 +7,7 @@ import torch
 
 from engine.messages import check_task
 from engine.predictor import BasePredictor
-from engine.trainer import BaseTrainer
+from engine.trainer import BaseTrainer, labels_to
 from engine.validator import BaseValidator, ValOptions
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel, head_task, yaml_model_load
@@ -83,7 +83,7 @@ class ClassificationTrainer(BaseTrainer):
 
     def preprocess_batch(self, batch):
         batch["img"] = batch["img"].to(self.device, non_blocking=True)  # floats in [0, 1] already
-        return self.labels_to_device(batch)
+        return labels_to(batch, self.device)
 
     def plot_training_batch(self, batch, step):
         if step < 3:

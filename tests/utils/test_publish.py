@@ -143,7 +143,7 @@ def test_weights_download_race(race):
 
 
 def test_label_cache_race(race):
-    from utils.data.image_files import files_hash, img2label_paths, list_files
+    from utils.data.image_files import files_hash, img2label_paths, scan_files
     from utils.data.label_cache import load_cache
     from utils.data.label_formats import DetectLabels
     from utils.data.labels import CACHE_VERSION
@@ -156,7 +156,7 @@ def test_label_cache_race(race):
         rows = np.array([[float(v) for v in ln.split()] for ln in lines if ln.strip()], np.float32)
         np.testing.assert_array_equal(np.array(cls, np.float32)[:, 0], rows[:, 0])
         np.testing.assert_allclose(np.array(boxes, np.float32), rows[:, 1:], atol=2e-6)
-    ims = list_files(str(root / "data" / "images" / "train"))
+    ims = scan_files(str(root / "data" / "images" / "train"))[0]
     hash_ = files_hash(ims + img2label_paths(ims), extra=f"{CACHE_VERSION} nc=3 {DetectLabels.line_format}")
     cache = root / "data" / "labels" / "train.yolo-engine.cache"
     assert load_cache(cache, hash_) is not None  # one complete, current cache
