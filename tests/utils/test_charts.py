@@ -41,7 +41,8 @@ def seg_run(tmp_path_factory):
     names = {0: "circle", 1: "rectangle", 2: "triangle"}
     data.write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val", "names": names}))
     args = ["--cfg", "yolov8n-seg.yaml", "--data", str(data), "--imgsz", "64", "--batch-size", "2", "--epochs", "2",
-            "--workers", "0", "--device", "cpu", "--project", str(tmp_path_factory.mktemp("plots")), "--name", "exp"]
+            "--workers", "0", "--device", "cpu", "--project", str(tmp_path_factory.mktemp("plots")), "--name", "exp",
+            "--loggers", "csv,tensorboard-graph"]
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     records = []
