@@ -99,9 +99,17 @@ def test_refuses_to_overwrite_and_cli(tmp_path):
     assert not list(tmp_path.glob(".*tmp*"))
 
 
-def test_workers_write_the_same_bytes(tmp_path):
+def test_workers_write_the_same_bytes(tmp_path, monkeypatch):
+    import utils.data.synthetic
+
     one = generate_dataset(tmp_path / "one", "detect", 20, 4, seed=5, min_side=64, max_side=96)
+    pools = []
+    mp = utils.data.synthetic.multiprocessing
+    get_context = mp.get_context
+    monkeypatch.setattr(mp, "get_context", lambda method: pools.append(method) or get_context(method))
+    monkeypatch.setattr(utils.data.synthetic, "IMAGES_PER_WORKER", 4)  # a pool for 20 images (else one process)
     two = generate_dataset(tmp_path / "two", "detect", 20, 4, seed=5, min_side=64, max_side=96, workers=2)
+    assert pools == ["spawn"]  # the train split's 20 images in 2 processes; the 4 val images in this one
     files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
     assert len(files) == 48 and files == sorted(p.relative_to(two) for p in two.rglob("*") if p.is_file())
     assert all((one / f).read_bytes() == (two / f).read_bytes() for f in files)
