@@ -28,13 +28,14 @@ def model_for(cfg, nc=3):
 
 
 def data_for(cfg):
-    return "data/shapes-seg.yaml" if "-seg" in cfg else "data/shapes.yaml"
+    return ROOT / "data" / ("shapes-seg.yaml" if "-seg" in cfg else "shapes.yaml")
 
 
-def detection_batches(cfg, imgsz, batch, n, workers):
-    """n collated training batches from the synthetic dataset with mosaic, and the loader's images/s."""
+def detection_batches(cfg, imgsz, batch, n, workers, data=None):
+    """n collated training batches (fewer if the set has fewer) of `data` (default: the synthetic shapes set for the
+    model's task) with mosaic, and the loader's images/s."""
 
-    data = check_det_dataset(ROOT / data_for(cfg))
+    data = check_det_dataset(data or data_for(cfg))
     hyp = yaml_load(find_file("hyp.scratch-low.yaml", "data/hyps"))
     task = "segment" if "-seg" in cfg else "detect"
     ds = YOLODataset(data["train"], imgsz=imgsz, batch_size=batch, augment=True, hyp=hyp, task=task, nc=data["nc"])
@@ -53,14 +54,14 @@ def classification_batches(imgsz, batch, n):
             for _ in range(n)]
 
 
-def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers, device, profile_steps=0):
+def bench_train(cfg, imgsz, batch, steps, amp, channels_last, workers, device, profile_steps=0, data=None):
     model = model_for(cfg).train().to(device)
     hyp = yaml_load(find_file(model.default_hyp or "hyp.scratch-low.yaml", "data/hyps"))
     criterion = model.init_criterion(hyp, imgsz=imgsz)
     if "-cls" in cfg:
         batches, loader_ips = classification_batches(imgsz, batch, steps + 1), float("nan")
     else:
-        batches, loader_ips = detection_batches(cfg, imgsz, batch, steps + 1, workers)
+        batches, loader_ips = detection_batches(cfg, imgsz, batch, steps + 1, workers, data)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -162,6 +163,7 @@ def main():
     p.add_argument("--no-fuse", action="store_true", help="time inference in the training structure")
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per input shape")
     p.add_argument("--profile-steps", type=int, default=0, help="then print torch.profiler's table of N train steps")
+    p.add_argument("--data", help="dataset YAML of the training batches (default: the shapes set of the model's task)")
     opt = p.parse_args()
     torch.set_num_threads(opt.threads)
     torch.backends.cudnn.benchmark = opt.cudnn_benchmark
@@ -177,7 +179,7 @@ def main():
         train_imgsz = 96 if "-cls" in cfg else opt.train_imgsz
         peak_memory(device, reset=True)
         ips, loader = bench_train(cfg, train_imgsz, opt.batch, opt.steps, opt.amp, opt.channels_last, opt.workers,
-                                  device, opt.profile_steps)
+                                  device, opt.profile_steps, opt.data)
         inf = [bench_infer(cfg, 96 if "-cls" in cfg else s, opt.runs, opt.amp, opt.channels_last, device,
                            not opt.no_fuse) for s in opt.imgsz]
         alloc, reserved = peak_memory(device) or (0.0, 0.0)
