@@ -3,7 +3,9 @@
 1. step: 2 gloo processes x 1 thread, the same model and batch on each, milliseconds per training step
    (forward + backward) without the gradient all-reduce (inside DDP's no_sync), with it, and with it when the
    gradients are views into DDP's buckets (gradient_as_bucket_view). The difference is the all-reduce time that
-   the backward pass does not hide; a bare all_reduce of all gradients is timed too.
+   the backward pass does not hide; a bare all_reduce of all gradients is timed too. Then the step with and without
+   the trainer's stop / --save-interval collective (engine/checkpointer.Checkpointer.due) after each step,
+   alternated.
 2. run:  the same whole training command as 1 process x 2 threads and as torchrun with 2 processes x 1 thread,
    alternated, img/s of the train loop from --profile (medians).
 
@@ -27,6 +29,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from models.yolo import DetectionModel
+from utils import dist as du
 from utils.files import ROOT
 
 
@@ -36,8 +39,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _step_ms(model, x, steps, sync):
-    """Median ms of forward + backward; gradients are all-reduced when `sync` (DDP's normal step)."""
+def _step_ms(model, x, steps, sync, agree=False):
+    """Median ms of forward + backward; gradients are all-reduced when `sync` (DDP's normal step); `agree`: then the
+    collective in which the trainer's ranks share a stop request and rank 0's --save-interval clock."""
     times = []
     for i in range(steps + 2):
         t0 = time.perf_counter()
@@ -46,6 +50,8 @@ def _step_ms(model, x, steps, sync):
         else:
             with model.no_sync():
                 sum(y.float().square().mean() for y in model(x)).backward()
+        if agree:
+            du.any_ranks(False, False)
         dist.barrier()  # both ranks finished: the slower one sets the pace, as in training
         if i >= 2:
             times.append(time.perf_counter() - t0)
@@ -72,6 +78,13 @@ def _step_worker(rank, port, opt, queue):
                 dist.all_reduce(flat)
             out["bare_all_reduce"] = 1e3 * (time.perf_counter() - t0) / opt.steps
             out["params_M"] = flat.numel() / 1e6
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(100):
+                du.any_ranks(False, False)
+            out["agree_alone"] = 1e3 * (time.perf_counter() - t0) / 100
+            for agree in [False, True] * opt.repeats:  # alternated: a shared machine drifts
+                out.setdefault(f"agree_{agree}", []).append(_step_ms(model, x, opt.steps, sync=True, agree=agree))
     if rank == 0:
         queue.put(out)
     dist.destroy_process_group()
@@ -88,6 +101,10 @@ def part_step(opt):
           f"(+{r['sync_copy'] - r['no_sync']:.1f} ms not hidden by backward)")
     print(f"  the same, gradient_as_bucket_view=True         {r['sync_bucket_view']:8.1f} ms")
     print(f"  bare all_reduce of every gradient at once      {r['bare_all_reduce']:8.1f} ms")
+    without, with_ = (" / ".join(f"{v:.1f}" for v in r[f"agree_{a}"]) for a in (False, True))
+    print(f"  DDP step, no stop/save collective              {without} ms")
+    print(f"  DDP step + the stop/save collective each step  {with_} ms  ({opt.repeats} alternated runs each)")
+    print(f"  the stop/save collective alone                 {r['agree_alone']:8.2f} ms")
 
 
 def _run(cmd, env, log):
