@@ -1,0 +1,170 @@
+"""The Python steps of benchmarks/gpu_check.sh: versions, its datasets, the device's colour against OpenCV's, and
+host-device synchronisations per training step of either tool. Figures and checks for one lent GPU; each also runs
+on a CPU (DEVICE=cpu), which is how the tests keep the script working.
+
+    python -m benchmarks.device_checks versions
+    python -m benchmarks.device_checks data --out /tmp/gc/data --n-train 256 --n-val 64 --max-side 640
+    python -m benchmarks.device_checks hsv --device 0
+    python -m benchmarks.device_checks syncs --tool ours --data /tmp/gc/data/tiny.yaml --device 0 \
+        --sync-count ../shared/peers/sync_count.py
+"""
+
+import argparse
+import collections
+import os
+import runpy
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from utils.files import ROOT
+
+
+def versions(opt):
+    """Everything a figure depends on, one line each."""
+    import cv2
+
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, numpy {np.__version__}, "
+          f"opencv {cv2.__version__}")
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        print(f"cuda {torch.version.cuda}, cudnn {torch.backends.cudnn.version()}, {p.name}, "
+              f"{p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs, {torch.cuda.device_count()} GPU(s)")
+    else:
+        print("no CUDA device")
+    try:
+        import onnxruntime
+        print(f"onnxruntime {onnxruntime.__version__}, providers {onnxruntime.get_available_providers()}")
+    except ImportError:
+        print("no onnxruntime")
+    print(f"{os.cpu_count()} CPU cores")
+
+
+SETS = {"det": "shapes.yaml", "seg": "shapes-seg.yaml", "pose": "shapes-pose.yaml"}
+
+
+def data(opt):
+    """det.yaml, seg.yaml and pose.yaml under --out (the project's shapes sets, sized here and generated now), and
+    tiny.yaml: 3 batches of 8 for the sync counts."""
+    from utils.data.synthetic import generate_dataset
+
+    out = Path(opt.out).resolve()
+    sizes = {"det": opt.n_train, "seg": opt.n_train, "pose": opt.n_train, "tiny": 24}
+    for name, n_train in sizes.items():
+        d = yaml.safe_load((ROOT / "data" / SETS.get(name, "shapes.yaml")).read_text())
+        spec = {**d.pop("synthetic"), "n_train": n_train, "n_val": 8 if name == "tiny" else opt.n_val,
+                "min_side": 64 if name == "tiny" else opt.min_side, "max_side": 96 if name == "tiny" else opt.max_side}
+        root = out / name
+        if not (root / "images" / "val").is_dir():
+            generate_dataset(root, workers=os.cpu_count() or 1, **spec)
+        (out / f"{name}.yaml").write_text(yaml.safe_dump({**d, "path": str(root)}, sort_keys=False))
+        print(f"{out / f'{name}.yaml'}: {spec['task']}, {n_train} train / {spec['n_val']} val images")
+
+
+def hsv(opt):
+    """A training batch's colour applied on the device (`augment.apply_hsv_batch`, what a GPU run does) against the
+    worker's OpenCV (`augment.apply_hsv`, what a CPU run does): at most one grey level apart."""
+    from utils.data import augment as A
+    from utils.dist import select_device
+
+    device = select_device(opt.device)
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (8, 3, 160, 224), dtype=np.uint8)
+    gains = [A.hsv_gains(0.015, 0.7, 0.4, rng) for _ in img]
+    tables = torch.from_numpy(np.stack([A.hsv_tables(r) for r in gains]))
+    on_device = A.apply_hsv_batch(torch.from_numpy(img).float().to(device) / 255, tables.to(device)).cpu() * 255
+    cv = np.stack([A.apply_hsv(np.ascontiguousarray(im.transpose(1, 2, 0)[..., ::-1]), r)[..., ::-1].transpose(2, 0, 1)
+                   for im, r in zip(img, gains)])
+    diff = (on_device - torch.from_numpy(cv.astype(np.float32))).abs()
+    print(f"{device}: colour against OpenCV's, max {diff.max().item():.3f} grey levels, "
+          f"{(diff > 0.5).float().mean().item():.2e} of values differ")
+    if diff.max().item() > 1 + 1e-3:
+        raise SystemExit("error: the device's colour is more than one grey level from OpenCV's")
+
+
+def syncs(opt):
+    """Host-device synchronisations per optimizer step of one tool on a tiny set: counted by the peers' counter
+    (../shared/peers/sync_count.py: the ops that would wait for a GPU, with the lines that call them), and on CUDA
+    also as CUDA itself reports them (`torch.cuda.set_sync_debug_mode("warn")`: one warning per synchronisation)."""
+    counter = runpy.run_path(opt.sync_count)  # its counter and its optimizer-step hook, without its main()
+    C = counter["C"]
+    cuda = collections.Counter()
+    per_step = [cuda.copy()]
+
+    def seen(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            cuda[f"{os.path.relpath(filename) if filename.startswith(os.getcwd()) else filename}:{lineno}"] += 1
+
+    def step_hook(optimizer, args, kwargs):
+        per_step.append(cuda.copy())
+
+    register_optimizer_step_post_hook(step_hook)
+    on_cuda = torch.cuda.is_available() and opt.device != "cpu"
+    warnings.showwarning = seen
+    warnings.simplefilter("always")
+    if on_cuda:
+        torch.cuda.set_sync_debug_mode("warn")
+    with C:
+        if opt.tool == "ours":
+            sys.argv = [str(ROOT / "train.py"), "--data", opt.data, "--cfg", opt.cfg, "--img", str(opt.img),
+                        "--epochs", "2", "--batch-size", str(opt.batch), "--device", opt.device, "--workers", "0",
+                        "--noplots", "--noval", "--project", opt.project, "--name", "syncs", "--exist-ok"]
+            try:
+                runpy.run_path(sys.argv[0], run_name="__main__")
+            except SystemExit as e:
+                if e.code:
+                    raise
+        else:
+            from ultralytics import YOLO
+
+            YOLO(opt.cfg).train(data=opt.data, epochs=2, imgsz=opt.img, batch=opt.batch, workers=0, device=opt.device,
+                                val=False, plots=False, nbs=opt.batch, project=opt.project, name="syncs-ultralytics",
+                                exist_ok=True, verbose=False)
+    if on_cuda:
+        torch.cuda.set_sync_debug_mode("default")
+    counts = [sum(c.values()) for c in C.steps[1:]]  # the first interval holds set-up
+    cuda_steps = [sum((b - a).values()) for a, b in zip(per_step[1:], per_step[2:])]
+    if not counts:
+        raise SystemExit(f"error: {opt.tool}: no optimizer step seen")
+    where = ", ".join(f"{w} x{n}" for w, n in C.where.most_common(8))
+    print(f"{opt.tool} {opt.cfg} on {opt.device}: {len(C.steps)} steps; syncs/step (sync_count.py): "
+          f"{statistics.median(counts):g}; where: {where}")
+    if on_cuda and cuda_steps:
+        top = ", ".join(f"{w} x{n}" for w, n in cuda.most_common(8))
+        print(f"{opt.tool}: CUDA synchronisations/step (set_sync_debug_mode): {statistics.median(cuda_steps):g}; "
+              f"where: {top}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    sub.add_parser("versions")
+    d = sub.add_parser("data")
+    d.add_argument("--out", required=True)
+    d.add_argument("--n-train", type=int, default=256)
+    d.add_argument("--n-val", type=int, default=64)
+    d.add_argument("--min-side", type=int, default=256)
+    d.add_argument("--max-side", type=int, default=640)
+    h = sub.add_parser("hsv")
+    h.add_argument("--device", default="0")
+    s = sub.add_parser("syncs")
+    s.add_argument("--tool", choices=["ours", "ultralytics"], default="ours")
+    s.add_argument("--sync-count", default=str(ROOT.parent / "shared" / "peers" / "sync_count.py"))
+    s.add_argument("--data", required=True)
+    s.add_argument("--cfg", default="yolov8n.yaml")
+    s.add_argument("--img", type=int, default=64)
+    s.add_argument("--batch", type=int, default=8)
+    s.add_argument("--device", default="0")
+    s.add_argument("--project", default="runs/device_checks")
+    opt = p.parse_args()
+    {"versions": versions, "data": data, "hsv": hsv, "syncs": syncs}[opt.what](opt)
+
+
+if __name__ == "__main__":
+    main()
