@@ -83,7 +83,7 @@ def evolve(trainer_cls, opt, run):
     if opt.resume:  # a generation's own --resume would continue, or refuse, an earlier search's generation
         raise BadOption("--evolve starts a new search of new runs; it does not take --resume")
     opt = weights_own_model(opt, getattr(opt, "given", ()))  # the model whose default hyp the search starts from
-    base = _base_hyp(opt, trainer_cls)  # a mistake in --hyp ends the command before a folder is made
+    base = _base_hyp(opt)  # a mistake in --hyp ends the command before a folder is made
     save_dir = increment_path(Path(opt.project or "runs/evolve") / opt.name, exist_ok=opt.exist_ok, mkdir=True)
     csv_file = save_dir / "evolve.csv"
     keys = [k for k in META if k in base]
@@ -113,6 +113,6 @@ def evolve(trainer_cls, opt, run):
     return out
 
 
-def _base_hyp(opt, trainer_cls):
+def _base_hyp(opt):
     """The hyp the trainer would load (BaseTrainer.load_hyp): --hyp completed from the model's default hyp file."""
-    return load_hyp(opt.hyp, default_hyp_file(model_yaml(opt.cfg), trainer_cls.default_hyp))
+    return load_hyp(opt.hyp, default_hyp_file(model_yaml(opt.cfg))[0])

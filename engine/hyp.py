@@ -13,17 +13,19 @@ A file that sets only some keys (`--hyp my.yaml` with `lr0: 0.001`) is completed
 completed dict is what hyp.yaml in the run folder holds.
 """
 
+import functools
 import math
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from models.yolo import head_class, yaml_model_load
 from utils import autoanchor, schedule
 from utils import loss as criteria
 from utils.cli import in_interval
 from utils.data import augment
 from utils.data.classify_dataset import ClassifyTrainTransforms
-from utils.errors import BadOption
+from utils.errors import BadModelYaml, BadOption
 from utils.files import ROOT, find_file, yaml_load
 from utils.loggers import LOGGER
 
@@ -109,10 +111,39 @@ def read_hyp(name):
     return hyp
 
 
-def default_hyp_file(model_yaml, task_default):
-    """The hyp file a model trains with unless --hyp says otherwise: the one its YAML names (`hyp:`), else the task's
-    (`BaseTrainer.default_hyp`)."""
-    return model_yaml.get("hyp") or task_default
+def default_hyp_file(model_yaml):
+    """(file, why): the hyp file a model (its YAML dict) trains with unless --hyp says otherwise. The one rule:
+    1. the file its YAML names (`hyp:`): our model YAMLs, so every checkpoint this project wrote;
+    2. else the file named by the model YAML of this project that lists the same layers (backbone and head, the same
+       head class): a checkpoint Ultralytics, the yolov5 package or YOLOv7 trained holds the YAML it was built from,
+       which names no hyp file (yolov7-tiny is told from yolov7 this way, both ending in IDetect);
+    3. else the file of the criterion its head trains with (`hyp_file` of the head's `default_loss`: anchor-based
+       v5, v7 OTA, anchor-free v8 for YOLOv8/v5u/YOLO11, their -seg and -pose, cls), for layers no YAML here lists.
+    """
+    if model_yaml.get("hyp"):
+        return model_yaml["hyp"], f"named by its model YAML {Path(model_yaml.get('yaml_file', '')).name}".rstrip()
+    head = head_class(model_yaml)
+    layers = (model_yaml.get("backbone"), model_yaml.get("head"))
+    alike = [(name, hyp) for name, their_layers, cls, hyp in _project_yamls()
+             if hyp and cls is head and their_layers == layers]
+    if alike and len({hyp for _, hyp in alike}) == 1:
+        more = f" (and {len(alike) - 1} more)" if len(alike) > 1 else ""
+        return alike[0][1], f"its YAML names none; its layers are those of models/{alike[0][0]}{more}, which names it"
+    loss = criteria.REGISTRY.get(getattr(head, "default_loss", None))
+    if loss is None:  # the model classes refuse such a YAML too, saying more
+        raise BadModelYaml(f"{model_yaml.get('yaml_file', 'the model YAML')}: ends in no head, so no hyp file fits")
+    return loss.hyp_file, (f"its YAML names none and no model YAML here has its layers; the file of the criterion "
+                           f"of its {head.__name__} head, {loss.__name__}")
+
+
+@functools.cache
+def _project_yamls():
+    """(file name, (backbone, head), head class, hyp file) of every model YAML under models/."""
+    out = []
+    for path in sorted((ROOT / "models").glob("*.yaml")):
+        d = yaml_model_load(path)
+        out.append((path.name, (d["backbone"], d["head"]), head_class(d), d.get("hyp")))
+    return tuple(out)
 
 
 def load_hyp(given, default):

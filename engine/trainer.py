@@ -61,7 +61,6 @@ class BaseTrainer:
     """Train a model; every rank runs this, rank 0 alone validates, logs and saves."""
 
     default_project = "runs/train"
-    default_hyp = "hyp.scratch-low.yaml"  # for a model YAML that names no hyp file
     options = TrainOptions  # the task's options class (engine/options.py)
     task = "detect"  # the task of the heads this trainer's loss and labels fit (a head's `task`)
 
@@ -177,7 +176,9 @@ class BaseTrainer:
     def load_hyp(self, model):
         """--hyp, completed from the model's default hyp file, or that file itself (engine/hyp.py); every key this run's
         readers need (the schedule's, the criterion's) must be there. --label-smoothing wins over the files."""
-        default = default_hyp_file(model.yaml, self.default_hyp)
+        default, why = default_hyp_file(model.yaml)
+        given = f"--hyp {self.opt.hyp}; the model's default is " if self.opt.hyp else ""
+        LOGGER.info(f"hyperparameters: {given}{default} ({why})")
         hyp = load_hyp(self.opt.hyp, default)
         require_keys(hyp, (SCHEDULE, Reader.of(criterion_class(model, hyp))), self.opt.hyp, default)
         if self.opt.label_smoothing is not None:  # a new dict: the files stay as read

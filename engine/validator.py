@@ -98,19 +98,21 @@ class BaseValidator:
 
     Called as `validator(model, final=...)` with a plain (unwrapped) module that every rank holds identically.
     With a `criterion` (training), the loss of each batch is computed too and reported as `val/<name>_loss`.
-    `label_nc`: the class count the label files are checked against, when it differs from len(names) (--single-cls).
+    `label_names`: the classes the label files are read with ({id: name}), when they differ from `names`
+    (--single-cls); `label_nc` is their count.
     """
 
     postprocess_name = "post-process"
     tasks = ("detect", "segment", "pose")  # the models whose output this validator reads (a head's `task`)
     profile = RunProfile(enabled=False)  # the trainer's, under --profile
 
-    def __init__(self, args, save_dir, names, criterion=None, label_nc=None):
+    def __init__(self, args, save_dir, names, criterion=None, label_names=None):
         self.args = args
         self.save_dir = Path(save_dir)
         self.names = dict(names) if not isinstance(names, dict) else names
         self.nc = len(self.names)
-        self.label_nc = label_nc or self.nc
+        self.label_names = label_names or self.names
+        self.label_nc = len(self.label_names)
         self.criterion = criterion
         self.dataloader = None
         self.speed = {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0}
@@ -338,7 +340,7 @@ class BaseValidator:
             save_dir = None
             if du.is_main_process():
                 save_dir = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True))
-            validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_nc=data.get("label_nc"),
+            validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_names=data.get("label_names"),
                             **cls.data_kwargs(data))
             with problems_listed_on_failure(validator.save_dir, opt.split, write=du.is_main_process()):
                 dataset = validator.build_dataloader(cls.split_path(data, opt.split), stride).dataset

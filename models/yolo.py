@@ -114,14 +114,20 @@ def _last_row(d):
     return rows[-1] if rows else None
 
 
-def head_task(d):
-    """The task ('detect', 'segment', 'pose', 'classify') of the head a model dict ends in, None when its last row
-    is no head (or is malformed: parse_model says how)."""
+def head_class(d):
+    """The class of the last layer a model dict lists (its head), None when that row is malformed (parse_model says
+    how); a module name nothing registers is a BadModelYaml."""
     last = _last_row(d)
     if last is None or not isinstance(last[2], list) or len(last[2]) != 4 or not isinstance(last[2][2], str):
         return None
     section, j, row = last
-    return getattr(_resolve_module(row[2], d, section, j), "task", None)
+    return _resolve_module(row[2], d, section, j)
+
+
+def head_task(d):
+    """The task ('detect', 'segment', 'pose', 'classify') of the head a model dict ends in, None when its last row
+    is no head (or is malformed: parse_model says how)."""
+    return getattr(head_class(d), "task", None)
 
 
 def _check_head(d, tasks):

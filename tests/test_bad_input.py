@@ -326,14 +326,17 @@ def test_item12_dataset_yaml_mistakes_end_training(shapes_detect, tmp_path, caps
 
 
 def test_item12_detection_data_folder_and_help(shapes_detect, tmp_path, capsys):
-    folder = shapes_detect.parent
+    """A folder is looked into (utils/data/annotations.find_layout); one holding no dataset is one line saying what
+    was looked for."""
+    folder = tmp_path / "images-only"
+    (folder / "images").mkdir(parents=True)
     code, errors, _ = cli(_train(folder, tmp_path), capsys)
     assert code == 2 and errors == [
-        f"error: {folder} is a folder: detection and segmentation read a dataset YAML (path, train, val, names; e.g. "
-        f"{ROOT / 'data' / 'shapes.yaml'}), and no {folder}.yaml, {ROOT / 'data' / folder.name}, "
-        f"{ROOT / 'data' / folder.name}.yaml exists"]
-    for script, says in (("train.py", "dataset YAML (path, train, val, names; see data/shapes.yaml), not a folder"),
-                         ("segment/val.py", "dataset YAML (path, train, val, names; see data/shapes.yaml), not a"),
+        f"error: {folder} is a folder holding no dataset this project reads: looked for one data.yaml (0 YAML files "
+        "found), COCO's annotations/instances_<split>.json, Roboflow's <split>/_annotations.coco.json, and VOC's "
+        "Annotations/, ImageSets/Main/ and JPEGImages/"]
+    says_folder = "or a folder holding a dataset: its data.yaml (a Roboflow export), COCO JSON"
+    for script, says in (("train.py", says_folder), ("segment/val.py", says_folder),
                          ("classify/train.py", "dataset folder with train/ and val/ (or test/) holding one folder"),
                          ("classify/val.py", "dataset folder with train/ and val/ (or test/) holding one folder")):
         with pytest.raises(SystemExit) as e:

@@ -244,7 +244,7 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
                                       "--imgsz", "64"))
     own = weights_own_model(opt, opt.given)
     assert opt.cfg == "yolov5n.yaml" and own.cfg == str(weights) and own.train_checkpoint_model
-    assert "dfl" in _base_hyp(weights_own_model(opt, opt.given), DetectionTrainer)  # hyp.v8.yaml, not scratch-low
+    assert "dfl" in _base_hyp(own)  # hyp.v8.yaml, not scratch-low
     trainer, _ = train.main(opt)
     assert isinstance(trainer.model.model[-1], AnchorFreeDetect) and trainer.opt.cfg == str(weights)
     assert trainer.opt.train_checkpoint_model

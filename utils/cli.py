@@ -150,9 +150,12 @@ class Parser(argparse.ArgumentParser):
         return sorted(names)
 
 
-# what --data takes, per kind of task: the box tasks read a dataset YAML only, classification a folder of class folders
+# what --data takes, per kind of task: the box tasks read a dataset YAML or a folder holding a dataset, classification
+# a folder of class folders
 DATA_HELP = {
-    "boxes": "dataset YAML (path, train, val, names; see data/shapes.yaml), not a folder",
+    "boxes": "dataset YAML (path, train, val, names; see data/shapes.yaml), or a folder holding a dataset: its "
+             "data.yaml (a Roboflow export), COCO JSON (annotations/instances_<split>.json) or Pascal VOC XML "
+             "(Annotations/, ImageSets/Main/, JPEGImages/)",
     "classify": "dataset folder with train/ and val/ (or test/) holding one folder per class, or a YAML naming it",
 }
 

@@ -56,8 +56,6 @@ def whole_image_targets(cls, conf=None):
 
 class ClassificationTrainer(BaseTrainer):
     default_project = "runs/train-cls"
-    # an official classifier's YAML names no hyp file, and the detection default would bring detection crop scales
-    default_hyp = "hyp.cls.yaml"
     task = "classify"
 
     def get_data(self):

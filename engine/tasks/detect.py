@@ -42,9 +42,9 @@ def prediction_targets(boxes):
 
 def single_class(data):
     """The dataset dict for --single-cls: one class, named as the dataset's only class or else 'item' (YOLOv5's
-    name); `label_nc` keeps the class count the label files are checked against."""
+    name); `label_names` keeps the classes the label files are read with, `label_nc` their count."""
     names = data["names"] if data["nc"] == 1 else {0: "item"}
-    return {**data, "nc": 1, "names": names, "label_nc": data["nc"]}
+    return {**data, "nc": 1, "names": names, "label_nc": data["nc"], "label_names": data["names"]}
 
 
 def box_data(data, options, role):
@@ -103,6 +103,7 @@ class DetectionTrainer(BaseTrainer):
             pad=0.0,
             prefix=f"{mode}: ",
             nc=self.data.get("label_nc", self.nc),  # the class ids the label files may hold
+            names=self.data.get("label_names", self.names),  # what annotation files' class names are matched to
             single_cls=self.opt.single_cls,
             rank=get_rank(),
             world_size=get_world_size(),
@@ -132,7 +133,7 @@ class DetectionTrainer(BaseTrainer):
     def build_validator(self):
         options = ValOptions.from_train(self.opt, self.batch_size * 2, single_cls=self.opt.single_cls)
         return DetectionValidator(options, self.save_dir, self.names, criterion=self.criterion,
-                                  label_nc=self.data.get("label_nc"))
+                                  label_names=self.data.get("label_names"))
 
     def plot_training_batch(self, batch, step):
         if step < 3:
@@ -146,8 +147,8 @@ class DetectionValidator(BaseValidator):
 
     postprocess_name = "NMS"
 
-    def __init__(self, args, save_dir, names, criterion=None, label_nc=None):
-        super().__init__(args, save_dir, names, criterion, label_nc)
+    def __init__(self, args, save_dir, names, criterion=None, label_names=None):
+        super().__init__(args, save_dir, names, criterion, label_names)
         self.iouv = iou_vector()
         self.layout = None  # the model's output_layout, read by init_metrics
         # the last validation's: every image's matches (for inspection), COCO JSON rows, whether any image had a
@@ -164,6 +165,7 @@ class DetectionValidator(BaseValidator):
     def build_dataset(self, path, stride):
         return YOLODataset(path, imgsz=self.args.imgsz, batch_size=self.args.batch, augment=False, rect=True,
                            stride=stride, pad=0.5, prefix="val: ", nc=self.label_nc,
+                           names=self.label_names,
                            single_cls=self.args.single_cls, **self.dataset_kwargs())
 
     def init_metrics(self, model):

@@ -56,7 +56,7 @@ class PoseTrainer(DetectionTrainer):
     def build_validator(self):
         options = ValOptions.from_train(self.opt, self.batch_size * 2, single_cls=self.opt.single_cls)
         return PoseValidator(options, self.save_dir, self.names, criterion=self.criterion,
-                             label_nc=self.data.get("label_nc"), kpt_shape=self.data["kpt_shape"])
+                             label_names=self.data.get("label_names"), kpt_shape=self.data["kpt_shape"])
 
 
 class PoseValidator(DetectionValidator):
@@ -65,8 +65,8 @@ class PoseValidator(DetectionValidator):
 
     tasks = ("pose",)
 
-    def __init__(self, args, save_dir, names, criterion=None, label_nc=None, kpt_shape=(17, 3)):
-        super().__init__(args, save_dir, names, criterion, label_nc)
+    def __init__(self, args, save_dir, names, criterion=None, label_names=None, kpt_shape=(17, 3)):
+        super().__init__(args, save_dir, names, criterion, label_names)
         self.kpt_shape = tuple(kpt_shape)
         self.sigmas = keypoint_sigmas(self.kpt_shape[0])
 

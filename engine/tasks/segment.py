@@ -36,7 +36,7 @@ class SegmentationTrainer(DetectionTrainer):
         options = ValOptions.from_train(self.opt, self.batch_size * 2, no_overlap=self.opt.no_overlap,
                                         single_cls=self.opt.single_cls)
         return SegmentationValidator(options, self.save_dir, self.names, criterion=self.criterion,
-                                     label_nc=self.data.get("label_nc"))
+                                     label_names=self.data.get("label_names"))
 
 
 class SegmentationValidator(DetectionValidator):

@@ -11,6 +11,7 @@ from utils.data.dataset_yaml import (
     check_cls_dataset,
     check_det_dataset,
 )
+from utils.errors import BadDataset
 from utils.files import ROOT
 
 
@@ -299,7 +300,8 @@ def test_an_empty_data_argument_is_one_error(check):
 
 
 @pytest.mark.parametrize("data", [".", "/"])
-def test_a_folder_without_a_name_is_a_folder_not_a_yaml_for_detection(data):
-    with pytest.raises(DatasetError) as e:
+def test_a_folder_without_a_name_is_looked_into_not_taken_for_a_yaml(data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # '.': a folder holding nothing
+    with pytest.raises(BadDataset) as e:
         check_det_dataset(data)
-    assert _one_line(e).startswith(f"{data} is a folder: detection and segmentation read a dataset YAML")
+    assert _one_line(e).startswith(f"{Path(data).resolve()} is a folder holding no dataset this project reads")

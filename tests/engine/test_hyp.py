@@ -7,10 +7,11 @@ import pytest
 import yaml
 
 import train
-from engine.hyp import READERS, Reader, known_keys, read_hyp, require_keys
+from engine.hyp import READERS, SCHEDULE, Reader, default_hyp_file, known_keys, read_hyp, require_keys
 from engine.trainer import BaseTrainer
-from models.yolo import DetectionModel
-from utils.errors import BadOption, run_cli
+from models.yolo import DetectionModel, head_class, yaml_model_load
+from utils import loss as criteria
+from utils.errors import BadModelYaml, BadOption, run_cli
 from utils.files import ROOT
 from utils.loss import V5DetectionLoss
 
@@ -63,7 +64,51 @@ def test_a_classifier_hyp_for_a_detector_is_completed_not_a_traceback():
     come from its own default file, and the classifier's values where both have the key."""
     opt = SimpleNamespace(hyp="hyp.cls.yaml", label_smoothing=None)
     model = DetectionModel("yolov8n.yaml", nc=3)
-    hyp = BaseTrainer.load_hyp(SimpleNamespace(opt=opt, default_hyp=BaseTrainer.default_hyp), model)
+    hyp = BaseTrainer.load_hyp(SimpleNamespace(opt=opt), model)
     v8, cls = read_hyp("hyp.v8.yaml"), read_hyp("hyp.cls.yaml")
     assert hyp == {**v8, **cls} and hyp["dfl"] == v8["dfl"] and hyp["lr_auto_gain"] == cls["lr_auto_gain"]
     model.init_criterion(hyp, imgsz=64)
+
+
+MODEL_YAMLS = sorted(p.name for p in (ROOT / "models").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", MODEL_YAMLS)
+def test_the_default_hyp_file_follows_the_model_family(name):
+    """The one rule (engine/hyp.default_hyp_file): the file a YAML names; for the same layers in a YAML that names
+    none (what a checkpoint trained by Ultralytics, the yolov5 package or YOLOv7 holds), that same file, found by the
+    layers, so yolov7-tiny keeps its own file though yolov7 ends in the same head; for layers no YAML here lists,
+    the file of the criterion its head trains with."""
+    d = yaml_model_load(name)
+    own = d["hyp"]
+    assert default_hyp_file(d) == (own, f"named by its model YAML {name}")
+    official = {k: v for k, v in d.items() if k not in ("hyp", "yaml_file")}
+    file, why = default_hyp_file(official)
+    assert file == own and why.startswith("its YAML names none; its layers are those of models/")
+    other = {**official, "backbone": [*official["backbone"][:-1], [-1, 1, "Conv", [64, 1, 1]]]}  # one layer differs
+    if head_class(other).default_loss == "cls":  # a classifier's Classify reads any channel count
+        other["backbone"] = [*official["backbone"], [-1, 1, "Conv", [64, 1, 1]]]
+    file, why = default_hyp_file(other)
+    head = head_class(d)
+    loss = criteria.REGISTRY[head.default_loss]
+    family = loss.hyp_file
+    assert (file, why) == (family, "its YAML names none and no model YAML here has its layers; the file of the "
+                                   f"criterion of its {head.__name__} head, {loss.__name__}")
+    expected = {"v5": "hyp.scratch-low.yaml", "v5seg": "hyp.scratch-low.yaml", "ota": "hyp.v7.yaml",
+                "v8": "hyp.v8.yaml", "v8seg": "hyp.v8.yaml", "v8pose": "hyp.v8.yaml", "cls": "hyp.cls.yaml"}
+    assert family == expected[head.default_loss]
+
+
+def test_each_criterion_family_file_gives_every_key_the_run_needs():
+    """A family file is what a model trains with when nothing names another, so it must complete the schedule and
+    its criterion (a v5 file for a v8 loss was the issue-44 failure: 'dfl' is missing)."""
+    for name, loss in criteria.REGISTRY.items():
+        require_keys(read_hyp(loss.hyp_file), (SCHEDULE, Reader.of(loss)), None, loss.hyp_file)
+
+
+def test_a_yaml_ending_in_no_head_has_no_hyp_file():
+    d = yaml_model_load("yolov8n.yaml")
+    d = {k: v for k, v in d.items() if k != "hyp"}
+    d["head"] = d["head"][:-1]
+    with pytest.raises(BadModelYaml, match="ends in no head, so no hyp file fits"):
+        default_hyp_file(d)

@@ -4,7 +4,13 @@ Detection/segmentation YAML keys (official format): `path` (dataset root; relati
 current directory, then from the repo root), `train`, `val`, optional `test` (folders, list .txt files or globs,
 or lists of them, relative to `path`), `names` (list or {id: name}), optional `nc`, and optionally one of
 `synthetic: {task, n_train, n_val, seed, ...}` (utils.data.synthetic.generate_dataset arguments) or `download:`.
-Pose YAMLs add `kpt_shape`, `flip_idx` and `skeleton` (`check_pose_dataset`).
+Pose YAMLs add `kpt_shape`, `flip_idx` and `skeleton` (`check_pose_dataset`). Any other key (Roboflow's `roboflow:`
+block, Ultralytics' `channels`) is read by nothing here, and the log says so. A split entry `../x/images` that does
+not exist from the root but `x/images` does is read as that: Roboflow's data.yaml sits beside its train/ and valid/
+folders and names them so (Ultralytics resolves it the same way).
+
+A --data that is a folder is looked into (utils/data/annotations.find_layout): its data.yaml, else a COCO JSON or
+Pascal VOC XML layout, read natively (the label rule of utils/data/annotations.py).
 
 `download:` is data, never code: an http(s) archive URL or a list of them (fetched and unpacked beside the dataset
 root, i.e. into its parent, each file landing inside the root), and a list may also hold `{urls: <URL or list>,
@@ -23,6 +29,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from utils.data.annotations import find_layout
 from utils.data.downloads import ARCHIVE_SUFFIXES, DownloadFailed, download, is_archive
 from utils.data.image_files import class_folders
 from utils.data.synthetic import generate_dataset
@@ -31,6 +38,8 @@ from utils.files import ROOT, ConfigError, yaml_load
 from utils.loggers import LOGGER
 
 SYNTHETIC_KEYS = {"task", "n_train", "n_val", "seed", "min_side", "max_side", "max_objects"}
+# the keys of a detection, segmentation or pose dataset YAML that something reads
+DET_KEYS = {"path", "train", "val", "test", "names", "nc", "download", "synthetic", "kpt_shape", "flip_idx", "skeleton"}
 DOWNLOAD_KEYS = {"urls", "dir", "threads"}
 DOWNLOAD_FORMS = "an http(s) URL, or a list of URLs and {urls, dir, threads} items"
 
@@ -277,18 +286,44 @@ def _obtain(d, label, root, missing, autodownload):
         raise DatasetNotFoundError(f"{label}: dataset not found, missing {', '.join(missing)} ({why})")
 
 
-def _load_source(data):
-    """(dict copy, yaml Path or None, label for messages) from a YAML path or a dict."""
+def _load_source(data, keypoints=False):
+    """(dict copy, yaml Path or None, label for messages) from a YAML path, a dict, or a folder holding a dataset
+    (its data.yaml, or the dict of its COCO or VOC layout; keypoints: a pose run's COCO files)."""
     if isinstance(data, dict):
         return dict(data), None, "dataset dict"
-    yaml_file = find_dataset_yaml(data)
+    _check_given(data)
+    if Path(data).is_dir():
+        d, yaml_file = find_layout(data, keypoints)
+        if d is not None:
+            return d, None, str(data)
+    else:
+        yaml_file = find_dataset_yaml(data)
     return _load(yaml_file), yaml_file, str(yaml_file)
 
 
-def check_det_dataset(data, autodownload=True):
-    """Validate a detection/segmentation dataset YAML (path or dict), get the data if missing, return a new dict
-    with absolute `path`, `train`, `val`, `test` (str or list of str), `names` {int: str}, `nc` and `yaml_file`."""
-    d, yaml_file, label = _load_source(data)
+def _note_unread_keys(d, label):
+    unread = sorted(str(k) for k in d if k not in DET_KEYS)
+    if unread:
+        LOGGER.info(f"{label}: {', '.join(map(repr, unread))} not read by this project (ignored)")
+
+
+def _up_one(d, root, label):
+    """Roboflow's `train: ../train/images` from a data.yaml at the root: read as `train/images` where only that
+    exists (module docstring), saying so."""
+    for k in ("train", "val", "test"):
+        v = d.get(k)
+        if isinstance(v, str) and v.replace("\\", "/").startswith("../") and not _exists(_resolve(v, root)) \
+                and _exists(_resolve(v[3:], root)):
+            LOGGER.info(f"{label}: {k} {v} is not found from {root}; reading {v[3:]} (as Roboflow's data.yaml means)")
+            d[k] = v[3:]
+
+
+def check_det_dataset(data, autodownload=True, keypoints=False):
+    """Validate a detection/segmentation dataset YAML (path, dict, or a folder holding a dataset), get the data if
+    missing, return a new dict with absolute `path`, `train`, `val`, `test` (str or list of str), `names` {int: str},
+    `nc` and `yaml_file`. keypoints: a folder's COCO layout is sought in its keypoint files (pose)."""
+    d, yaml_file, label = _load_source(data, keypoints)
+    _note_unread_keys(d, label)
     absent = [k for k in ("train", "val") if not d.get(k)]
     if absent:
         raise DatasetError(f"{label}: missing required key(s) {', '.join(repr(k) for k in absent)}")
@@ -297,6 +332,7 @@ def check_det_dataset(data, autodownload=True):
             _check_paths(d[k], label, k)
     names = _names(d, label)
     root = dataset_root(d, yaml_file)
+    _up_one(d, root, label)
     d.update(path=str(root), names=names, nc=len(names), yaml_file=str(yaml_file) if yaml_file else None)
     for k in ("train", "val", "test"):
         if d.get(k):
@@ -416,7 +452,7 @@ def check_pose_dataset(data, autodownload=True):
     """A detection dataset dict (`check_det_dataset`) whose YAML also gives `kpt_shape: [K, 2 or 3]` and optionally
     `flip_idx` (a permutation of 0..K-1) and `skeleton` ([i, j] pairs, 0-based, drawn by predict); every mistake is
     one DatasetError naming the file and the key."""
-    d = check_det_dataset(data, autodownload)
+    d = check_det_dataset(data, autodownload, keypoints=True)
     label = d.get("yaml_file") or "dataset dict"
     shape = _kpt_shape(d, label)
     k = shape[0]

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from utils.data.annotations import label_source
 from utils.data.augment import (
     HYP_DEFAULTS,
     Canvas,
@@ -68,7 +69,8 @@ class YOLODataset(Dataset):
     asks for a group at once, `__getitems__`), so a DDP rank never reads images outside it.
     nc: an image with a class id >= nc is skipped while scanning (see utils/data/labels.verify_image_label);
     `problems` lists every skipped image and every note, `stats` counts them. single_cls: every label becomes
-    class 0 (after the scan).
+    class 0 (after the scan). names: {id: name}, which annotation files (COCO JSON, Pascal VOC XML:
+    utils/data/annotations.py) name their objects by; default class0, class1, ... for nc classes.
     device_hsv: leave the colour to the device (training on a GPU): each augmented sample carries the lookup tables
     of its drawn hue/saturation/value gains as 'hsv' (3, 256) uint8, the batch as (B, 3, 256), and the trainer
     applies them there (`augment.apply_hsv_batch`); otherwise the sample's pixels have them already.
@@ -76,7 +78,7 @@ class YOLODataset(Dataset):
 
     def __init__(self, img_path, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, cache=None,
                  stride=32, pad=0.0, prefix="", task="detect", nc=None, cache_indices=None, rank=-1, world_size=1,
-                 seed=0, single_cls=False, device_hsv=False):
+                 seed=0, single_cls=False, device_hsv=False, names=None):
         if cache not in (None, False, "ram", "disk"):
             raise ValueError(f"cache must be 'ram', 'disk' or None, got '{cache}'")
         self.imgsz, self.augment, self.rect, self.stride, self.prefix = imgsz, augment, rect, stride, prefix
@@ -85,20 +87,24 @@ class YOLODataset(Dataset):
         self.mosaic = augment and not rect  # rect batches need each image's own aspect ratio
         self.device_hsv = device_hsv
         self.rng = SampleRNG(seed)
+        source = label_source(img_path, self.format)  # COCO JSON or VOC XML labels; None: YOLO text files
         try:
-            im_files, others = scan_files(img_path)
+            im_files, others = source.images(img_path) if source is not None else scan_files(img_path)
         except FileNotFoundError as e:
             raise BadDataset(f"{prefix}{e}") from None
-        ignored = [f"{f}: ignored, {why}" for f, why in others]
+        own = source.own_files() if source is not None else set()
+        ignored = [f"{f}: ignored, {why}" for f, why in others if f not in own]
         if not im_files:
             raise NoUsableImages(f"{prefix}no supported files found in {img_path} (formats: "
                                  f"{', '.join(sorted(IMG_FORMATS))}; {len(others)} other files)", ignored)
-        label_files = img2label_paths(im_files)
+        label_files = source.label_files(im_files) if source is not None else img2label_paths(im_files)
         p = Path(img_path) if isinstance(img_path, (str, Path)) else None
         # a list file names its own cache; a folder, glob or single image uses its labels folder's, which lies beside
         # that folder: a cache named after an image would lie among the images, listed as ignored by later scans
         split = p if p is not None and p.is_file() and suffix(p) == "txt" else Path(label_files[0]).parent
-        labels, self.stats = cache_labels(im_files, label_files, cache_path(split), nc, prefix, fmt=self.format)
+        labels, self.stats = cache_labels(im_files, label_files, source.cache_file if source else cache_path(split),
+                                          nc, prefix, fmt=self.format, source=source,
+                                          names=names or {i: f"class{i}" for i in range(nc or 0)})
         self.problems = self.stats.pop("problems") + ignored
         self.stats["ignored"] = len(ignored)
         if ignored:

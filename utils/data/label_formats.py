@@ -79,6 +79,13 @@ class DetectLabels:
     extra_key = "segments"  # where a label record keeps the per-instance extras `parse` returns
     line_format = "box-or-polygon"  # formats that parse lines alike share the label cache
     flip_idx = None  # the keypoint order after a left-right flip (pose)
+    coco_prefixes = ("instances",)  # the COCO files (<prefix>_<split>.json) that hold this format's labels
+
+    def line(self, box, polygon, keypoints):
+        """The values after the class of this format's line for an object given as geometry (utils/data/annotations:
+        box xywhn, outline (k, 2) normalised or None, keypoints (K, 3) normalised or None): its box, the annotated one
+        (COCO's `bbox`, what its evaluation scores)."""
+        return box
 
     def parse(self, xy):
         """Coordinates of one line (float64, after the class) -> (box xywhn, extra or None, clipped?)."""
@@ -111,6 +118,10 @@ class SegmentLabels(DetectLabels):
 
     def __init__(self, overlap=True, mask_ratio=4):
         self.overlap, self.mask_ratio = overlap, mask_ratio
+
+    def line(self, box, polygon, keypoints):
+        """Its outline where it has one, else its box (its mask is then the box)."""
+        return box if polygon is None else np.asarray(polygon).reshape(-1)
 
     def finish(self, lb):
         segs = [s if s is not None else _box_polygon(b) for s, b in zip(lb["segments"], lb["bboxes"])]
@@ -149,6 +160,7 @@ class PoseLabels(DetectLabels):
 
     name = "pose"
     extra_key = "keypoints"
+    coco_prefixes = ("person_keypoints",)
 
     def __init__(self, kpt_shape=(17, 3), flip_idx=None):
         self.kpt_shape, self.flip_idx = tuple(kpt_shape), None if flip_idx is None else tuple(flip_idx)
@@ -174,6 +186,13 @@ class PoseLabels(DetectLabels):
         out[labelled, :2] = np.clip(kpts[labelled, :2], 0, 1)
         out[:, 2] = visible
         return box, out, clipped
+
+    def line(self, box, polygon, keypoints):
+        """Its box and keypoints, of the dataset's kpt_shape."""
+        k, ndim = self.kpt_shape
+        if keypoints is None or len(keypoints) != k:
+            raise BadLine(f"{0 if keypoints is None else len(keypoints)} keypoints; the dataset's kpt_shape has {k}")
+        return [*box, *np.asarray(keypoints)[:, :ndim].reshape(-1)]
 
     def finish(self, lb):
         kpts = lb["keypoints"]

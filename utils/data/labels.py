@@ -24,7 +24,8 @@ CACHE_VERSION = "yolo-labels-3"  # 3: label paths that are not files, BOMs, stri
 MAX_WARNINGS = 10  # problems printed per scan; all of them are in the dataset's `problems` (and the run folder)
 MAX_LINES = 3  # bad lines named per skipped image
 MIN_SIDE = 10  # pixels
-STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated", "unlabelled")
+# left_out: objects the annotation format itself says to leave out (COCO crowd, VOC difficult: utils/data/annotations)
+STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated", "unlabelled", "left_out")
 # Python's float() also reads '1_000', '٣' (other scripts' digits) and surrounding text forms: a label value must be
 # plain decimal notation, and a class id decimal digits, optionally with a zero fraction ('1', '1.0')
 DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
@@ -93,10 +94,12 @@ def read_label_text(lb_file):
         raise BadLine(f"{lb_file}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
-def parse_label_file(lb_file, nc, fmt):
-    """Parse one label file -> (record fields, counts, notes). Raises BadLine naming the bad line(s)."""
+def parse_label_file(lb_file, nc, fmt, converted=None):
+    """Parse one label file -> (record fields, counts, notes). Raises BadLine naming the bad line(s). converted: the
+    (text, where, row) of labels converted from annotations instead (utils/data/annotations.py): lines named as the
+    `row`s of `where`."""
     classes, boxes, extras, notes, seen, bad = [], [], [], [], set(), []
-    text = read_label_text(lb_file)
+    text, where, row = converted if converted else (read_label_text(lb_file), lb_file, "line")
     counts = {"duplicates": 0, "clipped": 0, "unlabelled": int(text is None)}
     for i, line in enumerate((text or "").splitlines(), 1):
         values = line.split()
@@ -105,12 +108,12 @@ def parse_label_file(lb_file, nc, fmt):
         try:
             c, box, extra, clipped = _parse_line(values, nc, fmt)
         except BadLine as e:
-            bad.append(f"line {i}: {e}")
+            bad.append(f"{row} {i}: {e}")
             continue
         key = (c, *np.round(box, 6).tolist(), None if extra is None else np.round(extra, 6).tobytes())
         if key in seen:
             counts["duplicates"] += 1
-            notes.append(f"duplicate row {i} removed")
+            notes.append(f"duplicate {'row' if row == 'line' else row} {i} removed")
             continue
         seen.add(key)
         counts["clipped"] += clipped
@@ -119,15 +122,16 @@ def parse_label_file(lb_file, nc, fmt):
         extras.append(extra)
     if bad:
         more = f"; ... {len(bad) - MAX_LINES} more bad lines" if len(bad) > MAX_LINES else ""
-        raise BadLine(f"{lb_file} {'; '.join(bad[:MAX_LINES])}{more}")
+        raise BadLine(f"{where} {'; '.join(bad[:MAX_LINES])}{more}")
     fields = {"cls": np.array(classes, dtype=np.float32).reshape(-1, 1),
               "bboxes": np.array(boxes, dtype=np.float32).reshape(-1, 4), fmt.extra_key: extras}
     return fields, counts, notes
 
 
-def verify_image_label(im_file, lb_file, nc=None, fmt="detect"):
+def verify_image_label(im_file, lb_file, nc=None, fmt="detect", source=None, names=None):
     """Check one image and its label file; returns a record dict with `skipped` ('' or the reason) and `msg`
-    ('' or one warning line naming the image).
+    ('' or one warning line naming the image). source: the split's AnnotationSource (COCO, VOC) when its labels are
+    not YOLO text files; they are converted into label lines for `names` ({id: name}) and checked as these.
 
     Policy (as the official repos, and so that no object on a kept image is trained as background):
     - a label file with any bad line (wrong number of values, non-numeric, nan/inf, a value not in plain decimal
@@ -147,13 +151,19 @@ def verify_image_label(im_file, lb_file, nc=None, fmt="detect"):
     """
     fmt = get_format(fmt)
     rec = {"im_file": im_file, "shape": None, "skipped": "", "duplicates": 0, "clipped": 0, "truncated": 0,
-           "unlabelled": 0, "msg": ""}
+           "unlabelled": 0, "left_out": 0, "msg": ""}
     try:
         rec["shape"] = verify_image(im_file)
-        fields, counts, notes = parse_label_file(lb_file, nc, fmt)
+        converted, left = None, ([], {})
+        if source is not None:
+            text, *left = source.read(im_file, lb_file, rec["shape"], names, fmt)
+            converted = (text, f"{lb_file} ({Path(im_file).name})", source.row)
+        fields, counts, notes = parse_label_file(lb_file, nc, fmt, converted)
     except (ValueError, OSError) as e:  # BadLine is a ValueError
         rec.update(skipped=str(e), msg=f"{im_file}: skipped, {e}")
         return rec
+    notes += left[0]
+    counts.update(left[1])
     if jpeg_truncated(im_file):
         rec["truncated"] = 1
         notes.insert(0, "truncated JPEG, kept as decoded")
@@ -164,13 +174,16 @@ def verify_image_label(im_file, lb_file, nc=None, fmt="detect"):
     return rec
 
 
-def _build(im_files, label_files, nc, workers, fmt):
+def _build(im_files, label_files, nc, workers, fmt, source, names):
     n = len(im_files)
+    if source is not None:
+        source.prepare()
     if n >= 64 and workers > 1:
         with ThreadPoolExecutor(workers) as pool:  # OpenCV decodes outside the GIL
-            records = list(pool.map(verify_image_label, im_files, label_files, [nc] * n, [fmt] * n))
+            records = list(pool.map(verify_image_label, im_files, label_files, [nc] * n, [fmt] * n, [source] * n,
+                                    [names] * n))
     else:
-        records = [verify_image_label(f, lb, nc, fmt) for f, lb in zip(im_files, label_files)]
+        records = [verify_image_label(f, lb, nc, fmt, source, names) for f, lb in zip(im_files, label_files)]
     stats = {k: 0 for k in STAT_KEYS}
     labels, skipped, notes = [], [], []
     for r in records:
@@ -178,7 +191,7 @@ def _build(im_files, label_files, nc, workers, fmt):
             stats["skipped"] += 1
             skipped.append(r["msg"])
             continue
-        for k in ("duplicates", "clipped", "truncated", "unlabelled"):
+        for k in ("duplicates", "clipped", "truncated", "unlabelled", "left_out"):
             stats[k] += r[k]
         if r["msg"]:
             notes.append(r["msg"])
@@ -188,29 +201,37 @@ def _build(im_files, label_files, nc, workers, fmt):
     return labels, stats, skipped + notes
 
 
-def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=8, fmt="detect"):
+def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=8, fmt="detect", source=None,
+                 names=None):
     """Load the label cache or rebuild it; log one summary line plus the first problems. Returns (labels, stats).
+    source, names: as verify_image_label's (the converted labels depend on the format and the names too).
 
     `labels` is one dict per kept image: im_file, shape (h, w), cls (n, 1), bboxes (n, 4) xywhn and the label
     format's per-instance extras (segments: n polygons (k, 2) normalised, None for box-only lines).
     `stats` counts STAT_KEYS, says whether the cache was used, and lists every problem (`problems`).
     """
     fmt = get_format(fmt)
-    hash_ = files_hash(list(im_files) + list(label_files), extra=f"{CACHE_VERSION} nc={nc} {fmt.line_format}")
+    converted = f" {source.kind} {fmt.name} {sorted(names.items())}" if source is not None else ""
+    files = [*im_files, *dict.fromkeys(label_files)] if source is not None else [*im_files, *label_files]
+    hash_ = files_hash(files, extra=f"{CACHE_VERSION} nc={nc} {fmt.line_format}{converted}")
     cache = load_cache(cache_path, hash_, prefix)
     cached = cache is not None
     if not cached:
-        labels, stats, msgs = _build(im_files, label_files, nc, min(workers, os.cpu_count() or 1), fmt)
+        labels, stats, msgs = _build(im_files, label_files, nc, min(workers, os.cpu_count() or 1), fmt, source, names)
         cache = {"version": CACHE_VERSION, "hash": hash_, "labels": labels, "stats": stats, "msgs": msgs}
         save_cache(cache_path, cache, hash_, prefix)
     s, msgs = cache["stats"], cache["msgs"]
     LOGGER.info(
         f"{prefix}Scanning {str(cache_path).removesuffix(SUFFIX)}... {s['images']} images ({s['backgrounds']} "
         f"backgrounds), {s['skipped']} skipped, {s['duplicates']} duplicate rows removed, {s['clipped']} labels "
-        f"clipped, {s['truncated']} truncated JPEGs" + (" (cached)" if cached else "")
+        f"clipped, {s['truncated']} truncated JPEGs" + (f", {s['left_out']} objects left out as {source.kind} says"
+                                                        if s.get("left_out") else "") + (" (cached)" if cached else "")
     )
     log_problems(msgs, s["skipped"], prefix)
-    if s["images"] and s["unlabelled"] == s["images"]:  # labels in the wrong folder, the commonest set-up mistake
+    if s["images"] and s["unlabelled"] == s["images"] and source is not None:
+        LOGGER.warning(f"{prefix}WARNING: {source.kind} {label_files[0]} labels none of the {s['images']} images (e.g. "
+                       f"{Path(im_files[0]).name}); every image is trained as a background")
+    elif s["images"] and s["unlabelled"] == s["images"]:  # labels in the wrong folder, the commonest set-up mistake
         LOGGER.warning(f"{prefix}WARNING: not one of the {s['images']} images has a label file (e.g. {label_files[0]} "
                        f"for {im_files[0]}: the last /images/ of an image path becomes /labels/ and its suffix .txt); "
                        "every image is trained as a background")

@@ -16,6 +16,7 @@ class ClassificationLoss:
     nbs = 64
     hyp_keys = {"label_smoothing": "[0, 1)"}  # what engine/hyp.py checks files against
     hyp_defaults = {"label_smoothing": 0.0}
+    hyp_file = "hyp.cls.yaml"  # every classifier's: the detection files would bring mosaic and box gains
 
     def __init__(self, model, hyp, imgsz=640):
         self.label_smoothing = {**self.hyp_defaults, **hyp}["label_smoothing"]

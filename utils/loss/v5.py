@@ -70,6 +70,8 @@ class V5DetectionLoss:
     hyp_keys = {"box": "[0, inf)", "cls": "[0, inf)", "obj": "[0, inf)", "anchor_t": "(1, inf)", "cls_pw": "(0, inf)",
                 "obj_pw": "(0, inf)", "fl_gamma": "[0, inf)", "label_smoothing": "[0, 1)"}
     hyp_defaults = {"cls_pw": 1.0, "obj_pw": 1.0, "fl_gamma": 0.0, "label_smoothing": 0.0}
+    # the family's hyp file (YOLOv5's), for a model whose YAML names none and whose layers no YAML here has
+    hyp_file = "hyp.scratch-low.yaml"
 
     def __init__(self, model, hyp, imgsz=640):
         hyp = {**self.hyp_defaults, **hyp}

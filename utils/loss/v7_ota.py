@@ -43,6 +43,8 @@ class OTADetectionLoss(V5DetectionLoss):
     sqrt(sigmoid(cls) * sigmoid(obj)), as official) plus 3 * -log IoU of its decoded box.
     """
 
+    hyp_file = "hyp.v7.yaml"  # YOLOv7's (yolov7-tiny's own file is named by its YAML, and found by its layers)
+
     def assign(self, preds, targets):
         candidates = super().assign(preds, targets)
         if not len(targets):

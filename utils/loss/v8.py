@@ -47,6 +47,7 @@ class V8DetectionLoss:
     loss_names = ("box", "cls", "dfl")
     hyp_keys = {"box": "[0, inf)", "cls": "[0, inf)", "dfl": "[0, inf)"}  # what engine/hyp.py checks files against
     hyp_defaults = {}
+    hyp_file = "hyp.v8.yaml"  # the anchor-free family's (YOLOv8, YOLOv5u, YOLO11; -seg and -pose too)
 
     def __init__(self, model, hyp, imgsz=640):
         self.head = detection_head(model)

@@ -1,0 +1,354 @@
+"""utils/data/annotations.py: COCO JSON and Pascal VOC XML read natively, Roboflow's data.yaml, and a --data folder
+whose layout is found by itself. Every dataset here is written by the test from the synthetic generator's drawn
+shapes (utils/data/synthetic.render_sample), in each format's own conventions; the expected labels are the ones the
+generator writes in YOLO format for the same images."""
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+
+from utils.data.annotations import find_layout, merge_parts
+from utils.data.dataset_yaml import check_det_dataset, check_pose_dataset
+from utils.data.detect_dataset import YOLODataset
+from utils.data.label_formats import PoseLabels
+from utils.data.synthetic import CLASS_NAMES, POSE_FLIP_IDX, corner_visibility, generate_dataset, render_sample
+from utils.errors import BadDataset
+
+SIDES = (64, 96)
+# COCO ids need be neither contiguous nor in name order: classes follow the ids' order
+CAT_IDS = {"circle": 7, "rectangle": 2, "triangle": 5}
+ID_ORDER = sorted(CAT_IDS, key=CAT_IDS.get)  # rectangle, triangle, circle
+CORNERS = ["left_top", "right_top", "right_bottom", "left_bottom"]  # the pose set's corners; flips pair left/right
+
+
+def shapes(seed, split, i, task="detect"):
+    """The generator's image i of its train or val split (whichever the format's split name says)."""
+    img, _, drawn = render_sample(seed, "train" if "train" in split else "val", i, *SIDES, task=task)
+    return img, drawn
+
+
+def write_image(path, img):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(path), img)
+
+
+def box_of(polygon, w, h):
+    p = np.clip(polygon, 0, [w, h])
+    (x1, y1), (x2, y2) = p.min(0), p.max(0)
+    return float(x1), float(y1), float(x2), float(y2)
+
+
+def coco_split(root, split, n, seed, task="detect", images_dir=None, edit=None):
+    """Images in root/<split>/ (or images_dir) and root/annotations/<prefix>_<split>.json, as COCO writes them."""
+    images, anns = [], []
+    folder = images_dir or root / split
+    for i in range(n):
+        img, drawn = shapes(seed, split, i, task)
+        h, w = img.shape[:2]
+        write_image(folder / f"{i:05d}.jpg", img)
+        images.append({"id": 100 + i, "file_name": f"{i:05d}.jpg", "width": w, "height": h})
+        vis = corner_visibility(drawn, h, w) if task == "pose" else [None] * len(drawn)
+        for s, v in zip(drawn, vis):
+            x1, y1, x2, y2 = box_of(s.polygon, w, h)
+            a = {"id": len(anns) + 1, "image_id": 100 + i, "category_id": CAT_IDS[CLASS_NAMES[s.cls]],
+                 "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "iscrowd": 0,
+                 "segmentation": [np.clip(s.polygon, 0, [w, h]).reshape(-1).tolist()]}
+            if task == "pose":
+                a["keypoints"] = [float(x) for (px, py), vv in zip(s.polygon, v) for x in (px, py, vv)]
+            anns.append(a)
+    cats = [{"id": c, "name": n, "supercategory": "shape"} for n, c in CAT_IDS.items()]
+    if task == "pose":
+        cats = [{"id": CAT_IDS["rectangle"], "name": "rectangle", "keypoints": CORNERS, "skeleton": [[1, 2], [2, 3]]}]
+    d = {"images": images, "annotations": anns, "categories": cats}
+    if edit:
+        edit(d)
+    prefix = "person_keypoints" if task == "pose" else "instances"
+    out = root / "annotations" / f"{prefix}_{split}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(d))
+    return d
+
+
+def yolo_reference(tmp_path, task, n_train, n_val, seed):
+    """The generator's own YOLO dataset of the same images (its labels are the expected ones)."""
+    return generate_dataset(tmp_path / f"ref-{task}", task, n_train, n_val, seed=seed, min_side=SIDES[0],
+                            max_side=SIDES[1])
+
+
+def records(ds):
+    return {lb["im_file"].rsplit("/", 1)[1]: lb for lb in ds.labels}
+
+
+def remap(cls, order):
+    """Generator class ids -> the dataset's ids when its names are `order`."""
+    return np.array([order.index(CLASS_NAMES[int(c)]) for c in cls.reshape(-1)])
+
+
+@pytest.mark.parametrize("task", ["detect", "segment"])
+def test_a_coco_folder_reads_as_the_same_yolo_labels(tmp_path, task):
+    root = tmp_path / "coco"
+    for split, n in (("train2017", 3), ("val2017", 3)):
+        coco_split(root, split, n, seed=4, task=task, images_dir=root / "images" / split)
+    d = check_det_dataset(root)
+    assert d["names"] == dict(enumerate(ID_ORDER)) and d["train"] == str(root / "images" / "train2017")
+    ds = YOLODataset(d["val"], imgsz=64, task=task, nc=d["nc"], names=d["names"])
+    ref = YOLODataset(str(yolo_reference(tmp_path, task, 1, 3, 4) / "images" / "val"), imgsz=64, task=task)
+    ours, theirs = records(ds), records(ref)
+    assert sorted(ours) == sorted(theirs) and ds.stats["skipped"] == 0
+    for name, lb in ours.items():
+        np.testing.assert_array_equal(lb["cls"].reshape(-1), remap(theirs[name]["cls"], ID_ORDER))
+        np.testing.assert_allclose(lb["bboxes"], theirs[name]["bboxes"], atol=2e-6)
+        if task == "segment":
+            for a, b in zip(lb["segments"], theirs[name]["segments"]):
+                np.testing.assert_allclose(a, b, atol=2e-6)
+    assert (root / "annotations" / "instances_val2017.yolo-engine.cache").is_file()  # converted once
+    again = YOLODataset(d["val"], imgsz=64, task=task, nc=d["nc"], names=d["names"])
+    assert again.stats["cached"]
+
+
+def test_coco_keypoints_for_pose_with_flip_idx_from_the_names(tmp_path):
+    root = tmp_path / "coco-pose"
+    for split in ("train", "val"):
+        coco_split(root, split, 3, seed=5, task="pose")
+    d = check_pose_dataset(root)
+    assert d["kpt_shape"] == [4, 3] and d["flip_idx"] == list(POSE_FLIP_IDX) and d["skeleton"] == [[0, 1], [1, 2]]
+    fmt = PoseLabels(d["kpt_shape"], d["flip_idx"])
+    ds = YOLODataset(d["val"], imgsz=64, task=fmt, nc=d["nc"], names=d["names"])
+    ref = YOLODataset(str(yolo_reference(tmp_path, "pose", 1, 3, 5) / "images" / "val"), imgsz=64,
+                      task=PoseLabels((4, 3), POSE_FLIP_IDX))
+    ours, theirs = records(ds), records(ref)
+    assert sorted(ours) == sorted(theirs)
+    for name, lb in ours.items():
+        np.testing.assert_allclose(lb["bboxes"], theirs[name]["bboxes"], atol=2e-6)
+        np.testing.assert_allclose(lb["keypoints"], theirs[name]["keypoints"], atol=2e-6)
+    with pytest.raises(BadDataset, match="annotations/instances_<split>.json"):  # a detector finds no box files
+        check_det_dataset(root)
+
+
+def voc_dataset(root, splits, seed, edit=None):
+    """VOC's layout: JPEGImages/, Annotations/<id>.xml with 1-based corners, ImageSets/Main/<split>.txt ids."""
+    for split, n in splits.items():
+        ids = []
+        for i in range(n):
+            img, drawn = shapes(seed, split, i)
+            h, w = img.shape[:2]
+            image_id = f"{split}_{i:03d}"
+            ids.append(image_id)
+            write_image(root / "JPEGImages" / f"{image_id}.jpg", img)
+            objects = []
+            for s in drawn:
+                x1, y1, x2, y2 = box_of(s.polygon, w, h)
+                objects.append(f"<object><name>{CLASS_NAMES[s.cls]}</name><difficult>0</difficult><bndbox>"
+                               f"<xmin>{x1 + 1:.4f}</xmin><ymin>{y1 + 1:.4f}</ymin><xmax>{x2 + 1:.4f}</xmax>"
+                               f"<ymax>{y2 + 1:.4f}</ymax></bndbox></object>")
+            xml = (f"<annotation><filename>{image_id}.jpg</filename><size><width>{w}</width><height>{h}</height>"
+                   f"<depth>3</depth></size>{''.join(objects)}</annotation>")
+            if edit:
+                xml = edit(split, i, xml)
+            (root / "Annotations").mkdir(parents=True, exist_ok=True)
+            (root / "Annotations" / f"{image_id}.xml").write_text(xml)
+        (root / "ImageSets" / "Main").mkdir(parents=True, exist_ok=True)
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("\n".join(ids) + "\n")
+
+
+def test_a_voc_folder_reads_as_the_same_yolo_labels(tmp_path):
+    root = tmp_path / "VOC2012"
+    voc_dataset(root, {"train": 3, "val": 3}, seed=6)
+    d = check_det_dataset(root)
+    names_found = sorted({CLASS_NAMES[s.cls] for i in range(3) for s in shapes(6, "train", i)[1]})
+    assert d["names"] == dict(enumerate(names_found))
+    ds = YOLODataset(d["val"], imgsz=64, nc=d["nc"], names=d["names"])
+    ref = records(YOLODataset(str(yolo_reference(tmp_path, "detect", 1, 3, 6) / "images" / "val"), imgsz=64))
+    assert ds.stats["images"] == 3 and (root / "ImageSets" / "Main" / "val.yolo-engine.cache").is_file()
+    for lb in ds.labels:
+        theirs = ref[lb["im_file"].rsplit("_", 1)[1].replace(".jpg", "").zfill(5) + ".jpg"]
+        ok = np.isin(theirs["cls"].reshape(-1), [CLASS_NAMES.index(n) for n in names_found])
+        if not ok.all():
+            continue  # a class training lacks: that image is skipped (tested below), not compared here
+        np.testing.assert_array_equal(lb["cls"].reshape(-1), remap(theirs["cls"], names_found))
+        np.testing.assert_allclose(lb["bboxes"], theirs["bboxes"], atol=1e-4)
+
+
+def _problems(ds):
+    return "\n".join(ds.problems)
+
+
+def test_coco_bad_input_policy(tmp_path):
+    """Each case counted and named: a box outside the image skips it, a crowd annotation is left out, a category the
+    dataset does not name skips the image, a listed size that is not the image's skips it, an image the file does
+    not list is a background."""
+    def edit(d):
+        anns = {a["image_id"]: a for a in d["annotations"]}
+        anns[100]["bbox"][0] += 10_000  # image 0: outside
+        anns[101]["iscrowd"] = 1  # image 1: a crowd region
+        d["categories"].append({"id": 99, "name": "hexagon"})
+        anns[102]["category_id"] = 99  # image 2: not one of the dataset's names
+        d["images"][3]["width"] += 1  # image 3: another size
+        d["images"].pop(4)  # image 4: not listed
+    root = tmp_path / "coco"
+    d = coco_split(root, "val", 6, seed=7, edit=edit)
+    names = dict(enumerate(CLASS_NAMES))
+    ds = YOLODataset(str(root / "val"), imgsz=64, nc=3, names=names)
+    problems = _problems(ds)
+    assert ds.stats["skipped"] == 3 and ds.stats["left_out"] == 1 and ds.stats["unlabelled"] == 1
+    assert "00000.jpg: skipped, " in problems and "coordinates outside [0, 1]" in problems
+    assert "00002.jpg: skipped, " in problems and "class 'hexagon' is not a class of this dataset" in problems
+    assert "00003.jpg: skipped, " in problems and "its boxes would be misplaced" in problems
+    assert "00001.jpg: kept, 1 crowd annotations left out" in problems
+    kept = records(ds)
+    crowd_image = [a for a in d["annotations"] if a["image_id"] == 101]
+    assert len(kept["00001.jpg"]["cls"]) == len(crowd_image) - 1 and len(kept["00004.jpg"]["cls"]) == 0
+
+
+def test_voc_bad_input_policy(tmp_path):
+    """difficult objects are left out and counted; a class name the training split never has skips the image; XML
+    that declares entities (a billion-laughs file) is never parsed; broken XML is named."""
+    laughs = ('<?xml version="1.0"?><!DOCTYPE a [<!ENTITY l "lol"><!ENTITY l2 "&l;&l;&l;&l;&l;&l;&l;&l;">]>'
+              '<annotation>&l2;</annotation>')
+
+    def edit(split, i, xml):
+        if split != "val":
+            return xml
+        return {0: xml.replace("<difficult>0</difficult>", "<difficult>1</difficult>", 1),
+                1: xml.replace("<name>", "<name>hexagon", 1), 2: laughs, 3: xml[:-5]}.get(i, xml)
+    root = tmp_path / "voc"
+    voc_dataset(root, {"train": 4, "val": 5}, seed=8, edit=edit)
+    d = check_det_dataset(root)
+    ds = YOLODataset(d["val"], imgsz=64, nc=d["nc"], names=d["names"])
+    problems = _problems(ds)
+    assert ds.stats["left_out"] == 1 and "val_000.jpg: kept, 1 difficult objects left out" in problems
+    assert "val_001.jpg: skipped, " in problems and "class 'hexagon" in problems
+    assert "val_002.jpg: skipped, " in problems and "declares a DOCTYPE or entities" in problems
+    assert "val_003.jpg: skipped, " in problems and "not well-formed XML" in problems
+    assert ds.stats["skipped"] >= 3 and "val_004.jpg" in records(ds)
+
+
+def test_roboflow_coco_export_drops_its_supercategory(tmp_path):
+    """Roboflow's COCO export: <split>/_annotations.coco.json beside the images, plus a category 0 named after the
+    project that is only the others' supercategory."""
+    root = tmp_path / "rf"
+    for split in ("train", "valid"):
+        d = coco_split(root, split, 2, seed=9)
+        d["categories"].append({"id": 0, "name": "shape", "supercategory": "none"})
+        (root / split / "_annotations.coco.json").write_text(json.dumps(d))
+        (root / "annotations" / f"instances_{split}.json").unlink()
+    d = check_det_dataset(root)
+    assert d["names"] == dict(enumerate(ID_ORDER)) and d["val"] == str(root / "valid")
+    ds = YOLODataset(d["val"], imgsz=64, nc=d["nc"], names=d["names"])
+    assert ds.stats["images"] == 2 and ds.stats["skipped"] == 0
+    assert not any("_annotations" in p for p in ds.problems)  # the label file and its cache are no strays
+
+
+def roboflow_yolo(root, seed=10):
+    """Roboflow's YOLO export: data.yaml beside train/ valid/ (images/, labels/ each), splits named `../x/images`,
+    `nc` and a list of names, and a roboflow: block."""
+    ref = generate_dataset(root.parent / "src", "detect", 4, 2, seed=seed, min_side=SIDES[0], max_side=SIDES[1])
+    for src, dst in (("train", "train"), ("val", "valid")):
+        for kind in ("images", "labels"):
+            (root / dst / kind).mkdir(parents=True)
+            for f in (ref / kind / src).iterdir():
+                (root / dst / kind / f.name).write_bytes(f.read_bytes())
+    (root / "data.yaml").write_text(yaml.safe_dump({
+        "train": "../train/images", "val": "../valid/images", "test": "../test/images", "nc": 3,
+        "names": list(CLASS_NAMES), "roboflow": {"workspace": "w", "project": "p", "version": 1}}))
+    return root
+
+
+def test_roboflow_data_yaml_resolves_as_ultralytics_does(tmp_path, yolo_log):
+    root = roboflow_yolo(tmp_path / "rf")
+    for data in (root / "data.yaml", root):  # the YAML, or the folder holding it
+        d = check_det_dataset(data)
+        assert (d["train"], d["val"]) == (str(root / "train" / "images"), str(root / "valid" / "images"))
+        assert d["names"] == dict(enumerate(CLASS_NAMES)) and d["nc"] == 3
+    text = "\n".join(yolo_log)
+    assert "'roboflow' not read by this project (ignored)" in text
+    assert "val ../valid/images is not found from" in text and "reading valid/images" in text
+
+
+def test_layouts_are_found_and_nothing_else(tmp_path):
+    (tmp_path / "two").mkdir()
+    for n in ("a.yaml", "b.yaml"):
+        (tmp_path / "two" / n).write_text("x: 1\n")
+    with pytest.raises(BadDataset, match="2 YAML files found"):
+        find_layout(tmp_path / "two")
+    assert find_layout(roboflow_yolo(tmp_path / "rf")) == (None, tmp_path / "rf" / "data.yaml")
+
+
+def test_yolo_labels_win_over_an_annotation_file(tmp_path):
+    """Ultralytics' COCO download holds both labels/val2017/ and annotations/instances_val2017.json: the YOLO labels
+    it trained with stay what is read."""
+    root = tmp_path / "coco"
+    coco_split(root, "val2017", 2, seed=11, images_dir=root / "images" / "val2017")
+    (root / "labels" / "val2017").mkdir(parents=True)
+    ds = YOLODataset(str(root / "images" / "val2017"), imgsz=64, nc=3, names=dict(enumerate(CLASS_NAMES)))
+    assert ds.stats["unlabelled"] == 2  # the empty labels folder was read, not the JSON
+
+
+def test_merged_polygon_parts_fill_their_union():
+    """Parts of one object joined into one outline fill what the parts fill, plus the one-pixel lines of the seams
+    (which have no width, and join the nearest vertices: here 10.4 and 11.2 pixels long)."""
+    a = np.array([[2, 2], [20, 2], [20, 20], [2, 20]], float)
+    b = np.array([[30, 25], [45, 25], [40, 40]], float)
+    c = np.array([[5, 30], [15, 30], [15, 45], [5, 45]], float)
+    merged = merge_parts([a, b, c])
+
+    def fill(polys):
+        m = np.zeros((50, 50), np.uint8)
+        for p in polys:
+            cv2.fillPoly(m, [np.round(p * 16).astype(np.int32)], 1, cv2.LINE_8, shift=4)
+        return m
+    union, one = fill([a, b, c]), fill([merged])
+    assert (one >= union).all() and 0 < (one > union).sum() <= 2 * (11 + 12)
+    assert len(merged) == len(a) + len(b) + len(c) + 2 * 2  # each join walks there and back
+
+
+def test_training_on_a_coco_folder_names_its_skipped_images(tmp_path):
+    """`train.py --data <folder>` with a COCO layout in it: trained from the JSON, and the image whose box lies
+    outside it named in data_problems.txt with the annotation, as a bad YOLO line is."""
+    import train
+
+    root = tmp_path / "coco"
+    coco_split(root, "train2017", 4, seed=12)
+    coco_split(root, "val2017", 2, seed=12, edit=lambda d: d["annotations"][0]["bbox"].__setitem__(1, 1e4))
+    trainer, _ = train.main(train.parse_opt([
+        "--data", str(root), "--cfg", "yolov8n.yaml", "--imgsz", "64", "--batch-size", "4", "--epochs", "1",
+        "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"), "--noplots"]))
+    assert trainer.names == dict(enumerate(ID_ORDER))
+    problems = (trainer.save_dir / "data_problems.txt").read_text().splitlines()
+    assert len(problems) == 1 and problems[0].startswith(f"val: {root / 'val2017' / '00000.jpg'}: skipped, "
+                                                         f"{root / 'annotations' / 'instances_val2017.json'} "
+                                                         "(00000.jpg) annotation")
+
+
+def test_coco_files_with_less_or_odd_content(tmp_path, yolo_log):
+    """A file listing no image sizes trusts the images'; two categories of one name are one error naming the file
+    (classes are matched by name); a file that is not JSON is one error too; no listed image at all is named."""
+    root = tmp_path / "coco"
+    names = dict(enumerate(CLASS_NAMES))
+    coco_split(root, "a", 2, seed=13, edit=lambda d: [img.pop(k) for img in d["images"] for k in ("width", "height")])
+    assert YOLODataset(str(root / "a"), imgsz=64, nc=3, names=names).stats["images"] == 2
+    coco_split(root, "b", 1, seed=13, edit=lambda d: d["categories"].append({"id": 50, "name": "circle"}))
+    with pytest.raises(BadDataset, match=r"instances_b\.json: two categories share a name"):
+        YOLODataset(str(root / "b"), imgsz=64, nc=3, names=names)
+    coco_split(root, "c", 1, seed=13)
+    (root / "annotations" / "instances_c.json").write_text("{not json")
+    with pytest.raises(BadDataset, match=r"instances_c\.json: not a readable COCO JSON file"):
+        YOLODataset(str(root / "c"), imgsz=64, nc=3, names=names)
+    coco_split(root, "d", 2, seed=13, edit=lambda d: d["images"].clear())
+    ds = YOLODataset(str(root / "d"), imgsz=64, nc=3, names=names)
+    assert ds.stats["backgrounds"] == 2 and any("labels none of the 2 images" in m for m in yolo_log)
+
+
+def test_voc_ids_without_an_image_are_named(tmp_path):
+    root = tmp_path / "voc"
+    voc_dataset(root, {"train": 2, "val": 2}, seed=14)
+    with open(root / "ImageSets" / "Main" / "val.txt", "a") as f:
+        f.write("../../etc/passwd\nval_999 1\n")  # an id is looked up among JPEGImages' files only
+    d = check_det_dataset(root)
+    ds = YOLODataset(d["val"], imgsz=64, nc=d["nc"], names=d["names"])
+    assert ds.stats["images"] + ds.stats["skipped"] == 2 and ds.stats["ignored"] == 2
+    assert any(p.endswith("val.txt: val_999: ignored, no image val_999.* in " + str(root / "JPEGImages"))
+               for p in ds.problems)
