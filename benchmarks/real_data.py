@@ -3,14 +3,14 @@ equal epochs, image size, batch and seed, runs alternated (ours, then Ultralytic
 run with the box mAPs and the wall time since the process started (read off results.csv as each epoch's row lands).
 
     # COCO128 (fetched by hand, never by a test: the lightly-ai/coco128_yolo repository) as a plain YOLO dataset
-    python benchmarks/real_data.py --data /tmp/coco128/coco128.yaml --weights /tmp/realpkgs/best.pt \
+    python -m benchmarks.real_data --data /tmp/coco128/coco128.yaml --weights /tmp/realpkgs/best.pt \
         --epochs 20 --img 320 --batch 16 --seeds 0 --out runs/real_data/coco128
     # the same images in a Roboflow export's layout (data.yaml beside train/ valid/, `../train/images`)
-    python benchmarks/real_data.py --data /tmp/coco128/roboflow/data.yaml --weights /tmp/realpkgs/best.pt ...
+    python -m benchmarks.real_data --data /tmp/coco128/roboflow/data.yaml --weights /tmp/realpkgs/best.pt ...
     # an ablation of ours: each --variant NAME is followed by the options it adds to our train.py
-    python benchmarks/real_data.py --data ... --weights ... --variant default --variant no-amp --amp off
+    python -m benchmarks.real_data --data ... --weights ... --variant default --variant no-amp --amp off
     # from scratch: a model YAML for both tools
-    python benchmarks/real_data.py --data ... --cfg yolov8n.yaml --epochs 100
+    python -m benchmarks.real_data --data ... --cfg yolov8n.yaml --epochs 100
 
 Without --cfg our train.py trains the checkpoint's own model, as `yolo train model=x.pt` does; Ultralytics gets
 `--peer-weights` when given (an Ultralytics file made from ours by to_ultralytics.py), else the same --weights. The
@@ -29,9 +29,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-# run as `python benchmarks/<name>.py` from a clone: the project root is not on the path by itself
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peer_commands import ultralytics_train
 from benchmarks.study import parse_variants, peer_env

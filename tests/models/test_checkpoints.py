@@ -337,3 +337,33 @@ def test_no_class_weights_carry_over_where_the_rest_of_the_head_differs(src_cfg,
     transfer_weights(dst, src, "src.pt")
     after = dst.state_dict()
     assert [k for k, v in before.items() if not torch.equal(after[k], v)] == []
+
+
+@pytest.mark.parametrize("name, hyp, like", [
+    ("ultralytics-v8t-shapes.pt", "hyp.v8.yaml", "yolov8.yaml"),  # `yolo detect train` wrote it
+    ("ultralytics-cls-t.pt", "hyp.cls.yaml", "yolov8-cls.yaml"),
+    ("ultralytics-pose-tiny.pt", "hyp.v8.yaml", "yolov8-pose.yaml"),
+    ("yolov5-trained-tiny.pt", "hyp.scratch-low.yaml", "yolov5l.yaml (and 4 more)"),  # `yolov5 train` wrote it
+])
+def test_peer_saved_checkpoints_take_their_family_hyp_file(name, hyp, like):
+    """A checkpoint a peer trained holds the YAML it was built from, which names no hyp file: the file follows its
+    layers (engine/hyp.default_hyp_file). With the v5 file a v8 model failed at once ('dfl' is missing)."""
+    from engine.hyp import default_hyp_file
+
+    assert default_hyp_file(attempt_load(FIXTURES / name, fuse=False).yaml) == (
+        hyp, f"its YAML names none; its layers are those of models/{like}, which names it")
+
+
+def test_official_yolov7_tiny_pickle_takes_the_tiny_hyp_file(monkeypatch, tmp_path):
+    """yolov7 and yolov7-tiny end in the same IDetect head and train with different files; an official pickle's YAML
+    (the yolov7 repo's cfg/training file: its layers are ours, its anchors its own) names neither."""
+    from engine.hyp import default_hyp_file
+    from models.yolo import yaml_model_load
+
+    cfg = {k: v for k, v in yaml_model_load("yolov7-tiny.yaml").items() if k not in ("hyp", "yaml_file")}
+    cfg["anchors"] = [[9, 6, 13, 16, 29, 11], [29, 28, 66, 26, 51, 62], [115, 54, 134, 119, 308, 147]]
+    cfg["width_multiple"] = 0.25  # the same layers, a quarter of the channels: the test builds and pickles it
+    path = save_official(monkeypatch, tmp_path, DetectionModel(cfg, nc=3), V5_PATHS, v5_where, "Model")
+    assert default_hyp_file(attempt_load(path, fuse=False).yaml)[0] == "hyp.v7-tiny.yaml"
+    cfg = {k: v for k, v in yaml_model_load("yolov7.yaml").items() if k not in ("hyp", "yaml_file")}
+    assert default_hyp_file(cfg)[0] == "hyp.v7.yaml"
