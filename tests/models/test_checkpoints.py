@@ -1,6 +1,7 @@
 """models/checkpoints.py: our checkpoint round trip, and loading official-style pickles without official code."""
 
 import copy
+import re
 import subprocess
 import sys
 import types
@@ -339,19 +340,27 @@ def test_no_class_weights_carry_over_where_the_rest_of_the_head_differs(src_cfg,
     assert [k for k, v in before.items() if not torch.equal(after[k], v)] == []
 
 
-@pytest.mark.parametrize("name, hyp, like", [
-    ("ultralytics-v8t-shapes.pt", "hyp.v8.yaml", "yolov8.yaml"),  # `yolo detect train` wrote it
-    ("ultralytics-cls-t.pt", "hyp.cls.yaml", "yolov8-cls.yaml"),
-    ("ultralytics-pose-tiny.pt", "hyp.v8.yaml", "yolov8-pose.yaml"),
-    ("yolov5-trained-tiny.pt", "hyp.scratch-low.yaml", "yolov5l.yaml (and 4 more)"),  # `yolov5 train` wrote it
-])
-def test_peer_saved_checkpoints_take_their_family_hyp_file(name, hyp, like):
-    """A checkpoint a peer trained holds the YAML it was built from, which names no hyp file: the file follows its
-    layers (engine/hyp.default_hyp_file). With the v5 file a v8 model failed at once ('dfl' is missing)."""
-    from engine.hyp import default_hyp_file
+LIKE = re.compile(r"its YAML names none; its layers are those of models/(\S+\.yaml)( \(and \d+ more\))?, "
+                  r"which names it")
 
-    assert default_hyp_file(attempt_load(FIXTURES / name, fuse=False).yaml) == (
-        hyp, f"its YAML names none; its layers are those of models/{like}, which names it")
+
+@pytest.mark.parametrize("name, hyp", [
+    ("ultralytics-v8t-shapes.pt", "hyp.v8.yaml"),  # `yolo detect train` wrote it
+    ("ultralytics-cls-t.pt", "hyp.cls.yaml"),
+    ("ultralytics-pose-tiny.pt", "hyp.v8.yaml"),
+    ("yolov5-trained-tiny.pt", "hyp.scratch-low.yaml"),  # `yolov5 train` wrote it
+])
+def test_peer_saved_checkpoints_take_their_family_hyp_file(name, hyp):
+    """A checkpoint a peer trained holds the YAML it was built from, which names no hyp file: the file follows its
+    layers (engine/hyp.default_hyp_file), those of the YAML here it names. With the v5 file a v8 model failed at once
+    ('dfl' is missing)."""
+    from engine.hyp import default_hyp_file
+    from models.yolo import yaml_model_load
+
+    d = attempt_load(FIXTURES / name, fuse=False).yaml
+    file, why = default_hyp_file(d)
+    ours = yaml_model_load(LIKE.fullmatch(why).group(1))
+    assert file == hyp == ours["hyp"] and (ours["backbone"], ours["head"]) == (d["backbone"], d["head"])
 
 
 def test_official_yolov7_tiny_pickle_takes_the_tiny_hyp_file(monkeypatch, tmp_path):
