@@ -40,7 +40,9 @@ def bce(logits, target, pos_weight=1.0, gamma=0.0, alpha=0.25):
 def per_image_index(batch_idx, batch_size):
     """For targets tagged with their image, the 0-based rank of each among its image's targets (in row order)."""
     b = batch_idx.long()
-    counts = torch.bincount(b, minlength=batch_size)
+    # counted by comparison into a tensor of known size: bincount's size depends on the values, so it would wait for
+    # the device
+    counts = (b == torch.arange(batch_size, device=b.device)[:, None]).sum(1)
     order = torch.argsort(b, stable=True)
     starts = counts.cumsum(0) - counts
     rank = torch.empty_like(b)
@@ -56,7 +58,7 @@ def pad_targets(targets, batch_size, scale):
     """
     device = targets.device
     rank, counts = per_image_index(targets[:, 0], batch_size)
-    m = int(counts.max()) if len(targets) else 0
+    m = int(counts.max()) if len(targets) else 0  # the padded size: the one value read back to the host
     labels = torch.zeros(batch_size, m, 1, device=device)
     boxes = torch.zeros(batch_size, m, 4, device=device)
     row = torch.full((batch_size, m), -1, dtype=torch.long, device=device)

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from utils.loss.common import per_image_index
-from utils.loss.v5 import V5DetectionLoss
+from utils.loss.v5 import V5DetectionLoss, scale_xy
 from utils.loss.v8 import V8DetectionLoss
 from utils.ops import crop_mask, xywh2xyxy
 
@@ -58,6 +58,9 @@ class V5SegmentationLoss(V5DetectionLoss):
         return (lbox + lseg + lobj + lcls) * bs, torch.stack((lbox, lseg, lobj, lcls)).detach()
 
     def mask_terms(self, feats, proto, assigned, targets, masks, overlap):
+        """Sum over levels and images of the mean mask loss of the image's positives at that level. The positives of
+        each level are grouped by image with a stable sort (so each group keeps its order); the groups' sizes, every
+        level's at once, are the one value read back to the host here."""
         bs, nm, mh, mw = proto.shape
         # Zero-weight term: Proto gets a (zero) gradient even when no image has a positive, for DDP.
         total = (proto * 0).sum()
@@ -65,18 +68,22 @@ class V5SegmentationLoss(V5DetectionLoss):
             return total
         masks = prepare_masks(masks, (mh, mw))
         instance = per_image_index(targets[:, 0], bs)[0] + 1
-        scale = torch.tensor([mw, mh, mw, mh], device=proto.device, dtype=torch.float32)
-        for pi, t in zip(feats, assigned):
-            if not len(t.b):
-                continue
-            coeffs = pi[t.b, t.a, t.gj, t.gi][:, 5 + self.nc :]
-            xywhn = targets[t.row, 2:6].float()
+        images = torch.arange(bs, device=proto.device)[:, None]
+        counts = torch.stack([(t.b[None] == images).sum(1) for t in assigned]).tolist()
+        for pi, t, per_image in zip(feats, assigned, counts):
+            order = torch.argsort(t.b, stable=True)
+            coeffs = pi[t.b[order], t.a[order], t.gj[order], t.gi[order]][:, 5 + self.nc :]
+            row = t.row[order]
+            xywhn = targets[row, 2:6].float()
             area = xywhn[:, 2:].prod(1)
-            mxyxy = xywh2xyxy(xywhn * scale)
-            for bi in t.b.unique():
-                j = t.b == bi
-                gt = _gt_masks(masks, overlap, bi, instance[t.row[j]], t.row[j])
-                total = total + mask_loss(gt, coeffs[j], proto[bi], mxyxy[j], area[j])
+            mxyxy = xywh2xyxy(torch.cat((scale_xy(xywhn[:, :2], mw, mh), scale_xy(xywhn[:, 2:], mw, mh)), 1))
+            start = 0
+            for bi, n in enumerate(per_image):
+                j = slice(start, start + n)
+                start += n
+                if n:
+                    gt = _gt_masks(masks, overlap, bi, instance[row[j]], row[j])
+                    total = total + mask_loss(gt, coeffs[j], proto[bi], mxyxy[j], area[j])
         return total
 
 
@@ -99,20 +106,23 @@ class V8SegmentationLoss(V8DetectionLoss):
         bs, nm, mh, mw = proto.shape
         # Zero-weight terms: Proto and the coefficient branch get a gradient even without positives, for DDP.
         total = (proto * 0).sum() + (mc * 0).sum()
-        fg = state.assignment.fg_mask
-        if not fg.any():
+        b, i = state.fg
+        if not len(b):  # a shape, known on the host
             return total
         masks = prepare_masks(masks, (mh, mw))
-        coeffs = mc.permute(0, 2, 1)
-        boxes_n = state.assignment.bboxes / state.imgsz[[1, 0, 1, 0]]
-        scale = torch.tensor([mw, mh, mw, mh], device=proto.device, dtype=torch.float32)
-        for i in range(bs):
-            f = fg[i]
-            if not f.any():
-                continue
-            gt_idx = state.assignment.gt_idx[i][f]
-            gt = _gt_masks(masks, overlap, i, gt_idx + 1, state.gt_row[i, gt_idx])
-            xyxyn = boxes_n[i][f]
-            area = (xyxyn[:, 2:] - xyxyn[:, :2]).prod(1)
-            total = total + mask_loss(gt, coeffs[i][f], proto[i], xyxyn * scale, area)
+        gt_idx = state.assignment.gt_idx[b, i]
+        rows = state.gt_row[b, gt_idx]
+        coeffs = mc[b, :, i]
+        xyxyn = state.assignment.bboxes[b, i] / state.whwh
+        area = (xyxyn[:, 2:] - xyxyn[:, :2]).prod(1)
+        mxyxy = torch.stack((xyxyn[:, 0] * mw, xyxyn[:, 1] * mh, xyxyn[:, 2] * mw, xyxyn[:, 3] * mh), 1)
+        # one image at a time (a batch's logits would hold every positive's full mask at once); its positives are one
+        # run of `fg`, image-major: the counts per image are the one value read back to the host here
+        start = 0
+        for k, n in enumerate(state.assignment.fg_mask.sum(1).tolist()):
+            j = slice(start, start + n)
+            start += n
+            if n:
+                gt = _gt_masks(masks, overlap, k, gt_idx[j] + 1, rows[j])
+                total = total + mask_loss(gt, coeffs[j], proto[k], mxyxy[j], area[j])
         return total

@@ -3,7 +3,6 @@
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from utils.ops import bbox_iou
 
@@ -44,7 +43,6 @@ class TaskAlignedAssigner:
         """Inputs: pd_scores (B, A, nc) probabilities; pd_bboxes (B, A, 4) xyxy; anc_points (A, 2) in the same
         units; gt_labels (B, M, 1); gt_bboxes (B, M, 4) xyxy; mask_gt (B, M, 1), true for real (not padded) GTs.
         Returns an `Assignment`."""
-        bs, na, nc = pd_scores.shape
         if gt_bboxes.shape[1] == 0:
             return self._empty(pd_scores, pd_bboxes)
         inside = anchors_in_boxes(anc_points, gt_bboxes, self.eps) & mask_gt.bool()
@@ -59,7 +57,9 @@ class TaskAlignedAssigner:
         metric, overlaps = metric * pos, overlaps * pos
         scale = overlaps.amax(-1, keepdim=True) / (metric.amax(-1, keepdim=True) + self.eps)
         norm = (metric * scale).amax(1)
-        scores = F.one_hot(labels, nc).to(pd_scores.dtype) * (norm * fg)[..., None].to(pd_scores.dtype)
+        # the one-hot class times the normalised alignment, scattered: F.one_hot reads the labels' range on the host
+        value = (norm * fg)[..., None].to(pd_scores.dtype)
+        scores = torch.zeros_like(pd_scores).scatter_(-1, labels[..., None], value)
         return Assignment(labels, bboxes, scores, fg, gt_idx)
 
     def _empty(self, pd_scores, pd_bboxes):
@@ -69,13 +69,15 @@ class TaskAlignedAssigner:
 
     def _alignment(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside):
         """Alignment metric and IoU, (B, M, A), computed only for anchors inside their GT (zero elsewhere)."""
-        bs, m, na = inside.shape
+        na = inside.shape[-1]
         labels = gt_labels[..., 0].long().clamp(0, pd_scores.shape[-1] - 1)
         cls_scores = pd_scores.gather(2, labels[:, None, :].expand(-1, na, -1)).transpose(1, 2)
         overlaps = torch.zeros(inside.shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
-        gt = gt_bboxes[:, :, None].expand(-1, -1, na, -1)[inside]
-        pd = pd_bboxes[:, None].expand(-1, m, -1, -1)[inside]
-        overlaps[inside] = bbox_iou(gt, pd, xywh=False, CIoU=True).squeeze(-1).clamp(0).to(overlaps.dtype)
+        # the pairs' indices once (the one wait for the device here), then gathers: a boolean-mask index or
+        # assignment would wait once each
+        b, g, a = inside.nonzero(as_tuple=True)
+        overlaps[b, g, a] = bbox_iou(gt_bboxes[b, g], pd_bboxes[b, a], xywh=False, CIoU=True).squeeze(-1).clamp(0).to(
+            overlaps.dtype)
         metric = cls_scores.pow(self.alpha) * overlaps.pow(self.beta) * inside
         return metric, overlaps
 
@@ -88,10 +90,9 @@ class TaskAlignedAssigner:
     @staticmethod
     def _resolve_conflicts(pos, overlaps, inside):
         """An anchor positive for several GTs is given, as official, to the GT it overlaps most among all GTs that
-        contain it (which may be one that did not rank it in its top-k)."""
+        contain it (which may be one that did not rank it in its top-k). Computed whether or not any anchor is
+        contested: asking would wait for the device."""
         multi = pos.sum(1, keepdim=True) > 1
-        if not multi.any():
-            return pos
         best = torch.where(inside, overlaps, torch.full_like(overlaps, -1.0)).max(1, keepdim=True).indices
         only_best = torch.zeros_like(pos).scatter_(1, best, True)
         return torch.where(multi, only_best, pos)

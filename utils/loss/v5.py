@@ -31,31 +31,55 @@ def decode_anchor_box(ps, anchors):
     return torch.cat((pxy, pwh), 1)
 
 
+def scale_xy(xy, sx, sy):
+    """(n, 2) x, y times the host numbers (sx, sy), each column by its own: a tensor of them would be a copy to the
+    device, which waits for it."""
+    return torch.stack((xy[:, 0] * sx, xy[:, 1] * sy), 1)
+
+
+def neighbour_offsets(kind):
+    """(n, 2) offsets, in cells, of `_NEIGHBOURS[kind]` for kinds (n,) long, computed on the device (a table from
+    the host would be a copy to it)."""
+    dx = (kind == 1).float() - (kind == 3).float()
+    dy = (kind == 2).float() - (kind == 4).float()
+    return torch.stack((dx, dy), 1) * 0.5
+
+
 def match_anchors(level_shapes, anchors, targets, anchor_t):
     """The v5 assignment rule over all levels.
 
     level_shapes: (ny, nx) per level; anchors (nl, na, 2) grid units; targets (N, 6) normalised. A target is matched
     to every anchor whose width and height ratios to it are all within [1/anchor_t, anchor_t], at its centre cell and
     at the two neighbour cells nearest to its centre (skipping the border), so one target yields up to 3 cells per
-    anchor. Returns one `AnchorTargets` per level.
+    anchor. Returns one `AnchorTargets` per level, its rows ordered by neighbour kind, then anchor, then target.
+
+    Every level's (kind, anchor, target) triples are found in one `nonzero` and split by the levels' counts: those
+    two are the values read back from the device (one `nonzero` per level and step would wait for it twice each).
     """
-    device = targets.device
-    off = torch.tensor(_NEIGHBOURS, device=device, dtype=torch.float32) * 0.5
-    out = []
+    xy, wh = [], []
+    chosen = []  # per level (5, na, N): the target's cell or neighbour `kind` is a positive of anchor a
     for (ny, nx), anc in zip(level_shapes, anchors):
-        size = torch.tensor([nx, ny], device=device, dtype=torch.float32)
-        gwh_all = targets[:, 4:6].float() * size
-        r = gwh_all[None] / anc[:, None]
-        a, row = (torch.max(r, 1 / r).amax(2) < anchor_t).nonzero(as_tuple=True)
-        gxy = targets[row, 2:4].float() * size
-        gxi = size - gxy
+        gwh = scale_xy(targets[:, 4:6].float(), nx, ny)
+        r = gwh[None] / anc[:, None]
+        fits = torch.max(r, 1 / r).amax(2) < anchor_t  # (na, N)
+        gxy = scale_xy(targets[:, 2:4].float(), nx, ny)
+        gxi = torch.stack((nx - gxy[:, 0], ny - gxy[:, 1]), 1)
         near_low = (gxy % 1 < 0.5) & (gxy > 1)  # centre in the left/upper half of its cell
         near_high = (gxi % 1 < 0.5) & (gxi > 1)  # centre in the right/lower half
         use = torch.stack((torch.ones_like(near_low[:, 0]), near_low[:, 0], near_low[:, 1],
                            near_high[:, 0], near_high[:, 1]))
-        kind, j = use.nonzero(as_tuple=True)
-        a, row, gxy = a[j], row[j], gxy[j]
-        cell = (gxy - off[kind]).long()
+        chosen.append(use[:, None] & fits[None])
+        xy.append(gxy)
+        wh.append(gwh)
+    chosen = torch.stack(chosen)
+    counts = chosen.flatten(1).sum(1).tolist()
+    kinds, a_all, rows = chosen.nonzero(as_tuple=True)[1:]
+    out, start = [], 0
+    for (ny, nx), anc, gxy_all, gwh_all, n in zip(level_shapes, anchors, xy, wh, counts):
+        kind, a, row = (t[start : start + n] for t in (kinds, a_all, rows))
+        start += n
+        gxy = gxy_all[row]
+        cell = (gxy - neighbour_offsets(kind)).long()
         gi, gj = cell[:, 0].clamp(0, nx - 1), cell[:, 1].clamp(0, ny - 1)
         tbox = torch.cat((gxy - torch.stack((gi, gj), 1), gwh_all[row]), 1)
         out.append(AnchorTargets(targets[row, 0].long(), a, gj, gi, tbox, anc[a], targets[row, 1].long(), row))
@@ -86,6 +110,7 @@ class V5DetectionLoss:
         self.cls_pw, self.obj_pw, self.fl_gamma = hyp["cls_pw"], hyp["obj_pw"], hyp["fl_gamma"]
         self.cp, self.cn = smooth_labels(hyp["label_smoothing"])
         self.balance = level_balance(nl)
+        self.strides = self.head.stride.tolist()  # host numbers: read from a device tensor, each would wait for it
 
     def anchors(self, device):
         """The head's anchors (nl, na, 2) in grid units, read each call so that `model.to()` is followed."""

@@ -1,8 +1,10 @@
 """YOLOv7 OTA criterion: v5 candidates re-assigned per image by a dynamic-k, cost-based (SimOTA-style) matching."""
 
+import math
+
 import torch
 
-from utils.loss.v5 import AnchorTargets, V5DetectionLoss, decode_anchor_box
+from utils.loss.v5 import AnchorTargets, V5DetectionLoss, decode_anchor_box, scale_xy
 from utils.ops import box_iou, xywh2xyxy
 
 
@@ -10,16 +12,18 @@ def dynamic_k_match(iou, cost, n_top=10):
     """Dynamic-k matching of T targets to C candidates.
 
     iou, cost: (T, C). Each target takes k = max(1, floor(sum of its n_top largest IoUs)) lowest-cost candidates;
-    a candidate claimed by several targets goes to the target of lowest cost for it. Returns (C,) long: the
-    matched target of each candidate, -1 where none.
+    a candidate claimed by several targets goes to the target of lowest cost for it. A pair of infinite cost is never
+    matched (a target and a candidate of different images, when one matrix holds a whole batch). Returns (C,) long:
+    the matched target of each candidate, -1 where none.
     """
     t, c = iou.shape
     if t == 0 or c == 0:
         return torch.full((c,), -1, dtype=torch.long, device=iou.device)
     k = iou.topk(min(n_top, c), dim=1).values.sum(1).int().clamp(min=1)
-    idx = cost.topk(int(k.max()), dim=1, largest=False).indices
-    take = torch.arange(idx.shape[1], device=idx.device)[None] < k[:, None]
-    claims = torch.zeros_like(cost, dtype=torch.bool).scatter_(1, idx, take)
+    # k <= n_top (a sum of n_top IoUs, each <= 1): the n_top cheapest, so that no k is read back from the device
+    cheapest = cost.topk(min(n_top, c), dim=1, largest=False)
+    take = (torch.arange(cheapest.indices.shape[1], device=iou.device)[None] < k[:, None]) & cheapest.values.isfinite()
+    claims = torch.zeros_like(cost, dtype=torch.bool).scatter_(1, cheapest.indices, take)
     n_claims = claims.sum(0)
     # as official, a contested candidate goes to the cheapest target overall, which is almost always a claimant
     owner = torch.where(n_claims > 1, cost.argmin(0), claims.to(torch.uint8).argmax(0))
@@ -46,32 +50,28 @@ class OTADetectionLoss(V5DetectionLoss):
     hyp_file = "hyp.v7.yaml"  # YOLOv7's (yolov7-tiny's own file is named by its YAML, and found by its layers)
 
     def assign(self, preds, targets):
+        """The v5 candidates matched to the targets of their image, all images in one (targets x candidates) matrix
+        whose pairs across images cost infinity: a loop over images would read each image's counts back from the
+        device."""
         candidates = super().assign(preds, targets)
         if not len(targets):
             return candidates
-        device = targets.device
-        strides = self.head.stride.detach().to(device=device, dtype=torch.float32)
-        boxes, probs = self._candidate_boxes(preds, candidates, strides)
+        boxes, probs = self._candidate_boxes(preds, candidates)
         ny, nx = preds[0].shape[2:4]
-        img_wh = torch.tensor([nx, ny, nx, ny], device=device, dtype=torch.float32) * strides[0]
-        txyxy = xywh2xyxy(targets[:, 2:6].float() * img_wh)
+        w, h = nx * self.strides[0], ny * self.strides[0]
+        txyxy = xywh2xyxy(torch.stack((targets[:, 2] * w, targets[:, 3] * h, targets[:, 4] * w, targets[:, 5] * h), 1))
         cand_b = torch.cat([c.b for c in candidates])
-        matched = torch.full_like(cand_b, -1)
-        for bi in cand_b.unique():
-            ci = (cand_b == bi).nonzero().squeeze(1)
-            ti = (targets[:, 0].long() == bi).nonzero().squeeze(1)
-            iou = box_iou(txyxy[ti], boxes[ci])
-            cost = _class_cost(probs[ci], targets[ti, 1].long()) - 3.0 * torch.log(iou + 1e-8)
-            m = dynamic_k_match(iou, cost)
-            keep = m >= 0
-            matched[ci[keep]] = ti[m[keep]]
+        apart = targets[:, 0].long()[:, None] != cand_b[None]
+        iou = box_iou(txyxy, boxes).masked_fill(apart, 0.0)
+        cost = _class_cost(probs, targets[:, 1].long()) - 3.0 * torch.log(iou + 1e-8)
+        matched = dynamic_k_match(iou, cost.masked_fill(apart, math.inf))
         return self._select(preds, candidates, matched, targets)
 
     @torch.no_grad()
-    def _candidate_boxes(self, preds, candidates, strides):
+    def _candidate_boxes(self, preds, candidates):
         """Decoded xyxy pixel boxes (C, 4) and class probabilities (C, nc) of all candidates, levels concatenated."""
         boxes, probs = [], []
-        for pi, t, s in zip(preds, candidates, strides):
+        for pi, t, s in zip(preds, candidates, self.strides):
             ps = pi[t.b, t.a, t.gj, t.gi].detach().float()
             xywh = decode_anchor_box(ps, t.anchors)
             xywh[:, :2] += torch.stack((t.gi, t.gj), 1)
@@ -81,18 +81,23 @@ class OTADetectionLoss(V5DetectionLoss):
 
     @staticmethod
     def _select(preds, candidates, matched, targets):
-        """Keep the matched candidates, with box and class taken from the target each was matched to."""
-        out, start = [], 0
-        for pi, t in zip(preds, candidates):
-            m = matched[start : start + len(t.b)]
-            start += len(t.b)
-            keep = m >= 0
-            row = m[keep]
+        """Keep the matched candidates, with box and class taken from the target each was matched to. The kept
+        candidates are found by one stable sort (kept first, in order, so level by level) and the levels' kept
+        counts, the one value read back here."""
+        keep = matched >= 0
+        sizes = [len(t.b) for t in candidates]
+        kept = torch.stack([k.sum() for k in keep.split(sizes)]).tolist()
+        order = torch.argsort((~keep).to(torch.uint8), stable=True)
+        out, start, offset = [], 0, 0
+        for pi, t, size, n in zip(preds, candidates, sizes, kept):
+            pick = order[start : start + n]
+            row = matched[pick]
+            pick = pick - offset
+            start, offset = start + n, offset + size
             ny, nx = pi.shape[2:4]
-            size = torch.tensor([nx, ny], device=targets.device, dtype=torch.float32)
-            gi, gj = t.gi[keep], t.gj[keep]
-            gxy = targets[row, 2:4].float() * size - torch.stack((gi, gj), 1)
-            tbox = torch.cat((gxy, targets[row, 4:6].float() * size), 1)
-            out.append(AnchorTargets(t.b[keep], t.a[keep], gj, gi, tbox, t.anchors[keep],
+            gi, gj = t.gi[pick], t.gj[pick]
+            gxy = scale_xy(targets[row, 2:4].float(), nx, ny) - torch.stack((gi, gj), 1)
+            tbox = torch.cat((gxy, scale_xy(targets[row, 4:6].float(), nx, ny)), 1)
+            out.append(AnchorTargets(t.b[pick], t.a[pick], gj, gi, tbox, t.anchors[pick],
                                      targets[row, 1].long(), row))
         return out

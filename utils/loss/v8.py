@@ -1,5 +1,6 @@
 """YOLOv8 anchor-free detection criterion: task-aligned assignment, BCE classes, CIoU boxes and DFL."""
 
+from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
@@ -8,6 +9,8 @@ import torch.nn.functional as F
 from utils.loss.common import detection_head, pad_targets
 from utils.loss.tal import Assignment, TaskAlignedAssigner
 from utils.ops import bbox2dist, bbox_iou, dist2bbox, make_anchors
+
+GRIDS = 16  # input shapes whose anchors a criterion keeps
 
 
 def distribution_focal_loss(pred_dist, target):
@@ -31,10 +34,11 @@ class V8State(NamedTuple):
     pred_bboxes: torch.Tensor  # (B, A, 4) decoded xyxy
     anchor_points: torch.Tensor  # (A, 2)
     stride_tensor: torch.Tensor  # (A, 1)
-    imgsz: torch.Tensor  # (2,) image (h, w) in pixels
+    whwh: torch.Tensor  # (4,) image (w, h, w, h) in pixels
     assignment: Assignment  # boxes in pixels
     score_sum: torch.Tensor  # 0-d, max(sum of target scores, 1): the normaliser of every term
     gt_row: torch.Tensor  # (B, M) row of the batch targets behind each padded GT (-1 for padding)
+    fg: tuple  # (image, anchor) indices of the positives, (n,) long each, in `assignment.fg_mask` order
 
 
 class V8DetectionLoss:
@@ -57,6 +61,7 @@ class V8DetectionLoss:
         self.no = self.nc + 4 * self.reg_max
         self.box_gain, self.cls_gain, self.dfl_gain = hyp["box"], hyp["cls"], hyp["dfl"]
         self.assigner = TaskAlignedAssigner(topk=10, num_classes=self.nc, alpha=0.5, beta=6.0)
+        self.grids = OrderedDict()  # the last GRIDS input shapes' anchors (`grid`)
 
     def __call__(self, preds, batch):
         state = self.assign(preds, batch["targets"])
@@ -71,6 +76,23 @@ class V8DetectionLoss:
         dist = pred_distri.view(b, a, 4, self.reg_max).softmax(3).matmul(proj)
         return dist2bbox(dist, anchor_points, xywh=False)
 
+    def grid(self, feats):
+        """(anchor points (A, 2) and their strides (A, 1) as `make_anchors` gives them, the image's (w, h, w, h) in
+        pixels) for these feature maps, built once per input shape: building reads the head's strides back from
+        the device, and each new tensor of host values is a copy to it."""
+        key = (tuple(f.shape[2:] for f in feats), feats[0].dtype, feats[0].device)
+        if key in self.grids:
+            self.grids.move_to_end(key)
+            return self.grids[key]
+        strides = self.head.stride.detach().to(device=feats[0].device, dtype=torch.float32)
+        anchor_points, stride_tensor = make_anchors(feats, strides, 0.5)
+        h, w = feats[0].shape[2:]
+        whwh = torch.tensor([w, h, w, h], device=feats[0].device, dtype=torch.float32) * strides[0]
+        self.grids[key] = anchor_points, stride_tensor, whwh
+        if len(self.grids) > GRIDS:  # multi-scale training and rectangular validation batches vary the shape
+            self.grids.popitem(last=False)
+        return self.grids[key]
+
     def assign(self, feats, targets):
         bs = feats[0].shape[0]
         if feats[0].shape[1] != self.no:
@@ -80,34 +102,33 @@ class V8DetectionLoss:
         # permuted view neighbouring bins lie a whole row of anchors apart
         x = torch.cat([f.view(bs, self.no, -1) for f in feats], 2).permute(0, 2, 1).contiguous()
         pred_distri, pred_scores = x.split((4 * self.reg_max, self.nc), 2)
-        strides = self.head.stride.detach().to(device=x.device, dtype=torch.float32)
-        anchor_points, stride_tensor = make_anchors(feats, strides, 0.5)
-        imgsz = torch.tensor(feats[0].shape[2:], device=x.device, dtype=torch.float32) * strides[0]
-        labels, gt_bboxes, valid, gt_row = pad_targets(targets.float(), bs, imgsz[[1, 0, 1, 0]])
+        anchor_points, stride_tensor, whwh = self.grid(feats)
+        labels, gt_bboxes, valid, gt_row = pad_targets(targets.float(), bs, whwh)
         pred_bboxes = self.decode(anchor_points, pred_distri)
         assignment = self.assigner(pred_scores.detach().sigmoid(),
                                    (pred_bboxes.detach() * stride_tensor).to(gt_bboxes.dtype),
                                    anchor_points * stride_tensor, labels, gt_bboxes, valid)
         score_sum = assignment.scores.sum().clamp(min=1)
-        return V8State(pred_distri, pred_scores, pred_bboxes, anchor_points, stride_tensor, imgsz, assignment,
-                       score_sum, gt_row)
+        # the positives' indices once, for every term (detection, masks, keypoints): each boolean-mask index would
+        # wait for the device again
+        fg = assignment.fg_mask.nonzero(as_tuple=True)
+        return V8State(pred_distri, pred_scores, pred_bboxes, anchor_points, stride_tensor, whwh, assignment,
+                       score_sum, gt_row, fg)
 
     def detection_terms(self, s):
-        """Weighted (box, cls, dfl) terms of one forward pass."""
+        """Weighted (box, cls, dfl) terms of one forward pass. Without positives the box and DFL terms are sums over
+        none: zero, with a zero gradient for the box branch, which keeps it in the graph (DDP waits for every
+        parameter's gradient)."""
         a = s.assignment
         lcls = F.binary_cross_entropy_with_logits(s.pred_scores, a.scores.to(s.pred_scores.dtype),
                                                   reduction="none").sum() / s.score_sum
-        fg = a.fg_mask
-        if fg.any():
-            target_bboxes = a.bboxes / s.stride_tensor
-            weight = a.scores.sum(-1)[fg]
-            iou = bbox_iou(s.pred_bboxes[fg], target_bboxes[fg], xywh=False, CIoU=True).squeeze(-1)
-            lbox = ((1.0 - iou) * weight).sum() / s.score_sum
-            ltrb = bbox2dist(s.anchor_points, target_bboxes, self.reg_max - 1)[fg]
-            dfl = distribution_focal_loss(s.pred_distri[fg].reshape(-1, self.reg_max), ltrb.reshape(-1))
-            ldfl = (dfl.view(-1, 4).mean(1) * weight).sum() / s.score_sum
-        else:
-            # No positives: keep the box branch in the graph (zero gradient) so DDP never waits for it.
-            lbox = (s.pred_distri * 0).sum()
-            ldfl = lbox.detach().clone()
+        b, i = s.fg
+        stride = s.stride_tensor[i]
+        target_bboxes = a.bboxes[b, i] / stride
+        weight = a.scores.sum(-1)[b, i]
+        iou = bbox_iou(s.pred_bboxes[b, i], target_bboxes, xywh=False, CIoU=True).squeeze(-1)
+        lbox = ((1.0 - iou) * weight).sum() / s.score_sum
+        ltrb = bbox2dist(s.anchor_points[i], target_bboxes, self.reg_max - 1)
+        dfl = distribution_focal_loss(s.pred_distri[b, i].reshape(-1, self.reg_max), ltrb.reshape(-1))
+        ldfl = (dfl.view(-1, 4).mean(1) * weight).sum() / s.score_sum
         return lbox * self.box_gain, lcls * self.cls_gain, ldfl * self.dfl_gain

@@ -54,18 +54,20 @@ class V8PoseLoss(V8DetectionLoss):
     def keypoint_terms(self, s, kpt, keypoints):
         """(location, visibility) losses, unweighted; zero-weight terms keep the keypoint branch in the graph (DDP)."""
         zero = (kpt * 0).sum()
-        fg = s.assignment.fg_mask
-        if not fg.any():
+        b, i = s.fg
+        if not len(b):  # a shape, known on the host; the means below would be over nothing
             return zero, zero.detach().clone()
-        pred = self.decode_keypoints(s.anchor_points, kpt)[fg]
-        rows = s.gt_row.gather(1, s.assignment.gt_idx)[fg]
-        stride = s.stride_tensor.view(1, -1).expand_as(fg)[fg].view(-1, 1)  # (n, 1): each positive's level
+        if self.sigmas.device != kpt.device:  # moved once: a copy from the host each step would wait for the device
+            self.sigmas = self.sigmas.to(kpt.device)
+        pred = self.decode_keypoints(s.anchor_points, kpt)[b, i]
+        rows = s.gt_row.gather(1, s.assignment.gt_idx)[b, i]
+        stride = s.stride_tensor[i]  # (n, 1): each positive's level
         gt = keypoints[rows].to(pred.dtype).clone()
-        gt[..., :2] *= s.imgsz[[1, 0]] / stride.view(-1, 1, 1)  # normalised -> grid units
-        boxes = s.assignment.bboxes[fg] / stride
+        gt[..., :2] *= s.whwh[:2] / stride.view(-1, 1, 1)  # normalised -> grid units
+        boxes = s.assignment.bboxes[b, i] / stride
         area = ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).unsqueeze(1)
         visible = gt[..., 2] != 0
-        lpose = keypoint_location_loss(pred, gt, visible, area, self.sigmas.to(pred.device)) + zero
+        lpose = keypoint_location_loss(pred, gt, visible, area, self.sigmas) + zero
         if self.kpt_shape[1] == 3:
             lkobj = F.binary_cross_entropy_with_logits(pred[..., 2], visible.to(pred.dtype))
         else:

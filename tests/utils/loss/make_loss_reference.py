@@ -60,6 +60,16 @@ def batch(name):
     return out
 
 
+def load():
+    """The stored reference: {case: {preds, batch, loss, items, grads}}, a case per criterion, and `<name>-no-overlap`
+    for the segmentation ones with per-target masks."""
+    return torch.load(OUT, weights_only=True)
+
+
+def case_names():
+    return [*CASES, *(f"{name}-no-overlap" for name in CASES if "seg" in name)]
+
+
 def evaluate(criterion, preds, data):
     """(loss, items, gradient of the loss with respect to every output tensor) from fresh leaf copies of `preds`."""
     leaves = tree_map(lambda t: t.detach().clone().requires_grad_(), preds)
