@@ -384,9 +384,10 @@ class BaseTrainer:
         with self.profile("plots_logs"):
             mem = f"{memory_used(self.device):.3g}GiB"  # GPU memory reserved, or this process's RSS
             n_inst = len(batch["targets"]) if "targets" in batch else len(batch["img"])
+            losses = self.state.mean_losses.tolist()  # one read from the device (one per value formatted from it)
             bar.set_description(
                 ("%11s" * 2 + "%11.4g" * (2 + len(self.criterion.loss_names)))
-                % (f"{epoch + 1}/{self.epochs}", mem, *self.state.mean_losses, n_inst, batch["img"].shape[-1])
+                % (f"{epoch + 1}/{self.epochs}", mem, *losses, n_inst, batch["img"].shape[-1])
             )
             if not self.opt.noplots:
                 self.plot_training_batch(batch, step)
@@ -519,10 +520,11 @@ class BaseTrainer:
 
 def labels_to(batch, device):
     """`batch` with every tensor besides the images (targets, masks, keypoints, cls: whatever the label format's
-    collate added) on `device`, as the loader made it."""
+    collate added) on `device`, as the loader made it. The copies do not block: from the loader's pinned memory they
+    run behind the host, which would otherwise wait for the device's queued work at each."""
     for k, v in batch.items():
         if k not in ("img", "hsv") and isinstance(v, torch.Tensor):
-            batch[k] = v.to(device)
+            batch[k] = v.to(device, non_blocking=True)
     return batch
 
 

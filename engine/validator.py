@@ -179,7 +179,7 @@ class BaseValidator:
         batch["img"] = batch["img"].contiguous(memory_format=memory_format(device))  # the layout the model has
         for k in ("masks", "cls"):
             if k in batch:
-                batch[k] = batch[k].to(device)
+                batch[k] = batch[k].to(device, non_blocking=True)
         return batch
 
     # ---------------------------------------------------------------- data

@@ -119,7 +119,7 @@ class ClassificationValidator(BaseValidator):
     def preprocess(self, batch, device, half):
         batch["img"] = batch["img"].to(device, non_blocking=True)
         batch["img"] = batch["img"].half() if half else batch["img"].float()
-        batch["cls"] = batch["cls"].to(device)
+        batch["cls"] = batch["cls"].to(device, non_blocking=True)
         return batch
 
     def description(self):
