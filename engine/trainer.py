@@ -129,7 +129,9 @@ class BaseTrainer:
         """Optional: save an image of the first training batches."""
 
     def train_sampler(self):
-        """Optional: a sampler for the training loader (--image-weights); None for the default shuffle/DDP split."""
+        """Optional: a sampler for the training loader (--image-weights); None for the default shuffle/DDP split.
+        Like those, it has `set_epoch(epoch, skip)`, `epoch` and `reads_validation` (whether an epoch's order depends
+        on the validation before it)."""
 
     def fit_model_to_data(self):
         """Optional: adapt the model to the training set before training starts (AutoAnchor). Every rank calls it."""
@@ -285,6 +287,7 @@ class BaseTrainer:
         self.log_banner()
         with self.profile("setup"):
             self._setup()
+            self.load_ahead(self.state.epoch, self.state.batch)
         self.run_callbacks("on_pretrain_routine_end")
         self.run_callbacks("on_train_start")
         if self.is_main:
@@ -293,18 +296,24 @@ class BaseTrainer:
                         f"per rank x {self.world_size} ranks; accumulate {self.schedule.accumulate}")
         t0, first = time.time(), self.state.epoch
         with self.stop_requests:
-            for epoch in range(first, self.epochs):
-                with self.profile("train_loop"):
-                    done = self.train_epoch(epoch)
-                self.log_peak_memory(f"training epoch {epoch + 1}")
-                if done:
-                    self.interrupted(epoch, done)
-                stop = self.end_epoch(epoch)
-                # every rank must leave the loop together, or the ones that stay block forever in the next collective
-                if du.broadcast_object(stop):
-                    break
-                if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
-                    self.interrupted(epoch + 1, 0)
+            try:
+                for epoch in range(first, self.epochs):
+                    with self.profile("train_loop"):
+                        done = self.train_epoch(epoch)
+                    self.log_peak_memory(f"training epoch {epoch + 1}")
+                    if done:
+                        self.interrupted(epoch, done)
+                    if not self.train_loader.sampler.reads_validation:  # --image-weights: its order waits for it
+                        self.load_ahead(epoch + 1)
+                    stop = self.end_epoch(epoch)
+                    # every rank must leave the loop together, or the ones that stay block forever in the next
+                    # collective
+                    if du.broadcast_object(stop):
+                        break
+                    if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
+                        self.interrupted(epoch + 1, 0)
+            finally:
+                self.train_loader.stop_loading()  # an epoch loaded ahead that will not run
         if self.is_main:
             LOGGER.info(f"{plural(epoch - first + 1, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} hours.")
         self.final_eval()
@@ -349,16 +358,31 @@ class BaseTrainer:
         self.scheduler.step()
 
     def _start_epoch(self, epoch, start):
-        """Train mode, mosaic closed for the last epochs, the loader set to the epoch, the running mean reset."""
+        """Train mode, the epoch's data (the loader goes on with what `load_ahead` started), the running mean
+        reset."""
         self.train_model.train()
+        self._epoch_data(epoch, start)
+        if not start:
+            self.state.mean_losses = torch.zeros(len(self.criterion.loss_names), device=self.device)
+
+    def _epoch_data(self, epoch, start=0):
+        """Mosaic closed for the last epochs; the loader set to the epoch from batch `start` on: the order, the
+        augmentations and the worker seeds of the epoch, from (seed, epoch, rank) alone."""
         if self.schedule.mosaic_closed(epoch) and getattr(self.train_set, "mosaic", False):
             LOGGER.info(f"Closing mosaic from epoch {epoch + 1}/{self.epochs} on (close_mosaic: "
                         f"{self.schedule.close_mosaic} epochs)")
             self.train_set.close_mosaic()
-        # the order, the augmentations and the worker seeds of this epoch, from (seed, epoch, rank) alone
         set_loader_epoch(self.train_loader, epoch, start)
-        if not start:
-            self.state.mean_losses = torch.zeros(len(self.criterion.loss_names), device=self.device)
+
+    def load_ahead(self, epoch, start=0):
+        """Set up `epoch`'s data from batch `start` and start loading it now, so that its workers start and each
+        loads a group while the loop does other work: the listeners' start (label plots, the model's graph) before the
+        first epoch, the validation and checkpoints before the others. Otherwise the epoch's first batch waits for new
+        workers to load a whole group (utils/data/loader.GroupedLoader). The batches are the same: they depend on
+        (seed, epoch, rank) alone. Not after the last epoch, nor without workers (nothing would run beside the loop)."""
+        if epoch < self.epochs and self.train_loader.num_workers:
+            self._epoch_data(epoch, start)
+            self.train_loader.load_ahead()
 
     def _step(self, epoch, done, step):
         """The optimizer step after `done` batches of `epoch`; then last.pt if due. Returns whether to stop (a stop

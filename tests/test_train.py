@@ -260,6 +260,25 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
     assert type(trainer.model.model[-1]) is Detect and not trainer.opt.train_checkpoint_model
 
 
+def test_epochs_loaded_ahead_train_as_loaded_at_their_start(shapes_detect, tmp_path, monkeypatch):
+    """With workers, each epoch's loading starts before the listeners' start (epoch 0) or the previous epoch's
+    validation (GroupedLoader.load_ahead), and the epoch goes on with it; the run trains as one without workers."""
+    from utils.data.loader import GroupedLoader
+
+    started, dropped = [], []
+    load_ahead, stop_loading = GroupedLoader.load_ahead, GroupedLoader.stop_loading
+    monkeypatch.setattr(GroupedLoader, "load_ahead", lambda self: started.append(self.position) or load_ahead(self))
+    monkeypatch.setattr(GroupedLoader, "stop_loading",
+                        lambda self: dropped.append(self.ahead is not None) or stop_loading(self))
+    args = ["--cfg", "yolov5n.yaml", "--seed", "3", "--deterministic", "--noplots"]
+    ahead, _ = train.main(train.parse_opt(_train_args(shapes_detect, tmp_path / "w", *args, "--workers", "2")))
+    assert ahead.train_loader.num_workers == 2
+    assert started == [(0, 0), (1, 0)] and not any(dropped)  # both epochs went on with what was started
+    at_start, _ = train.main(train.parse_opt(_train_args(shapes_detect, tmp_path / "0", *args)))
+    rows = [list(csv.DictReader(open(t.save_dir / "results.csv"))) for t in (ahead, at_start)]
+    assert len(rows[0]) == 2 and rows[0] == rows[1]
+
+
 def test_colour_left_to_the_device_trains_as_in_the_worker(shapes_detect, tmp_path, monkeypatch):
     """Training on a GPU the loader leaves the HSV colour to the device (YOLODataset device_hsv); forced here on the
     CPU, a run goes through the same trainer path (the tables in the batch, preprocess_batch applying them, the

@@ -203,6 +203,53 @@ def test_grouped_loader_leaves_out_a_last_single_image_batch(shapes_det, monkeyp
     assert [len(b["paths"]) for b in kept] == [5, 5, 5, 1] and len(kept) == 4
 
 
+class _Logged(Dataset):
+    """Each sample is (index, the augmentation epoch of the dataset copy that loaded it); every group's indices are
+    appended to a file when a worker takes it."""
+
+    def __init__(self, n, log):
+        self.n, self.log, self.rng = n, log, SampleRNG(0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitems__(self, indices):
+        with open(self.log, "a") as f:
+            f.write(" ".join(map(str, indices)) + "\n")
+        return [(i, self.rng.epoch) for i in indices]
+
+    def collate_fn(self, batch):
+        return batch
+
+
+def test_an_epoch_loaded_ahead_is_the_epoch_set(tmp_path, monkeypatch):
+    """`load_ahead` starts the workers on their first groups before the loop asks for a batch; setting the same
+    position again (the trainer does at the epoch's start) goes on with them, and the batches are those of a loader
+    that starts loading when iterated, with the dataset's epoch as it was set. Another position drops them."""
+    monkeypatch.setattr(loader_mod, "GROUP_IMAGES", 4)  # 16 images: 4 groups of 2 batches of 2
+
+    def epoch(loader, e):
+        set_loader_epoch(loader, e)
+        return list(loader)
+
+    ref = build_dataloader(_Logged(16, tmp_path / "ref.log"), 2, workers=0, shuffle=True, seed=1)
+    want = {e: epoch(ref, e) for e in (3, 5)}
+    log = tmp_path / "groups.log"
+    loader = build_dataloader(_Logged(16, log), 2, workers=2, shuffle=True, seed=1)
+    set_loader_epoch(loader, 3)
+    loader.load_ahead()
+    for _ in range(600):  # both workers take a group at once, before anything is iterated
+        if log.exists() and len(log.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.1)
+    assert len(log.read_text().splitlines()) >= 2
+    assert epoch(loader, 3) == want[3] and {e for b in want[3] for _, e in b} == {3}
+    assert len(log.read_text().splitlines()) == 4  # each group loaded once
+    set_loader_epoch(loader, 4)
+    loader.load_ahead()
+    assert epoch(loader, 5) == want[5] and loader.ahead is None
+
+
 @pytest.mark.parametrize("device, threads, local_procs, cores, expected", [
     ("cpu", 2, 1, 2, 0),  # torch's threads fill both cores: a worker would only slow the model step
     ("cpu", 1, 2, 2, 0),  # two CPU ranks of one thread each fill them too

@@ -36,6 +36,8 @@ class ImageWeightSampler(Sampler):
     only. `set_epoch` is a collective under DDP: every rank must call it, as the trainer does each epoch.
     """
 
+    reads_validation = True  # an epoch's weights come from the validation before it
+
     def __init__(self, labels_cls, nc, num_replicas=1, rank=-1, seed=0, maps_fn=None):
         self.counts = np.stack([np.bincount(c.reshape(-1).astype(int), minlength=nc)[:nc] for c in labels_cls])
         self.cw = class_weights(labels_cls, nc)

@@ -48,6 +48,8 @@ class SmartDistributedSampler(Sampler):
     training uses it too (one replica), for the same reasons.
     """
 
+    reads_validation = False  # an epoch's order is known before the validation of the one before it
+
     def __init__(self, dataset, num_replicas, rank, shuffle=True, seed=0):
         self.n = len(dataset)
         self.num_replicas, self.rank, self.shuffle, self.seed = num_replicas, rank, shuffle, seed
@@ -196,6 +198,8 @@ class GroupedLoader:
         self.loader = DataLoader(dataset, batch_sampler=_Groups(sampler, self.group_batches * batch_size),
                                  collate_fn=collate, **loader_kwargs)
         self.skip = 0  # batches of the first group done before a resume
+        self.position = None  # (epoch, batch) `start_at` set
+        self.ahead = None  # the DataLoader iterator `load_ahead` started there, which the next `iter` goes on with
 
     def __getattr__(self, name):  # dataset, generator, num_workers, persistent_workers: the DataLoader's
         if "loader" not in self.__dict__:  # copy and pickle look attributes up before __init__ has run
@@ -204,11 +208,26 @@ class GroupedLoader:
 
     def start_at(self, epoch, start_batch=0):
         """Epoch `epoch` from batch `start_batch`: from the start of the group that holds it, skipping the batches
-        of that group before it."""
+        of that group before it. Loading `load_ahead` started at this very position goes on; any other is dropped."""
+        if self.ahead is not None and self.position == (epoch, start_batch):
+            return
+        self.position = epoch, start_batch
         starts = group_starts(self.sampler.num_samples, self.group_batches * self.batch_size)
         first = max(a for a in starts if a <= start_batch * self.batch_size)
         self.sampler.set_epoch(epoch, skip=first)
         self.skip = start_batch - first // self.batch_size
+        self.stop_loading()
+
+    def load_ahead(self):
+        """Start loading at the position `start_at` set, now: the workers start and each takes a group, while the
+        caller does other work (the trainer validates). They receive the dataset as it is now; the next `iter` goes on
+        from here. Nothing runs ahead without workers."""
+        self.stop_loading()
+        self.ahead = iter(self.loader)
+
+    def stop_loading(self):
+        """Drop an iterator started ahead (its workers exit)."""
+        self.ahead = None
 
     def __len__(self):
         n = len(self.sampler)
@@ -218,7 +237,8 @@ class GroupedLoader:
         return itertools.islice(self._batches(), self.skip, None)
 
     def _batches(self):
-        for group in self.loader:
+        groups, self.ahead = iter(self.loader) if self.ahead is None else self.ahead, None
+        for group in groups:
             group.reverse()
             while group:  # a batch handed on is no longer held here: the group's memory goes as the loop trains
                 yield group.pop()
@@ -235,7 +255,8 @@ def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_
     Training loaders are GroupedLoaders over plain DataLoaders, not an 'infinite' one that keeps one iterator
     alive: that design reads the sampler before `set_epoch` takes effect, and so repeats the first epoch's order
     (yolov5 issue #6741). Training workers are not persistent: each epoch starts new ones, which receive the
-    dataset as it is then (its augmentation epoch, a closed mosaic); evaluation loaders keep theirs.
+    dataset as it is then (its augmentation epoch, a closed mosaic), the trainer before the previous epoch's
+    validation (`GroupedLoader.load_ahead`); evaluation loaders keep theirs.
     """
     train = shuffle
     if getattr(dataset, "rect", False) and shuffle:
