@@ -287,35 +287,22 @@ class BaseTrainer:
         self.log_banner()
         with self.profile("setup"):
             self._setup()
-            self.load_ahead(self.state.epoch, self.state.batch)
-        self.run_callbacks("on_pretrain_routine_end")
-        self.run_callbacks("on_train_start")
+        first = self.state.epoch
+        try:
+            self.load_ahead(first, self.state.batch)  # with workers it loads while the listeners start
+            self.run_callbacks("on_pretrain_routine_end")
+            self.run_callbacks("on_train_start")
+            if self.is_main:
+                LOGGER.info(f"Image sizes {self.opt.train_imgsz} train, {self.opt.train_imgsz} val; "
+                            f"{self.batches_per_epoch} batches of {self.batch_size} per rank x {self.world_size} "
+                            f"ranks; accumulate {self.schedule.accumulate}")
+            t0 = time.time()
+            with self.stop_requests:
+                last = self.epochs_from(first)
+        finally:
+            self.train_loader.stop_loading()  # an epoch loaded ahead that will not run: a stop, an error
         if self.is_main:
-            size = self.opt.train_imgsz
-            LOGGER.info(f"Image sizes {size} train, {size} val; {self.batches_per_epoch} batches of {self.batch_size} "
-                        f"per rank x {self.world_size} ranks; accumulate {self.schedule.accumulate}")
-        t0, first = time.time(), self.state.epoch
-        with self.stop_requests:
-            try:
-                for epoch in range(first, self.epochs):
-                    with self.profile("train_loop"):
-                        done = self.train_epoch(epoch)
-                    self.log_peak_memory(f"training epoch {epoch + 1}")
-                    if done:
-                        self.interrupted(epoch, done)
-                    if not self.train_loader.sampler.reads_validation:  # --image-weights: its order waits for it
-                        self.load_ahead(epoch + 1)
-                    stop = self.end_epoch(epoch)
-                    # every rank must leave the loop together, or the ones that stay block forever in the next
-                    # collective
-                    if du.broadcast_object(stop):
-                        break
-                    if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
-                        self.interrupted(epoch + 1, 0)
-            finally:
-                self.train_loader.stop_loading()  # an epoch loaded ahead that will not run
-        if self.is_main:
-            LOGGER.info(f"{plural(epoch - first + 1, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} hours.")
+            LOGGER.info(f"{plural(last - first + 1, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} hours.")
         self.final_eval()
         if self.is_main:
             forget_run_dir()
@@ -323,6 +310,25 @@ class BaseTrainer:
         self.run_callbacks("on_train_end")
         self.profile.report(self.save_dir)
         return self.state.metrics
+
+    def epochs_from(self, first):
+        """Train, validate and save epoch after epoch from `first`, until the last, a stop decision or a stop request
+        (which raises Interrupted). Returns the last epoch run."""
+        for epoch in range(first, self.epochs):
+            with self.profile("train_loop"):
+                done = self.train_epoch(epoch)
+            self.log_peak_memory(f"training epoch {epoch + 1}")
+            if done:
+                self.interrupted(epoch, done)
+            if not self.train_loader.sampler.reads_validation:  # --image-weights: its order waits for it
+                self.load_ahead(epoch + 1)
+            stop = self.end_epoch(epoch)
+            # every rank must leave the loop together, or the ones that stay block forever in the next collective
+            if du.broadcast_object(stop):
+                break
+            if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
+                self.interrupted(epoch + 1, 0)
+        return epoch
 
     def train_epoch(self, epoch):
         """Epoch `epoch`, from batch `state.batch` (a run resumed inside it). Returns None, or the batches done when
