@@ -74,3 +74,26 @@ def test_ota_loss_layout():
     loss, items = OTADetectionLoss(model, HYP_V5, imgsz=64)(model(batch["img"]), batch)
     assert OTADetectionLoss.loss_names == ("box", "obj", "cls")
     assert torch.allclose(loss, items.sum() * 2) and (items > 0).all()
+
+
+def test_one_matrix_for_a_batch_matches_image_by_image():
+    """OTA matches a whole batch in one (targets x candidates) matrix whose pairs across images cost infinity; that
+    gives each image the matching of its own matrix, also for an image whose targets have no candidate (k is then
+    at least 1, but no candidate of another image may be taken) and one with candidates but no target."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        targets_per_image = torch.randint(0, 4, (3,), generator=g).tolist()
+        candidates_per_image = [torch.randint(0, 14, (), generator=g).item() if n else 3 for n in targets_per_image]
+        candidates_per_image[torch.randint(0, 3, (), generator=g).item()] = 0
+        tb = torch.repeat_interleave(torch.arange(3), torch.tensor(targets_per_image))
+        cb = torch.repeat_interleave(torch.arange(3), torch.tensor(candidates_per_image))
+        iou = torch.rand(len(tb), len(cb), generator=g)
+        cost = torch.rand(len(tb), len(cb), generator=g) * 10
+        apart = tb[:, None] != cb[None]
+        got = dynamic_k_match(iou.masked_fill(apart, 0.0), cost.masked_fill(apart, float("inf")))
+        want = torch.full((len(cb),), -1)
+        for i in range(3):
+            ti, ci = (tb == i).nonzero().flatten(), (cb == i).nonzero().flatten()
+            m = dynamic_k_match(iou[ti][:, ci], cost[ti][:, ci])
+            want[ci[m >= 0]] = ti[m[m >= 0]]
+        assert got.tolist() == want.tolist()
