@@ -27,7 +27,7 @@ def smooth_labels(eps):
 
 def bce(logits, target, pos_weight=1.0, gamma=0.0, alpha=0.25):
     """Mean BCE-with-logits with a positive-class weight, turned into the focal loss when gamma > 0."""
-    pw = None if pos_weight == 1.0 else torch.tensor(pos_weight, device=logits.device, dtype=logits.dtype)
+    pw = None if pos_weight == 1.0 else logits.new_full((), pos_weight)  # filled on the device, not copied to it
     loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=pw, reduction="none")
     if gamma > 0:
         p = logits.sigmoid()

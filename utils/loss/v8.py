@@ -61,6 +61,7 @@ class V8DetectionLoss:
         self.no = self.nc + 4 * self.reg_max
         self.box_gain, self.cls_gain, self.dfl_gain = hyp["box"], hyp["cls"], hyp["dfl"]
         self.assigner = TaskAlignedAssigner(topk=10, num_classes=self.nc, alpha=0.5, beta=6.0)
+        self.strides = self.head.stride.tolist()  # host numbers: read from a device tensor, each would wait for it
         self.grids = OrderedDict()  # the last GRIDS input shapes' anchors (`grid`)
 
     def __call__(self, preds, batch):
@@ -78,16 +79,15 @@ class V8DetectionLoss:
 
     def grid(self, feats):
         """(anchor points (A, 2) and their strides (A, 1) as `make_anchors` gives them, the image's (w, h, w, h) in
-        pixels) for these feature maps, built once per input shape: building reads the head's strides back from
-        the device, and each new tensor of host values is a copy to it."""
+        pixels) for these feature maps, built once per input shape: the pixel size is a tensor of host values, a copy
+        to the device that waits for it."""
         key = (tuple(f.shape[2:] for f in feats), feats[0].dtype, feats[0].device)
         if key in self.grids:
             self.grids.move_to_end(key)
             return self.grids[key]
-        strides = self.head.stride.detach().to(device=feats[0].device, dtype=torch.float32)
-        anchor_points, stride_tensor = make_anchors(feats, strides, 0.5)
-        h, w = feats[0].shape[2:]
-        whwh = torch.tensor([w, h, w, h], device=feats[0].device, dtype=torch.float32) * strides[0]
+        anchor_points, stride_tensor = make_anchors(feats, self.strides, 0.5)
+        h, w = (n * self.strides[0] for n in feats[0].shape[2:])
+        whwh = torch.tensor([w, h, w, h], device=feats[0].device, dtype=torch.float32)
         self.grids[key] = anchor_points, stride_tensor, whwh
         if len(self.grids) > GRIDS:  # multi-scale training and rectangular validation batches vary the shape
             self.grids.popitem(last=False)
