@@ -39,6 +39,34 @@ def _class_cost(prob, labels, eps=1e-12):
     return -log_q.sum(1)[None] - (log_p - log_q)[:, labels].T
 
 
+# the most (target, candidate) pairs matched at once: the matrices of a crowded batch of 64 (mosaics of about 30
+# targets, some 10 candidates each) would hold 36 M pairs, each in about 8 tensors
+MAX_PAIRS = 2**24
+
+
+def image_blocks(target_b, cand_b, batch_size, max_pairs=None):
+    """[(target indices, candidate indices)], (n,) long each, of blocks of whole images whose targets x candidates
+    matrix has at most `max_pairs` (MAX_PAIRS) pairs, or one image's where that alone has more. A batch within the
+    limit is one block, found from the shapes alone; only a larger one reads its images' counts from the device."""
+    max_pairs = MAX_PAIRS if max_pairs is None else max_pairs
+    device = cand_b.device
+    t, c = len(target_b), len(cand_b)
+    if t * c <= max_pairs:
+        return [(torch.arange(t, device=device), torch.arange(c, device=device))]
+    images = torch.arange(batch_size, device=device)[:, None]
+    n_t, n_c = torch.stack(((target_b[None] == images).sum(1), (cand_b[None] == images).sum(1))).tolist()
+    by_t, by_c = torch.argsort(target_b, stable=True), torch.argsort(cand_b, stable=True)
+    bounds, t0, c0, t1, c1 = [], 0, 0, 0, 0  # the block [t0, t1) x [c0, c1) in image order
+    for nt, nc in zip(n_t, n_c):
+        if t1 > t0 and (t1 + nt - t0) * (c1 + nc - c0) > max_pairs:  # the block ends before this image
+            bounds.append((t0, t1, c0, c1))
+            t0, c0 = t1, c1
+        t1, c1 = t1 + nt, c1 + nc
+    bounds.append((t0, t1, c0, c1))
+    # an image's candidates come from its targets: a block without candidates has nothing to match
+    return [(by_t[a:b], by_c[c:d]) for a, b, c, d in bounds if d > c]
+
+
 class OTADetectionLoss(V5DetectionLoss):
     """v5 loss terms (CIoU box, IoU-target objectness, BCE class) over OTA-assigned positives.
 
@@ -50,9 +78,9 @@ class OTADetectionLoss(V5DetectionLoss):
     hyp_file = "hyp.v7.yaml"  # YOLOv7's (yolov7-tiny's own file is named by its YAML, and found by its layers)
 
     def assign(self, preds, targets):
-        """The v5 candidates matched to the targets of their image, all images in one (targets x candidates) matrix
+        """The v5 candidates matched to the targets of their image, many images in one (targets x candidates) matrix
         whose pairs across images cost infinity: a loop over images would read each image's counts back from the
-        device."""
+        device. A batch whose matrix would exceed MAX_PAIRS is matched in blocks of whole images (`image_blocks`)."""
         candidates = super().assign(preds, targets)
         if not len(targets):
             return candidates
@@ -61,10 +89,14 @@ class OTADetectionLoss(V5DetectionLoss):
         w, h = nx * self.strides[0], ny * self.strides[0]
         txyxy = xywh2xyxy(torch.stack((targets[:, 2] * w, targets[:, 3] * h, targets[:, 4] * w, targets[:, 5] * h), 1))
         cand_b = torch.cat([c.b for c in candidates])
-        apart = targets[:, 0].long()[:, None] != cand_b[None]
-        iou = box_iou(txyxy, boxes).masked_fill(apart, 0.0)
-        cost = _class_cost(probs, targets[:, 1].long()) - 3.0 * torch.log(iou + 1e-8)
-        matched = dynamic_k_match(iou, cost.masked_fill(apart, math.inf))
+        target_b = targets[:, 0].long()
+        matched = torch.full_like(cand_b, -1)
+        for ti, ci in image_blocks(target_b, cand_b, preds[0].shape[0]):
+            apart = target_b[ti, None] != cand_b[None, ci]
+            iou = box_iou(txyxy[ti], boxes[ci]).masked_fill(apart, 0.0)
+            cost = _class_cost(probs[ci], targets[ti, 1].long()) - 3.0 * torch.log(iou + 1e-8)
+            m = dynamic_k_match(iou, cost.masked_fill(apart, math.inf))
+            matched[ci] = torch.where(m >= 0, ti[m.clamp(min=0)], m)
         return self._select(preds, candidates, matched, targets)
 
     @torch.no_grad()

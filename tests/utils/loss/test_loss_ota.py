@@ -1,9 +1,10 @@
 import torch
 import torch.nn.functional as F
 from loss_fakes import HYP_V5, det_batch, fake_model
+from make_loss_reference import evaluate
 
 from utils.loss import OTADetectionLoss, V5DetectionLoss
-from utils.loss.v7_ota import _class_cost, dynamic_k_match
+from utils.loss.v7_ota import _class_cost, dynamic_k_match, image_blocks
 
 
 def test_dynamic_k_hand_case():
@@ -97,3 +98,42 @@ def test_one_matrix_for_a_batch_matches_image_by_image():
             m = dynamic_k_match(iou[ti][:, ci], cost[ti][:, ci])
             want[ci[m >= 0]] = ti[m[m >= 0]]
         assert got.tolist() == want.tolist()
+
+
+def test_image_blocks_hold_whole_images_within_the_pair_limit():
+    """Blocks of whole images, each within max_pairs unless one image alone is over it, every candidate in exactly
+    one block with every target of its image; a batch within the limit is one block."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(30):
+        bs = int(torch.randint(1, 7, (), generator=g))
+        target_b = torch.randint(0, bs, (int(torch.randint(1, 15, (), generator=g)),), generator=g)
+        per_target = torch.randint(0, 5, (len(target_b),), generator=g)  # candidates come from targets
+        cand_b = torch.repeat_interleave(target_b, per_target)[torch.randperm(int(per_target.sum()), generator=g)]
+        limit = int(torch.randint(1, 60, (), generator=g))
+        blocks = image_blocks(target_b, cand_b, bs, limit)
+        seen = torch.cat([ci for _, ci in blocks]) if blocks else torch.zeros(0, dtype=torch.long)
+        assert sorted(seen.tolist()) == list(range(len(cand_b)))
+        for ti, ci in blocks:
+            images = set(target_b[ti].tolist())
+            assert set(cand_b[ci].tolist()) <= images
+            assert sorted(ti.tolist()) == [i for i, b in enumerate(target_b.tolist()) if b in images]
+            assert len(ti) * len(ci) <= limit or len(images) == 1
+        if len(target_b) * len(cand_b) <= limit:
+            assert len(blocks) == 1
+
+
+def test_blocks_of_images_match_as_one_matrix(criteria, reference, monkeypatch):
+    """The reference batch's OTA loss and gradients with the batch matched one image per block equal those of one
+    matrix (and so the per-image matching of the criteria before it, test_loss_reference.py)."""
+    import utils.loss.v7_ota as ota
+
+    ref = reference["ota"]
+    seen = []
+    blocks = ota.image_blocks
+    monkeypatch.setattr(ota, "image_blocks", lambda *a: seen.append(len(blocks(*a, 1))) or blocks(*a, 1))
+    loss, items, grads = evaluate(criteria["ota"], ref["preds"], ref["batch"])
+    assert seen == [3]  # the reference batch's three images with targets, one block each
+    torch.testing.assert_close(loss, ref["loss"], rtol=1e-6, atol=0)
+    torch.testing.assert_close(items, ref["items"], rtol=1e-6, atol=0)
+    for got, want in zip(grads, ref["grads"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
