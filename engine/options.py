@@ -9,7 +9,12 @@ other option given with --resume is refused, since it would change the run.
 """
 
 import dataclasses
+import typing
+from types import SimpleNamespace
 from typing import Optional
+
+from utils.cli import OPTION_CHOICES, check_options
+from utils.errors import BadCheckpoint, BadOption
 
 
 def _resume(rule):
@@ -24,6 +29,21 @@ def _planned():
     """Not an option: what `engine/resume.plan_run` decides from the options given, kept in the run's options (and
     so in its checkpoints, where --resume reads it back)."""
     return dataclasses.field(default=False, metadata={"planned": True})
+
+
+def _conforms(v, hint):
+    """Whether `v` is a value of the type `hint` (str, int, float, bool, Optional[...], list[...], object), bools being
+    no numbers."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is object:
+        return True
+    if origin is typing.Union:
+        return any(_conforms(v, a) for a in args)
+    if origin is list:
+        return isinstance(v, list) and all(_conforms(x, args[0]) for x in v)
+    if hint in (int, float):
+        return isinstance(v, (int, float) if hint is float else int) and not isinstance(v, bool)
+    return isinstance(v, hint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,15 +76,15 @@ class TrainOptions:
     seed: int
     deterministic: bool
     amp: str
-    freeze: list
+    freeze: list[int]
     multi_scale: bool
     label_smoothing: Optional[float]
     profile: bool = _resume("launch")
-    loggers: list = _resume("given")  # names in utils.loggers.LOGGERS: results.csv, TensorBoard, trackers
+    loggers: list[str] = _resume("given")  # names in utils.loggers.LOGGERS: results.csv, TensorBoard, trackers
     log_model: bool = _resume("given")  # trackers receive best.pt at the end
     local_rank: int = _resume("given")
     # the user's block files: this launch's only, never the checkpoint's (a checkpoint names no file to import)
-    modules: list = _resume("launch")
+    modules: list[str] = _resume("launch")
     # `cfg` is the checkpoint --weights names, trained as its own model (--weights without --cfg), not a model that
     # --weights seeds (engine/resume.weights_own_model)
     train_checkpoint_model: bool = _planned()
@@ -78,6 +98,25 @@ class TrainOptions:
         values = values if isinstance(values, dict) else vars(values)
         names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")]
         return cls(**{k: values[k] for k in names if k in values})
+
+    @classmethod
+    def check_saved(cls, values, label):
+        """Refuse (BadCheckpoint naming `label`) options read from a file (a checkpoint's `opt`) that the command line
+        could not have given: a value of another type than its field's (`imgsz: '64'`, `data` a mapping with its own
+        `download:`), outside utils/cli.OPTION_RANGES, or not among its choices. Fields the file lacks are left to the
+        caller; keys that are no field of this class are ignored, as `from_values` ignores them."""
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name not in values or f.metadata.get("derived"):
+                continue
+            v = values[f.name]
+            if not _conforms(v, hints[f.name]) or (f.name in OPTION_CHOICES and v not in OPTION_CHOICES[f.name]):
+                raise BadCheckpoint(f"{label}: its saved option {f.name} is {type(v).__name__} {v!r:.60}, which "
+                                    f"--{f.name.replace('_', '-')} does not take")
+        try:
+            check_options(SimpleNamespace(**{k: values[k] for k in hints if k in values}))
+        except BadOption as e:
+            raise BadCheckpoint(f"{label}: its saved options: {e}") from None
 
     @classmethod
     def resume_rules(cls):

@@ -26,6 +26,7 @@ from utils.files import increment_path
 from utils.imageio import printable, write_image
 from utils.loggers import LOGGER
 from utils.plots import Annotator, save_one_box
+from utils.text import escape_controls
 from utils.torch_utils import inference_bf16, time_sync
 
 
@@ -99,7 +100,7 @@ class BasePredictor:
 
     def _csv(self, row):
         with open(self.csv_path, "a", newline="", errors="surrogateescape") as f:  # names as their bytes on disk
-            csv.writer(f).writerow(row)
+            csv.writer(f).writerow([escape_controls(v) if isinstance(v, str) else v for v in row])
 
     def save_extras(self, result, imc, name):
         """--save-crop (from the undrawn image imc) and --save-csv rows of one image or frame."""

@@ -7,6 +7,10 @@ Rules (docs/distributed.md, "Stopping and resuming"):
 - `--resume auto` continues the run in --project/--name when it is unfinished and starts it there when the folder
   holds no run, so one command serves the first start, a requeued SLURM job and a spot machine's restart; options
   with the values the run was started with are the same command, others are refused as with `--resume PATH`.
+- The saved options are checked as a command line is (`TrainOptions.check_saved`), and nothing named in the file is
+  fetched: the run's model is the checkpoint's own (its `--weights` and `--cfg` are not read again) and its dataset
+  must be there already (a `download:` is not followed), so a resumed file reaches neither the network nor a file
+  of its choosing.
 - Under torchrun, global rank 0 records the run folder it chose in a file in the system's temp folder, named for
   the torchrun agent that started it (host, agent pid and its start time). When the agent restarts the worker group
   (TORCHELASTIC_RESTART_COUNT > 0), rank 0 reads the record back: the group continues in the same folder, from its
@@ -64,6 +68,7 @@ def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
         raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no options)")
     if not is_unfinished(ckpt):
         raise BadCheckpoint(f"--resume {path}: the run has finished (no optimizer state): nothing to resume")
+    options.check_saved(ckpt["opt"], f"--resume {path}")  # typed and checked as the command line is
     refused = sorted(set(given) - set(rules))
     if refused:
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)

@@ -10,6 +10,7 @@ import dataclasses
 import io
 import json
 import re
+import threading
 import warnings
 from pathlib import Path
 
@@ -18,11 +19,15 @@ import torch
 import torch.nn as nn
 
 from models.checkpoints import attempt_load
+from models.graphs import onnx_dry_run, read_onnx
 from models.heads import TASKS
-from models.untrusted import check_torchscript
+from models.untrusted import UnsafeTorchScript, check_torchscript
+from utils.budget import MAX_CLASSES, MAX_EXPORT_BATCH, MAX_EXPORT_INPUT, MAX_EXPORT_SIDE
 from utils.dist import is_main_process
+from utils.dry_run import DryRunError, dry_run, inference_seconds, wall_clock_guard
 from utils.errors import BadFile, BadOption
 from utils.ops import OutputLayout
+from utils.text import has_controls
 from utils.torch_utils import memory_format, to_float32
 
 FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
@@ -76,16 +81,33 @@ _METADATA_TYPES = {"task": str, "stride": int, "names": dict, "nc": int, "imgsz"
                    "half": bool, "outputs": (int, list)}
 
 
+def _structure_ok(s, n, depth=0):
+    """An output nesting of leaf indices below `n`, nested at most 8 deep (the heads nest 3)."""
+    if isinstance(s, int) and not isinstance(s, bool):
+        return 0 <= s < n
+    return depth < 8 and isinstance(s, list) and bool(s) and all(_structure_ok(x, n, depth + 1) for x in s)
+
+
+def _metadata_values(meta):
+    """{key: whether its value is one an export of this project has} for the values the backend allocates by."""
+    imgsz = meta["imgsz"]
+    return {"task": meta["task"] in TASKS, "nc": 1 <= meta["nc"] <= MAX_CLASSES, "stride": 1 <= meta["stride"] <= 512,
+            "batch": 1 <= meta["batch"] <= MAX_EXPORT_BATCH,
+            "imgsz": len(imgsz) == 2 and all(type(v) is int and 1 <= v <= MAX_EXPORT_SIDE for v in imgsz)
+            and 3 * meta["batch"] * imgsz[0] * imgsz[1] <= MAX_EXPORT_INPUT,
+            "outputs": _structure_ok(meta["outputs"], 64)}
+
+
 def _parse_metadata(text, weights):
     """The JSON an exported file carries (export_metadata), checked for the keys and types the backend reads."""
     try:
         meta = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise BadFile(f"--weights {weights}: its '{METADATA_KEY}' metadata is not JSON ({e})") from None
     bad = [k for k, t in _METADATA_TYPES.items() if not isinstance(meta, dict) or not isinstance(meta.get(k), t)]
-    if not bad and meta["task"] not in TASKS:
-        bad = ["task"]
-    if not bad and not all(k.isdecimal() for k in meta["names"]):
+    bad = bad or [k for k, ok in _metadata_values(meta).items() if not ok]
+    names = meta.get("names") if not bad else {}
+    if not all(k.isdecimal() and isinstance(v, str) and not has_controls(v) for k, v in names.items()):
         bad = ["names"]
     if not bad and meta.get("layout") is not None:
         try:
@@ -132,6 +154,7 @@ class InferenceBackend(nn.Module):
         self.weights, self.device = str(weights), torch.device(device)
         self.format = _weights_format(weights)
         self.model = None
+        self.limits = {}  # input shape -> wall-clock seconds a run may take, set by its dry run (exported files)
         self.bf16 = bf16 and self.format == "pytorch"
         if self.format == "pytorch":
             self._load_pytorch(fuse, half)
@@ -168,11 +191,21 @@ class InferenceBackend(nn.Module):
             raise BadOption(f"--weights {self.weights} was exported with --half, which runs on CUDA only")
 
     def _load_onnx(self):
+        """The graph is read and judged first (models/graphs.py: what it holds, and a dry run at its exported size),
+        then onnxruntime loads the same bytes."""
         try:
             import onnxruntime
         except ImportError as e:
             raise BadOption(f"--weights {self.weights}: running ONNX models needs onnxruntime: pip install "
                             "onnxruntime (onnxruntime-gpu for CUDA)") from e
+        data = Path(self.weights).read_bytes()
+        self.held = len(data)
+        self.graph = read_onnx(data, f"--weights {self.weights}")
+        meta = {p.key: p.value for p in self.graph.metadata_props}
+        if METADATA_KEY not in meta:
+            raise BadFile(f"--weights {self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
+        meta = _parse_metadata(meta[METADATA_KEY], self.weights)
+        self._dry_run((meta["batch"], 3, *meta["imgsz"]), meta)
         providers = ["CPUExecutionProvider"]
         if self.device.type == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": self.device.index or 0}))
@@ -180,20 +213,18 @@ class InferenceBackend(nn.Module):
         # read as a model (not protobuf, truncated, no graph, an invalid graph, an opset or IR version it lacks)
         ort = onnxruntime.capi.onnxruntime_pybind11_state
         try:
-            self.session = onnxruntime.InferenceSession(self.weights, providers=providers)
+            self.session = onnxruntime.InferenceSession(data, providers=providers)
         except (ort.InvalidProtobuf, ort.InvalidArgument, ort.InvalidGraph, ort.Fail, ort.NotImplemented) as e:
             raise BadFile(f"--weights {self.weights}: not a loadable ONNX file ({_onnx_reason(e)})") from None
         self.input_name = self.session.get_inputs()[0].name
         self.output_names = [o.name for o in self.session.get_outputs()]
-        meta = self.session.get_modelmeta().custom_metadata_map
-        if METADATA_KEY not in meta:
-            raise BadFile(f"--weights {self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
-        return _parse_metadata(meta[METADATA_KEY], self.weights)
+        return meta
 
     def _load_torchscript(self):
         """TorchScript is code: the archive is checked (models/untrusted.check_torchscript) and then loaded from the
         same bytes, so nothing torch compiles or runs was not checked."""
         data = Path(self.weights).read_bytes()
+        self.held = len(data)
         check_torchscript(data, f"--weights {self.weights}")
         extra = {METADATA_KEY: ""}
         try:
@@ -206,7 +237,31 @@ class InferenceBackend(nn.Module):
         self.jit.eval()
         if not extra[METADATA_KEY]:
             raise BadFile(f"--weights {self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
-        return _parse_metadata(extra[METADATA_KEY], self.weights)
+        meta = _parse_metadata(extra[METADATA_KEY], self.weights)
+        self._dry_run((meta["batch"], 3, *meta["imgsz"]), meta)
+        return meta
+
+    def _dry_run(self, shape, meta=None):
+        """Before the graph first runs on an input of `shape`: a dry run (utils/dry_run.py) within the budget, whose
+        outputs must be what the metadata declares; its work sets the wall-clock limit of a run at that size.
+        UnsafeOnnx / UnsafeTorchScript (one line) otherwise."""
+        meta = meta or {"outputs": self.structure, "layout": dataclasses.asdict(self.output_layout)
+                        if self.output_layout else None, "nc": self.nc}
+        label = f"--weights {self.weights}"
+        if self.format == "onnx":
+            probe, flat = onnx_dry_run(self.graph, shape, label, self.held)
+        else:
+            try:
+                probe, flat = dry_run(self.jit, shape, held=self.held)
+            except DryRunError as e:
+                raise UnsafeTorchScript(f"refusing {label}: run on a {'x'.join(map(str, shape))} input, {e}") from None
+            except RuntimeError as e:  # code that passed the static check but does not run
+                raise BadFile(f"{label}: its graph does not run ({' '.join(str(e).split())[:200]})") from None
+        flat = flat if isinstance(flat, (tuple, list)) else (flat,)
+        why = _outputs_problem(flat, meta, shape[0])
+        if why:
+            raise BadFile(f"{label}: {why}, unlike its metadata: export it again with export.py")
+        self.limits[tuple(shape)] = inference_seconds(probe.work)
 
     # ---------------------------------------------------------------- inference
     def forward(self, im):
@@ -220,16 +275,35 @@ class InferenceBackend(nn.Module):
         if not self.dynamic:
             im = self._fit_static(im)
         im = im.half() if self.fp16 else im.float()
+        if tuple(im.shape) not in self.limits:
+            self._dry_run(tuple(im.shape))
+        seconds = self.limits[tuple(im.shape)]
         if self.format == "onnx":
-            flat = self._run_onnx(im)
+            flat = self._run_onnx(im, seconds)
         else:
-            flat = self.jit(im)
+            with wall_clock_guard(seconds, f"--weights {self.weights}: inference"):
+                flat = self.jit(im)
+            flat = flat if isinstance(flat, (tuple, list)) else (flat,)  # as its dry run read it
         flat = [y[:n] for y in flat]  # drop the rows of a static batch's padding
         return unflatten_outputs(flat, self.structure)
 
-    def _run_onnx(self, im):
+    def _run_onnx(self, im, seconds):
+        """One run, stopped by onnxruntime itself (RunOptions.terminate) past `seconds`."""
+        import onnxruntime
+
         x = im.cpu().numpy()
-        ys = self.session.run(self.output_names, {self.input_name: x})
+        options = onnxruntime.RunOptions()
+        timer = threading.Timer(seconds, lambda: setattr(options, "terminate", True))
+        timer.start()
+        try:
+            ys = self.session.run(self.output_names, {self.input_name: x}, options)
+        except Exception:  # onnxruntime's errors share no base class; a stop is one of them
+            if options.terminate:
+                raise BadFile(f"--weights {self.weights}: inference stopped after {seconds:.0f} s, far beyond what "
+                              "its dry run counted") from None
+            raise
+        finally:
+            timer.cancel()
         return [torch.from_numpy(np.asarray(y)).to(self.device) for y in ys]
 
     def _fit_static(self, im):
@@ -256,6 +330,30 @@ class InferenceBackend(nn.Module):
             self.model.float()
             self.fp16 = False
         return self
+
+
+def _outputs_problem(flat, meta, batch):
+    """Why outputs of these shapes (a dry run's, meta tensors) are not what the metadata declares, or None: the
+    nesting must index them, and the prediction must have the layout's columns (NMS indexes them), the prototypes
+    its mask count, a classifier's scores its class count."""
+    if not _structure_ok(meta["outputs"], len(flat)):
+        return f"its {len(flat)} outputs do not fit the declared nesting {meta['outputs']}"
+    out = unflatten_outputs(list(flat), meta["outputs"])
+    if meta.get("layout") is None:  # a classifier: (batch, nc) probabilities
+        pred, proto, width = out if isinstance(out, torch.Tensor) else out[0], None, meta["nc"]
+        got = tuple(pred.shape)
+        return None if got == (batch, width) else f"its scores have shape {got}, not ({batch}, {width})"
+    layout = OutputLayout(**meta["layout"])
+    try:
+        pred, proto = layout.split(out)
+        rows = layout.rows(pred)
+    except (IndexError, TypeError, RuntimeError):
+        return "its outputs do not hold the declared prediction and prototypes"
+    if pred.dim() != 3 or rows.shape[0] != batch or rows.shape[2] != layout.width:
+        return f"its prediction has shape {tuple(pred.shape)}, not rows of {layout.width} columns for {batch} images"
+    if layout.nm and (proto is None or proto.dim() != 4 or tuple(proto.shape[:2]) != (batch, layout.nm)):
+        return f"its mask prototypes are not ({batch}, {layout.nm}, h, w)"
+    return None
 
 
 class ExportWrapper(nn.Module):

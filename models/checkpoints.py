@@ -54,13 +54,23 @@ import torch
 import torch.nn as nn
 
 from models.registry import check_user_blocks, with_needs
-from models.untrusted import ZIP_MAGIC, Archive, UnsafeCheckpoint, check_checkpoint
-from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel, parse_model, yaml_model_load
+from models.untrusted import ZIP_MAGIC, Archive, UnsafeCheckpoint, check_checkpoint, shown
+from models.yolo import (
+    ClassificationModel,
+    DetectionModel,
+    PoseModel,
+    SegmentationModel,
+    check_values,
+    parse_model,
+    yaml_model_load,
+)
+from utils.budget import MAX_NESTING
 from utils.data.downloads import fetch
 from utils.dist import de_parallel
 from utils.errors import BadCheckpoint, BadFile, UserError
 from utils.files import atomic_save
 from utils.loggers import LOGGER
+from utils.text import escape_controls, has_controls
 
 MODEL_CLASSES = {c.__name__: c for c in (DetectionModel, SegmentationModel, PoseModel, ClassificationModel)}
 OFFICIAL_CLASSES = {**MODEL_CLASSES, "Model": DetectionModel}  # 'Model': YOLOv7 and old YOLOv5 detectors
@@ -157,6 +167,7 @@ def _check_model_size(cfg, state):
     if not isinstance(cfg, dict):  # a string would name a YAML file on this machine
         raise ValueError(f"its model YAML is a {type(cfg).__name__}, not a mapping")
     d = yaml_model_load(cfg)
+    check_values(d)  # before parse_model makes anything of them
     with torch.device("meta"):
         layers, _ = parse_model(d, d.get("ch", 3))
     need, have = sum(t.numel() for t in layers.state_dict().values()), sum(t.numel() for t in state.values())
@@ -222,6 +233,42 @@ def _refuse_unsafe(path, names):
         raise UnsafeCheckpoint(f"refusing {path}: it references {bad}, which no model checkpoint needs")
 
 
+_REBUILDERS = {f"torch._utils._rebuild_{f}" for f in ("tensor", "tensor_v2", "tensor_v3", "parameter",
+                                                       "parameter_with_state")}
+_NUMPY_RECONSTRUCT = {f"numpy.{core}.multiarray._reconstruct" for core in ("core", "_core")}
+# what a checkpoint's pickle may call (REDUCE), each with the arguments it may take: a rebuilder makes a view of a
+# storage the file holds, the others plain values. Classes (torch.nn layers, official stand-ins, transforms) are made
+# without calling them (NEWOBJ with no arguments, then BUILD): `Conv2d(512, 1024, 32)` called would allocate 2 GiB
+# of weights, `torch.Tensor(10**9)` 4 GiB, numpy's _reconstruct any shape
+CALLABLE = {
+    **dict.fromkeys(_REBUILDERS, lambda args: True),
+    "torch._tensor._rebuild_from_type_v2": lambda args: isinstance(args, tuple) and bool(args)
+    and args[0] in _REBUILDERS,
+    **dict.fromkeys(_NUMPY_RECONSTRUCT, lambda args: isinstance(args, tuple) and len(args) > 1 and args[1] == (0,)),
+    **dict.fromkeys(("collections.OrderedDict", "builtins.set", "_codecs.encode", "torch.Size", "torch.device",
+                     "numpy.dtype", "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar",
+                     "torchvision.transforms.functional.InterpolationMode", *PATH_TYPES), lambda args: True),
+    # what _stub_getattr admits: an attribute of an official class (a stand-in)
+    "builtins.getattr": lambda args: isinstance(args, tuple) and len(args) == 2 and isinstance(args[0], str)
+    and args[0].startswith(OFFICIAL_PREFIXES) and isinstance(args[1], str),
+}
+
+
+def _refuse_calls(path, calls):
+    """Refuse what a pickle would call beyond CALLABLE and its arguments, or a class made with arguments."""
+    for op, func, args in calls:
+        if op == "NEWOBJ" and args != ():
+            raise UnsafeCheckpoint(f"refusing {path}: it makes {func if isinstance(func, str) else 'an object'} with "
+                                   f"arguments {reprlib.repr(shown(args))}, which no checkpoint does")
+        if op == "REDUCE" and not (isinstance(func, str) and func in CALLABLE and CALLABLE[func](args)):
+            if func == "builtins.getattr" and isinstance(args, tuple) and args:
+                raise UnsafeCheckpoint(f"refusing {path}: it calls getattr on {args[0]}, which no model checkpoint "
+                                       "needs")
+            what, args = func if isinstance(func, str) else "a value it built", reprlib.repr(shown(args))
+            raise UnsafeCheckpoint(f"refusing {path}: it calls {what} with arguments {args}, which no checkpoint does "
+                                   "(modules are rebuilt without calling them)")
+
+
 def _safe_globals(names):
     """The (object, name) pairs torch's weights_only unpickler needs beyond its defaults for these globals."""
     pairs = [(_stub_class(g), g) for g in names if g.startswith(OFFICIAL_PREFIXES)]
@@ -241,7 +288,8 @@ def load_checkpoint(path):
         data = path.read_bytes()  # once: the checks and torch read the same bytes
     except OSError as e:
         raise BadCheckpoint(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
-    names = list(dict.fromkeys(check_checkpoint(data, path, functools.partial(_refuse_unsafe, path))))
+    names = list(dict.fromkeys(check_checkpoint(data, path, functools.partial(_refuse_unsafe, path),
+                                                functools.partial(_refuse_calls, path))))
     if data[:4] == ZIP_MAGIC:  # blocks of the user's own that the model needs: refused before anything is built
         check_user_blocks(Archive(data, path).read("data.pkl"), path)
     if not TORCH_SAFE_GLOBALS and any(g not in TORCH_GLOBALS for g in names):
@@ -270,7 +318,6 @@ def _exception_chain(e):
         e = e.__cause__ or e.__context__
 
 
-MAX_NESTING = 64  # official module trees nest about 15 deep (model.model[i].m[j].cv1.conv._parameters)
 
 
 def _children(x):
@@ -462,8 +509,10 @@ def _names(names, nc):
         return {i: str(i) for i in range(nc)}
     pairs = enumerate(names) if isinstance(names, (list, tuple)) else dict(names).items()
     out = {int(k): v for k, v in pairs if type(k) is int or (isinstance(k, str) and k.isdecimal())}
-    if len(out) != len(names) or not all(isinstance(v, (str, int, float)) for v in out.values()):
-        raise ValueError(f"names must map class indices to names, got {reprlib.repr(names)}")
+    if len(out) != len(names) or not all(isinstance(v, (str, int, float)) and not has_controls(v)
+                                         for v in out.values()):
+        raise ValueError(f"names must map class indices to names without control characters, got "
+                         f"{escape_controls(reprlib.repr(names))}")
     if sorted(out) != list(range(nc)):  # every script looks a predicted class up by its index
         raise ValueError(f"names must name classes 0-{nc - 1} of the model, one each; got {reprlib.repr(names)}")
     return {k: str(v) for k, v in out.items()}

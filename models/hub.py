@@ -21,6 +21,7 @@ from models.tta import TTAModel
 from models.yolo import ClassificationModel
 from utils import ops
 from utils.data.augment import letterbox
+from utils.errors import BadFile
 from utils.imageio import read_image
 
 
@@ -28,7 +29,10 @@ def _to_bgr(im, i=0):
     """A path, PIL image or HWC RGB array -> (name, HWC BGR uint8 array). The name is the file's, also for a PIL
     image opened from one; else what the input was and its place in the call (`image2`, `array1`)."""
     if isinstance(im, (str, Path)):
-        bgr = read_image(im)
+        try:
+            bgr = read_image(im)
+        except BadFile as e:
+            raise BadFile(f"{im}: {e}") from None
         if bgr is None:
             raise FileNotFoundError(f"cannot read image {im}")
         return Path(im).name, bgr

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.serialization
 
+from utils.budget import MAX_NESTING, MAX_PICKLE_BYTES, MAX_PICKLE_STACK
 from utils.errors import BadCheckpoint, BadFile
 
 ZIP_MAGIC = b"PK\x03\x04"  # torch.serialization._is_zipfile: the first four bytes decide, nothing else
@@ -119,16 +120,32 @@ class Global(str):
     """A global a pickle names, as `module.name`, on the scan's stack (PickleScan.globals holds plain strings)."""
 
 
+class PickleTooCostly(ValueError):
+    """A pickle larger, or keeping more values on its stack at once, than the budget (utils/budget.py) allows."""
+
+
 @dataclass
 class PickleScan:
     """What one pickle names and declares. `result` is the value it returns where the scan can follow it (a
-    number, a string, a tuple of those), `end` the offset after its STOP."""
+    number, a string, a tuple of those), `end` the offset after its STOP. `calls` holds (callable, arguments) of
+    every REDUCE and NEWOBJ, what torch's unpickler would call, as (opcode, callable, arguments): the callable a
+    `Global` where the scan followed it, else _UNKNOWN; the arguments as far as followed (a tuple of constants,
+    Globals and tuples, or _UNKNOWN)."""
 
     globals: list = field(default_factory=list)
     persistent_ids: list = field(default_factory=list)
     foreign_ops: list = field(default_factory=list)  # opcodes torch's restricted unpickler refuses
+    calls: list = field(default_factory=list)
+    depth: dict = field(default_factory=dict)  # id of a tuple built -> how deep it nests
     result: object = _UNKNOWN
     end: int = 0
+
+
+def shown(value):
+    """A followed pickle value for a message: what the scan did not follow as `...`."""
+    if value is _UNKNOWN:
+        return ...
+    return tuple(shown(v) for v in value) if isinstance(value, tuple) else value
 
 
 def _global_name(module, name):
@@ -174,6 +191,10 @@ def _step(op, arg, stack, memo, scan):
         n = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}.get(name)
         items = _pop_mark(stack) if n is None else [stack.pop() for _ in range(n)][::-1]
         stack.append(tuple(items))
+        # tuples nest without growing the stack (TUPLE1 of TUPLE1 of ...): their depth is counted as they are built
+        depth = scan.depth[id(stack[-1])] = 1 + max((scan.depth.get(id(i), 0) for i in items), default=0)
+        if depth > MAX_NESTING:
+            raise PickleTooCostly(f"its pickle nests tuples deeper than {MAX_NESTING} levels, which no checkpoint does")
     elif name == "GLOBAL":
         stack.append(_global_name(*arg.split(" ", 1)))
         scan.globals.append(str(stack[-1]))
@@ -203,17 +224,27 @@ def _step(op, arg, stack, memo, scan):
     elif name == "STOP":
         scan.result = stack.pop() if stack else _UNKNOWN
     else:
+        if name in ("REDUCE", "NEWOBJ") and len(stack) >= 2:
+            scan.calls.append((name, stack[-2] if isinstance(stack[-2], Global) else _UNKNOWN, stack[-1]))
         _generic(stack, op)
 
 
-def scan_pickle(f):
-    """Read one pickle from the binary file `f` without building anything (ValueError if it is not one)."""
+def scan_pickle(f, max_bytes=MAX_PICKLE_BYTES):
+    """Read one pickle from the binary file `f` without building anything (ValueError if it is not one,
+    PickleTooCostly past `max_bytes` or MAX_PICKLE_STACK values on its stack: a million-deep nesting is refused at
+    its 4097th level, before torch's unpickler builds any of it)."""
     scan, stack, memo = PickleScan(), [], {}
+    start = f.tell()
     try:
-        for op, arg, _ in pickletools.genops(f):
+        for op, arg, pos in pickletools.genops(f):
             if op.name not in _TORCH_OPS and op.name not in scan.foreign_ops:
                 scan.foreign_ops.append(op.name)
             _step(op, arg, stack, memo, scan)
+            if pos - start > max_bytes:
+                raise PickleTooCostly(f"its pickle is larger than {max_bytes} bytes")
+            if len(stack) > MAX_PICKLE_STACK:
+                raise PickleTooCostly(f"its pickle keeps more than {MAX_PICKLE_STACK} values on its stack (nests "
+                                      "deeper or builds longer than any checkpoint)")
     except IndexError:
         raise ValueError("pickle pops a value it never pushed") from None
     scan.end = f.tell()
@@ -279,6 +310,8 @@ def check_record_claims(archive, pickle_name, pids):
 def _scan(data, label):
     try:
         return scan_pickle(io.BytesIO(data))
+    except PickleTooCostly as e:
+        raise UnsafeCheckpoint(f"refusing {label}: {e}") from None
     except ValueError as e:
         raise BadCheckpoint(f"{label}: not a readable checkpoint ({_first_line(e)})") from None
 
@@ -297,6 +330,8 @@ def _legacy_scans(data, label):
     while len(scans) < 5 and f.tell() < len(data):
         try:
             scans.append(scan_pickle(f))
+        except PickleTooCostly as e:
+            raise UnsafeCheckpoint(f"refusing {label}: {e}") from None
         except ValueError as e:
             if not scans:
                 raise BadCheckpoint(f"{label}: not a readable checkpoint ({_first_line(e)})") from None
@@ -319,11 +354,13 @@ def _check_legacy(scans, size, label):
                                "its pickles")
 
 
-def check_checkpoint(data, label, refuse_globals):
+def check_checkpoint(data, label, refuse_globals, refuse_calls=lambda calls: None):
     """Every check before torch.load(weights_only=True) reads `data`; returns the globals its pickle names.
 
     `refuse_globals(names)` raises for a global outside the caller's allow-list; it runs first, so a payload is
-    refused by the name of what it reaches for. A TorchScript archive is refused: it is code, not a checkpoint."""
+    refused by the name of what it reaches for. `refuse_calls(calls)` then judges what the unpickler would call and
+    with which arguments (PickleScan.calls), before anything is built. A TorchScript archive is refused: it is code,
+    not a checkpoint."""
     if data[:4] == ZIP_MAGIC:
         # code records may be compressed (as torch.jit.save writes them) so that a TorchScript archive is named as such
         archive = Archive(data, label, may_compress=lambda name: name.startswith("code/"))
@@ -332,15 +369,20 @@ def check_checkpoint(data, label, refuse_globals):
                                    "export.py's .torchscript file by that name, or the .pt it was exported from")
         if "data.pkl" not in archive.sizes:
             raise BadCheckpoint(f"{label}: not a readable checkpoint (a zip archive without data.pkl)")
+        if archive.sizes["data.pkl"] > MAX_PICKLE_BYTES:
+            raise UnsafeCheckpoint(f"refusing {label}: its data.pkl holds {archive.sizes['data.pkl']} bytes, more than "
+                                   f"the {MAX_PICKLE_BYTES} of any checkpoint's")
         scan = _scan(archive.read("data.pkl"), label)
         refuse_globals(scan.globals)
         _refuse_foreign_ops([scan], label)
+        refuse_calls(scan.calls)
         check_record_claims(archive, "data.pkl", scan.persistent_ids)
         return scan.globals
     scans = _legacy_scans(data, label)
     names = [g for s in scans for g in s.globals]
     refuse_globals(names)
     _refuse_foreign_ops(scans, label)
+    refuse_calls([c for s in scans for c in s.calls])
     _check_legacy(scans, len(data), label)
     return names
 
@@ -358,6 +400,9 @@ TORCHSCRIPT_OPS = frozenset({
     "ops.prim.NumToTensor",
 })
 _TORCHSCRIPT_CALLS = frozenset({"annotate", "getattr", "int", "float"})
+# a number in traced code: channel counts, strides, sizes of static exports (a 8192-px export's anchor count: 1.3 M);
+# what the numbers make a graph allocate is then measured by its dry run (utils/dry_run.py)
+MAX_TORCHSCRIPT_LITERAL = 1 << 24
 _TORCHSCRIPT_ROOTS = frozenset({"torch", "ops"})
 _RESERVED = _TORCHSCRIPT_ROOTS | _TORCHSCRIPT_CALLS | {"CONSTANTS", "__torch__"}
 _FORWARD = re.compile(r"forward\d*")
@@ -402,6 +447,9 @@ def _code_problem(tree):
             return f"the name {node.id} used as a variable"
         if isinstance(node, ast.arg) and node.arg in _RESERVED:
             return f"the name {node.arg} used as an argument"
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not (
+                abs(node.value) <= MAX_TORCHSCRIPT_LITERAL):  # nan too: `not <=`
+            return f"the literal {node.value!r}, larger than any size or constant an export writes"
         if isinstance(node, ast.Attribute) and (_dotted(node) or "").split(".")[0] in _TORCHSCRIPT_ROOTS:
             name = _dotted(node)
             if name not in TORCHSCRIPT_OPS and not any(op.startswith(name + ".") for op in TORCHSCRIPT_OPS):

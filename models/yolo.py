@@ -20,8 +20,10 @@ import yaml
 
 from models.common import model_activation
 from models.registry import ACTIVATIONS, known_names, resolve
+from utils.budget import ACTIVATION_BYTES_PER_INPUT, MAX_CLASSES, MAX_PARAMETERS
+from utils.dry_run import DryRunError, Unrunnable, dry_run
 from utils.errors import BadModelYaml
-from utils.files import ConfigError, UniqueKeyLoader, yaml_text
+from utils.files import ConfigError, parse_yaml, yaml_text
 from utils.loggers import LOGGER
 from utils.loss import build_criterion
 
@@ -68,11 +70,7 @@ def yaml_model_load(cfg):
         return deepcopy(cfg)
     path, scale = _find_yaml(cfg)
     try:
-        d = yaml.load(yaml_text(path), Loader=UniqueKeyLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise BadModelYaml(f"{path}:{where} invalid YAML ({getattr(e, 'problem', e)})") from None
+        d = parse_yaml(yaml_text(path), path)
     except ConfigError as e:
         raise BadModelYaml(str(e)) from None
     missing = [k for k in ("backbone", "head") if not isinstance(d, dict) or not isinstance(d.get(k), list)]
@@ -226,17 +224,79 @@ def _scaling(d):
             "depth_multiple", "width_multiple", "max_channels")
     if not isinstance(values, (list, tuple)) or len(values) != 3:
         raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: {names[0]} must be [depth, width, max_channels]")
-    for name, v in zip(names, values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: {name} must be a number > 0, got {v!r}")
+    for i, (name, v) in enumerate(zip(names, values)):
+        # max_channels may be infinite (no cap); an infinite depth or width would be rounded to an integer
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or (i < 2 and not math.isfinite(v)):
+            raise BadModelYaml(f"{d.get('yaml_file', '<dict>')}: {name} must be a finite number > 0, got {v!r:.40}")
     rows = [r for k in ("backbone", "head") for r in d[k] if isinstance(r, list) and len(r) == 4]
     dw_head = any(getattr(resolve(r[2], "anchors" in d), "dw_head", False) for r in rows if isinstance(r[2], str))
     return Scaling(*values, scale=scale if isinstance(scale, str) else None, dw_head=dw_head)
 
 
-# Bounds on what a YAML may ask for (official models: under 110 rows, blocks repeated at most 12 times); a model
-# YAML can come from a checkpoint file, and every row and repeat builds Python objects before any weight is checked
-MAX_ROWS, MAX_REPEATS = 1024, 256
+# Bounds on what a YAML may ask for (official models: under 110 rows, blocks repeated at most 12 times, 3 anchors per
+# level, 3 input channels, 17 keypoints); a model YAML can come from a checkpoint file, and every row, repeat, anchor
+# and class builds Python objects before any weight is checked
+MAX_ROWS, MAX_REPEATS, MAX_ANCHORS, MAX_INPUT_CHANNELS, MAX_KEYPOINTS = 1024, 256, 64, 64, 1024
+
+
+def _count(v, hi):
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= hi
+
+
+def _anchors_ok(a):
+    """An anchor count per level, or a list of levels each listing w, h pairs of finite positive numbers."""
+    if a is None or _count(a, MAX_ANCHORS):
+        return True
+    return isinstance(a, list) and 0 < len(a) <= 16 and all(
+        isinstance(level, list) and 0 < len(level) <= 2 * MAX_ANCHORS and len(level) % 2 == 0 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in level)
+        for level in a)
+
+
+def check_values(d):
+    """Refuse (BadModelYaml) a model-wide value no model has, before anything is built from it: a class count,
+    input channels, anchors or keypoints beyond the bounds above (`anchors: 20000000` would make lists of 40 M
+    numbers), multiples that are not finite numbers."""
+    where = d.get("yaml_file", "<dict>")
+    checks = {"nc": _count(d.get("nc"), MAX_CLASSES), "ch": _count(d.get("ch", 3), MAX_INPUT_CHANNELS),
+              "anchors": _anchors_ok(d.get("anchors")),
+              "kpt_shape": "kpt_shape" not in d or (isinstance(d["kpt_shape"], list) and len(d["kpt_shape"]) == 2
+                                                    and _count(d["kpt_shape"][0], MAX_KEYPOINTS)
+                                                    and d["kpt_shape"][1] in (2, 3)),
+              # a file of data/hyps by name: a YAML (one in a checkpoint) names no other file to read
+              "hyp": d.get("hyp") is None or (isinstance(d["hyp"], str) and re.fullmatch(r"[\w.-]+\.yaml", d["hyp"])
+                                               is not None)}
+    bad = next((k for k, ok in checks.items() if not ok), None)
+    if bad:
+        raise BadModelYaml(f"{where}: '{bad}' is {d.get(bad)!r:.80}, beyond what a model takes (nc 1..{MAX_CLASSES}, "
+                           f"ch 1..{MAX_INPUT_CHANNELS}, up to {MAX_ANCHORS} finite positive anchors per level, "
+                           f"kpt_shape [1..{MAX_KEYPOINTS}, 2 or 3], hyp the name of a file in data/hyps)")
+    _scaling(d)
+
+
+def check_cost(d, ch, s=256):
+    """Refuse (BadModelYaml) a model dict whose weights or forward pass would cost more than the budget
+    (utils/budget.py), before any weight exists: the layers are built on the meta device, which allocates nothing,
+    and a `s` x `s` image runs through them as a dry run that computes shapes only. Every official model is far
+    inside: YOLOv8x-seg has 72 M weights and 1.4 KiB of activations per input value. Returns the meta layers' count
+    of weights and buffers."""
+    check_values(d)
+    where = d.get("yaml_file", "<dict>")
+    with torch.device("meta"):
+        layers, save = parse_model(d, ch)
+    n = sum(p.numel() for p in layers.parameters())
+    if n > MAX_PARAMETERS:
+        raise BadModelYaml(f"{where}: describes {n} weights, more than the {MAX_PARAMETERS} a model may have")
+    probe = BaseModel()
+    probe.model, probe.save = layers, save
+    try:
+        dry_run(lambda x: probe.eval()._forward_once(x, head=False), (1, ch, s, s))
+    except Unrunnable as e:
+        raise BadModelYaml(f"{where}: its layers do not fit together ({e})") from None
+    except DryRunError as e:
+        raise BadModelYaml(f"{where}: run on a {s}x{s} image, {e}: beyond the budget of {ACTIVATION_BYTES_PER_INPUT} "
+                           "bytes of activations per input value (docs/safety.md)") from None
+    return sum(t.numel() for t in layers.state_dict().values())
 
 
 def _build_layer(row, d, section, j, ch, scaling):
@@ -244,6 +304,9 @@ def _build_layer(row, d, section, j, ch, scaling):
     if not isinstance(row, list) or len(row) != 4:
         raise BadModelYaml(f"{_where(d, section, j)}: expected [from, number, module, args], got {row!r}")
     f, n, name, args = row
+    if isinstance(n, bool) or not isinstance(n, int) or not isinstance(args, list):
+        raise BadModelYaml(f"{_where(d, section, j)}: expected [from, number, module, args] with an integer number and "
+                           f"a list of args, got {row!r:.120}")
     m = _resolve_module(name, d, section, j)
     args = [_resolve_arg(a, d, section, j) for a in args]
     kwargs = {"act": a for a in args if isinstance(a, nn.Module)}
@@ -316,6 +379,13 @@ def _set_batchnorm(model, d):
         if isinstance(m, nn.BatchNorm2d):
             m.eps = d.get("bn_eps", m.eps)
             m.momentum = d.get("bn_momentum", m.momentum)
+
+
+def _check_budget(cfg, d, ch):
+    """The budget check of a model about to be built: the values of this project's own YAMLs (a name under models/,
+    whose layers are known), the whole cost of any other (a dict from a checkpoint, a user's file)."""
+    own = not isinstance(cfg, dict) and Path(d["yaml_file"]).resolve().parent == MODELS_DIR
+    check_values(d) if own else check_cost(d, ch)
 
 
 class BaseModel(nn.Module):
@@ -419,6 +489,7 @@ class DetectionModel(BaseModel):
         if anchors is not None:
             self.yaml["anchors"] = anchors
         _check_head(self.yaml, ("detect", "segment", "pose"))
+        _check_budget(cfg, self.yaml, ch)
         self.model, self.save = parse_model(self.yaml, ch)
         self.names = {i: str(i) for i in range(self.yaml["nc"])}
         self._init_head(ch)
@@ -492,6 +563,7 @@ class ClassificationModel(BaseModel):
         if nc is not None:
             self.yaml["nc"] = nc
         _check_head(self.yaml, ("classify",))
+        _check_budget(cfg, self.yaml, ch)
         self.model, self.save = parse_model(self.yaml, ch)
         self.names = {i: str(i) for i in range(self.yaml["nc"])}
         self.register_buffer("stride", torch.ones(1), persistent=False)

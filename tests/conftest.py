@@ -1,11 +1,16 @@
 import logging
 import os
 import re
+import tempfile
 from pathlib import Path
 
 # Spinning OpenMP threads stall badly when the two cores are shared (tests that start subprocesses, other jobs):
 # let idle threads sleep. Set before torch is imported, which is when OpenMP reads it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# label caches are signed with a key kept in the user's configuration folder (utils/data/label_cache.py): the tests
+# make and use one of their own, never the user's
+os.environ.setdefault("YOLO_ENGINE_CONFIG_DIR", tempfile.mkdtemp(prefix="yolo-engine-config-"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -25,6 +25,11 @@ OPTION_RANGES = {
 }
 
 
+# the options that take one of a few words (None: not given); the parsers and the check of saved options read these
+OPTION_CHOICES = {"cache": (None, "ram", "disk"), "optimizer": ("SGD", "Adam", "AdamW", "auto"),
+                  "amp": ("auto", "off", "fp16", "bf16")}
+
+
 def in_interval(value, interval):
     """Whether `value` lies in an interval written as in mathematics: '[0, 1)', '(0, inf)'."""
     lo, hi = (float(x) for x in interval[1:-1].split(","))
@@ -188,10 +193,10 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
     p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
     p.add_argument("--noval", action="store_true", help="only validate the final epoch")
     p.add_argument("--noplots", action="store_true", help="save no plots (results.png, labels.jpg, curves, ...)")
-    p.add_argument("--cache", type=str, nargs="?", const="ram", default=None, choices=["ram", "disk"],
+    p.add_argument("--cache", type=str, nargs="?", const="ram", default=None, choices=OPTION_CHOICES["cache"][1:],
                    help="cache images in RAM (this rank's share only under DDP) or on disk")
     p.add_argument("--device", default="", help="GPUs 0 or 0,1,2,3, or cpu (default: GPU 0 if there is one, else cpu)")
-    p.add_argument("--optimizer", type=str, choices=["SGD", "Adam", "AdamW", "auto"], default="auto",
+    p.add_argument("--optimizer", type=str, choices=OPTION_CHOICES["optimizer"], default="auto",
                    help="auto: AdamW at a small lr for short runs, SGD at the hyp lr0 beyond 10k iterations")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (DDP only)")
     p.add_argument("--workers", type=int, default=None,
@@ -207,7 +212,7 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
                    help="also save last.pt inside epochs, every 10m / 90s / 2h or 500it (iterations); 0 = off")
     p.add_argument("--seed", type=int, default=0, help="global seed (each rank uses seed + 1 + RANK)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
-    p.add_argument("--amp", choices=["auto", "off", "fp16", "bf16"], default="auto",
+    p.add_argument("--amp", choices=OPTION_CHOICES["amp"], default="auto",
                    help="mixed precision: auto = fp16 on CUDA, bf16 on CPUs that compute it natively (AVX512-BF16, "
                         "AMX), else off")
     p.add_argument("--freeze", nargs="+", type=int, default=[0],

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from utils.heap import keep_freed_memory
+from utils.text import escape_controls
 
 PEER_GRACE_S = 30.0  # at most this long a rank that met a user error waits for the others to meet it too (they
 # may first have to build the model, slow on a loaded machine); all ranks usually arrive within seconds
@@ -94,8 +95,10 @@ class Interrupted(BaseException):
 
 
 def report_user_error(e, file=None):
-    """Print the one line a user sees for `e`."""
-    print(f"error: {e}", file=file or sys.stderr, flush=True)
+    """Print the one line a user sees for `e` (whatever a file name in it holds: its control characters, line
+    breaks included, are escaped)."""
+    text = str(e).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    print(f"error: {escape_controls(text)}", file=file or sys.stderr, flush=True)
 
 
 def _grace_for_peers(seconds=PEER_GRACE_S):

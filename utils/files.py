@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from utils.budget import MAX_YAML_BYTES, MAX_YAML_NODES
 from utils.errors import BadFile
 
 ROOT = Path(__file__).resolve().parents[1]  # repository root
@@ -21,7 +22,13 @@ class ConfigError(BadFile):
 
 class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load that refuses a mapping holding one key twice: PyYAML keeps the last value without a word, so a
-    second `train:` or `lr0:` further down a file would silently override the first."""
+    second `train:` or `lr0:` further down a file would silently override the first. A document whose aliases
+    unfold to more than MAX_YAML_NODES values (a few lines of `&a [*b, *b]` describe billions: any walk of the
+    result, a copy, a save, takes them all) or that contains itself is refused before anything is built from it."""
+
+    def construct_document(self, node):
+        _check_unfolded(node)
+        return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
         first = {}
@@ -39,10 +46,48 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _check_unfolded(root):
+    """yaml.YAMLError unless the node graph `root` unfolds (every alias copied out) to at most MAX_YAML_NODES."""
+    size, on_path, todo = {}, set(), [(root, False)]
+    while todo:
+        node, leaving = todo.pop()
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else [])
+        if leaving:
+            on_path.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+            if size[id(node)] > MAX_YAML_NODES:
+                raise yaml.YAMLError(f"its aliases unfold to more than {MAX_YAML_NODES} values")
+        elif id(node) in on_path:
+            raise yaml.YAMLError("an alias refers to a value that contains it")
+        elif id(node) not in size:
+            on_path.add(id(node))
+            todo.append((node, True))
+            todo.extend((c, False) for c in children)
+
+
+def parse_yaml(text, label):
+    """The YAML document `text` read strictly (UniqueKeyLoader); broken YAML, a duplicate key, aliases that unfold
+    beyond the budget and nesting deeper than Python's parser goes raise ConfigError naming `label` and the line."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{label}:{where} invalid YAML ({getattr(e, 'problem', None) or e})") from None
+    except RecursionError:
+        raise ConfigError(f"{label}: invalid YAML (it nests deeper than any configuration does)") from None
+
+
 def yaml_text(path):
     """The text of a YAML file; bytes that are not UTF-8 raise ConfigError naming the offset (replacing them would
-    change a class name or a path without a word). A UTF-8 byte order mark is accepted."""
-    data = Path(path).read_bytes()
+    change a class name or a path without a word). A UTF-8 byte order mark is accepted. A file larger than
+    MAX_YAML_BYTES is refused unread."""
+    size = os.stat(path).st_size
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: {size} bytes, more than the {MAX_YAML_BYTES} of any configuration file")
+    with open(path, "rb") as f:
+        data = f.read(MAX_YAML_BYTES + 1)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -54,12 +99,7 @@ def yaml_load(path):
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
-    try:
-        data = yaml.load(yaml_text(path), Loader=UniqueKeyLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} invalid YAML ({getattr(e, 'problem', e)})") from None
+    data = parse_yaml(yaml_text(path), path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

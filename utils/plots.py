@@ -81,7 +81,7 @@ class Annotator:
     def text(self, xy, text, txt_color=(255, 255, 255)):
         """Text whose top-left corner is at xy; each '\\n' starts a new line (cv2 draws none itself)."""
         x, y = int(xy[0]), int(xy[1])
-        for line in printable(text).split("\n"):
+        for line in map(printable, str(text).split("\n")):
             (_, h), base = cv2.getTextSize(line or " ", _FONT, self.fs, self.tf)
             y += h
             cv2.putText(self.im, line, (x, y), _FONT, self.fs, txt_color, self.tf, cv2.LINE_AA)

@@ -9,7 +9,7 @@ from engine.messages import check_task
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer, labels_to
 from engine.validator import BaseValidator, ValOptions
-from models.checkpoints import attempt_load, load_pretrained, transfer_weights
+from models.checkpoints import attempt_load, load_pretrained, model_yaml, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel, head_task, yaml_model_load
 from utils.data.classify_dataset import ClassificationDataset, classify_val_transforms
 from utils.data.dataset_yaml import check_cls_dataset
@@ -59,13 +59,17 @@ class ClassificationTrainer(BaseTrainer):
     task = "classify"
 
     def get_data(self):
-        return check_cls_dataset(self.opt.data)
+        return check_cls_dataset(self.opt.data, autodownload=not self.resume_from)
 
     def predict_source(self):
         """The validation images, which sit in class folders: a glob, since --source reads a folder itself only."""
         return shlex.quote(str(Path(self.data["val"]) / "*" / "*"))
 
     def build_model(self, nc, names):
+        if self.resume_from:  # the run's own model, whose weights restore() puts back: nothing the file names is read
+            model = ClassificationModel(model_yaml(self.resume_from), nc=nc)
+            model.names = dict(names)
+            return model
         model = build_classifier(self.opt.cfg, nc, names)
         if self.opt.weights and not self.opt.train_checkpoint_model:  # else build_classifier seeded it from them
             load_pretrained(model, self.opt.weights)

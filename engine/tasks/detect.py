@@ -47,10 +47,10 @@ def single_class(data):
     return {**data, "nc": 1, "names": names, "label_nc": data["nc"], "label_names": data["names"]}
 
 
-def box_data(data, options, role):
+def box_data(data, options, role, autodownload=True):
     """The dataset dict of a detection or segmentation run. A pose set is refused: its label lines (a box, then the
     keypoints) would be read as polygons, and their boxes made from those points."""
-    d = check_det_dataset(data)
+    d = check_det_dataset(data, autodownload)
     if d.get("kpt_shape") is not None:
         raise BadDataset(f"--data {data}: a pose dataset (it has kpt_shape); use {SCRIPTS['pose'][role]}")
     return single_class(d) if options.single_cls else d
@@ -61,7 +61,7 @@ class DetectionTrainer(BaseTrainer):
     options = DetectTrainOptions
 
     def get_data(self):
-        return box_data(self.opt.data, self.opt, "train")
+        return box_data(self.opt.data, self.opt, "train", autodownload=not self.resume_from)
 
     @staticmethod
     def model_class():
@@ -74,9 +74,12 @@ class DetectionTrainer(BaseTrainer):
     def build_model(self, nc, names):
         """--cfg's model (a YAML, or a .pt's own model: what --weights without --cfg trains, engine/resume.py), seeded
         from --weights by key and shape."""
-        src = attempt_load(self.opt.weights, device="cpu", fuse=False) if self.opt.weights else None
-        own = self.opt.train_checkpoint_model
-        cfg = src.yaml if own else model_yaml(self.opt.cfg)
+        if self.resume_from:  # the run's own model, whose weights restore() puts back: nothing the file names is read
+            src, own, cfg = None, False, model_yaml(self.resume_from)
+        else:
+            src = attempt_load(self.opt.weights, device="cpu", fuse=False) if self.opt.weights else None
+            own = self.opt.train_checkpoint_model
+            cfg = src.yaml if own else model_yaml(self.opt.cfg)
         # the loss and the labels fit one kind of head
         check_task(head_task(cfg), (self.task,), f"--weights {self.opt.weights}" if own else f"--cfg {self.opt.cfg}",
                    "train")

@@ -31,8 +31,8 @@ def keypoint_txt_lines(det, kpts, shape, conf):
             for box, k, (p, c) in zip(xywhn.tolist(), kptsn.flatten(1).tolist(), det[:, 4:6].tolist())]
 
 
-def pose_data(data, options):
-    data = check_pose_dataset(data)
+def pose_data(data, options, autodownload=True):
+    data = check_pose_dataset(data, autodownload)
     return single_class(data) if options.single_cls else data
 
 
@@ -41,7 +41,7 @@ class PoseTrainer(DetectionTrainer):
     task = "pose"
 
     def get_data(self):
-        return pose_data(self.opt.data, self.opt)
+        return pose_data(self.opt.data, self.opt, autodownload=not self.resume_from)
 
     @staticmethod
     def model_class():

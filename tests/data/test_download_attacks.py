@@ -7,6 +7,7 @@ import functools
 import http.server
 import io
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -253,3 +254,110 @@ def test_a_malformed_url_is_one_user_error(tmp_path, waits):
                                              r"nonnumeric port: 'abc'$"):
         fetch("http://127.0.0.1:abc/a.jpg", tmp_path / "a.jpg", retries=1)
     assert not waits and not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ what a download may cost (docs/safety.md)
+def _sparse_tar():
+    """255 bytes of tar.gz: an image and a label file of 1 GiB apparent size that is all hole (GNU sparse 1.0)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as t:
+        t.addfile(_info("ds/images/a.jpg", size=3), io.BytesIO(b"\xff\xd8\xff"))
+        sparse_map = b"0\n".ljust(512, b"\0")  # no data blocks: the whole file is a hole
+        info = _info("ds/labels/GNUSparseFile.0/a.txt", size=len(sparse_map))
+        info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "ds/labels/a.txt",
+                            "GNU.sparse.realsize": str(1 << 30)}
+        t.addfile(info, io.BytesIO(sparse_map))
+    return buf.getvalue()
+
+
+def _zeros_archive(mode, n):
+    """A tar (`mode` 'w:bz2', 'w:gz') or zip (mode 'zip') holding one label file of `n` zero bytes."""
+    buf = io.BytesIO()
+    if mode == "zip":
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z, z.open("ds/labels/a.txt", "w") as f:
+            for _ in range(n >> 20):
+                f.write(bytes(1 << 20))
+        return buf.getvalue()
+
+    class Zeros(io.RawIOBase):
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            b[:] = bytes(len(b))
+            return len(b)
+
+    with tarfile.open(fileobj=buf, mode=mode) as t:
+        info = tarfile.TarInfo("ds/labels/a.txt")
+        info.size = n
+        t.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
+    return buf.getvalue()
+
+
+def _nothing_left(tmp_path, site):
+    """Nothing of a refused download: no dataset, no archive, no temporary file or folder."""
+    left = [p for p in tmp_path.rglob("*") if p.is_file() and "served" not in p.parts and p.suffix != ".yaml"]
+    return not left and not (site / "ds").exists()
+
+
+@pytest.mark.parametrize("kind", ["sparse label file", "tar.bz2 of 128 MiB of zeros", "zip of 128 MiB of zeros"])
+def test_archives_that_unpack_beyond_their_budget_are_refused_before_writing(tmp_path, server, kind):
+    """The sparse tar passes every member check; the bombs are under 200 KB. Unpacked, they would write 1 GiB or
+    128 MiB (more than 100x their size and the 64 MiB floor); refused with nothing written or left."""
+    base, folder, _ = server
+    name, make, words = {
+        "sparse label file": ("ds.tar.gz", _sparse_tar, "a sparse file"),
+        "tar.bz2 of 128 MiB of zeros": ("ds.tar.bz2", lambda: _zeros_archive("w:bz2", 128 << 20), "it may unpack to"),
+        "zip of 128 MiB of zeros": ("ds.zip", lambda: _zeros_archive("zip", 128 << 20), "the 67108864 it may take"),
+    }[kind]
+    data = make()
+    assert len(data) < 200_000
+    (folder / name).write_bytes(data)
+    f, site = _yaml(tmp_path, f"{base}/{name}")
+    with pytest.raises(DatasetError, match=rf"{re.escape(name)}: refusing to unpack.*{words}"):
+        check_det_dataset(str(f))
+    assert _nothing_left(tmp_path, site)
+
+
+def test_a_download_that_is_no_archive_is_refused_at_its_first_bytes(tmp_path, waits):
+    """A server sending 1 GiB of text for `ds.zip`: refused after its first 512 bytes, before the rest is fetched
+    (it sends a few megabytes at most, what the sockets buffer) and nothing is kept."""
+    sent = []
+
+    class Gigabyte(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 30))
+            self.end_headers()
+            try:
+                for _ in range(1 << 14):
+                    self.wfile.write(b"x" * (1 << 16))
+                    sent.append(1 << 16)
+            except OSError:  # the client closed the connection
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    base, stop = _serve(Gigabyte)
+    try:
+        f, site = _yaml(tmp_path, f"{base}/ds.zip")
+        with pytest.raises(DatasetError, match=r"ds\.zip: not a zip or tar archive by its first bytes"):
+            check_det_dataset(str(f))
+    finally:
+        stop()
+    assert sum(sent) < 32 << 20 and _nothing_left(tmp_path, site) and not waits  # not retried either
+
+
+def test_an_archive_within_its_budget_unpacks(tmp_path, server):
+    """The same kinds, honest: a tar.bz2 and a zip of labels ten times their size unpack whole."""
+    base, folder, _ = server
+    lines = "".join(f"0 0.{i % 9 + 1} 0.5 0.1 0.1\n" for i in range(20000)).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:bz2") as t:
+        t.addfile(_info("ds/labels/a.txt", size=len(lines)), io.BytesIO(lines))
+        t.addfile(_info("ds/images/a.jpg", size=3), io.BytesIO(b"\xff\xd8\xff"))
+    (folder / "ds.tar.bz2").write_bytes(buf.getvalue())
+    f, site = _yaml(tmp_path, f"{base}/ds.tar.bz2")
+    check_det_dataset(str(f))
+    assert (site / "ds" / "labels" / "a.txt").read_bytes() == lines and len(buf.getvalue()) * 5 < len(lines)

@@ -39,18 +39,25 @@ def test_round_trip_keeps_arrays_tuples_and_nesting(tmp_path):
     np.testing.assert_array_equal(lb["segments"][1], ref["segments"][1])
     assert back["stats"] == data["stats"] and back["msgs"] == data["msgs"] and back["empty"].shape == (0, 4)
     assert load_cache(tmp_path / "t.cache", "other files") is None  # the files changed: rebuilt, no warning
-    assert json.loads((tmp_path / "t.cache").read_text())["version"] == label_cache.VERSION
+    assert json.loads((tmp_path / "t.cache").read_text().partition("\n")[2])["version"] == label_cache.VERSION
+
+
+def signed(text):
+    """`text` as save_cache writes it: its MAC under this user's key, a newline, then the text."""
+    return f"{label_cache._mac(label_cache.cache_key(), text)}\n{text}".encode()
 
 
 def _bad_caches(marker):
+    """Each reaches the check that refuses it: all but the first and the last carry a valid MAC."""
     good = json.dumps({"format": label_cache.FORMAT, "version": label_cache.VERSION, "hash": "h", "data": {}})
     return {
         "random bytes": np.random.default_rng(1).bytes(2048),
-        "truncated": good[: len(good) // 2].encode(),
-        "text": b"{this is not json}",
-        "other version": good.replace(f'"version": {label_cache.VERSION}', '"version": 99').encode(),
-        "other program": json.dumps({"format": "someone else", "data": {}}).encode(),
-        "object array": good.replace('"data": {}', '"data": {"a": {"__ndarray__": ["|O", [1], "AA=="]}}').encode(),
+        "truncated": signed(good[: len(good) // 2]),
+        "text": signed("{this is not json}"),
+        "other version": signed(good.replace(f'"version": {label_cache.VERSION}', '"version": 99')),
+        "other program": signed(json.dumps({"format": "someone else", "data": {}})),
+        "object array": signed(good.replace('"data": {}', '"data": {"a": {"__ndarray__": ["|O", [1], "AA=="]}}')),
+        "version 2, unsigned": good.encode(),
         "official pickle": None,  # written below with np.save, a payload inside
     }
 

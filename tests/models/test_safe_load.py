@@ -186,12 +186,13 @@ def test_payload_in_an_official_module_tree(monkeypatch, tmp_path, no_unpickling
 
 
 def test_official_namespace_cannot_reach_real_code(tmp_path):
-    """`models.*` / `utils.*` names become empty stubs: a call to a real project function through them fails."""
+    """`models.*` / `utils.*` names become empty stubs, and no checkpoint calls one: a call to a real project function
+    through them is refused before anything is built."""
     import utils.files
 
     marker = tmp_path / "pwned"
     path = write({"model": Call(utils.files.yaml_save, str(marker), {})}, tmp_path / "w.pt", "zip")
-    with pytest.raises(BadCheckpoint, match="not a readable checkpoint"):
+    with pytest.raises(UnsafeCheckpoint, match=r"it calls utils\.files\.yaml_save with arguments"):
         attempt_load(path)
     assert not marker.exists()
 

@@ -162,3 +162,123 @@ def yaml_blowup(path):
     ckpt["model"]["yaml"] = {**ckpt["model"]["yaml"], "width_multiple": 16.0}
     torch.save(ckpt, path)
     return path
+
+
+# ------------------------------------------------------------------ files of a few hundred bytes that cost gigabytes
+class Call:
+    """Pickles as `fn(*args)` (REDUCE), as a payload would."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def constructor_call(path, fn, *args):
+    """A checkpoint whose pickle calls an allowed class or function with arguments: `Conv2d(512, 1024, 32)` builds
+    2 GiB of weights, `torch.Tensor(10**9)` 4 GiB."""
+    torch.save({"model": None, "w": Call(fn, *args)}, path)
+    return path
+
+
+def deep_pickle(path, depth, kind):
+    """A zip checkpoint whose data.pkl nests `depth` lists (each on the pickle's stack) or tuples (TUPLE1 of TUPLE1
+    of ..., the stack one value high)."""
+    body = b"]" * depth + b"a" * (depth - 1) if kind == "lists" else b")" + b"\x85" * depth
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02" + body + b".")
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+    return path
+
+
+def yaml_in_checkpoint(path, **edits):
+    """Our format with the model YAML's keys replaced (`anchors: 20000000`, `width_multiple: inf`) or its backbone
+    led by `upsamples` rows of nn.Upsample (each doubling the dummy forward's image)."""
+    ckpt = our_checkpoint()
+    cfg = {**ckpt["model"]["yaml"], **{k: v for k, v in edits.items() if k != "upsamples"}}
+    cfg["backbone"] = [[-1, 1, "nn.Upsample", [None, 2, "nearest"]]] * edits.get("upsamples", 0) + cfg["backbone"]
+    ckpt["model"]["yaml"] = cfg
+    torch.save(ckpt, path)
+    return path
+
+
+CLASSIFY_META = {"task": "classify", "stride": 1, "names": {"0": "a", "1": "b", "2": "c"}, "nc": 3, "layout": None,
+                 "imgsz": [64, 64], "batch": 1, "dynamic": False, "half": False, "outputs": 0}
+
+
+class _Pooled(torch.nn.Module):
+    def forward(self, x):
+        y = torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1)
+        return torch.softmax(y + torch.full([1, 3], 0.5)[:1], 1)
+
+
+def torchscript_full(path, size):
+    """A classifier traced as export.py traces, whose code is then edited so that its `torch.full` makes `size`
+    (a list literal): a 3 KB file, every operator on the allow-list."""
+    import json
+
+    ts = torch.jit.trace(_Pooled(), torch.zeros(1, 3, 64, 64))
+    ts.save(str(path), _extra_files={"yolo": json.dumps(CLASSIFY_META)})
+    z = zipfile.ZipFile(path)
+    code = next(n for n in z.namelist() if n.endswith(".py") and "torch.full" in z.read(n).decode())
+    text = z.read(code).decode().replace("torch.full([1, 3]", f"torch.full({list(size)}")
+    return rezip(path, path, replace={code: text.encode()})
+
+
+def onnx_model(nodes, outputs, inits=(), meta=None, opset=17):
+    """An ONNX file (bytes) taking `images` (1, 3, 64, 64), with `nodes`, the `outputs` (name, rank) and metadata."""
+    import json
+
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 64, 64])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * r) for n, r in outputs],
+                              list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "yolo", json.dumps(meta or CLASSIFY_META)
+    return model.SerializeToString()
+
+
+def onnx_constant_of_shape(n):
+    """497 bytes: a `ConstantOfShape` of `n` floats, which onnxruntime folds (allocates) while loading."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([n], dtype=np.int64), "shape")
+    return onnx_model([helper.make_node("ConstantOfShape", ["shape"], ["big"])], [("big", 1)], [shape])
+
+
+def onnx_loop(trips):
+    """A `Loop` of `trips` iterations whose body passes its input through: it would run until stopped."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", ["x_in"], ["x_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("x_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, None)])
+    inits = [numpy_helper.from_array(np.array(trips, dtype=np.int64), "trips"),
+             numpy_helper.from_array(np.array(True), "cond")]
+    return onnx_model([helper.make_node("Loop", ["trips", "cond", "images"], ["y"], body=body)], [("y", 4)], inits)
+
+
+def onnx_pooled(meta=None, external=False):
+    """images -> GlobalAveragePool -> Flatten: (1, 3) scores, an honest classifier; with `meta` saying otherwise (a
+    detector's layout), or its one weight stored `external`ly, a hostile one."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    scale = numpy_helper.from_array(np.ones((1, 3), dtype=np.float32), "scale")
+    if external:
+        scale.data_location, scale.raw_data = scale.EXTERNAL, b""
+        entry = scale.external_data.add()
+        entry.key, entry.value = "location", "../../../../etc/hostname"
+    nodes = [helper.make_node("GlobalAveragePool", ["images"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Mul", ["f", "scale"], ["scores"])]
+    return onnx_model(nodes, [("scores", 2)], [scale], meta)

@@ -22,7 +22,7 @@ from utils.data.image_files import (
 from utils.data.label_cache import cache_path, load_cache, save_cache
 from utils.data.labels import CACHE_VERSION, NoUsableImages, log_problems, read_image, verify_image
 from utils.data.loader import rank_indices
-from utils.errors import BadDataset
+from utils.errors import BadDataset, BadFile
 from utils.loggers import LOGGER
 
 
@@ -163,7 +163,9 @@ class ClassificationDataset(Dataset):
         files = [f for f, _ in candidates]
         cache_file = cache_path(self.root)
         hash_ = files_hash(files, extra=f"{CACHE_VERSION} classify")
-        cache = load_cache(cache_file, hash_, self.prefix)
+        n = len(files)
+        cache = load_cache(cache_file, hash_, self.prefix,
+                           valid=lambda d: all(type(i) is int and 0 <= i < n for i in d["good"]))
         cached = cache is not None
         if not cached:
             workers = min(8, os.cpu_count() or 1)
@@ -196,7 +198,10 @@ class ClassificationDataset(Dataset):
         return self._decode(i) if im is None else im
 
     def _decode(self, i):
-        im = read_image(self.samples[i][0])
+        try:
+            im = read_image(self.samples[i][0])
+        except BadFile:  # swapped since the scan for one over the pixel limit, or for a FIFO
+            im = None
         if im is None:
             raise FileNotFoundError(f"{self.prefix}image not found or unreadable: {self.samples[i][0]}")
         return im

@@ -36,10 +36,13 @@ from utils.data.synthetic import generate_dataset
 from utils.errors import BadDataset
 from utils.files import ROOT, ConfigError, yaml_load
 from utils.loggers import LOGGER
+from utils.text import escape_controls, has_controls
 
 SYNTHETIC_KEYS = {"task", "n_train", "n_val", "seed", "min_side", "max_side", "max_objects"}
 # the keys of a detection, segmentation or pose dataset YAML that something reads
 DET_KEYS = {"path", "train", "val", "test", "names", "nc", "download", "synthetic", "kpt_shape", "flip_idx", "skeleton"}
+# a synthetic set of at most 120,000 images of 1024 px (about 10 GB of JPEGs)
+SYNTHETIC_BOUNDS = {"n_train": 100_000, "n_val": 20_000, "min_side": 1024, "max_side": 1024, "max_objects": 1000}
 DOWNLOAD_KEYS = {"urls", "dir", "threads"}
 DOWNLOAD_FORMS = "an http(s) URL, or a list of URLs and {urls, dir, threads} items"
 
@@ -98,6 +101,8 @@ def _name(v, k, label):
     'None' or '[...]'."""
     if isinstance(v, bool) or not isinstance(v, (str, int, float)) or not str(v).strip():
         raise DatasetError(f"{label}: the name of class {k} must be text, got {type(v).__name__} {v!r:.40}")
+    if has_controls(v):  # printed, drawn and saved, it would drive the terminal or forge a line
+        raise DatasetError(f"{label}: the name of class {k} holds control characters ({escape_controls(v)[:60]})")
     return str(v)
 
 
@@ -270,6 +275,11 @@ def _obtain(d, label, root, missing, autodownload):
         if unknown:
             raise DatasetError(
                 f"{label}: unknown 'synthetic' keys {sorted(unknown)}, expected {sorted(SYNTHETIC_KEYS)}")
+        bad = next((k for k, hi in SYNTHETIC_BOUNDS.items() if k in spec and not (
+            isinstance(spec[k], int) and not isinstance(spec[k], bool) and 1 <= spec[k] <= hi)), None)
+        if bad:  # what a YAML may make this machine write
+            raise DatasetError(f"{label}: synthetic.{bad} must be an integer 1..{SYNTHETIC_BOUNDS[bad]}, got "
+                               f"{spec[bad]!r:.40}")
         LOGGER.info(f"{label}: dataset not found, generating synthetic {spec.get('task', 'detect')} data in {root}...")
         try:
             generate_dataset(root, **spec)

@@ -39,7 +39,7 @@ from utils.data.label_cache import cache_path
 from utils.data.label_formats import get_format
 from utils.data.labels import NoUsableImages, cache_labels, read_image
 from utils.data.loader import rank_indices
-from utils.errors import BadDataset
+from utils.errors import BadDataset, BadFile
 from utils.loggers import LOGGER
 from utils.ops import xyn2xy, xywhn2xyxy, xyxy2xywhn
 
@@ -168,7 +168,10 @@ class YOLODataset(Dataset):
         return self._decode(i) if im is None else im
 
     def _decode(self, i):
-        im = read_image(self.im_files[i])
+        try:
+            im = read_image(self.im_files[i])
+        except BadFile:  # swapped since the scan for one over the pixel limit, or for a FIFO
+            im = None
         if im is None:
             raise ImageGone(self.im_files[i], i)
         return im

@@ -7,12 +7,22 @@ its final name by rename only (utils.files.publish), so nobody reads a half-writ
 A dataset download delivers data, nothing else (`download`): what it fetches must be a zip or tar archive by its
 content, and only data files (DATA_SUFFIXES: images, videos, labels, annotations) are unpacked, as plain files
 without modes or owners, and only inside the folder the caller names; the archive is deleted after. An archive
-holding a link, a device node, a FIFO or a setuid/setgid file is refused whole (no dataset needs one); other files
-(code, libraries, `.pth`, licences) are left out with one warning naming them.
+holding a link, a device node, a FIFO, a setuid/setgid file or a sparse file is refused whole (no dataset needs one);
+other files (code, libraries, `.pth`, licences) are left out with one warning naming them.
+
+What a download may cost (utils/budget.py): its kind is decided on its first 512 bytes as they arrive, so a file that
+is no archive is refused before the rest is fetched; nothing is written past the disk's free space less DISK_MARGIN;
+an archive unpacks to at most ARCHIVE_RATIO times its size (at least ARCHIVE_FLOOR), counted on the sizes its
+members declare (and the disk blocks each file takes) before one of them is written, and a compressed tar is
+decompressed only that far. A refused download leaves nothing behind.
 """
 
+import bz2
 import errno
+import gzip
 import http.client
+import io
+import lzma
 import os
 import shutil
 import stat
@@ -25,6 +35,7 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from utils.budget import ARCHIVE_FLOOR, ARCHIVE_RATIO, DISK_MARGIN
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, suffix
 from utils.errors import BadDataset, BadFile
 from utils.files import publish, temp_sibling
@@ -50,11 +61,42 @@ def _reason(e):
     return str(e)
 
 
-def _fetch_into(url, path, retries):
+def free_bytes(folder):
+    """What may still be written in `folder`: its disk's free space less DISK_MARGIN."""
+    return shutil.disk_usage(folder).free - DISK_MARGIN
+
+
+def _copy_body(r, f, url, accept):
+    """Write the reply `r` to `f`: `accept(head)` judges its first 512 bytes before the rest comes, and nothing is
+    written past the disk's room."""
+    room = free_bytes(Path(f.name).parent)
+    declared = getattr(r, "length", None)
+    if declared and declared > room:
+        raise DownloadFailed(f"download of {url}: {declared} bytes, more than the {max(room, 0)} this disk has free "
+                             f"(keeping {DISK_MARGIN} free)")
+    head = b""
+    while accept is not None and len(head) < 512:
+        block = r.read(512 - len(head))
+        if not block:
+            break
+        head += block
+    if accept is not None:
+        accept(head)
+    f.write(head)
+    written = len(head)
+    while block := r.read(1 << 20):
+        written += len(block)
+        if written > room:
+            raise DownloadFailed(f"download of {url}: more than the {room} bytes this disk has free (keeping "
+                                 f"{DISK_MARGIN} free)")
+        f.write(block)
+
+
+def _fetch_into(url, path, retries, accept=None):
     for attempt in range(1, retries + 1):
         try:
             with urllib.request.urlopen(url, timeout=60) as r, open(path, "wb") as f:
-                shutil.copyfileobj(r, f, length=1 << 20)
+                _copy_body(r, f, url, accept)
                 # urllib ends an HTTP body cut short by the server without a word: this file is not whole
                 # (a file:// reply has no length to check)
                 left = getattr(r, "length", None)
@@ -68,9 +110,11 @@ def _fetch_into(url, path, retries):
             time.sleep(2 * attempt)
 
 
-def fetch(url, dest, retries=3):
-    """Download `url` to the file `dest` unless it is already there; True if this call wrote it."""
-    return publish(dest, lambda tmp: _fetch_into(url, tmp, retries))
+def fetch(url, dest, retries=3, accept=None):
+    """Download `url` to the file `dest` unless it is already there; True if this call wrote it. `accept(head)`, if
+    given, judges the file's first 512 bytes (fewer if it is shorter) before the rest is fetched, and raises to
+    refuse it; a refused or failed download leaves nothing at `dest`."""
+    return publish(dest, lambda tmp: _fetch_into(url, tmp, retries, accept))
 
 
 def _within(folder, path):
@@ -78,15 +122,102 @@ def _within(folder, path):
     return path == folder or folder in path.parents
 
 
+def archive_kind(head):
+    """'zip', 'gz', 'bz2', 'xz' or 'tar' from a file's first 512 bytes (the magic numbers; a tar says `ustar` at
+    offset 257), None for anything else."""
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "zip"
+    magics = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}
+    kind = next((k for m, k in magics.items() if head.startswith(m)), None)
+    return kind or ("tar" if head[257:262] == b"ustar" else None)
+
+
+def check_archive_head(head, label):
+    """UnsafeArchive unless `head` (a file's first bytes) starts a zip or tar archive."""
+    if archive_kind(head) is None:
+        raise UnsafeArchive(f"{label}: not a zip or tar archive by its first bytes; a dataset download must be one")
+
+
 def _zip_members(z):
-    """[(name, is_file, unix mode)] of a zip (the mode is in the high bits of external_attr where a Unix tool
+    """[(name, is_file, unix mode, size)] of a zip (the mode is in the high bits of external_attr where a Unix tool
     wrote it, else 0)."""
-    return [(i.filename, not i.is_dir(), i.external_attr >> 16) for i in z.infolist()]
+    return [(i.filename, not i.is_dir(), i.external_attr >> 16, i.file_size) for i in z.infolist()]
 
 
 def _tar_members(t):
     return [(m.name, m.isfile(), m.mode | (stat.S_IFREG if m.isfile() else stat.S_IFDIR if m.isdir() else
-                                            stat.S_IFLNK)) for m in t.getmembers()]
+                                            stat.S_IFLNK), m.size) for m in t.getmembers()]
+
+
+BLOCK = 4096  # a file's disk blocks, and one more for its inode and folder entry
+MAX_TAR_READ = 1 << 20  # one read from a tar: a header, a long name (a pax header of gigabytes would be read whole)
+
+
+def _disk_cost(size):
+    return (-(-size // BLOCK) + 1) * BLOCK
+
+
+def unpack_budget(archive, dest):
+    """Bytes an archive may unpack to: ARCHIVE_RATIO times its size (at least ARCHIVE_FLOOR), and what the disk of
+    `dest` has free."""
+    return min(max(ARCHIVE_FLOOR, ARCHIVE_RATIO * os.path.getsize(archive)), free_bytes(dest))
+
+
+def _check_cost(archive, sizes, n_members, budget):
+    """UnsafeArchive when the files to write (`sizes`, as the archive declares them) and a block for each of its
+    `n_members` entries take more than `budget`."""
+    need = sum(_disk_cost(n) for n in sizes) + BLOCK * (n_members - len(sizes))
+    if need > budget:
+        raise UnsafeArchive(f"{archive.name}: refusing to unpack {n_members} members of {need} bytes on disk, more "
+                            f"than the {budget} it may take (at most {ARCHIVE_RATIO}x its size, within the disk's free "
+                            "space)")
+
+
+class _Bounded(io.RawIOBase):
+    """A seekable (decompressed) stream for tarfile that ends the unpacking (UnsafeArchive) when read or sought past
+    `limit` bytes, or asked for more than MAX_TAR_READ at once: decompression stops there."""
+
+    def __init__(self, f, limit, label):
+        super().__init__()
+        self.f, self.limit, self.label = f, limit, label
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.f.tell()
+
+    def _refuse(self, what):
+        raise UnsafeArchive(f"{self.label}: refusing to unpack it: {what}, beyond the {self.limit} bytes it may "
+                            f"unpack to (at most {ARCHIVE_RATIO}x its size)")
+
+    def seek(self, pos, whence=0):
+        if whence != 0:  # tarfile seeks to absolute offsets; the others are resolved to one first
+            pos = self.f.tell() + pos if whence == 1 else self.f.seek(0, 2)
+        if pos > self.limit:
+            self._refuse(f"it holds more than {pos} bytes")
+        return self.f.seek(pos)
+
+    def read(self, n=-1):
+        if n is None or n < 0 or n > MAX_TAR_READ:
+            self._refuse(f"a header or name of {n} bytes")
+        data = self.f.read(n)
+        if self.f.tell() > self.limit:
+            self._refuse(f"it holds more than {self.f.tell()} bytes")
+        return data
+
+
+_DECOMPRESS = {"gz": lambda f: gzip.GzipFile(fileobj=f), "bz2": bz2.BZ2File, "xz": lzma.LZMAFile}
+
+
+def _open_tar(archive, kind, budget):
+    raw = open(archive, "rb")
+    stream = _DECOMPRESS[kind](raw) if kind in _DECOMPRESS else raw
+    # the headers count against the budget too: a member costs a 512-byte header and padding besides its bytes
+    return tarfile.open(fileobj=_Bounded(stream, budget, archive.name), mode="r:"), (stream, raw)
 
 
 def _select(archive, members, dest, within):
@@ -94,7 +225,7 @@ def _select(archive, members, dest, within):
     (UnsafeArchive) links, devices, FIFOs, setuid/setgid files and paths leaving `dest`; leaves out other files and
     files outside `within` with one warning."""
     keep, left_out = [], []
-    for name, is_file, mode in members:
+    for name, is_file, mode, _ in members:
         kind = stat.S_IFMT(mode)
         if kind not in (0, stat.S_IFREG, stat.S_IFDIR) or mode & (stat.S_ISUID | stat.S_ISGID):
             raise UnsafeArchive(f"{archive.name}: refusing to unpack {name!r} (a link, device, FIFO or setuid/setgid "
@@ -111,21 +242,37 @@ def _select(archive, members, dest, within):
 
 
 def unpack(archive, dest, within=None):
-    """Unpack the data files of a zip or tar archive (decided by its content) into `dest`, each of them inside
-    `within` (default: `dest`). UnsafeArchive for anything else."""
+    """Unpack the data files of a zip or tar archive (decided by its first bytes) into `dest`, each of them inside
+    `within` (default: `dest`), within unpack_budget. UnsafeArchive for anything else."""
     archive, dest = Path(archive), Path(dest).resolve()
     within = Path(within).resolve() if within else dest
     with open(archive, "rb") as f:
-        is_zip = f.read(4) == b"PK\x03\x04"
-    if is_zip:
-        with zipfile.ZipFile(archive) as z:
-            z.extractall(dest, members=_select(archive, _zip_members(z), dest, within))  # zipfile writes no modes
-    elif tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as t:
-            keep = set(_select(archive, _tar_members(t), dest, within))
-            t.extractall(dest, members=[m for m in t.getmembers() if m.name in keep], filter="data")
-    else:
-        raise UnsafeArchive(f"{archive.name}: not a zip or tar archive; a dataset download must be one")
+        head = f.read(512)
+    check_archive_head(head, archive.name)
+    dest.mkdir(parents=True, exist_ok=True)
+    budget = unpack_budget(archive, dest)
+    if archive_kind(head) == "zip":
+        with zipfile.ZipFile(archive) as z:  # zipfile writes no modes, and no member beyond its declared size
+            members = _zip_members(z)
+            keep = _select(archive, members, dest, within)
+            _check_cost(archive, [m[3] for m in members if m[0] in set(keep)], len(members), budget)
+            z.extractall(dest, members=keep)
+        return
+    t, streams = _open_tar(archive, archive_kind(head), budget)
+    try:
+        for n, m in enumerate(iter(t.next, None), 1):  # read up to the budget, a member at a time
+            if m.issparse():
+                raise UnsafeArchive(f"{archive.name}: refusing to unpack {m.name!r}, a sparse file (its holes would "
+                                    "be written out in full; no dataset needs one)")
+            _check_cost(archive, [], n, budget)
+        members = _tar_members(t)
+        keep = set(_select(archive, members, dest, within))
+        _check_cost(archive, [m[3] for m in members if m[0] in keep], len(members), budget)
+        t.extractall(dest, members=[m for m in t.getmembers() if m.name in keep], filter="data")
+    finally:
+        t.close()
+        for s in streams:
+            s.close()
 
 
 def is_archive(path):
@@ -174,7 +321,7 @@ def download(urls, dir=".", threads=1, within=None):
             raise UnsafeArchive(f"{url}: does not name a zip or tar archive; a dataset download must be one")
         if not dest.exists():
             LOGGER.info(f"Downloading {url} to {dest}...")
-            fetch(url, dest)
+            fetch(url, dest, accept=lambda head: check_archive_head(head, url))
         LOGGER.info(f"Unpacking {dest}...")
         try:
             _unpack_into(dest, dir, within)

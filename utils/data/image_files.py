@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from utils.budget import MAX_IMAGE_PIXELS
 from utils.files import publish
 
 IMG_FORMATS = frozenset({"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm"})
@@ -170,15 +171,16 @@ def disk_cache_path(im_file):
 def read_disk_cache(npy_file, im_file, mmap_mode=None):
     """The pixels `--cache disk` saved for `im_file`, or None where they cannot be trusted: no file, one older than
     the image (edited since), or one that is not an (h, w, 3) uint8 array (cut short, garbage, another program's).
-    mmap_mode='r' checks the file without reading its pixels."""
+    mmap_mode='r' checks the file without reading its pixels. The file is mapped before it is read: a header
+    declaring more than the file holds, or more pixels than an image may have, allocates nothing."""
     try:
         if os.stat(npy_file).st_mtime_ns < os.stat(im_file).st_mtime_ns:
             return None
-        im = np.load(npy_file, mmap_mode=mmap_mode, allow_pickle=False)  # a pickle could run code: never loaded
+        im = np.load(npy_file, mmap_mode="r", allow_pickle=False)  # a pickle could run code: never loaded
     except (OSError, ValueError, EOFError):  # what np.load raises on a truncated, garbage or pickled file
         return None
-    ok = isinstance(im, np.ndarray) and im.dtype == np.uint8 and im.ndim == 3 and im.shape[2] == 3
-    return im if ok else None
+    ok = im.dtype == np.uint8 and im.ndim == 3 and im.shape[2] == 3 and im.shape[0] * im.shape[1] <= MAX_IMAGE_PIXELS
+    return None if not ok else im if mmap_mode else np.array(im)
 
 
 def write_disk_cache(npy_file, im):

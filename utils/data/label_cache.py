@@ -1,18 +1,29 @@
 """The `.yolo-engine.cache` file beside a dataset's labels: the result of a label scan, saved so the next run
 skips the scan.
 
-Format: one JSON document, `{"format": FORMAT, "version": VERSION, "hash": ..., "data": ...}`. `data` is the
-caller's dict, with numpy arrays written as `{"__ndarray__": [dtype, shape, base64 bytes]}` (numeric dtypes only)
-and tuples as `{"__tuple__": [...]}`, so reading it back can never run code, unlike the pickled caches of the
-official repos. `hash` is the caller's key: a hash of the image/label file list with sizes and mtimes
-(utils.data.image_files.files_hash). A cache in another format (an official pickled cache), of another version,
-corrupt or unreadable is ignored with one warning and rebuilt; one whose hash differs (the files changed) is rebuilt
-silently. Only local rank 0 writes it (the others read what it wrote), atomically (utils.files.publish); a folder
-that cannot be written costs one warning and a rescan next time, never a crash.
+Format: a line holding the cache's MAC, then one JSON document, `{"format": FORMAT, "version": VERSION, "hash": ...,
+"data": ...}`. `data` is the caller's dict, with numpy arrays written as `{"__ndarray__": [dtype, shape, base64
+bytes]}` (numeric dtypes only) and tuples as `{"__tuple__": [...]}`, so reading it back can never run code, unlike
+the pickled caches of the official repos. `hash` is the caller's key: a hash of the image/label file list with sizes
+and mtimes (utils.data.image_files.files_hash).
+
+A cache is bound to the dataset it describes and to this user: the MAC is an HMAC-SHA256 of the document under a
+secret key kept in the user's configuration folder (`cache_key`), so a cache planted beside a dataset (shipped with
+it, or written by anyone else) does not verify, whatever hash it claims, and the caller also checks that every entry
+names a file of the dataset (`valid`). A cache that does not verify, in another format (an official pickled cache),
+of another version, corrupt or unreadable is ignored with one warning and rebuilt; one whose hash differs (the files
+changed) is rebuilt silently. Machines that share a dataset folder but not a home folder each rebuild the other's
+caches: point YOLO_ENGINE_CONFIG_DIR at one shared folder to share the key. Only local rank 0 writes it (the others
+read what it wrote), atomically (utils.files.publish); a folder that cannot be written costs one warning and a rescan
+next time, never a crash.
 """
 
 import base64
+import errno
+import hmac
 import json
+import os
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +36,8 @@ FORMAT = "yolo-engine label cache"
 # not `train.cache`, the official repos' name for their pickled cache: on a shared name each tool would rescan after
 # the other had run
 SUFFIX = ".yolo-engine.cache"
-VERSION = 2  # 1 was the pickled .npy cache
+VERSION = 3  # 1 was the pickled .npy cache, 2 had no MAC
+KEY_ENV = "YOLO_ENGINE_CONFIG_DIR"
 _warned_dirs = set()  # one "not writeable" warning per folder and process
 
 
@@ -67,24 +79,80 @@ def _warn(prefix, msg):
     LOGGER.warning(f"{prefix}WARNING: {msg}")
 
 
-def load_cache(path, hash_, prefix=""):
-    """The `data` dict saved at `path` under key `hash_`, or None (missing, stale, or unusable: then warn)."""
+def key_path():
+    """Where the label caches' key lives: $YOLO_ENGINE_CONFIG_DIR, else $XDG_CONFIG_HOME/yolo-engine, else
+    ~/.config/yolo-engine."""
+    folder = os.environ.get(KEY_ENV) or Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / \
+        "yolo-engine"
+    return Path(folder) / "label-cache.key"
+
+
+def cache_key():
+    """This user's secret key for label caches (32 random bytes, hex), made on first use, readable by the user only;
+    None where the folder cannot be written (caches are then neither trusted nor written). Processes making it at
+    once agree: each links its own draft to the name, and the first link wins."""
+    path = key_path()
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        draft = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        try:
+            os.link(draft, path)
+        except OSError as e:
+            if e.errno != errno.EEXIST:
+                raise
+        finally:
+            draft.unlink(missing_ok=True)
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _mac(key, text):
+    return hmac.new(key, text.encode("utf-8"), "sha256").hexdigest()
+
+
+def _verified_text(path):
+    """The document of the cache at `path`, read only once its MAC (streamed through in blocks) verifies: a planted
+    file of any size costs a read, never its size in memory. ValueError saying why it does not."""
+    key = cache_key()
+    with open(path, "rb") as f:
+        mac = f.read(65)
+        if len(mac) != 65 or mac[64:] != b"\n" or f.read(1) != b"{":  # an official cache (a pickle), an older one
+            raise ValueError("not a label cache of this version of this project (another program's format?)")
+        if key is None:
+            raise ValueError(f"its key {key_path()} cannot be read or made here")
+        f.seek(65)
+        digest = hmac.new(key, digestmod="sha256")
+        while block := f.read(1 << 20):
+            digest.update(block)
+        if not hmac.compare_digest(mac[:64], digest.hexdigest().encode()):
+            raise ValueError("it was not written with this user's key (copied from elsewhere, or edited)")
+        f.seek(65)
+        return f.read().decode("utf-8")
+
+
+def load_cache(path, hash_, prefix="", valid=lambda data: True):
+    """The `data` dict saved at `path` under key `hash_`, or None (missing, stale, or unusable: then warn).
+    `valid(data)` says whether every entry names a file of the dataset."""
     path = Path(path)
     if not path.is_file():
         return None
     try:
-        with open(path, "rb") as f:
-            head = f.read(1)
-            f.seek(0)
-            if head != b"{":  # an official cache (a pickle in .npy) or anything else: never parsed
-                raise ValueError("not a JSON label cache (another program's format?)")
-            cache = json.loads(f.read().decode("utf-8"), object_hook=_decode_object)
-        if not isinstance(cache, dict) or cache.get("format") != FORMAT:
+        text = _verified_text(path)
+        cache = json.loads(text, object_hook=_decode_object)
+        if not isinstance(cache, dict) or cache.get("format") != FORMAT or not isinstance(cache.get("data"), dict):
             raise ValueError("not a label cache of this project")
         if cache.get("version") != VERSION:
             raise ValueError(f"cache version {cache.get('version')}, this program reads {VERSION}")
-        if not isinstance(cache.get("data"), dict):
-            raise ValueError("no data")
+        if cache.get("hash") == hash_ and not valid(cache["data"]):
+            raise ValueError("its entries name files outside the dataset")
     except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:  # json and base64 errors are ValueErrors
         _warn(prefix, f"ignoring label cache {path} ({e}); rescanning")
         return None
@@ -97,8 +165,11 @@ def save_cache(path, data, hash_, prefix=""):
         return False  # the other ranks of this machine read what local rank 0 wrote
     path = Path(path)
     text = json.dumps({"format": FORMAT, "version": VERSION, "hash": hash_, "data": _encode(data)})
+    key = cache_key()
     try:
-        publish(path, lambda tmp: Path(tmp).write_text(text), replace=True)
+        if key is None:
+            raise OSError(f"its key {key_path()} cannot be made")
+        publish(path, lambda tmp: Path(tmp).write_text(f"{_mac(key, text)}\n{text}"), replace=True)
         return True
     except OSError as e:
         if path.parent not in _warned_dirs:

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
+from utils.budget import MAX_LABEL_BYTES
 from utils.data.image_files import MISSING, entry_problem, files_hash
 from utils.data.label_cache import SUFFIX, load_cache, save_cache
 from utils.data.label_formats import BadLine, get_format
 from utils.errors import BadDataset
 from utils.imageio import read_image
 from utils.loggers import LOGGER
+from utils.text import escape_controls
 
 CACHE_VERSION = "yolo-labels-3"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons
 MAX_WARNINGS = 10  # problems printed per scan; all of them are in the dataset's `problems` (and the run folder)
@@ -80,14 +82,18 @@ def _parse_line(values, nc, fmt):
 
 def read_label_text(lb_file):
     """The text of a label file: None when there is none (a background image); BadLine when the path is not a readable
-    regular file (a folder, a dangling symlink: never taken for an empty label) or the bytes are not UTF-8. A UTF-8
-    byte order mark, which some Windows editors write, is dropped."""
+    regular file (a folder, a dangling symlink: never taken for an empty label), it is larger than MAX_LABEL_BYTES
+    (read no further) or the bytes are not UTF-8. A UTF-8 byte order mark, which some Windows editors write, is
+    dropped."""
     why = entry_problem(lb_file)
     if why == MISSING:
         return None
     if why:
         raise BadLine(f"label path {lb_file} {why}")
-    data = Path(lb_file).read_bytes()
+    with open(lb_file, "rb") as f:  # its apparent size, not its disk blocks: a sparse file reads as its holes' zeros
+        data = f.read(MAX_LABEL_BYTES + 1)
+    if len(data) > MAX_LABEL_BYTES:
+        raise BadLine(f"{lb_file}: larger than {MAX_LABEL_BYTES} bytes, more than any label file holds")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -214,7 +220,9 @@ def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=
     converted = f" {source.kind} {fmt.name} {sorted(names.items())}" if source is not None else ""
     files = [*im_files, *dict.fromkeys(label_files)] if source is not None else [*im_files, *label_files]
     hash_ = files_hash(files, extra=f"{CACHE_VERSION} nc={nc} {fmt.line_format}{converted}")
-    cache = load_cache(cache_path, hash_, prefix)
+    members = set(im_files)
+    cache = load_cache(cache_path, hash_, prefix,
+                       valid=lambda d: all(isinstance(lb, dict) and lb.get("im_file") in members for lb in d["labels"]))
     cached = cache is not None
     if not cached:
         labels, stats, msgs = _build(im_files, label_files, nc, min(workers, os.cpu_count() or 1), fmt, source, names)
@@ -243,7 +251,7 @@ def log_problems(msgs, n_skipped, prefix=""):
     if n_skipped:
         LOGGER.warning(f"{prefix}WARNING: {n_skipped} images skipped (first reasons below)")
     for m in msgs[:MAX_WARNINGS]:
-        LOGGER.warning(f"{prefix}WARNING: {m}")
+        LOGGER.warning(f"{prefix}WARNING: {escape_controls(m)}")
     if len(msgs) > MAX_WARNINGS:
         LOGGER.warning(f"{prefix}WARNING: ... and {len(msgs) - MAX_WARNINGS} more problems")
 
@@ -251,8 +259,9 @@ def log_problems(msgs, n_skipped, prefix=""):
 def write_problems(save_dir, problems):
     """Write {split: [problem lines]} to the run folder's data_problems.txt and say so (the scans printed only the
     first MAX_WARNINGS); nothing when there are none. Returns the number of lines. File names are written as the
-    bytes they are on disk, whatever their encoding."""
-    lines = [f"{split}: {m}" for split, msgs in problems.items() for m in msgs]
+    bytes they are on disk, whatever their encoding, their control characters (a newline in a name) escaped: one
+    line per problem."""
+    lines = [f"{split}: {escape_controls(m)}" for split, msgs in problems.items() for m in msgs]
     if lines:
         path = Path(save_dir) / "data_problems.txt"
         path.parent.mkdir(parents=True, exist_ok=True)

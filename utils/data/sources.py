@@ -5,9 +5,9 @@ import os
 import cv2
 
 from utils.data.augment import chw_rgb, letterbox
-from utils.data.image_files import IMG_FORMATS, SUBFOLDER, VID_FORMATS, scan_files, suffix
+from utils.data.image_files import IMG_FORMATS, MISSING, SUBFOLDER, VID_FORMATS, entry_problem, scan_files, suffix
 from utils.errors import BadFile
-from utils.imageio import is_utf8, printable, read_image
+from utils.imageio import check_pixels, is_utf8, printable, read_image
 from utils.loggers import LOGGER
 
 
@@ -51,6 +51,7 @@ class LoadImages:
         except FileNotFoundError as e:
             raise SourceNotFound(str(e)) from None
         skipped = [printable(p) for p, why in others if why == SUBFOLDER]
+        files = LoadImages._regular(files)
         hint = f"--source '{os.path.join(os.path.dirname(skipped[0]), '**', '*')}' reads them too" if skipped else ""
         if not files:
             if os.path.isfile(source) and not str(source).endswith(".txt"):  # not a media file, nor a list of them
@@ -63,6 +64,19 @@ class LoadImages:
             names = ", ".join(os.path.basename(p) for p in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
             LOGGER.info(f"note: {len(skipped)} sub-folder(s) not read ({names}); {hint}")
         return files
+
+    @staticmethod
+    def _regular(files):
+        """The regular files of `files`: a FIFO, device or socket named like an image would block the reader (a FIFO
+        waits for a writer that never comes); each is named in a warning and skipped."""
+        kept = []
+        for f in files:
+            why = entry_problem(f)
+            if why and why != MISSING:
+                LOGGER.warning(f"WARNING: skipping {printable(f)}: it {why}")
+            else:
+                kept.append(f)
+        return kept
 
     def __iter__(self):
         self._release()
@@ -79,6 +93,13 @@ class LoadImages:
         if not self.cap.isOpened():
             self._release()
             LOGGER.warning(f"WARNING: skipping video {path}: cannot be opened (truncated, or not a video)")
+            return False
+        w, h = (int(self.cap.get(p)) for p in (cv2.CAP_PROP_FRAME_WIDTH, cv2.CAP_PROP_FRAME_HEIGHT))
+        try:
+            check_pixels(w, h)
+        except BadFile as e:
+            self._release()
+            LOGGER.warning(f"WARNING: skipping video {printable(path)}: its frames are {e}")
             return False
         self.mode, self.frame = "video", 0
         self.frames = int(self.cap.get(cv2.CAP_PROP_FRAME_COUNT))
@@ -118,9 +139,13 @@ class LoadImages:
                 continue
             self.mode = "image"
             self.count += 1
-            im0 = read_image(path)
+            try:
+                im0 = read_image(path)
+            except BadFile as e:  # over the pixel limit, or no longer a regular file: never decoded nor saved
+                LOGGER.warning(f"WARNING: skipping image {printable(path)}: {e}")
+                continue
             if im0 is None:
-                LOGGER.warning(f"WARNING: skipping unreadable image {path}")
+                LOGGER.warning(f"WARNING: skipping unreadable image {printable(path)}")
                 continue
             return path, im0, f"image {self.count}/{self.nf} {path}: "
         self._release()

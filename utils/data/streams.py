@@ -9,11 +9,13 @@ from pathlib import Path
 
 import cv2
 
+from utils.budget import MAX_IMAGE_PIXELS
 from utils.data.augment import chw_rgb, letterbox
 from utils.data.downloads import fetch
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS, suffix
 from utils.data.sources import LoadImages, SourceNotFound
 from utils.errors import BadFile
+from utils.imageio import check_pixels
 from utils.loggers import LOGGER
 
 STREAM_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://")
@@ -94,6 +96,7 @@ class LoadStreams:
             if self.info[i] is None:
                 raise BadFile(f"--source {s}: cannot open the stream")
             w, h, fps = self.info[i]
+            check_pixels(w, h, f"--source {s}: its frames are ")
             LOGGER.info(f"stream {i + 1}/{n}: {s} {w}x{h} at {fps:.0f} fps")
 
     def __len__(self):
@@ -108,6 +111,9 @@ class LoadStreams:
             return None
         self.info[i] = (int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
                         cap.get(cv2.CAP_PROP_FPS))
+        if self.info[i][0] * self.info[i][1] > MAX_IMAGE_PIXELS:  # the constructor refuses it, naming the size
+            cap.release()
+            return None
         return cap
 
     def _reader(self, i):

@@ -12,16 +12,20 @@ import sys
 import warnings
 
 from utils.errors import BadOption
+from utils.text import escape_controls
 
 LOGGER = logging.getLogger("yolo")
 
 
 class PrintableFormatter(logging.Formatter):
     """Messages as text any terminal takes: a file name that is not UTF-8 (held by Python as surrogate escapes, e.g.
-    a Latin-1 'caf\\xe9.jpg') is shown with its bytes escaped, where a strict UTF-8 stdout would refuse the line."""
+    a Latin-1 'caf\\xe9.jpg') is shown with its bytes escaped, where a strict UTF-8 stdout would refuse the line, and
+    control characters are escaped (a message's own line breaks kept): whatever a file or class name holds, it
+    cannot drive the terminal."""
 
     def format(self, record):
-        return super().format(record).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        text = super().format(record).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        return escape_controls(text, keep_newlines=True)
 
 
 class _StdoutHandler(logging.StreamHandler):

@@ -1,0 +1,119 @@
+"""Options read from a checkpoint (--resume) are typed and checked as the command line is, and nothing a
+checkpoint names reaches the network: not its dataset's `download:`, not its `--weights` (engine/resume.py)."""
+
+import functools
+import http.server
+import threading
+
+import pytest
+import torch
+
+import train
+from engine.options import DetectTrainOptions
+from engine.tasks.detect import DetectionTrainer
+from engine.trainer import run
+from models import checkpoints
+from utils.errors import BadCheckpoint, run_cli
+
+
+@pytest.fixture
+def server(tmp_path):
+    """(base URL, requested paths) of an http.server on 127.0.0.1 serving an empty folder, for this test only."""
+    requested = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            requested.append(self.path)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", requested
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=10)
+
+
+def _saved(**changes):
+    """The options a train.py run saves, with `changes`."""
+    return {**DetectTrainOptions.from_values(train.parse_opt([])).to_dict(), **changes}
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"imgsz": "64"}, "imgsz is str '64', which --imgsz does not take"),
+    ({"data": {"path": "x", "download": "http://127.0.0.1:9/ds.zip"}}, "data is dict"),
+    ({"optimizer": "Evil"}, "optimizer is str 'Evil'"),
+    ({"freeze": ["0"]}, "freeze is list"),
+    ({"epochs": True}, "epochs is bool"),
+    ({"batch_size": 0}, "--batch-size 0: must be in [1, inf)"),
+    ({"name": "../../elsewhere"}, "--name '../../elsewhere': must name a folder inside --project"),
+])
+def test_saved_options_are_checked_as_the_command_line(change, words):
+    DetectTrainOptions.check_saved(_saved(), "x.pt")  # what train.py saves passes
+    with pytest.raises(BadCheckpoint, match=r"^x\.pt: its saved option"):
+        DetectTrainOptions.check_saved(_saved(**change), "x.pt")
+    try:
+        DetectTrainOptions.check_saved(_saved(**change), "x.pt")
+    except BadCheckpoint as e:
+        assert words in str(e)
+
+
+@pytest.fixture(scope="module")
+def interrupted(shapes_detect, tmp_path_factory):
+    """last.pt of a run stopped after its first epoch (resumable)."""
+    tmp = tmp_path_factory.mktemp("interrupted")
+
+    class Stop(BaseException):
+        pass
+
+    def stop(trainer):
+        raise Stop
+
+    opt = train.parse_opt(["--data", str(shapes_detect), "--imgsz", "64", "--batch-size", "8", "--epochs", "2",
+                           "--workers", "0", "--project", str(tmp / "runs"), "--device", "cpu", "--cfg",
+                           "yolov5n.yaml"])
+    with pytest.raises(Stop):
+        run(DetectionTrainer, opt, callbacks={"on_fit_epoch_end": [stop]})
+    return tmp / "runs" / "exp" / "weights" / "last.pt"
+
+
+def _edited(last, tmp_path, **opt):
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["opt"] = {**ckpt["opt"], **opt}
+    path = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    torch.save(ckpt, path)
+    return path
+
+
+def test_a_resumed_dataset_download_is_one_line_and_never_fetched(interrupted, tmp_path, server, capsys):
+    base, requested = server
+    path = _edited(interrupted, tmp_path, data={"path": str(tmp_path / "ds"), "train": "images", "val": "images",
+                                                "names": ["a"], "download": f"{base}/ds.zip"})
+    with pytest.raises(SystemExit) as e:
+        run_cli(train.main, lambda: train.parse_opt(["--resume", str(path), "--device", "cpu"]))
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert e.value.code == 2 and len(errors) == 1 and "its saved option data is dict" in errors[0], errors
+    assert not requested
+
+
+def test_a_resumed_run_fetches_none_of_the_weights_it_names(interrupted, tmp_path, server, monkeypatch):
+    """Its saved --weights and --cfg name an official release that is not on disk: the resumed run builds the
+    checkpoint's own model (yolov5n), and the release server is never asked."""
+    base, requested = server
+    monkeypatch.setattr(checkpoints, "RELEASES", ((r"yolov8[nsmlx]\.pt", f"{base}/release/"),))
+    monkeypatch.chdir(tmp_path)
+    path = _edited(interrupted, tmp_path, weights="yolov8s.pt", cfg="yolov8s.pt")
+    seen = {}
+
+    class Stop(BaseException):
+        pass
+
+    def capture(trainer):
+        seen["model"], seen["epoch"] = trainer.model.yaml["yaml_file"], trainer.state.epoch
+        raise Stop
+
+    with pytest.raises(Stop):
+        run(DetectionTrainer, train.parse_opt(["--resume", str(path), "--device", "cpu", "--workers", "0"]),
+            callbacks={"on_train_start": [capture]})
+    assert seen["model"].endswith("yolov5n.yaml") and seen["epoch"] == 1 and not requested

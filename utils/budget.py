@@ -1,0 +1,36 @@
+"""What a file handed to the project may cost before it is refused: the budget, in one place.
+
+docs/safety.md states each figure with the legitimate files it leaves room for (the largest official model, COCO's
+largest image and label file), and where it is enforced; every check runs before the allocation it bounds.
+"""
+
+MAX_IMAGE_PIXELS = 89_478_485  # PIL's decompression-bomb limit (Image.MAX_IMAGE_PIXELS): 256 MiB as 8-bit BGR
+MAX_IMAGE_HEADER_BYTES = 1 << 20  # a JPEG's markers before its frame header (EXIF, ICC profiles in 64 KiB pieces)
+# one label file: 230 polygons of 1000 points, 100,000 boxes (parsing costs about 15x its size in memory, and time in
+# proportion to its size)
+MAX_LABEL_BYTES = 4 << 20
+MAX_YAML_BYTES = 4 << 20  # a dataset, model or hyperparameter YAML (ImageNet-21k's names: 0.5 MiB)
+MAX_YAML_NODES = 1_000_000  # values a YAML describes once its aliases are unfolded
+MAX_PICKLE_BYTES = 64 << 20  # a checkpoint's data.pkl (an official YOLOv8x tree: 0.3 MiB)
+MAX_PICKLE_STACK = 4096  # values a pickle keeps on its stack at once (pickle writes lists and dicts 1000 at a time)
+MAX_NESTING = 64  # containers in containers (official module trees: about 15, model.model[i].m[j].cv1.conv._parameters)
+MAX_PARAMETERS = 500_000_000  # weights a model YAML may describe (YOLOv5xu: 97 M, YOLOv7-E6E: 151 M)
+MAX_CLASSES = 100_000  # a model's classes (ImageNet-21k: 21,841)
+# a forward pass: bytes of every operator's output, and operations, per input value (measured on every official
+# model at 640 px: at most 1.4 KiB and 0.27 M, YOLOv8x-seg; 3x that and more leaves room for wider models)
+ACTIVATION_BYTES_PER_INPUT = 4096
+WORK_PER_INPUT = 1_000_000
+# what does not grow with the input (constants a graph makes, arithmetic on its weights): this, plus 4x the bytes of
+# the file (official exports: anchor grids of a few KiB)
+CONSTANT_BYTES = 64 << 20
+MAX_GRAPH_NODES = 100_000  # operators of an ONNX graph, each dry-run in Python (official exports: under 2,000)
+# the input an exported file declares, which a static export is padded to: at most 2^27 values, 512 MiB of float32
+# (batch 32 at 1152 px; batch 16 at 1600)
+MAX_EXPORT_BATCH, MAX_EXPORT_SIDE, MAX_EXPORT_INPUT = 1024, 8192, 1 << 27
+ARCHIVE_RATIO = 100  # what an archive unpacks to, per byte it has (JPEG datasets: 1; label text: 5-10)
+ARCHIVE_FLOOR = 64 << 20  # ... or at least this much, whatever its size
+DISK_MARGIN = 1 << 30  # a download or unpacking leaves this much of its disk free
+INFERENCE_SECONDS = 120  # a forward pass of an exported graph, plus WORK_PER_SECOND below
+WORK_PER_SECOND = 1e8  # operations a second any CPU does: 50x under this 2-core machine's convolutions
+
+
