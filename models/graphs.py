@@ -21,12 +21,13 @@ from utils.budget import MAX_GRAPH_NODES
 from utils.dry_run import DryRunError, Unrunnable, broadcast, dry_run
 from utils.errors import BadFile
 
-# the operators export.py writes (opsets 9-20; 7 and 8 cannot express the upsampling), and the opset range
+# the operators export.py writes for every family and task of models/ (opsets 9-20; 7 and 8 cannot express the
+# upsampling), and the opset range
 ONNX_OPS = frozenset({
     "Add", "Cast", "Ceil", "Concat", "Constant", "ConstantOfShape", "Conv", "ConvTranspose", "Div", "Expand",
-    "Flatten", "Gather", "Gemm", "GlobalAveragePool", "Identity", "LeakyRelu", "MaxPool", "Mul", "NonZero", "Pow",
-    "Range", "Reshape", "Resize", "Shape", "Sigmoid", "Slice", "Softmax", "Split", "Squeeze", "Sub", "Transpose",
-    "Unsqueeze", "Upsample",
+    "Flatten", "Gather", "Gemm", "GlobalAveragePool", "Identity", "LeakyRelu", "MatMul", "MaxPool", "Mul", "NonZero",
+    "Pad", "Pow", "Range", "Reshape", "Resize", "Shape", "Sigmoid", "Slice", "Softmax", "Split", "Squeeze", "Sub",
+    "Transpose", "Unsqueeze", "Upsample",
 })
 ONNX_OPSETS = range(7, 21)
 
@@ -148,6 +149,19 @@ def _conv_transpose(node, x, w, b=None):
                               _attr(node, "group", 1), _attr(node, "dilations", [1, 1]))
 
 
+def _pad(node, x, pads=None, value=None, axes=None):
+    """Pad (opset 2-10: `pads` attribute; 11+: inputs): [begin of each axis..., end of each axis...]."""
+    pads = _ints(pads) if pads is not None else list(_attr(node, "pads"))
+    axes = _ints(axes) if axes is not None else list(range(x.dim()))
+    flat = []
+    for a in reversed(axes):  # torch pads the last axis first, (begin, end) each
+        flat += [pads[axes.index(a)], pads[len(axes) + axes.index(a)]]
+    mode = _attr(node, "mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    fill = value.item() if value is not None and value.numel() else _attr(node, "value", 0.0)
+    return F.pad(x, flat, mode=mode, value=fill) if mode == "constant" else F.pad(x, flat, mode=mode)
+
+
 def _maxpool(node, x):
     pads = _attr(node, "pads", [0] * 4)
     if pads[:2] != pads[2:]:
@@ -185,13 +199,13 @@ def _slice(node, x, starts=None, ends=None, axes=None, steps=None):
         axes = _ints(axes) if axes is not None else None
         steps = _ints(steps) if steps is not None else None
     axes = axes if axes is not None else list(range(len(starts)))
-    index = [slice(None)] * x.dim()
     for k, (a, s, e) in enumerate(zip(axes, starts, ends)):
         step = steps[k] if steps else 1
-        if step <= 0:
-            raise Unrunnable("Slice with a step below 1")
-        index[a] = slice(*slice(s, e, step).indices(x.shape[a]))
-    return x[tuple(index)]
+        if step == 0:
+            raise Unrunnable("Slice with a step of 0")
+        kept = range(*slice(s, e, step).indices(x.shape[a]))  # Python's clamping is ONNX's, negative steps too
+        x = x.narrow(a, kept.start, len(kept)) if step == 1 else x.index_select(a, torch.tensor(list(kept)))
+    return x
 
 
 def _split(node, x, split=None):
@@ -268,7 +282,7 @@ _NODES = {
     "Concat": lambda node, *xs: torch.cat(xs, _attr(node, "axis")),
     "ConstantOfShape": _constant_of_shape,
     "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _maxpool, "Expand": _expand, "Gather": _gather,
-    "Gemm": _gemm,
+    "Gemm": _gemm, "MatMul": _binary(torch.matmul), "Pad": _pad,
     "Flatten": lambda node, x: x.reshape(math.prod(x.shape[:_attr(node, "axis", 1)]), -1),
     "GlobalAveragePool": lambda node, x: F.adaptive_avg_pool2d(x, 1),
     "NonZero": lambda node, x: torch.nonzero(x).t(),

@@ -388,21 +388,23 @@ def check_checkpoint(data, label, refuse_globals, refuse_calls=lambda calls: Non
 
 
 # ------------------------------------------------------------------------------------------------ TorchScript
-# What torch.jit.trace writes for every model export.py exports (YOLOv5/v7/v8 detect, segment, classify, static and
-# dynamic, traced on the CPU in fp32): the tensor operators below, `annotate`/`getattr`/`int`/`float`, and `forward`
-# methods of submodules. tests/models/test_untrusted.py exports each family and fails when a new operator appears.
+# What torch.jit.trace writes for every model export.py exports (YOLOv3/v5/v7/v8/11 detect, segment, classify, pose,
+# with their attention, transformer, ghost and padded blocks, static and dynamic, traced on the CPU in fp32): the
+# tensor operators below, `annotate`/`getattr`/`int`/`float`, and `forward` methods of submodules.
+# tests/models/test_untrusted.py exports each family and fails when a new operator appears.
 TORCHSCRIPT_OPS = frozenset({
     *(f"torch.{op}" for op in (
-        "_convolution", "adaptive_avg_pool2d", "add", "arange", "cat", "chunk", "contiguous", "device", "div",
-        "dropout", "dropout_", "flatten", "full", "leaky_relu", "linear", "max_pool2d", "meshgrid", "mul", "permute",
-        "pow", "select", "sigmoid", "silu", "size", "slice", "softmax", "split", "split_with_sizes", "stack", "sub",
-        "to", "transpose", "unsqueeze", "upsample_nearest2d", "view")),
+        "_convolution", "adaptive_avg_pool2d", "add", "arange", "bmm", "cat", "chunk", "contiguous", "device", "div",
+        "dropout", "dropout_", "flatten", "full", "leaky_relu", "linear", "matmul", "max_pool2d", "meshgrid", "mul",
+        "pad", "permute", "pow", "reshape", "select", "sigmoid", "silu", "size", "slice", "softmax", "split",
+        "split_with_sizes", "stack", "sub", "to", "transpose", "unsqueeze", "upsample_nearest2d", "view")),
     "ops.prim.NumToTensor",
 })
 _TORCHSCRIPT_CALLS = frozenset({"annotate", "getattr", "int", "float"})
 # a number in traced code: channel counts, strides, sizes of static exports (a 8192-px export's anchor count: 1.3 M);
 # what the numbers make a graph allocate is then measured by its dry run (utils/dry_run.py)
 MAX_TORCHSCRIPT_LITERAL = 1 << 24
+_SLICE_END = (1 << 63) - 1  # what traced code writes for a slice to the end, `x[:, 2:]`
 _TORCHSCRIPT_ROOTS = frozenset({"torch", "ops"})
 _RESERVED = _TORCHSCRIPT_ROOTS | _TORCHSCRIPT_CALLS | {"CONSTANTS", "__torch__"}
 _FORWARD = re.compile(r"forward\d*")
@@ -448,7 +450,7 @@ def _code_problem(tree):
         if isinstance(node, ast.arg) and node.arg in _RESERVED:
             return f"the name {node.arg} used as an argument"
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not (
-                abs(node.value) <= MAX_TORCHSCRIPT_LITERAL):  # nan too: `not <=`
+                abs(node.value) <= MAX_TORCHSCRIPT_LITERAL or node.value == _SLICE_END):  # nan too: `not <=`
             return f"the literal {node.value!r}, larger than any size or constant an export writes"
         if isinstance(node, ast.Attribute) and (_dotted(node) or "").split(".")[0] in _TORCHSCRIPT_ROOTS:
             name = _dotted(node)

@@ -277,9 +277,8 @@ def check_values(d):
 def check_cost(d, ch, s=256):
     """Refuse (BadModelYaml) a model dict whose weights or forward pass would cost more than the budget
     (utils/budget.py), before any weight exists: the layers are built on the meta device, which allocates nothing,
-    and a `s` x `s` image runs through them as a dry run that computes shapes only. Every official model is far
-    inside: YOLOv8x-seg has 72 M weights and 1.4 KiB of activations per input value. Returns the meta layers' count
-    of weights and buffers."""
+    and a `s` x `s` image runs through them as a dry run that computes shapes only. Every model of models/ is far
+    inside (docs/safety.md). Returns the meta layers' count of weights and buffers."""
     check_values(d)
     where = d.get("yaml_file", "<dict>")
     with torch.device("meta"):

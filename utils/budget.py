@@ -14,10 +14,11 @@ MAX_YAML_NODES = 1_000_000  # values a YAML describes once its aliases are unfol
 MAX_PICKLE_BYTES = 64 << 20  # a checkpoint's data.pkl (an official YOLOv8x tree: 0.3 MiB)
 MAX_PICKLE_STACK = 4096  # values a pickle keeps on its stack at once (pickle writes lists and dicts 1000 at a time)
 MAX_NESTING = 64  # containers in containers (official module trees: about 15, model.model[i].m[j].cv1.conv._parameters)
-MAX_PARAMETERS = 500_000_000  # weights a model YAML may describe (YOLOv5xu: 97 M, YOLOv7-E6E: 151 M)
+MAX_PARAMETERS = 500_000_000  # weights a model YAML may describe (the largest of models/: YOLOv5-P7, 144 M)
 MAX_CLASSES = 100_000  # a model's classes (ImageNet-21k: 21,841)
-# a forward pass: bytes of every operator's output, and operations, per input value (measured on every official
-# model at 640 px: at most 1.4 KiB and 0.27 M, YOLOv8x-seg; 3x that and more leaves room for wider models)
+# a forward pass: bytes of every operator's output, and operations, per input value (measured on every model of
+# models/ at its largest scale, 640 px: at most 1.5 KiB and 0.22 M, YOLOv8x-P2; 2.6x and 4.5x that leave room for
+# wider models of one's own)
 ACTIVATION_BYTES_PER_INPUT = 4096
 WORK_PER_INPUT = 1_000_000
 # what does not grow with the input (constants a graph makes, arithmetic on its weights): this, plus 4x the bytes of

@@ -82,7 +82,8 @@ _BOUNDED = {_aten.nonzero.default, _aten.remainder.Scalar, _aten.remainder.Tenso
             _aten.clone.default, _aten.select.int, _aten.slice.Tensor, _aten.floor_divide.default,
             _aten.div.Tensor_mode, _aten.ceil.default, _aten.floor.default, _aten.t.default, _aten.permute.default,
             _aten.transpose.int, _aten.copy.default, _aten.alias.default, _aten.detach.default,
-            _aten.expand.default}  # a view: no bytes of its own
+            _aten.expand.default,  # a view: no bytes of its own
+            _aten.equal.default}  # TorchScript compares its constants so
 # operators whose meta versions torch writes in Python, behind a wrapper that imports torch._dynamo on first use (1-4 s
 # of a 2-core CPU): their outputs' shapes are made here instead, as the operators define them
 _ELEMENTWISE = {_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor, _aten.pow.Tensor_Scalar,
@@ -153,11 +154,19 @@ def _meta_shortcut(func, args):
         x, dims, keep = args[0], [d % args[0].dim() for d in args[1]], len(args) > 2 and args[2]
         shape = [1 if d in dims else n for d, n in enumerate(x.shape) if keep or d not in dims]
         return torch.empty(shape, dtype=x.dtype, device="meta")
-    if func in (_aten.mm.default, _aten.addmm.default):
-        a, b = args[-2:]
-        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+    if func in (_aten.mm.default, _aten.addmm.default, _aten.bmm.default):
+        a, b = args[-2:] if func is not _aten.addmm.default else args[1:3]
+        batched = func is _aten.bmm.default
+        if a.dim() != 2 + batched or b.dim() != 2 + batched or a.shape[-1] != b.shape[-2] or (
+                batched and a.shape[0] != b.shape[0]):
             raise Unrunnable(f"its matrix product cannot run ({list(a.shape)} by {list(b.shape)})")
-        return torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device="meta")
+        return torch.empty((*a.shape[:-1], b.shape[-1]), dtype=a.dtype, device="meta")
+    if func is _aten.constant_pad_nd.default:
+        x, pad = args[0], args[1]
+        shape = list(x.shape)
+        for k in range(len(pad) // 2):
+            shape[-1 - k] += pad[2 * k] + pad[2 * k + 1]
+        return torch.empty(shape, dtype=x.dtype, device="meta")
     if func in _ELEMENTWISE:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         operands = [a for a in args[:2] if isinstance(a, (torch.Tensor, int, float, bool))]
@@ -261,8 +270,10 @@ class DryRun(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 nbytes = t.numel() * t.element_size()
-                self.bytes += nbytes
-                self.fixed += nbytes if fixed else 0
+                if fixed:
+                    self.fixed += nbytes
+                else:
+                    self.bytes += nbytes
                 self.largest = max(self.largest, nbytes)
         self.work += _work(func, args, out)
         if self.fixed > self.max_fixed:

@@ -127,13 +127,15 @@ def test_train_with_a_bad_cfg_exits_2_with_one_line(tmp_path, shapes_detect):
 
 
 OFFICIAL = ["yolov5x.yaml", "yolov5x-seg.yaml", "yolov5x-cls.yaml", "yolov5xu.yaml", "yolov7x.yaml", "yolov8x.yaml",
-            "yolov8x-seg.yaml", "yolov8x-pose.yaml", "yolov8x-cls.yaml"]
+            "yolov8x-seg.yaml", "yolov8x-pose.yaml", "yolov8x-cls.yaml", "yolo11x-seg.yaml", "yolov8x-p2.yaml",
+            "yolov5-p7.yaml"]
 
 
 @pytest.mark.parametrize("cfg", OFFICIAL)
 def test_the_largest_official_models_are_far_inside_the_budget(cfg):
     """Each family's largest model, at 640 px: under half the activation and work budget per input value, and a
-    fifth of the weights (measured on the meta device, nothing allocated)."""
+    third of the weights (measured on the meta device, nothing allocated); YOLOv8x-P2 has the most activations and
+    work per input value, YOLOv5-P7 the most weights."""
     from models.yolo import BaseModel, parse_model
 
     d = yaml_model_load(cfg)
@@ -146,4 +148,4 @@ def test_the_largest_official_models_are_far_inside_the_budget(cfg):
     probe, _ = dry_run(lambda x: probe_model.eval()._forward_once(x, head=False), (1, 3, side, side))
     values = 3 * side * side
     assert probe.bytes / values < ACTIVATION_BYTES_PER_INPUT / 2 and probe.work / values < WORK_PER_INPUT / 2
-    assert sum(p.numel() for p in layers.parameters()) < MAX_PARAMETERS / 5
+    assert sum(p.numel() for p in layers.parameters()) < MAX_PARAMETERS / 3

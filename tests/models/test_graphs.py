@@ -25,7 +25,10 @@ FAMILIES = [("yolov5n.yaml", DetectionModel), ("yolov5n-seg.yaml", SegmentationM
             ("yolov5n-cls.yaml", ClassificationModel), ("yolov7-tiny.yaml", DetectionModel),
             ("yolov8n.yaml", DetectionModel), ("yolov8n-seg.yaml", SegmentationModel),
             ("yolov8n-cls.yaml", ClassificationModel), ("yolov8n-pose.yaml", PoseModel),
-            ("yolov5nu.yaml", DetectionModel)]
+            ("yolov5nu.yaml", DetectionModel), ("yolo11n-seg.yaml", SegmentationModel),
+            ("yolo11n-cls.yaml", ClassificationModel), ("yolov3-tiny.yaml", DetectionModel),
+            ("yolov5s-transformer.yaml", DetectionModel), ("yolov8n-ghost.yaml", DetectionModel),
+            ("yolov8n-p2.yaml", DetectionModel)]
 
 
 def _export(weights, opset=17, dynamic=True):

@@ -29,7 +29,7 @@ from engine.exporter import Exporter
 from models.backend import InferenceBackend
 from models.checkpoints import UnsafeCheckpoint, attempt_load, load_checkpoint, model_to_ckpt
 from models.untrusted import TORCHSCRIPT_OPS, UnsafeTorchScript, check_torchscript
-from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 from utils.errors import BadCheckpoint, BadFile, UserError, run_cli
 from utils.files import ROOT
 
@@ -142,7 +142,8 @@ def test_claims_of_gigabytes_are_refused_under_1_gib(files, tmp_path):
 FAMILIES = [("yolov5n.yaml", DetectionModel), ("yolov5n-seg.yaml", SegmentationModel),
             ("yolov5n-cls.yaml", ClassificationModel), ("yolov7-tiny.yaml", DetectionModel),
             ("yolov8n.yaml", DetectionModel), ("yolov8n-seg.yaml", SegmentationModel),
-            ("yolov8n-cls.yaml", ClassificationModel)]
+            ("yolov8n-cls.yaml", ClassificationModel), ("yolo11n-pose.yaml", PoseModel),  # attention, slices to the end
+            ("yolov3-tiny.yaml", DetectionModel), ("yolov5s-transformer.yaml", DetectionModel)]  # padding; bmm
 
 
 def _export(weights, dynamic=True):
@@ -153,9 +154,11 @@ def _export(weights, dynamic=True):
 
 @pytest.mark.parametrize("cfg,cls", FAMILIES, ids=[c for c, _ in FAMILIES])
 def test_every_exported_family_passes_the_check(tmp_path, cfg, cls):
-    """Fails when the exporter starts writing an operator TORCHSCRIPT_OPS does not list."""
+    """Fails when the exporter starts writing an operator TORCHSCRIPT_OPS does not list, or one the dry run cannot
+    size (utils/dry_run.py): loaded, dry-run at its exported size and run at another."""
     ts = _export(save_checkpoint(cfg, cls, tmp_path / "m.pt"))
     check_torchscript(ts.read_bytes(), ts)
+    InferenceBackend(ts)(torch.zeros(1, 3, 64, 96))
 
 
 @pytest.fixture(scope="module")
