@@ -62,21 +62,30 @@ def write_yaml(root, task):
     return f
 
 
+# markers of tests that run only when a -m expression names them: their minutes are not in the whole suite, whose
+# time CI bounds
+OPT_IN = {
+    "slurm": "starts a SLURM cluster (installing Debian's slurm packages when absent) and takes minutes "
+             "(docs/distributed.md, \"Schedulers\")",
+    "accuracy": "trains three 25-epoch runs, about 6 minutes (docs/recipes.md, \"The accuracy guard\")",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     """A process-group test is also slow; a network test is skipped unless YOLO_TEST_NETWORK=1 (offline by default);
-    a SLURM test, which may install system packages and starts daemons, runs only when a -m expression asks for it
-    (`-m slurm`): not in the whole suite, whose time CI bounds (docs/distributed.md, "Schedulers")."""
+    an OPT_IN test runs only when a -m expression asks for its marker (`-m slurm`, `-m accuracy`)."""
     offline = pytest.mark.skip(reason="needs the internet: set YOLO_TEST_NETWORK=1 to run it")
-    not_asked = pytest.mark.skip(reason="starts a SLURM cluster (installing Debian's slurm packages when absent) and "
-                                        "takes minutes: run it with -m slurm")
-    slurm_asked = re.search(r"(?<!not )\bslurm\b", config.getoption("markexpr") or "")
+    markexpr = config.getoption("markexpr") or ""
+    not_asked = {name: pytest.mark.skip(reason=f"{why}: run it with -m {name}") for name, why in OPT_IN.items()
+                 if not re.search(rf"(?<!not )\b{name}\b", markexpr)}
     for item in items:
         if item.get_closest_marker("ddp"):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("network") and os.environ.get("YOLO_TEST_NETWORK") != "1":
             item.add_marker(offline)
-        if item.get_closest_marker("slurm") and not slurm_asked:
-            item.add_marker(not_asked)
+        for name, skip in not_asked.items():
+            if item.get_closest_marker(name):
+                item.add_marker(skip)
 
 
 _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
