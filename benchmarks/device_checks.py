@@ -5,8 +5,7 @@ on a CPU (DEVICE=cpu), which is how the tests keep the script working.
     python -m benchmarks.device_checks versions
     python -m benchmarks.device_checks data --out /tmp/gc/data --n-train 256 --n-val 64 --max-side 640
     python -m benchmarks.device_checks hsv --device 0
-    python -m benchmarks.device_checks syncs --tool ours --data /tmp/gc/data/tiny.yaml --device 0 \
-        --sync-count ../shared/peers/sync_count.py
+    python -m benchmarks.device_checks syncs --tool ours --data /tmp/gc/data/tiny.yaml --device 0
 """
 
 import argparse
@@ -88,57 +87,72 @@ def hsv(opt):
         raise SystemExit("error: the device's colour is more than one grey level from OpenCV's")
 
 
+TASK_SCRIPTS = {"-seg": "segment/train.py", "-pose": "pose/train.py"}  # else train.py
+
+
 def syncs(opt):
-    """Host-device synchronisations per optimizer step of one tool on a tiny set: counted by the peers' counter
-    (../shared/peers/sync_count.py: the ops that would wait for a GPU, with the lines that call them), and on CUDA
-    also as CUDA itself reports them (`torch.cuda.set_sync_debug_mode("warn")`: one warning per synchronisation)."""
-    counter = runpy.run_path(opt.sync_count)  # its counter and its optimizer-step hook, without its main()
-    C = counter["C"]
+    """Host-device synchronisations per optimizer step of one tool, 2 epochs on a tiny set, every batch a step: counted
+    by benchmarks/sync_counter.py (its `waits`, the rule of ../shared/peers/sync_count.py, and with the host copies
+    that counter cannot see on a CPU), the median over the steps after the first, with the lines of a median step; on
+    CUDA also as CUDA reports them (`torch.cuda.set_sync_debug_mode("warn")`: a warning per synchronisation)."""
+    from benchmarks.sync_counter import SyncCounter, waits
+
     cuda = collections.Counter()
-    per_step = [cuda.copy()]
+    seen_at_step = []
 
     def seen(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
             cuda[f"{os.path.relpath(filename) if filename.startswith(os.getcwd()) else filename}:{lineno}"] += 1
 
-    def step_hook(optimizer, args, kwargs):
-        per_step.append(cuda.copy())
-
-    register_optimizer_step_post_hook(step_hook)
     on_cuda = torch.cuda.is_available() and opt.device != "cpu"
     warnings.showwarning = seen
     warnings.simplefilter("always")
+    handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: seen_at_step.append(cuda.copy()))
     if on_cuda:
         torch.cuda.set_sync_debug_mode("warn")
-    with C:
-        if opt.tool == "ours":
-            sys.argv = [str(ROOT / "train.py"), "--data", opt.data, "--cfg", opt.cfg, "--img", str(opt.img),
-                        "--epochs", "2", "--batch-size", str(opt.batch), "--device", opt.device, "--workers", "0",
-                        "--noplots", "--noval", "--project", opt.project, "--name", "syncs", "--exist-ok"]
-            try:
-                runpy.run_path(sys.argv[0], run_name="__main__")
-            except SystemExit as e:
-                if e.code:
-                    raise
-        else:
-            from ultralytics import YOLO
-
-            YOLO(opt.cfg).train(data=opt.data, epochs=2, imgsz=opt.img, batch=opt.batch, workers=0, device=opt.device,
-                                val=False, plots=False, nbs=opt.batch, project=opt.project, name="syncs-ultralytics",
-                                exist_ok=True, verbose=False)
+    with SyncCounter() as counter:
+        _train_tiny(opt)
     if on_cuda:
         torch.cuda.set_sync_debug_mode("default")
-    counts = [sum(c.values()) for c in C.steps[1:]]  # the first interval holds set-up
-    cuda_steps = [sum((b - a).values()) for a, b in zip(per_step[1:], per_step[2:])]
-    if not counts:
-        raise SystemExit(f"error: {opt.tool}: no optimizer step seen")
-    where = ", ".join(f"{w} x{n}" for w, n in C.where.most_common(8))
-    print(f"{opt.tool} {opt.cfg} on {opt.device}: {len(C.steps)} steps; syncs/step (sync_count.py): "
-          f"{statistics.median(counts):g}; where: {where}")
+    handle.remove()
+    steps = counter.intervals()[1:]  # the first holds the loader's start and the first step's set-up
+    if not steps:
+        raise SystemExit(f"error: {opt.tool}: fewer than 3 optimizer steps seen")
+    rule = statistics.median(waits(ops) for ops, _ in steps)
+    whole = statistics.median(sum(ops.values()) for ops, _ in steps)
+    _, where = min(steps, key=lambda s: (abs(waits(s[0]) - rule), abs(sum(s[0].values()) - whole)))
+    print(f"{opt.tool} {opt.cfg} on {opt.device}: {len(steps)} steps; syncs/step (sync_count.py's rule): {rule:g}, "
+          f"with host copies: {whole:g}; a median step: {', '.join(f'{w} x{n}' for w, n in sorted(where.items()))}")
+    cuda_steps = [sum((b - a).values()) for a, b in zip(seen_at_step[1:], seen_at_step[2:])]
     if on_cuda and cuda_steps:
         top = ", ".join(f"{w} x{n}" for w, n in cuda.most_common(8))
         print(f"{opt.tool}: CUDA synchronisations/step (set_sync_debug_mode): {statistics.median(cuda_steps):g}; "
-              f"where: {top}")
+              f"where (whole run): {top}")
+
+
+def _train_tiny(opt):
+    """2 epochs of `opt.cfg` on `opt.data` with either tool, without AMP (as Ultralytics on a CPU), validation or
+    plots, each batch an optimizer step (nbs = batch)."""
+    if opt.tool == "ours":
+        hyp = Path(opt.project) / "nbs.yaml"
+        hyp.parent.mkdir(parents=True, exist_ok=True)
+        hyp.write_text(f"nbs: {opt.batch}\n")
+        script = next((v for k, v in TASK_SCRIPTS.items() if k in opt.cfg), "train.py")
+        sys.argv = [str(ROOT / script), "--data", opt.data, "--cfg", opt.cfg, "--img", str(opt.img), "--epochs", "2",
+                    "--batch-size", str(opt.batch), "--device", opt.device, "--workers", "0", "--amp", "off",
+                    "--hyp", str(hyp), "--noplots", "--noval", "--project", opt.project, "--name", "syncs",
+                    "--exist-ok"]
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as e:
+            if e.code:
+                raise
+    else:
+        from ultralytics import YOLO
+
+        YOLO(opt.cfg).train(data=opt.data, epochs=2, imgsz=opt.img, batch=opt.batch, workers=0, device=opt.device,
+                            amp=False, val=False, plots=False, nbs=opt.batch, project=opt.project,
+                            name="syncs-ultralytics", exist_ok=True, verbose=False)
 
 
 def main():
@@ -155,7 +169,6 @@ def main():
     h.add_argument("--device", default="0")
     s = sub.add_parser("syncs")
     s.add_argument("--tool", choices=["ours", "ultralytics"], default="ours")
-    s.add_argument("--sync-count", default=str(ROOT.parent / "shared" / "peers" / "sync_count.py"))
     s.add_argument("--data", required=True)
     s.add_argument("--cfg", default="yolov8n.yaml")
     s.add_argument("--img", type=int, default=64)

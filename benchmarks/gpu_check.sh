@@ -5,7 +5,7 @@
 #   DEVICE=cpu SIZES=tiny OUT=/tmp/gc bash benchmarks/gpu_check.sh   # the same steps on a CPU at toy sizes
 #
 #   setup  ~40 s   versions, the datasets, the device's colour against OpenCV's, host-device synchronisations per
-#                  step of each tool (../shared/peers/sync_count.py's count, and CUDA's own under
+#                  step of each tool (benchmarks/sync_counter.py's count, and CUDA's own under
 #                  torch.cuda.set_sync_debug_mode("warn"))
 #   whole  ~190 s  yolov8n, 3 epochs at 640 px: ours, Ultralytics, ours --profile (python -m benchmarks.gpu_whole_run)
 #   bench  ~70 s   bench.py fp16, fp16 channels_last, fp16 cudnn.benchmark, bf16 with a 10-step profiler table
@@ -21,14 +21,13 @@
 # Environment: DEVICE (0, or cpu), OUT, WORK, DEADLINE, SIZES (gpu: the sizes above; tiny: the test's), PYTHON
 # (python3 where there is no python), PEER_PYTHON (an interpreter that imports ultralytics; default PYTHON; without
 # it the Ultralytics steps are skipped), WHEELS (a folder of wheels installed first, e.g. Ultralytics' and its
-# needs), PEER_CONFIG (a folder with Ultralytics' Arial.ttf: offline it cannot fetch it), SYNC_COUNT (sync_count.py).
+# needs), PEER_CONFIG (a folder with Ultralytics' Arial.ttf: offline it cannot fetch it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-0}
 OUT=$(mkdir -p "${OUT:-runs/gpu_check}" && cd "${OUT:-runs/gpu_check}" && pwd)
 WORK=$(mkdir -p "${WORK:-/tmp/gpu_check_work}" && cd "${WORK:-/tmp/gpu_check_work}" && pwd)
 DEADLINE=${DEADLINE:-380}
-SYNC_COUNT=${SYNC_COUNT:-../shared/peers/sync_count.py}
 export PYTHON=${PYTHON:-python} PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 python() { command "$PYTHON" "$@"; }
 export -f python
@@ -129,16 +128,12 @@ export D TIMG TBATCH DEVICE WORK HALF
 step setup versions 10 python -m benchmarks.device_checks versions
 step setup data 30 python -m benchmarks.device_checks data --out "$D" "${SETS[@]}"
 step setup hsv-on-device 10 python -m benchmarks.device_checks hsv --device "$DEVICE"
-SYNCS=(--data "$D/tiny.yaml" --device "$DEVICE" --sync-count "$SYNC_COUNT" --project "$WORK/runs")
-if [ ! -f "$SYNC_COUNT" ]; then
-    skip syncs-ours "no $SYNC_COUNT"; skip syncs-ultralytics "no $SYNC_COUNT"
+SYNCS=(--data "$D/tiny.yaml" --device "$DEVICE" --project "$WORK/runs")
+step setup syncs-ours 25 python -m benchmarks.device_checks syncs --tool ours "${SYNCS[@]}"
+if has_peer; then
+    step setup syncs-ultralytics 25 "$PEER_PYTHON" -m benchmarks.device_checks syncs --tool ultralytics "${SYNCS[@]}"
 else
-    step setup syncs-ours 25 python -m benchmarks.device_checks syncs --tool ours "${SYNCS[@]}"
-    if has_peer; then
-        step setup syncs-ultralytics 25 "$PEER_PYTHON" -m benchmarks.device_checks syncs --tool ultralytics "${SYNCS[@]}"
-    else
-        skip syncs-ultralytics "$PEER_PYTHON does not import ultralytics"
-    fi
+    skip syncs-ultralytics "$PEER_PYTHON does not import ultralytics"
 fi
 
 # ---------------------------------------------------------------- whole runs

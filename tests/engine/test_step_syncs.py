@@ -1,4 +1,4 @@
-"""What one training step of yolov8n makes the host wait for, counted on the CPU (tests/sync_counter.py) between
+"""What one training step of yolov8n makes the host wait for, counted on the CPU (benchmarks/sync_counter.py) between
 optimizer steps of a real run: the criterion's three reads (the most targets in an image, the anchors inside a box,
 the positives) and the progress bar's one copy of the mean losses. Pinned, so that one added back fails here; the
 figures with both tools are in docs/performance.md ("Host-device synchronisations")."""
@@ -6,9 +6,9 @@ figures with both tools are in docs/performance.md ("Host-device synchronisation
 import pytest
 
 import train
+from benchmarks.sync_counter import SyncCounter
 from engine.tasks.detect import DetectionTrainer
 from engine.trainer import run
-from tests.sync_counter import SyncCounter
 
 STEP = {"_local_scalar_dense": 1, "nonzero": 2, "tolist": 1}
 

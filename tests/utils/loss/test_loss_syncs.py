@@ -1,11 +1,11 @@
 """How often each criterion (loss and backward) makes the host wait for the device, counted on the CPU
-(tests/sync_counter.py): every count is pinned, so that one added back fails here. Lower one on purpose? Update its
+(benchmarks/sync_counter.py): every count is pinned, so that one added back fails here. Lower one on purpose? Update its
 budget here and the table in docs/performance.md ("Host-device synchronisations")."""
 
 import pytest
 from make_loss_reference import case_names, evaluate
 
-from tests.sync_counter import SyncCounter
+from benchmarks.sync_counter import SyncCounter
 
 # per criterion: what it reads back from the device, where
 BUDGET = {

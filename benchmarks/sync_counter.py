@@ -4,6 +4,7 @@ values, a boolean-mask index or assignment), named by the line that called it; o
 (its step counters are host tensors on CUDA too). Two more kinds, which that counter cannot see on a CPU: values read
 back with `Tensor.tolist` / `numpy` / `cpu` (a copy to the host), and tensors made on a device from host values
 (`torch.tensor(values, device=...)`, `new_tensor`: on CUDA a copy that waits for the device, counted as "to_device").
+`waits` of a count are what sync_count.py counts; the whole count adds the other two kinds (HOST_COPIES).
 """
 
 import collections
@@ -22,6 +23,12 @@ WAITS = frozenset({
 INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
 READS = ("tolist", "numpy", "cpu")  # Tensor methods that copy to the host, unseen by the dispatcher on a CPU
 MAKES = ("tensor", "as_tensor")  # torch functions that copy host values to the `device` they are given
+HOST_COPIES = frozenset({*READS, "to_device"})  # the kinds ../shared/peers/sync_count.py does not count
+
+
+def waits(ops):
+    """The part of a count (op -> n) that ../shared/peers/sync_count.py counts: the ops, without the host copies."""
+    return sum(n for op, n in ops.items() if op not in HOST_COPIES)
 
 
 def caller():
