@@ -545,7 +545,8 @@ class BaseTrainer:
                 scripts = SCRIPTS[self.task]["val"], SCRIPTS[self.task]["predict"]
                 commands = next_commands(scripts, best, self.opt.data, self.predict_source(),
                                          self.opt.train_imgsz, half)
-                LOGGER.info("Next: " + "\n      ".join(commands))
+                for i, command in enumerate(commands):
+                    LOGGER.info(f"{'Next:' if i == 0 else '':<6}{command}")
 
 
 def labels_to(batch, device):

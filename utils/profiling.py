@@ -159,7 +159,8 @@ class RunProfile:
         lines += [f"{ROWS[k]:<28}{v['s']:>9.2f}{v['pct']:>7.1f}" for k, v in s["sections"].items()]
         lines.append(f"train: {s['train_images']} images in {s['batches']} batches, {s['train_loop_s']:.1f} s in the "
                      f"train loop = {s['train_img_per_s']:.1f} img/s")
-        LOGGER.info("\n".join(lines))
+        for line in lines:
+            LOGGER.info(line)
         path = Path(save_dir) / "profile.json"
         path.write_text(json.dumps(s, indent=2))
         LOGGER.info(f"Profile written to {path}")

@@ -81,7 +81,7 @@ def test_only_regular_files_are_opened(tmp_path):
     os.mkfifo(fifo)
     code = "import sys\nfrom utils.imageio import read_image\ntry:\n    read_image(sys.argv[1])\n" \
            "except Exception as e:\n    print(type(e).__name__, e)\n"
-    r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.stdout.strip() == "NotAFile not a regular file (a FIFO, device, socket or folder)", r.stderr
     with pytest.raises(NotAFile):
         read_image(tmp_path)

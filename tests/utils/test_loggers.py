@@ -67,3 +67,27 @@ def test_tensorboard_traces_the_model_graph_only_when_asked(tmp_path, monkeypatc
         boards[0].on_pretrain_routine_end(trainer)
         boards[0].close()
         assert len(traced) == graphs, names
+
+
+def test_a_name_cannot_start_a_line_of_its_own(tmp_path):
+    """The line predict prints for an image named 'a<newline>All checks passed<newline>b.jpg' printed a forged line of
+    its own: every control character inside a message is escaped; the blank lines a message starts or ends with
+    stay."""
+    import contextlib
+    import io
+
+    import cv2
+    import numpy as np
+
+    from utils.data.sources import LoadImages
+    from utils.loggers import LOGGER, set_logging
+
+    cv2.imwrite(str(tmp_path / "a\nAll checks passed\x1b[2J\rb.jpg"), np.zeros((8, 8, 3), np.uint8))
+    _, _, _, desc = next(iter(LoadImages(str(tmp_path), imgsz=32)))
+    set_logging()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        LOGGER.info(f"{desc}(no detections)")
+        LOGGER.info("\nValidating best.pt...\n")
+    assert out.getvalue().splitlines() == [
+        f"image 1/1 {tmp_path}/a\\nAll checks passed\\x1b[2J\\rb.jpg: (no detections)", "", "Validating best.pt...", ""]

@@ -20,12 +20,17 @@ LOGGER = logging.getLogger("yolo")
 class PrintableFormatter(logging.Formatter):
     """Messages as text any terminal takes: a file name that is not UTF-8 (held by Python as surrogate escapes, e.g.
     a Latin-1 'caf\\xe9.jpg') is shown with its bytes escaped, where a strict UTF-8 stdout would refuse the line, and
-    control characters are escaped (a message's own line breaks kept): whatever a file or class name holds, it
-    cannot drive the terminal."""
+    control characters are escaped, line breaks inside the message included: whatever a file or class name holds,
+    it can neither drive the terminal nor start a line of its own ('All checks passed'). Only the blank lines a
+    message starts or ends with are kept; a message of several lines is logged a line at a time."""
 
     def format(self, record):
         text = super().format(record).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        return escape_controls(text, keep_newlines=True)
+        body = text.strip("\n")
+        if not body:
+            return text
+        start = text.index(body)
+        return text[:start] + escape_controls(body) + text[start + len(body):]
 
 
 class _StdoutHandler(logging.StreamHandler):
