@@ -352,3 +352,41 @@ def test_voc_ids_without_an_image_are_named(tmp_path):
     assert ds.stats["images"] + ds.stats["skipped"] == 2 and ds.stats["ignored"] == 2
     assert any(p.endswith("val.txt: val_999: ignored, no image val_999.* in " + str(root / "JPEGImages"))
                for p in ds.problems)
+
+
+def test_a_voc_file_is_read_as_a_label_file_is(tmp_path):
+    """Entities declared in UTF-16 (a search of the bytes for '<!DOCTYPE' missed them, and expat expanded them up to
+    its amplification limit), 64 MiB of apparent size (read whole), a FIFO (blocked the reader until someone wrote to
+    it): each refused by name, nothing read past the label budget."""
+    import contextlib
+    import os
+    import threading
+
+    from utils.data.annotations import read_voc_xml
+    from utils.data.label_formats import BadLine
+
+    laughs = tmp_path / "utf16.xml"
+    laughs.write_bytes('<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE a [<!ENTITY l "lol">]><annotation>&l;'
+                       '</annotation>'.encode("utf-16"))
+    with pytest.raises(BadLine, match="declares a DOCTYPE or entities"):
+        read_voc_xml(laughs)
+    big = tmp_path / "big.xml"
+    with open(big, "wb") as f:
+        f.write(b"<annotation>")
+        f.truncate(64 << 20)
+    with pytest.raises(BadLine, match="larger than 4194304 bytes"):
+        read_voc_xml(big)
+    fifo = tmp_path / "fifo.xml"
+    os.mkfifo(fifo)
+    # a reader that opens it gets a valid file from this writer instead of blocking (so a regression fails, not hangs)
+    def write():
+        with contextlib.suppress(BrokenPipeError):  # the test's own reader below, which closes at once
+            fifo.write_bytes(b"<annotation/>")
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        with pytest.raises(BadLine, match="is not a regular file"):
+            read_voc_xml(fifo)
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the writer go when nothing read
+        writer.join(10)

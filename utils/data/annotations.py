@@ -29,7 +29,8 @@ smaller one; COCO's files share them) or, for VOC, the object names of the train
 (for the 20 VOC classes, VOC's own order).
 
 XML is parsed by the standard library's expat, which neither fetches external entities nor expands entities
-without bound; a file that declares a DOCTYPE or entities (no VOC file does) is refused before it is parsed.
+without bound; a file that declares a DOCTYPE or entities (no VOC file does), in whatever encoding, is refused before
+a tree is built, and an annotation file is read as label files are (a regular file of at most MAX_LABEL_BYTES).
 """
 
 import functools
@@ -38,11 +39,13 @@ import os
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from xml.parsers import expat
 
 import numpy as np
 
-from utils.data.image_files import IMG_FORMATS, img2label_paths, scan_files
+from utils.data.image_files import IMG_FORMATS, MISSING, entry_problem, img2label_paths, scan_files
 from utils.data.label_formats import BadLine
+from utils.data.labels import read_label_bytes
 from utils.errors import BadDataset
 from utils.loggers import LOGGER
 
@@ -285,8 +288,8 @@ class VocSource(AnnotationSource):
         return [str(self.root / "Annotations" / f"{Path(f).stem}.xml") for f in im_files]
 
     def read(self, im_file, label_file, shape, names, fmt):
-        if not os.path.isfile(label_file):
-            return None, [], {}  # an image without annotations: a background
+        if entry_problem(label_file) == MISSING:
+            return None, [], {}  # an image without annotations: a background (a FIFO or folder there: named)
         objects, size = read_voc_xml(label_file)
         h, w = shape
         if size is not None and size != (w, h):
@@ -305,10 +308,11 @@ class VocSource(AnnotationSource):
 
 def read_voc_xml(path):
     """([(name, difficult?, (xmin, ymin, xmax, ymax))], (width, height) or None) of a VOC annotation file; BadLine
-    naming the file when it is not one."""
-    data = Path(path).read_bytes()
-    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
-        raise BadLine(f"{path}: declares a DOCTYPE or entities, which no VOC annotation does (not read)")
+    naming the file when it is not one (also: not a regular file, over the label budget, see read_label_bytes)."""
+    data = read_label_bytes(path)
+    if data is None:
+        raise BadLine(f"{path}: no such file")
+    _refuse_declarations(data, path)
     try:
         root = ET.fromstring(data)
     except ET.ParseError as e:
@@ -325,6 +329,20 @@ def read_voc_xml(path):
         corners = tuple(_number(box.findtext(k), f"{path} object {i} {k}") for k in ("xmin", "ymin", "xmax", "ymax"))
         objects.append((name, (obj.findtext("difficult") or "0").strip() == "1", corners))
     return objects, wh
+
+
+def _refuse_declarations(data, path):
+    """Refuse XML that declares a DOCTYPE or entities (a billion-laughs file; no VOC annotation declares any) before
+    anything is built. expat itself finds them, in whatever encoding the file says it is in (a search of the bytes
+    for '<!DOCTYPE' misses a UTF-16 file)."""
+    def refuse(*_):
+        raise BadLine(f"{path}: declares a DOCTYPE or entities, which no VOC annotation does (not read)")
+    parser = expat.ParserCreate()
+    parser.StartDoctypeDeclHandler = parser.EntityDeclHandler = refuse
+    try:
+        parser.Parse(data, True)
+    except expat.ExpatError as e:
+        raise BadLine(f"{path}: not well-formed XML ({e})") from None
 
 
 def label_source(img_path, fmt):

@@ -80,11 +80,10 @@ def _parse_line(values, nc, fmt):
     return int(v[0]), box, extra, clipped
 
 
-def read_label_text(lb_file):
-    """The text of a label file: None when there is none (a background image); BadLine when the path is not a readable
-    regular file (a folder, a dangling symlink: never taken for an empty label), it is larger than MAX_LABEL_BYTES
-    (read no further) or the bytes are not UTF-8. A UTF-8 byte order mark, which some Windows editors write, is
-    dropped."""
+def read_label_bytes(lb_file):
+    """The bytes of a label or annotation file: None when there is none (a background image); BadLine when the path is
+    not a readable regular file (a folder, a dangling symlink: never taken for an empty label; a FIFO would block the
+    reader forever) or it is larger than MAX_LABEL_BYTES (read no further)."""
     why = entry_problem(lb_file)
     if why == MISSING:
         return None
@@ -94,6 +93,15 @@ def read_label_text(lb_file):
         data = f.read(MAX_LABEL_BYTES + 1)
     if len(data) > MAX_LABEL_BYTES:
         raise BadLine(f"{lb_file}: larger than {MAX_LABEL_BYTES} bytes, more than any label file holds")
+    return data
+
+
+def read_label_text(lb_file):
+    """The text of a label file (read_label_bytes); BadLine when its bytes are not UTF-8. A UTF-8 byte order mark,
+    which some Windows editors write, is dropped."""
+    data = read_label_bytes(lb_file)
+    if data is None:
+        return None
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
