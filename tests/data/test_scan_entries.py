@@ -64,3 +64,17 @@ def test_only_the_disk_caches_of_listed_images_go_unmentioned(tmp_path):
     assert files == [str(tmp_path / "x.jpg")]
     assert sorted(others) == [(str(tmp_path / "gone.jpg.yolo-engine.npy"), "suffix '.npy' is not an image format"),
                               (str(tmp_path / "x.npy"), "suffix '.npy' is not an image format")]
+
+
+def test_a_recursive_glob_enters_each_real_folder_once(tmp_path):
+    """A folder linking to itself: glob.glob's `**` followed the link until path resolution gave up (41 paths for the
+    one image here; two such links make 2^depth paths, a scan that never ends). Each real folder is entered once, as
+    a folder scan does; the glob keeps glob's rules (wildcards skip hidden names, `[!...]` negates)."""
+    d = tmp_path / "d"
+    (d / "sub").mkdir(parents=True)
+    (d / "loop").symlink_to(".")
+    for name in ("x.jpg", "sub/y.jpg", "sub/.hidden.jpg", "sub/[q].jpg"):
+        (d / name).touch()
+    assert scan_files(f"{d}/**/*.jpg")[0] == [str(d / "sub" / "[q].jpg"), str(d / "sub" / "y.jpg"), str(d / "x.jpg")]
+    assert scan_files(f"{d}/**/[!x].jpg")[0] == [str(d / "sub" / "y.jpg")]
+    assert scan_files(f"{d}/*/[[]q].jpg")[0] == [str(d / "sub" / "[q].jpg")]

@@ -5,6 +5,7 @@ import errno
 import glob
 import hashlib
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -97,12 +98,52 @@ def _walk(folder, others, recursive=True):
     return sorted(found)
 
 
+def _glob(pattern, others):
+    """The paths `pattern` matches, as glob.glob(recursive=True) finds them (`**`: any number of folders; wildcards
+    skip hidden names), except that each real folder under a `**` is entered once, symlinked ones included:
+    glob.glob follows links without end (two links to '.' make 2^depth paths, until names reach PATH_MAX)."""
+    parts = pattern.split("/")
+    if "**" not in parts:
+        return glob.glob(pattern)
+    i = parts.index("**")
+    head, rest = "/".join(parts[:i]) + "/" if i else "", parts[i:]
+    rx = re.compile("".join(_glob_part(p, last=j == len(rest) - 1) for j, p in enumerate(rest)))
+    found = []
+    for base in glob.glob(head) if glob.has_magic(head) else [head]:
+        if os.path.isdir(base or "."):
+            found += [f for f in _walk(base or ".", others) if rx.fullmatch(os.path.relpath(f, base or "."))]
+    return [f.removeprefix("./") if not head else f for f in found]
+
+
+def _glob_part(part, last):
+    """A regular expression for one `/`-separated part of a glob pattern, with its `/` unless it is the last."""
+    if part == "**":
+        return r"(?:[^/.][^/]*(?:/[^/.][^/]*)*)?" if last else r"(?:[^/.][^/]*/)*"
+    rx, i = "" if part.startswith(".") else r"(?!\.)", 0
+    while i < len(part):
+        c, i = part[i], i + 1
+        end = part.find("]", i + 1) if c == "[" else -1
+        if c == "*":
+            rx += "[^/]*"
+        elif c == "?":
+            rx += "[^/]"
+        elif end > 0:
+            inside = part[i:end].replace("\\", "\\\\").replace("[", "\\[")
+            if inside[0] in "!^":  # glob's negation is '!'; a '^' there is the character itself
+                inside = "^" + inside[1:] if inside[0] == "!" else "\\" + inside
+            rx += f"[{inside}]"
+            i = end + 1
+        else:
+            rx += re.escape(c)
+    return rx if last else rx + "/"
+
+
 def _expand(entry, others, recursive=True):
     """One source entry -> candidate file paths (not yet filtered by format); problems met go to `others`. A folder
     is walked into its sub-folders when `recursive`; a glob goes where it says (`**` for any depth)."""
     s = str(entry)
     if any(c in s for c in "*?["):
-        return [f for f in sorted(glob.glob(s, recursive=True)) if not os.path.isdir(f) or suffix(f) in MEDIA_FORMATS]
+        return [f for f in sorted(_glob(s, others)) if not os.path.isdir(f) or suffix(f) in MEDIA_FORMATS]
     p = Path(s)
     if p.is_dir():
         return _walk(p, others, recursive)
