@@ -50,11 +50,11 @@ SETS = {"det": "shapes.yaml", "seg": "shapes-seg.yaml", "pose": "shapes-pose.yam
 
 def data(opt):
     """det.yaml, seg.yaml and pose.yaml under --out (the project's shapes sets, sized here and generated now), and
-    tiny.yaml: 3 batches of 8 for the sync counts."""
+    tiny.yaml: 6 batches of 8 for the sync counts."""
     from utils.data.synthetic import generate_dataset
 
     out = Path(opt.out).resolve()
-    sizes = {"det": opt.n_train, "seg": opt.n_train, "pose": opt.n_train, "tiny": 24}
+    sizes = {"det": opt.n_train, "seg": opt.n_train, "pose": opt.n_train, "tiny": 48}
     for name, n_train in sizes.items():
         d = yaml.safe_load((ROOT / "data" / SETS.get(name, "shapes.yaml")).read_text())
         spec = {**d.pop("synthetic"), "n_train": n_train, "n_val": 8 if name == "tiny" else opt.n_val,
@@ -90,11 +90,16 @@ def hsv(opt):
 TASK_SCRIPTS = {"-seg": "segment/train.py", "-pose": "pose/train.py"}  # else train.py
 
 
+class _Enough(BaseException):  # ends a run after its steps; a callback's Exception would be caught and logged
+    pass
+
+
 def syncs(opt):
-    """Host-device synchronisations per optimizer step of one tool, 2 epochs on a tiny set, every batch a step: counted
-    by benchmarks/sync_counter.py (its `waits`, the rule of ../shared/peers/sync_count.py, and with the host copies
-    that counter cannot see on a CPU), the median over the steps after the first, with the lines of a median step; on
-    CUDA also as CUDA reports them (`torch.cuda.set_sync_debug_mode("warn")`: a warning per synchronisation)."""
+    """Host-device synchronisations per optimizer step of one tool: --steps steps of the first epoch on a tiny set, each
+    batch a step, then the run is ended. Counted by benchmarks/sync_counter.py (its `waits`, the rule of
+    ../shared/peers/sync_count.py, and with the host copies that counter cannot see on a CPU): the median over the
+    intervals between steps, with the lines of a median one; on CUDA also as CUDA reports them
+    (`torch.cuda.set_sync_debug_mode("warn")`: a warning per synchronisation)."""
     from benchmarks.sync_counter import SyncCounter, waits
 
     cuda = collections.Counter()
@@ -104,55 +109,61 @@ def syncs(opt):
         if "synchroniz" in str(message):
             cuda[f"{os.path.relpath(filename) if filename.startswith(os.getcwd()) else filename}:{lineno}"] += 1
 
+    def stop_after_steps(*args):
+        if len(counter.steps) >= opt.steps:
+            raise _Enough
+
     on_cuda = torch.cuda.is_available() and opt.device != "cpu"
     warnings.showwarning = seen
     warnings.simplefilter("always")
     handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: seen_at_step.append(cuda.copy()))
     if on_cuda:
         torch.cuda.set_sync_debug_mode("warn")
-    with SyncCounter() as counter:
-        _train_tiny(opt)
-    if on_cuda:
-        torch.cuda.set_sync_debug_mode("default")
-    handle.remove()
-    steps = counter.intervals()[1:]  # the first holds the loader's start and the first step's set-up
-    if not steps:
-        raise SystemExit(f"error: {opt.tool}: fewer than 3 optimizer steps seen")
+    counter = SyncCounter()
+    try:
+        with counter:
+            _train_tiny(opt, stop_after_steps)
+    except _Enough:
+        pass
+    finally:
+        if on_cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        handle.remove()
+    steps = counter.intervals()
+    if len(steps) < 2:
+        raise SystemExit(f"error: {opt.tool}: {len(counter.steps)} optimizer steps seen (fewer than 3)")
     rule = statistics.median(waits(ops) for ops, _ in steps)
     whole = statistics.median(sum(ops.values()) for ops, _ in steps)
     _, where = min(steps, key=lambda s: (abs(waits(s[0]) - rule), abs(sum(s[0].values()) - whole)))
     print(f"{opt.tool} {opt.cfg} on {opt.device}: {len(steps)} steps; syncs/step (sync_count.py's rule): {rule:g}, "
           f"with host copies: {whole:g}; a median step: {', '.join(f'{w} x{n}' for w, n in sorted(where.items()))}")
-    cuda_steps = [sum((b - a).values()) for a, b in zip(seen_at_step[1:], seen_at_step[2:])]
+    cuda_steps = [sum((b - a).values()) for a, b in zip(seen_at_step, seen_at_step[1:])]
     if on_cuda and cuda_steps:
         top = ", ".join(f"{w} x{n}" for w, n in cuda.most_common(8))
         print(f"{opt.tool}: CUDA synchronisations/step (set_sync_debug_mode): {statistics.median(cuda_steps):g}; "
               f"where (whole run): {top}")
 
 
-def _train_tiny(opt):
-    """2 epochs of `opt.cfg` on `opt.data` with either tool, without AMP (as Ultralytics on a CPU), validation or
-    plots, each batch an optimizer step (nbs = batch)."""
+def _train_tiny(opt, on_batch_end):
+    """One epoch of `opt.cfg` on `opt.data` with either tool, without AMP (as Ultralytics on a CPU), validation or
+    plots, each batch an optimizer step (nbs = batch); `on_batch_end` is called after every batch."""
     if opt.tool == "ours":
         hyp = Path(opt.project) / "nbs.yaml"
         hyp.parent.mkdir(parents=True, exist_ok=True)
         hyp.write_text(f"nbs: {opt.batch}\n")
-        script = next((v for k, v in TASK_SCRIPTS.items() if k in opt.cfg), "train.py")
-        sys.argv = [str(ROOT / script), "--data", opt.data, "--cfg", opt.cfg, "--img", str(opt.img), "--epochs", "2",
-                    "--batch-size", str(opt.batch), "--device", opt.device, "--workers", "0", "--amp", "off",
-                    "--hyp", str(hyp), "--noplots", "--noval", "--project", opt.project, "--name", "syncs",
-                    "--exist-ok"]
-        try:
-            runpy.run_path(sys.argv[0], run_name="__main__")
-        except SystemExit as e:
-            if e.code:
-                raise
+        script = runpy.run_path(str(ROOT / next((v for k, v in TASK_SCRIPTS.items() if k in opt.cfg), "train.py")))
+        args = ["--data", opt.data, "--cfg", opt.cfg, "--img", str(opt.img), "--epochs", "1", "--batch-size",
+                str(opt.batch), "--device", opt.device, "--workers", "0", "--amp", "off", "--hyp", str(hyp),
+                "--noplots", "--noval", "--project", opt.project, "--name", "syncs", "--exist-ok"]
+        script["main"](script["parse_opt"](args), callbacks={"on_train_batch_end": [on_batch_end]})
     else:
         from ultralytics import YOLO
 
-        YOLO(opt.cfg).train(data=opt.data, epochs=2, imgsz=opt.img, batch=opt.batch, workers=0, device=opt.device,
-                            amp=False, val=False, plots=False, nbs=opt.batch, project=opt.project,
-                            name="syncs-ultralytics", exist_ok=True, verbose=False)
+        model = YOLO(opt.cfg)
+        model.add_callback("on_train_batch_end", on_batch_end)
+        model.train(data=opt.data, epochs=1, imgsz=opt.img, batch=opt.batch, workers=0, device=opt.device, amp=False,
+                    val=False, plots=False, nbs=opt.batch, project=opt.project, name="syncs-ultralytics", exist_ok=True,
+                    verbose=False)
 
 
 def main():
@@ -174,6 +185,7 @@ def main():
     s.add_argument("--img", type=int, default=64)
     s.add_argument("--batch", type=int, default=8)
     s.add_argument("--device", default="0")
+    s.add_argument("--steps", type=int, default=6, help="optimizer steps, then the run is ended (tiny.yaml: 6 batches)")
     s.add_argument("--project", default="runs/device_checks")
     opt = p.parse_args()
     {"versions": versions, "data": data, "hsv": hsv, "syncs": syncs}[opt.what](opt)
