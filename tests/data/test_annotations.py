@@ -172,6 +172,51 @@ def test_a_voc_folder_reads_as_the_same_yolo_labels(tmp_path):
         np.testing.assert_allclose(lb["bboxes"], theirs["bboxes"], atol=1e-4)
 
 
+def voc_object(name, corners, *tags):
+    x1, y1, x2, y2 = corners
+    return (f"<object><name>{name}</name>{''.join(tags)}<bndbox><xmin>{x1}</xmin><ymin>{y1}</ymin><xmax>{x2}</xmax>"
+            f"<ymax>{y2}</ymax></bndbox></object>")
+
+
+def test_voc_files_as_labelimg_and_cvat_write_them_read_as_worked_out_by_hand(tmp_path):
+    """Whole-pixel 1-based corners; `truncated` objects kept (VOC scores them), `difficult` ones left out, a missing
+    <difficult> read as 0, a person's <part> boxes not objects, a class name the training split lacks skipping its
+    image. Boxes as the peers convert VOC: centre (xmin + xmax) / 2 - 1, width xmax - xmin, over the image's size."""
+    root = tmp_path / "voc"
+    head = "<part><name>head</name><bndbox><xmin>12</xmin><ymin>22</ymin><xmax>20</xmax><ymax>30</ymax></bndbox></part>"
+    files = {
+        "a": (80, 60, [voc_object("person", (11, 21, 50, 40), "<pose>Left</pose><truncated>1</truncated>",
+                                  "<difficult>0</difficult>", head),
+                       voc_object("car", (1, 1, 80, 60), "<occluded>0</occluded>"),
+                       voc_object("car", (30, 30, 40, 40), "<difficult>1</difficult>")]),
+        "b": (64, 48, [voc_object("bicycle", (5, 5, 20, 20))]),
+        "c": (0, 0, [voc_object("car", (9, 9, 41, 25))]),  # LabelImg's size of a .jpg that holds a PNG
+    }
+    for image_id, (w, h, objects) in files.items():
+        write_image(root / "JPEGImages" / f"{image_id}.jpg", np.zeros((h or 32, w or 48, 3), np.uint8))
+        (root / "Annotations").mkdir(parents=True, exist_ok=True)
+        (root / "Annotations" / f"{image_id}.xml").write_text(
+            f"<annotation><folder>VOC2012</folder><filename>{image_id}.jpg</filename><size><width>{w}</width>"
+            f"<height>{h}</height><depth>3</depth></size><segmented>0</segmented>{''.join(objects)}</annotation>")
+    (root / "ImageSets" / "Main").mkdir(parents=True)
+    (root / "ImageSets" / "Main" / "train.txt").write_text("a\n")
+    (root / "ImageSets" / "Main" / "val.txt").write_text("a\nb\nc\n")
+    d = check_det_dataset(root)
+    assert d["names"] == {0: "car", 1: "person"}  # the training split's names, sorted
+    ds = YOLODataset(d["val"], imgsz=64, nc=d["nc"], names=d["names"])
+    lb, zero = sorted(ds.labels, key=lambda r: r["im_file"])
+    np.testing.assert_allclose(zero["bboxes"], [[24 / 48, 16 / 32, 32 / 48, 16 / 32]], atol=1e-6)  # its decoded size
+    order = np.argsort(lb["cls"].reshape(-1))
+    np.testing.assert_array_equal(lb["cls"].reshape(-1)[order], [0, 1])
+    np.testing.assert_allclose(lb["bboxes"][order], [[39.5 / 80, 29.5 / 60, 79 / 80, 59 / 60],  # car: the whole image
+                                                     [29.5 / 80, 29.5 / 60, 39 / 80, 19 / 60]], atol=1e-6)
+    assert ds.stats["left_out"] == 1 and ds.stats["skipped"] == 1
+    problems = _problems(ds)
+    assert "a.jpg: kept, 1 difficult objects left out" in problems
+    assert f"b.jpg: skipped, {root / 'Annotations' / 'b.xml'} object 1: class 'bicycle' is not a class of this " \
+           "dataset (car, person)" in problems
+
+
 def _problems(ds):
     return "\n".join(ds.problems)
 
@@ -243,10 +288,10 @@ def test_roboflow_coco_export_drops_its_supercategory(tmp_path):
 
 
 def roboflow_yolo(root, seed=10):
-    """Roboflow's YOLO export: data.yaml beside train/ valid/ (images/, labels/ each), splits named `../x/images`,
+    """Roboflow's YOLO export: data.yaml beside train/ valid/ test/ (images/, labels/ each), splits `../x/images`,
     `nc` and a list of names, and a roboflow: block."""
     ref = generate_dataset(root.parent / "src", "detect", 4, 2, seed=seed, min_side=SIDES[0], max_side=SIDES[1])
-    for src, dst in (("train", "train"), ("val", "valid")):
+    for src, dst in (("train", "train"), ("val", "valid"), ("val", "test")):
         for kind in ("images", "labels"):
             (root / dst / kind).mkdir(parents=True)
             for f in (ref / kind / src).iterdir():
@@ -261,7 +306,7 @@ def test_roboflow_data_yaml_resolves_as_ultralytics_does(tmp_path, yolo_log):
     root = roboflow_yolo(tmp_path / "rf")
     for data in (root / "data.yaml", root):  # the YAML, or the folder holding it
         d = check_det_dataset(data)
-        assert (d["train"], d["val"]) == (str(root / "train" / "images"), str(root / "valid" / "images"))
+        assert (d["train"], d["val"], d["test"]) == tuple(str(root / s / "images") for s in ("train", "valid", "test"))
         assert d["names"] == dict(enumerate(CLASS_NAMES)) and d["nc"] == 3
     text = "\n".join(yolo_log)
     assert "'roboflow' not read by this project (ignored)" in text
@@ -305,30 +350,102 @@ def test_merged_polygon_parts_fill_their_union():
     assert len(merged) == len(a) + len(b) + len(c) + 2 * 2  # each join walks there and back
 
 
-def test_training_on_a_coco_folder_names_its_skipped_images(tmp_path):
-    """`train.py --data <folder>` with a COCO layout in it: trained from the JSON, and the image whose box lies
-    outside it named in data_problems.txt with the annotation, as a bad YOLO line is."""
+# Annotation-tool exports, checked against boxes worked out by hand. Each image: (name, width, height, objects as
+# (class name, COCO bbox [x, y, width, height] in pixels)); d.jpg holds a box reaching 26 px past its right edge.
+TOOL_IMAGES = [("a.jpg", 80, 60, [("car", [8, 6, 20, 30]), ("person", [40.5, 12, 30, 24])]),
+               ("b.jpg", 64, 48, [("person", [0, 0, 64, 48])]),
+               ("c.jpg", 64, 48, []),  # listed with no annotation: a background
+               ("d.jpg", 64, 48, [("car", [70, 5, 20, 10])])]
+# YOLO's cx cy w h of those boxes: (x + w / 2) / W, (y + h / 2) / H, w / W, h / H
+BY_HAND = {"a.jpg": [("car", 0.225, 0.35, 0.25, 0.5), ("person", 0.69375, 0.4, 0.375, 0.4)],
+           "b.jpg": [("person", 0.5, 0.5, 1.0, 1.0)], "c.jpg": []}
+
+
+def tool_export(root, split, tool):
+    """A COCO file as the tool writes it, for the images of TOOL_IMAGES (noise) in images/<split>/.
+    cvat: categories and images numbered from 1 in label order (person, car), boxes with an empty `segmentation`
+    and `attributes`, a mask as a crowd annotation in uncompressed RLE. label-studio: categories numbered from 0 in
+    name order, images from 0, file names under `images/`, an `ignore` key."""
+    cvat = tool == "cvat"
+    order = ["person", "car"] if cvat else ["car", "person"]
+    cats = [{"id": i + cvat, "name": n, "supercategory": ""} if cvat else {"id": i, "name": n}
+            for i, n in enumerate(order)]
+    images, anns = [], []
+    for k, (name, w, h, objects) in enumerate(TOOL_IMAGES):
+        image_id = k + cvat
+        write_image(root / "images" / split / name, np.random.default_rng(k).integers(0, 255, (h, w, 3), np.uint8))
+        images.append({"id": image_id, "width": w, "height": h, "file_name": name if cvat else f"images/{name}"})
+        if cvat:
+            images[-1].update(license=0, flickr_url="", coco_url="", date_captured=0)
+        for cls, bbox in objects:
+            a = {"id": len(anns) + 1, "image_id": image_id, "category_id": order.index(cls) + cvat,
+                 "segmentation": [], "area": bbox[2] * bbox[3], "bbox": bbox, "iscrowd": 0}
+            a.update({"attributes": {"occluded": False}} if cvat else {"ignore": 0})
+            anns.append(a)
+        if cvat and name == "a.jpg":
+            anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": 1, "iscrowd": 1,
+                         "segmentation": {"counts": [0, 40, w * h - 40], "size": [h, w]}, "area": 40,
+                         "bbox": [0, 0, 1, 40], "attributes": {"occluded": False}})
+    out = root / "annotations" / f"instances_{split}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"licenses": [], "info": {}, "categories": cats, "images": images,
+                               "annotations": anns}))
+    return order
+
+
+@pytest.mark.parametrize("tool", ["cvat", "label-studio"])
+def test_coco_exports_of_annotation_tools_read_as_worked_out_by_hand(tmp_path, tool):
+    """Category ids from 1 or 0 and in any order, image ids from 0, file names with a folder, a crowd mask left out,
+    an image without annotations kept as a background, a box outside its image skipping that image only."""
+    order = [tool_export(tmp_path, split, tool) for split in ("train", "val")][1]
+    d = check_det_dataset(tmp_path)
+    assert d["names"] == dict(enumerate(order))
+    ds = YOLODataset(d["val"], imgsz=64, nc=d["nc"], names=d["names"])
+    got = {name: sorted((order[int(c)], *b) for c, b in zip(lb["cls"].reshape(-1), lb["bboxes"].tolist()))
+           for name, lb in records(ds).items()}
+    assert sorted(got) == sorted(BY_HAND)
+    for name, rows in BY_HAND.items():
+        assert [r[0] for r in got[name]] == [r[0] for r in rows]
+        np.testing.assert_allclose(np.reshape([r[1:] for r in got[name]], (-1, 4)),
+                                   np.reshape([r[1:] for r in rows], (-1, 4)), atol=1e-6)
+    crowd = tool == "cvat"
+    assert {k: ds.stats[k] for k in ("images", "backgrounds", "skipped", "left_out")} == {
+        "images": 3, "backgrounds": 1, "skipped": 1, "left_out": crowd}
+    problems = _problems(ds)
+    assert f"d.jpg: skipped, {tmp_path / 'annotations' / 'instances_val.json'} (d.jpg) annotation 1: " \
+           "coordinates outside [0, 1]" in problems
+    assert ("a.jpg: kept, 1 crowd annotations left out" in problems) == crowd
+
+
+def test_training_on_a_cvat_export_names_what_it_left_out(tmp_path):
+    """`train.py --data <folder>` of a CVAT COCO export (annotations/instances_<subset>.json, images/<subset>/):
+    trained from the JSON under its category names, and data_problems.txt names the skipped image with the file and
+    the annotation, and the crowd mask left out, in each split."""
     import train
 
-    root = tmp_path / "coco"
-    coco_split(root, "train2017", 4, seed=12)
-    coco_split(root, "val2017", 2, seed=12, edit=lambda d: d["annotations"][0]["bbox"].__setitem__(1, 1e4))
+    for split in ("train", "val"):
+        tool_export(tmp_path / "cvat", split, "cvat")
     trainer, _ = train.main(train.parse_opt([
-        "--data", str(root), "--cfg", "yolov8n.yaml", "--imgsz", "64", "--batch-size", "4", "--epochs", "1",
-        "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"), "--noplots"]))
-    assert trainer.names == dict(enumerate(ID_ORDER))
+        "--data", str(tmp_path / "cvat"), "--cfg", "yolov8n.yaml", "--imgsz", "64", "--batch-size", "4",
+        "--epochs", "1", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"), "--noplots"]))
+    assert trainer.names == {0: "person", 1: "car"}
     problems = (trainer.save_dir / "data_problems.txt").read_text().splitlines()
-    assert len(problems) == 1 and problems[0].startswith(f"val: {root / 'val2017' / '00000.jpg'}: skipped, "
-                                                         f"{root / 'annotations' / 'instances_val2017.json'} "
-                                                         "(00000.jpg) annotation")
+    expected = []
+    for split in ("train", "val"):
+        images, json_file = tmp_path / "cvat" / "images" / split, tmp_path / "cvat" / "annotations"
+        expected += [f"{split}: {images / 'd.jpg'}: skipped, {json_file / f'instances_{split}.json'} (d.jpg) "
+                     "annotation 1: coordinates outside [0, 1]",
+                     f"{split}: {images / 'a.jpg'}: kept, 1 crowd annotations left out"]
+    assert len(problems) == 4 and all(any(p.startswith(e) for p in problems) for e in expected), problems
 
 
 def test_coco_files_with_less_or_odd_content(tmp_path, yolo_log):
-    """A file listing no image sizes trusts the images'; two categories of one name are one error naming the file
+    """A file listing no image sizes, or 0, trusts the images'; two categories of one name are one error naming the file
     (classes are matched by name); a file that is not JSON is one error too; no listed image at all is named."""
     root = tmp_path / "coco"
     names = dict(enumerate(CLASS_NAMES))
-    coco_split(root, "a", 2, seed=13, edit=lambda d: [img.pop(k) for img in d["images"] for k in ("width", "height")])
+    coco_split(root, "a", 2, seed=13, edit=lambda d: [d["images"][0].pop(k) for k in ("width", "height")] + [
+        d["images"][1].update(width=0, height=0)])
     assert YOLODataset(str(root / "a"), imgsz=64, nc=3, names=names).stats["images"] == 2
     coco_split(root, "b", 1, seed=13, edit=lambda d: d["categories"].append({"id": 50, "name": "circle"}))
     with pytest.raises(BadDataset, match=r"instances_b\.json: two categories share a name"):

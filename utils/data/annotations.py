@@ -17,7 +17,9 @@ does an object whose class name is not one of the dataset's (COCO `category_id` 
 `<name>`), since training it as background would teach the model to miss it. What the formats themselves say to
 leave out is left out, counted and named: COCO `iscrowd` 1 annotations (its evaluation ignores crowd regions, and the
 peers' converters drop them) and VOC `difficult` 1 objects (its evaluation ignores them; the peers' VOC conversion
-drops them). A COCO image whose listed size is not its decoded size is skipped (its boxes would land elsewhere).
+drops them). An image whose listed size is not its decoded size is skipped (its boxes would land elsewhere); a size
+listed as 0 x 0, or not at all, is unknown, and the decoded one is used (LabelImg writes 0 x 0 for an image whose
+suffix is not its format; boxes are in pixels, so they do not depend on it).
 VOC boxes are 1-based pixel corners; they become boxes as the peers convert them (centre - 1, width xmax - xmin).
 The result goes into the label cache of the split like YOLO labels (beside the annotation file; for VOC, beside the
 ImageSets list), so the files are read once.
@@ -168,7 +170,7 @@ class CocoSource(AnnotationSource):
         img, anns = entry
         h, w = shape
         listed = (img.get("width"), img.get("height"))
-        if None not in listed and listed != (w, h):  # a file that lists no size trusts the image's
+        if all(listed) and listed != (w, h):  # a size listed as none or 0 is unknown
             raise BadLine(f"{self.file}: image {img.get('file_name')} is {img.get('width')}x{img.get('height')} "
                           f"there and {w}x{h} decoded; its boxes would be misplaced")
         lines, crowd, masks = [], 0, 0
@@ -292,7 +294,7 @@ class VocSource(AnnotationSource):
             return None, [], {}  # an image without annotations: a background (a FIFO or folder there: named)
         objects, size = read_voc_xml(label_file)
         h, w = shape
-        if size is not None and size != (w, h):
+        if size is not None and all(size) and size != (w, h):
             raise BadLine(f"{label_file}: <size> {size[0]}x{size[1]} but the image is {w}x{h} decoded")
         lines, difficult = [], 0
         for i, (name, hard, (x1, y1, x2, y2)) in enumerate(objects, 1):
