@@ -9,6 +9,7 @@ import os
 import zipfile
 from pathlib import Path
 
+import cv2
 import pytest
 import yaml
 
@@ -88,11 +89,16 @@ def peer_val(tmp_path_factory):
     data = tmp / "shapes.yaml"
     data.write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
                                     "names": script.NAMES}))
-    metrics = val.main(val.parse_opt([
-        "--weights", str(FIXTURES / "ultralytics-v8t-shapes.pt"), "--data", str(data), "--img", str(ref["imgsz"]),
-        "--batch-size", "16", "--iou-thres", "0.7", "--save-json", "--device", "cpu", "--workers", "0",
-        "--project", str(tmp / "runs"), "--name", "val"]))
+    metrics = _peer_val(data, tmp, ref, "--save-json", "--name", "val")
     return ref, script, metrics, tmp / "runs" / "val"
+
+
+def _peer_val(data, tmp, ref, *extra):
+    """val.py of the Ultralytics-trained fixture at Ultralytics' validation settings."""
+    return val.main(val.parse_opt([
+        "--weights", str(FIXTURES / "ultralytics-v8t-shapes.pt"), "--data", str(data), "--img", str(ref["imgsz"]),
+        "--batch-size", "16", "--iou-thres", "0.7", "--device", "cpu", "--workers", "0", "--project",
+        str(tmp / "runs"), *extra]))
 
 
 def test_val_agrees_with_ultralytics_own_validation(peer_val):
@@ -116,3 +122,61 @@ def test_pycocotools_on_our_json_agrees_with_it_on_ultralytics_json(peer_val):
     m, m50 = eval_coco_json(script.ground_truth(run.parents[1] / "shapes"), ours)
     theirs = ref["ultralytics_pycocotools"]
     assert abs(m - theirs["mAP50-95"]) <= MAX_GAP and abs(m50 - theirs["mAP50"]) <= MAX_GAP, (m, m50, theirs)
+
+
+def _copy_split(src, dst):
+    dst.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        (dst / f.name).write_bytes(f.read_bytes())
+
+
+def _map(metrics):
+    return {k: metrics[f"metrics/{k}(B)"] for k in ("mAP50-95", "mAP50")}
+
+
+def test_val_of_a_roboflow_export_folder_scores_its_test_split(peer_val, tmp_path):
+    """The fixture's val images and YOLO labels as a Roboflow export (data.yaml beside train/ valid/ test/, splits
+    `../x/images`, no path:), given as the folder with --task test: the same images, the same mAPs."""
+    _, _, metrics, run = peer_val
+    shapes, root = run.parents[1] / "shapes", tmp_path / "rf"
+    for split in ("train", "valid", "test"):
+        for kind in ("images", "labels"):
+            _copy_split(shapes / kind / "val", root / split / kind)
+    emptied = root / "valid" / "labels" / next((root / "valid" / "labels").iterdir()).name
+    emptied.write_text("")  # valid/ differs from test/: scoring it would lower the mAPs
+    (root / "data.yaml").write_text(yaml.safe_dump({
+        "train": "../train/images", "val": "../valid/images", "test": "../test/images", "nc": 3,
+        "names": ["circle", "rectangle", "triangle"], "roboflow": {"version": 1}}))
+    ref = json.loads((FIXTURES / "ultralytics-v8t-shapes.json").read_text())
+    assert _map(_peer_val(root, tmp_path, ref, "--task", "test")) == _map(metrics)
+
+
+def test_val_of_a_voc_folder_scores_as_its_yolo_labels(peer_val, tmp_path):
+    """The fixture's val images with VOC XML written from their YOLO labels (1-based corners, xmin = (cx - w / 2) W
+    + 1, as the peers' conversion reads them back): val.py of the folder gives the mAPs of the YOLO labels."""
+    _, _, metrics, run = peer_val
+    shapes, root = run.parents[1] / "shapes", tmp_path / "VOC"
+    _copy_split(shapes / "images" / "val", root / "JPEGImages")
+    (root / "Annotations").mkdir()
+    names = ["circle", "rectangle", "triangle"]
+    for img in sorted((root / "JPEGImages").iterdir()):
+        h, w = cv2.imread(str(img)).shape[:2]
+        objects = ""
+        for line in (shapes / "labels" / "val" / f"{img.stem}.txt").read_text().splitlines():
+            c, cx, cy, bw, bh = (float(v) for v in line.split())
+            x1, y1, x2, y2 = ((cx - bw / 2) * w + 1, (cy - bh / 2) * h + 1,
+                              (cx + bw / 2) * w + 1, (cy + bh / 2) * h + 1)
+            objects += (f"<object><name>{names[int(c)]}</name><truncated>0</truncated><difficult>0</difficult>"
+                        f"<bndbox><xmin>{x1!r}</xmin><ymin>{y1!r}</ymin><xmax>{x2!r}</xmax><ymax>{y2!r}</ymax>"
+                        "</bndbox></object>")
+        (root / "Annotations" / f"{img.stem}.xml").write_text(
+            f"<annotation><filename>{img.name}</filename><size><width>{w}</width><height>{h}</height>"
+            f"<depth>3</depth></size>{objects}</annotation>")
+    (root / "ImageSets" / "Main").mkdir(parents=True)
+    for split in ("train", "val"):
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(f"{p.stem}\n" for p in sorted(
+            (root / "JPEGImages").iterdir())))
+    ref = json.loads((FIXTURES / "ultralytics-v8t-shapes.json").read_text())
+    ours = _map(_peer_val(root, tmp_path, ref, "--name", "voc"))
+    for k, v in _map(metrics).items():
+        assert abs(ours[k] - v) < 1e-4, (k, ours[k], v)
