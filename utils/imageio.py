@@ -81,6 +81,8 @@ def _tiff(head):
     for k in range(min(n, (len(head) - ifd - 2) // 12)):
         tag, kind, _, value = struct.unpack(order + "HHI4s", head[ifd + 2 + 12 * k:ifd + 14 + 12 * k])
         if tag in (256, 257):
+            if tag in size:  # libtiff keeps the first of two, a bomb's size; the second would pass for the image's
+                return None
             size[tag] = struct.unpack(order + ("H" if kind == 3 else "I"), value[:2 if kind == 3 else 4])[0]
     return (size[256], size[257]) if len(size) == 2 else None
 

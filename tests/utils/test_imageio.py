@@ -92,3 +92,12 @@ def test_printable_text_cannot_drive_a_terminal():
     shown = printable(name)
     assert shown == "a\\x1b]0;pwned\\x07\\x1b[2J\\rAll checks passed\\ncaf\\xe9.jpg"
     assert shown.isprintable()
+
+
+def test_a_tiff_that_names_its_size_twice_is_undecodable(tmp_path):
+    """A 198-byte TIFF whose first width and height tags say 20000 and whose second say 8: libtiff (OpenCV) takes
+    the first, this reader took the last and let a 400-megapixel bomb through as 8 x 8."""
+    tags = [struct.pack("<HHII", tag, 4, 1, v) for tag, v in ((256, 20000), (256, 8), (257, 20000), (257, 8))]
+    f = tmp_path / "twice.tif"
+    f.write_bytes(b"II*\x00" + struct.pack("<IH", 8, len(tags)) + b"".join(tags) + bytes(4))
+    assert header_size(f) is None and read_image(f) is None
