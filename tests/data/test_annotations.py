@@ -365,7 +365,7 @@ def tool_export(root, split, tool):
     """A COCO file as the tool writes it, for the images of TOOL_IMAGES (noise) in images/<split>/.
     cvat: categories and images numbered from 1 in label order (person, car), boxes with an empty `segmentation`
     and `attributes`, a mask as a crowd annotation in uncompressed RLE. label-studio: categories numbered from 0 in
-    name order, images from 0, file names under `images/`, an `ignore` key."""
+    name order, images from 0, file names under `images/` (b.jpg's written on Windows), an `ignore` key."""
     cvat = tool == "cvat"
     order = ["person", "car"] if cvat else ["car", "person"]
     cats = [{"id": i + cvat, "name": n, "supercategory": ""} if cvat else {"id": i, "name": n}
@@ -374,7 +374,8 @@ def tool_export(root, split, tool):
     for k, (name, w, h, objects) in enumerate(TOOL_IMAGES):
         image_id = k + cvat
         write_image(root / "images" / split / name, np.random.default_rng(k).integers(0, 255, (h, w, 3), np.uint8))
-        images.append({"id": image_id, "width": w, "height": h, "file_name": name if cvat else f"images/{name}"})
+        folder = "images\\" if name == "b.jpg" else "images/"  # Label Studio on Windows joins with a backslash
+        images.append({"id": image_id, "width": w, "height": h, "file_name": name if cvat else folder + name})
         if cvat:
             images[-1].update(license=0, flickr_url="", coco_url="", date_captured=0)
         for cls, bbox in objects:

@@ -37,7 +37,6 @@ a tree is built, and an annotation file is read as label files are (a regular fi
 
 import functools
 import json
-import os
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -160,11 +159,11 @@ class CocoSource(AnnotationSource):
             if not isinstance(a, dict) or a.get("image_id") not in by_id:
                 continue  # an annotation of no listed image labels nothing here
             by_id[a["image_id"]][1].append(a)
-        return {os.path.basename(str(img.get("file_name", ""))): (img, anns) for img, anns in by_id.values()}, cats
+        return {_file_name(img.get("file_name", "")): (img, anns) for img, anns in by_id.values()}, cats
 
     def read(self, im_file, label_file, shape, names, fmt):
         images, cats = self.index
-        entry = images.get(os.path.basename(im_file))
+        entry = images.get(_file_name(im_file))
         if entry is None:
             return None, [], {}  # not listed: a background, as an image without a label file
         img, anns = entry
@@ -189,6 +188,11 @@ class CocoSource(AnnotationSource):
             crowd) + [f"{masks} annotations with RLE masks kept as boxes (outlines are read from polygons)"] * bool(
             masks)
         return "\n".join(lines), notes, {"left_out": crowd}
+
+
+def _file_name(path):
+    """The last part of a path written on any system: Label Studio on Windows writes `images\\x.jpg`."""
+    return str(path).replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _coco_geometry(a, w, h, where):
