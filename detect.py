@@ -7,11 +7,8 @@ Usage:
     $ python detect.py --weights best.onnx --source data/images   # or best.torchscript (export.py)
 """
 
-from engine.tasks.detect import DetectionPredictor
 from utils.cli import add_nms_args, predict_parser
-from utils.dist import get_rank
 from utils.errors import run_cli
-from utils.loggers import set_logging
 
 
 def parse_opt(argv=None):
@@ -21,6 +18,10 @@ def parse_opt(argv=None):
 
 
 def main(opt):
+    from engine.tasks.detect import DetectionPredictor  # imports torch: after parsing, for a quick --help
+    from utils.dist import get_rank
+    from utils.loggers import set_logging
+
     set_logging(get_rank())
     return DetectionPredictor(opt)()
 

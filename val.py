@@ -8,8 +8,7 @@ Usage:
     $ python -m torch.distributed.run --nproc_per_node 4 val.py --weights best.pt --data coco.yaml --img 640
 """
 
-from engine.tasks.detect import DetectionValidator
-from engine.validator import ValOptions
+from engine.options import ValOptions
 from utils.cli import val_parser
 from utils.errors import run_cli
 
@@ -20,6 +19,8 @@ def parse_opt(argv=None):
 
 
 def main(opt):
+    from engine.tasks.detect import DetectionValidator  # imports torch: after parsing, for a quick --help
+
     return DetectionValidator.run_val(opt)
 
 

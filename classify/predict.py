@@ -6,11 +6,8 @@ Usage:
 
 
 
-from engine.tasks.classify import ClassificationPredictor
 from utils.cli import predict_parser
-from utils.dist import get_rank
 from utils.errors import run_cli
-from utils.loggers import set_logging
 
 
 def parse_opt(argv=None):
@@ -19,6 +16,10 @@ def parse_opt(argv=None):
 
 
 def main(opt):
+    from engine.tasks.classify import ClassificationPredictor  # imports torch: after parsing, for a quick --help
+    from utils.dist import get_rank
+    from utils.loggers import set_logging
+
     set_logging(get_rank())
     return ClassificationPredictor(opt)()
 

@@ -8,8 +8,6 @@ Usage:
     $ python classify/train.py --resume runs/train-cls/exp/weights/last.pt
 """
 
-from engine.tasks.classify import ClassificationTrainer
-from engine.trainer import run as run_training
 from utils.cli import DATA_HELP, options_from_kwargs, train_parser
 from utils.errors import run_cli
 
@@ -22,6 +20,9 @@ def parse_opt(argv=None):
 
 def main(opt, callbacks=None):
     """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
+    from engine.tasks.classify import ClassificationTrainer  # imports torch: after parsing, for a quick --help
+    from engine.trainer import run as run_training
+
     return run_training(ClassificationTrainer, opt, callbacks)
 
 

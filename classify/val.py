@@ -6,8 +6,7 @@ Usage:
     $ python -m torch.distributed.run --nproc_per_node 4 classify/val.py --weights best.pt --data imagenet
 """
 
-from engine.tasks.classify import ClassificationValidator
-from engine.validator import ValOptions
+from engine.options import ValOptions
 from utils.cli import val_parser
 from utils.errors import run_cli
 
@@ -19,6 +18,8 @@ def parse_opt(argv=None):
 
 
 def main(opt):
+    from engine.tasks.classify import ClassificationValidator  # imports torch: after parsing, for a quick --help
+
     return ClassificationValidator.run_val(opt)
 
 

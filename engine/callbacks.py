@@ -22,7 +22,9 @@ EVENTS = {
     "on_val_end": "a validation is done (each epoch's and the final one): state.metrics",
     "on_fit_epoch_end": "state.epoch is done, validated and saved: epoch_row (the row results.csv gets)",
     "on_model_save": "last.pt (and best.pt where fitness improved) was written: checkpointer.last, checkpointer.best",
-    "on_train_interrupted": "the run stops on request (Ctrl-C); last.pt holds the position to resume from",
+    "on_train_interrupted": "the run stops on request or a signal (Ctrl-C, SIGTERM); last.pt holds the position to "
+                            "resume from (written at the stop inside the loop, the last checkpoint's elsewhere)",
+    "on_train_failed": "the run ends with an error (a user's mistake or a bug): listeners close what they opened",
     "on_train_end": "training and the final validation are done: state.metrics holds best.pt's results",
 }
 # fired on every rank (a callback that writes files checks `trainer.is_main`); every other event fires on rank 0 only

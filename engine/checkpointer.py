@@ -26,7 +26,7 @@ import torch
 from engine.messages import position
 from models.checkpoints import load_checkpoint, model_to_ckpt, save_checkpoint, to_safe
 from utils import dist as du
-from utils.errors import BadCheckpoint, BadOption
+from utils.errors import BadOption
 from utils.files import ROOT, atomic_copy
 from utils.loggers import LOGGER
 
@@ -53,18 +53,20 @@ class LoopState:
     # {tracker name: its run id}, recorded by the tracker listeners (utils/loggers/tracker.py) when they open a run:
     # a --resume or a torchrun restart continues that run instead of opening another
     tracker_runs: dict = dataclasses.field(default_factory=dict)
+    done: bool = False  # no epoch is left to train (the last one, or early stopping): only the run's end is
 
     def to_checkpoint(self):
         # "epoch" is the last finished epoch (-1: none), as every checkpoint of this project has stored it
         return {"epoch": self.epoch - 1, "batch": self.batch, "last_opt_step": self.last_opt_step,
                 "best_fitness": self.best_fitness, "best_epoch": self.best_epoch, "metrics": self.metrics,
-                "tracker_runs": dict(self.tracker_runs)}
+                "tracker_runs": dict(self.tracker_runs), "done": self.done}
 
     @classmethod
     def from_checkpoint(cls, ckpt, mean_losses=None):
         return cls(epoch=ckpt["epoch"] + 1, batch=ckpt["batch"], last_opt_step=ckpt["last_opt_step"],
                    best_fitness=ckpt["best_fitness"], best_epoch=ckpt["best_epoch"], metrics=ckpt["metrics"],
-                   mean_losses=mean_losses, tracker_runs=dict(ckpt.get("tracker_runs") or {}))  # older: none
+                   mean_losses=mean_losses, tracker_runs=dict(ckpt.get("tracker_runs") or {}),  # older: none
+                   done=bool(ckpt.get("done")))
 
 
 # Under DDP, optimizer steps between the collectives that share a stop request and rank 0's --save-interval clock:
@@ -146,8 +148,7 @@ class Checkpointer:
         without it)."""
         ckpt = du.broadcast_object(load_checkpoint(path) if trainer.is_main else None)
         state = LoopState.from_checkpoint(ckpt)
-        if state.epoch >= trainer.epochs:
-            raise BadCheckpoint(f"{path}: training to {trainer.epochs} epochs is finished, nothing to resume")
+        state.done = state.done or state.epoch >= trainer.epochs  # older checkpoints: the last epoch says it
         trainer.model.load_state_dict({k: v.float() for k, v in ckpt["model"]["state_dict"].items()})
         load_optimizer(trainer.optimizer, ckpt["optimizer"])
         trainer.scheduler.load_state_dict(ckpt["scheduler"])
@@ -164,20 +165,27 @@ class Checkpointer:
                            f"continuing with fresh random states, from the start of epoch {state.epoch}")
             state.batch = 0  # another world size shards the epoch differently
         self.saved(state.epoch * trainer.batches_per_epoch + state.batch - 1)
-        LOGGER.info(f"Resuming training from {path} "
-                    f"{position(state.epoch, state.batch, trainer.epochs, trainer.batches_per_epoch)}")
+        if state.done:
+            LOGGER.info(f"Finishing {path}: its training is done; the final validation and the strip are left")
+        else:
+            LOGGER.info(f"Resuming training from {path} "
+                        f"{position(state.epoch, state.batch, trainer.epochs, trainer.batches_per_epoch)}")
         return state
 
-    def finish(self):
-        """At the end of training: last.pt and best.pt keep only what inference and fine-tuning need (stripped once
-        when best.pt is still a link to last.pt's file)."""
-        linked = self.last.exists() and self.best.exists() and os.path.samefile(self.last, self.best)
+    def finish_best(self):
+        """At the end of training, before the final validation: best.pt keeps only what inference and fine-tuning
+        need (a fresh file where best.pt is a link to last.pt's, which keeps the run's whole state)."""
+        if not self.best.exists():
+            return
+        if self.last.exists() and os.path.samefile(self.last, self.best):
+            strip_optimizer(self.last, self.best)
+        else:
+            strip_optimizer(self.best)
+
+    def finish_last(self):
+        """After the final validation: last.pt is stripped too, which marks the run finished (--resume refuses it)."""
         if self.last.exists():
             strip_optimizer(self.last)
-        if linked:
-            atomic_copy(self.last, self.best)
-        elif self.best.exists():
-            strip_optimizer(self.best)
 
 
 # How torch.optim runs a step, which this run's device decides (fused kernels on CUDA), not the checkpoint's
@@ -216,9 +224,10 @@ def parse_save_interval(value):
     raise BadOption(f"--save-interval {value}: expected minutes, seconds, hours or iterations, e.g. 10m, 90s, 500it")
 
 
-def strip_optimizer(path):
+def strip_optimizer(path, to=None):
     """Keep only what inference and fine-tuning need: the EMA weights in fp16 as `model`, no optimizer, no training
-    position (smaller file; a bare --resume then knows the run has finished)."""
+    position (smaller file; a bare --resume then knows the run has finished). Written to `to` when given, else over
+    `path`."""
     ckpt = load_checkpoint(path)
     if ckpt.get("ema"):
         ckpt["model"] = ckpt["ema"]
@@ -227,7 +236,7 @@ def strip_optimizer(path):
     # "rng": where a checkpoint without per-rank states keeps its random states
     for k in ("ema", "optimizer", "scheduler", "scaler", "ranks", "rng", "updates"):
         ckpt[k] = None
-    save_checkpoint(to_safe(ckpt), path)  # to_safe: a checkpoint written without it may hold numpy arrays
+    save_checkpoint(to_safe(ckpt), to or path)  # to_safe: a checkpoint written without it may hold numpy arrays
 
 
 @contextlib.contextmanager

@@ -13,19 +13,20 @@ from types import SimpleNamespace
 import torch
 from torch.onnx import _constants as onnx_constants
 
+from engine.inherit import run_settings, with_run_settings
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
 from models.checkpoints import attempt_load
 from models.registry import use_modules
 from utils import dist as du
+from utils.cli import DEFAULT_OPSET
+from utils.cli import EXPORT_FORMATS as FORMATS
 from utils.errors import BadOption
 from utils.loggers import LOGGER
 
-FORMATS = ("onnx", "torchscript")
 # The opsets the TorchScript-based exporter (torch.onnx.export(dynamo=False)) supports; torch has no public accessor
 # for them. Outside ONNX_MIN_OPSET..ONNX_MAX_OPSET it fails with a traceback, and above this range it warns that the
 # opset is not supported.
 OPSETS = range(onnx_constants.ONNX_MIN_OPSET, onnx_constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET + 1)
-DEFAULT_OPSET = 17  # every model of this project exports at it (tests/models/test_export.py)
 
 
 def _imgsz(imgsz, stride):
@@ -62,20 +63,20 @@ class Exporter:
 
     @torch.no_grad()
     def __call__(self):
-        opt = self.opt
-        use_modules(getattr(opt, "modules", None))
-        device = du.select_device(opt.device)
-        if opt.half and device.type != "cuda":
+        use_modules(getattr(self.opt, "modules", None))
+        device = du.select_device(self.opt.device)
+        if self.opt.half and device.type != "cuda":
             raise BadOption("--half export needs a CUDA device (--device 0)")
-        return self.export(attempt_load(opt.weights, device=device, fuse=True))
+        return self.export(attempt_load(self.opt.weights, device=device, fuse=True))
 
     @torch.no_grad()
     def export(self, model):
         """Write the formats of `model` (fused, on its device; fp16 with --half) beside --weights. The CLI refuses
         --half on a CPU, where fp16 runs slowly, yet the graph traced is the same on any device (tests use that)."""
-        opt = self.opt
+        run = run_settings(self.opt.weights)  # the file is there now (an official name was fetched by attempt_load)
+        opt = with_run_settings(self.opt, known=run)
         device = next(model.parameters()).device
-        imgsz = _imgsz(opt.imgsz, int(max(model.stride)))
+        imgsz = _imgsz(opt.imgsz if isinstance(opt.imgsz, list) else [opt.imgsz], int(max(model.stride)))
         model.info(imgsz=imgsz[0])
         for p in model.parameters():
             p.requires_grad_(False)
@@ -83,7 +84,7 @@ class Exporter:
             model.half()
         im = torch.zeros(opt.batch_size, 3, *imgsz, device=device, dtype=torch.half if opt.half else torch.float)
         flat, structure = flatten_outputs(model(im))
-        meta = export_metadata(model, imgsz, opt.batch_size, opt.dynamic, opt.half, structure)
+        meta = export_metadata(model, imgsz, opt.batch_size, opt.dynamic, opt.half, structure, run.get("data"))
         LOGGER.info(f"Exporting {opt.weights} with input {tuple(im.shape)} and {len(flat)} outputs "
                     f"{[tuple(y.shape) for y in flat]}")
         wrapper = ExportWrapper(model).eval()

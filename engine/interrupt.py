@@ -16,6 +16,7 @@ itself. SIGUSR1 is what `sbatch --signal=USR1@T` sends every task before a time 
 asks for a stop under torchrun too.
 """
 
+import contextlib
 import os
 import signal
 import threading
@@ -68,3 +69,26 @@ class StopRequests:
     def agreed(self):
         """Whether any rank was asked to stop: a collective, so every rank calls it at the same step."""
         return du.any_rank(self.signum is not None)
+
+
+@contextlib.contextmanager
+def ended_by_signals():
+    """Around a whole run, outside the loop's safe points (set-up, the final validation), where there is no step to
+    stop at: SIGTERM (outside torchrun, whose SIGTERM restarts groups) ends the run at once as Interrupted, as Ctrl-C
+    does as KeyboardInterrupt, so that the listeners hear it (trackers close their run as killed) instead of the
+    process vanishing; the loop's StopRequests take both signals over while it runs. last.pt is as the last
+    checkpoint left it: a run stopped in its final validation is finished by --resume."""
+    if os.environ.get("TORCHELASTIC_RUN_ID") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pid = os.getpid()
+
+    def stop(signum, frame):
+        if os.getpid() == pid:  # not in a DataLoader worker forked meanwhile
+            raise Interrupted(signum, f"{NAMES[signum]}: stopped")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

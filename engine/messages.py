@@ -3,6 +3,7 @@ script takes a model of another task."""
 
 import shlex
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -87,3 +88,28 @@ def next_commands(scripts, weights, data, source, imgsz, half=False):
     return [f"python {val} --weights {w} --data {data} {img}{' --half' if half else ''}",
             f"python {predict} --weights {w} --source {source} {img}",
             f"python {shown(ROOT / 'export.py')} --weights {w} --include onnx {img}"]
+
+
+class RunETA:
+    """The whole run's time left, for the progress bar: the time per batch this process has taken so far (validation,
+    saving and plotting included once an epoch has ended) times the batches left. `done` counts global batches (over
+    epochs) from the run's start; a resumed run measures from where it resumed. The final validation of best.pt is
+    not in it until the first epoch's validation is."""
+
+    def __init__(self, epochs, batches_per_epoch, done, clock=time.monotonic):
+        self.total, self.start, self.clock = epochs * batches_per_epoch, done, clock
+        self.t0 = clock()
+
+    def seconds_left(self, done):
+        """Seconds left after `done` batches of the whole run, or None before the first batch of this process."""
+        measured = done - self.start
+        if measured < 1:
+            return None
+        return (self.clock() - self.t0) / measured * max(self.total - done, 0)
+
+    def text(self, done):
+        left = self.seconds_left(done)
+        if left is None:
+            return "run ETA ?"
+        h, rest = divmod(int(round(left)), 3600)
+        return f"run ETA {h}:{rest // 60:02d}:{rest % 60:02d}"

@@ -2,7 +2,8 @@
 
 An options object is frozen. It is built once from the parsed command line (or a checkpoint's saved options, on
 --resume) by `from_values`; what set-up derives from it is a new field (`train_imgsz`, `loader_workers`), set with
-`dataclasses.replace`, never a rewrite of what the user gave. What --resume may change is each field's metadata
+`dataclasses.replace`, never a rewrite of what the user gave (`data_path`, the dataset file read, is what the val,
+predict and export commands take from the run: engine/inherit.py). What --resume may change is each field's metadata
 (`resume`): "launch" options are this launch's (its hardware, whether to profile it), "given" ones are taken when the
 command line names them, "search" says where to look for the run, "extend" is the run's length (--epochs); every
 other option given with --resume is refused, since it would change the run.
@@ -90,6 +91,7 @@ class TrainOptions:
     train_checkpoint_model: bool = _planned()
     train_imgsz: Optional[int] = _derived()  # imgsz rounded up to the model's largest stride
     loader_workers: Optional[int] = _derived()  # dataloader workers per rank, resolved for the device
+    data_path: Optional[str] = _derived()  # the dataset YAML (or folder) --data named, absolute (engine/inherit.py)
 
     @classmethod
     def from_values(cls, values):
@@ -132,6 +134,7 @@ class DetectTrainOptions(TrainOptions):
     """train.py: the box tasks' extras (utils/cli.add_detect_train_args)."""
 
     rect: bool = False
+    skip_unknown_classes: bool = False  # skip images labelled with a class id >= nc, rather than refuse the dataset
     noautoanchor: bool = False
     single_cls: bool = False
     image_weights: bool = False
@@ -143,3 +146,44 @@ class SegmentTrainOptions(DetectTrainOptions):
     """segment/train.py: masks as one map of overlapping instances, or one mask per instance."""
 
     no_overlap: bool = False
+
+
+@dataclasses.dataclass
+class ValOptions:
+    """Everything a validator reads. Built by `from_cli` (val scripts) or `from_train` (the trainer), nowhere else."""
+
+    imgsz: int
+    batch: int = 32  # images per batch on each rank
+    workers: int = 2
+    conf: float = 0.001
+    iou: float = 0.6
+    max_det: int = 300
+    half: bool = False  # fp16 inference, CUDA only
+    save_json: bool = False
+    save_txt: bool = False
+    plots: bool = True  # val_batch images, curves and confusion matrices (final or stand-alone runs only)
+    single_cls: bool = False  # every class evaluated as one (a --single-cls model)
+    no_overlap: bool = False  # segmentation: one mask per instance instead of the overlap map
+    # the dataset YAML whose names give nc: a label with a class id >= nc is then an error naming it; None: the
+    # images holding one are skipped (--skip-unknown-classes; classification, whose classes are folders)
+    names_from: Optional[str] = None
+
+    _CLI_NAMES = {"batch_size": "batch", "conf_thres": "conf", "iou_thres": "iou"}  # class attribute, not a field
+
+    @classmethod
+    def from_cli(cls, opt):
+        """From a `utils.cli.val_parser` namespace (which takes its defaults from this class)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        given = {cls._CLI_NAMES.get(k, k): v for k, v in vars(opt).items()}
+        options = cls(**{k: v for k, v in given.items() if k in fields})
+        if opt.speed:  # timing at deployment thresholds, no JSON
+            options = dataclasses.replace(options, conf=0.25, iou=0.45, save_json=False)
+        return options
+
+    @classmethod
+    def from_train(cls, opt, batch, **task_options):
+        """For validation inside training (`opt`: TrainOptions after set-up): the training image size and workers,
+        `batch` images per rank."""
+        names_from = None if getattr(opt, "skip_unknown_classes", True) else opt.data_path or "the dataset dict"
+        return cls(imgsz=opt.train_imgsz, batch=batch, workers=opt.loader_workers, plots=not opt.noplots,
+                   names_from=names_from, **task_options)

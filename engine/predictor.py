@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 import torch
 
+from engine.inherit import with_run_settings
 from engine.messages import check_task
 from models.backend import InferenceBackend
 from models.registry import use_modules
@@ -41,6 +42,7 @@ class BasePredictor:
         half = bool(getattr(self.args, "half", False)) and self.device.type == "cuda"
         bf16 = inference_bf16(self.device, getattr(self.args, "amp", "off"))
         self.model = InferenceBackend(self.args.weights, device=self.device, half=half, bf16=bf16)
+        self.args = with_run_settings(self.args, self.model)
         check_task(self.model.task, self.tasks, f"--weights {self.args.weights}", "predict")
         self.half = self.model.fp16
         self.names = self.model.names

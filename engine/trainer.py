@@ -24,10 +24,12 @@ from tqdm import tqdm
 from engine.callbacks import Callbacks
 from engine.checkpointer import AGREE_EVERY, Checkpointer, LoopState, sigterm_deferred
 from engine.hyp import SCHEDULE, Reader, default_hyp_file, load_hyp, read_hyp, require_keys
-from engine.interrupt import StopRequests
-from engine.messages import SCRIPTS, banner, next_commands, plural, position, resume_command, shown
+from engine.inherit import dataset_file
+from engine.interrupt import StopRequests, ended_by_signals
+from engine.messages import SCRIPTS, RunETA, banner, next_commands, plural, position, resume_command, shown
 from engine.options import TrainOptions
 from engine.resume import AUTO, RUN_FILES, forget_run_dir, plan_run, record_run_dir
+from engine.run_lock import RunLock, busy
 from models.checkpoints import attempt_load
 from models.registry import use_modules
 from utils import dist as du
@@ -80,6 +82,8 @@ class BaseTrainer:
             raise BadOption(f"--batch-size {self.opt.batch_size} must be a multiple of WORLD_SIZE {self.world_size}")
         self.batch_size = self.opt.batch_size // self.world_size  # per rank
         self.save_dir = self._make_save_dir(save_dir)
+        self.run_lock = RunLock(self.save_dir)  # held by rank 0 while it trains in the folder (engine/run_lock.py)
+        self._lock_run_dir()
         self.checkpointer = Checkpointer(self.save_dir, self.opt.save_interval, self.opt.save_period)
         self.amp, self.amp_dtype = amp_settings(device, self.opt.amp)
         self.profile = RunProfile.for_run(self.opt.profile and self.is_main, device)  # --profile: rank 0's table
@@ -96,6 +100,7 @@ class BaseTrainer:
         self.train_losses = {}  # the epoch's mean loss items over every rank, by results.csv column
         self.learning_rates = {}  # each parameter group's lr at the epoch's end
         self.epoch_row = {}  # the row results.csv gets for the epoch that ended: losses, metrics, learning rates
+        self.eta = None  # the whole run's time left, shown in the progress bar (engine/messages.RunETA)
         self.callbacks = Callbacks()
         for listener in self.default_callbacks():
             self.callbacks.attach(listener)
@@ -175,6 +180,13 @@ class BaseTrainer:
                             f"or continue that run with --resume {Path(path) / 'weights' / 'last.pt'}")
         return Path(path)
 
+    def _lock_run_dir(self):
+        """Rank 0 locks the run folder once it exists; every rank refuses a folder another process trains in."""
+        held_by = self.run_lock.holder() if self.is_main and self.save_dir.is_dir() else None
+        held_by = du.broadcast_object(held_by)
+        if held_by:
+            raise busy(self.save_dir, held_by)
+
     def load_hyp(self, model):
         """--hyp, completed from the model's default hyp file, or that file itself (engine/hyp.py); every key this run's
         readers need (the schedule's, the criterion's) must be there. --label-smoothing wins over the files."""
@@ -207,6 +219,7 @@ class BaseTrainer:
             yaml_save(self.save_dir / "hyp.yaml", self.hyp)
             write_problems(self.save_dir, {"train": self.train_set.problems,
                                            "val": self.validator.dataloader.dataset.problems})
+        self._lock_run_dir()  # a new run's folder exists from here
 
     def _setup_model(self):
         """The dataset dict, the model, the training size, the hyperparameters and the criterion."""
@@ -215,7 +228,8 @@ class BaseTrainer:
         self.nc, self.names = self.data["nc"], self.data["names"]
         with du.torch_distributed_zero_first(self.local_rank):
             model = self.build_model(self.nc, self.names)  # may download official weights: one rank per machine
-        self.opt = dataclasses.replace(self.opt, train_imgsz=check_imgsz(self.opt.imgsz, int(max(model.stride))))
+        self.opt = dataclasses.replace(self.opt, train_imgsz=check_imgsz(self.opt.imgsz, int(max(model.stride))),
+                                       data_path=dataset_file(self.data, self.opt.data))
         self.hyp = self.load_hyp(model)
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.train_imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
@@ -267,7 +281,6 @@ class BaseTrainer:
         under --nosave, here). Rank 0 says how to resume; every rank leaves with the signal's exit status."""
         if not batch and self.opt.nosave:
             self.save_position(epoch, 0)
-        self.run_callbacks("on_train_interrupted")
         if self.is_main:
             forget_run_dir()  # the user stopped the run: no torchrun restart is to continue it
             LOGGER.info(f"interrupted {position(epoch, batch, self.epochs, self.batches_per_epoch)}: resume with "
@@ -284,12 +297,27 @@ class BaseTrainer:
 
     # ---------------------------------------------------------------- the loop
     def train(self):
+        """Set up, train, validate best.pt and finish the checkpoints. However the run ends early (a stop request, a
+        signal, an error), the listeners hear it (`on_train_interrupted`, `on_train_failed`: trackers close their
+        run as killed or failed) and the run folder is unlocked."""
+        try:
+            with ended_by_signals():
+                return self._train()
+        except BaseException as e:
+            self.run_callbacks("on_train_interrupted" if isinstance(e, (Interrupted, KeyboardInterrupt))
+                               else "on_train_failed")
+            raise
+        finally:
+            self.run_lock.release()
+
+    def _train(self):
         self.log_banner()
         with self.profile("setup"):
             self._setup()
         first = self.state.epoch
         try:
-            self.load_ahead(first, self.state.batch)  # with workers it loads while the listeners start
+            if not self.state.done:  # a run killed in its final validation: --resume only finishes it
+                self.load_ahead(first, self.state.batch)  # with workers it loads while the listeners start
             self.run_callbacks("on_pretrain_routine_end")
             self.run_callbacks("on_train_start")
             if self.is_main:
@@ -297,12 +325,14 @@ class BaseTrainer:
                             f"{self.batches_per_epoch} batches of {self.batch_size} per rank x {self.world_size} "
                             f"ranks; accumulate {self.schedule.accumulate}")
             t0 = time.time()
+            self.eta = RunETA(self.epochs, self.batches_per_epoch, first * self.batches_per_epoch + self.state.batch)
             with self.stop_requests:
-                last = self.epochs_from(first)
+                self.epochs_from(first)
         finally:
             self.train_loader.stop_loading()  # an epoch loaded ahead that will not run: a stop, an error
-        if self.is_main:
-            LOGGER.info(f"{plural(last - first + 1, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} hours.")
+        if self.is_main and self.state.epoch > first:
+            LOGGER.info(f"{plural(self.state.epoch - first, 'epoch')} completed in {(time.time() - t0) / 3600:.3f} "
+                        "hours.")
         self.final_eval()
         if self.is_main:
             forget_run_dir()
@@ -313,8 +343,8 @@ class BaseTrainer:
 
     def epochs_from(self, first):
         """Train, validate and save epoch after epoch from `first`, until the last, a stop decision or a stop request
-        (which raises Interrupted). Returns the last epoch run."""
-        for epoch in range(first, self.epochs):
+        (which raises Interrupted); none when the run's epochs are done (`state.done`)."""
+        for epoch in range(first, self.epochs if not self.state.done else first):
             with self.profile("train_loop"):
                 done = self.train_epoch(epoch)
             self.log_peak_memory(f"training epoch {epoch + 1}")
@@ -328,7 +358,6 @@ class BaseTrainer:
                 break
             if epoch + 1 < self.epochs and self.stop_requests.agreed():  # last.pt was written by end_epoch
                 self.interrupted(epoch + 1, 0)
-        return epoch
 
     def train_epoch(self, epoch):
         """Epoch `epoch`, from batch `state.batch` (a run resumed inside it). Returns None, or the batches done when
@@ -419,6 +448,7 @@ class BaseTrainer:
                 ("%11s" * 2 + "%11.4g" * (2 + len(self.criterion.loss_names)))
                 % (f"{epoch + 1}/{self.epochs}", mem, *losses, n_inst, batch["img"].shape[-1])
             )
+            bar.set_postfix_str(self.eta.text(step + 1), refresh=False)  # the bar's own ETA is the epoch's
             if not self.opt.noplots:
                 self.plot_training_batch(batch, step)
 
@@ -514,23 +544,25 @@ class BaseTrainer:
         self.epoch_row = {**self.train_losses, **metrics, **self.learning_rates}
         if not self.opt.nosave or final:
             with sigterm_deferred(), self.profile("checkpoints"):
-                after = dataclasses.replace(self.state, epoch=epoch + 1, batch=0)
+                # done: what is left of the run is the final validation and the strip, which --resume then does
+                after = dataclasses.replace(self.state, epoch=epoch + 1, batch=0, done=final or stop)
                 self.checkpointer.save(self.checkpointer.checkpoint(self, after, ranks), epoch, improved)
             self.run_callbacks("on_model_save")
         self.run_callbacks("on_fit_epoch_end")
         return stop
 
     def final_eval(self):
-        """Rank 0 strips the optimizer from the saved weights; then every rank validates best.pt once more, with
-        per-class output. Rank 0 reads the file and sends the weights: the other ranks may run on other machines.
-        The model is the one val.py validates (fused, in the device's layout), so that both report the same mAP: an
-        fp16 run's in fp16, as `val.py --half` (in fp32 it would take twice the memory of training's validations),
-        any other in fp32."""
+        """Rank 0 strips the optimizer from best.pt; then every rank validates best.pt once more, with per-class
+        output, and rank 0 strips last.pt, which ends the run. Until then last.pt holds the whole state, so a run
+        killed here is finished by --resume. Rank 0 reads the file and sends the weights: the other ranks may run on
+        other machines. The model is the one val.py validates (fused, in the device's layout), so that both report
+        the same mAP: an fp16 run's in fp16, as `val.py --half` (in fp32 it would take twice the memory of training's
+        validations), any other in fp32."""
         best = self.checkpointer.best
         half = self.amp and self.amp_dtype == torch.float16
         if self.is_main:
             with self.profile("checkpoints"):
-                self.checkpointer.finish()
+                self.checkpointer.finish_best()
         if du.broadcast_object(best.exists()):
             LOGGER.info(f"\nValidating {best}...")
             with self.profile("validation"):
@@ -540,6 +572,8 @@ class BaseTrainer:
             self.log_peak_memory("the final validation")
             self.run_callbacks("on_val_end")
         if self.is_main:
+            with self.profile("checkpoints"):
+                self.checkpointer.finish_last()
             LOGGER.info(f"Results saved to {self.save_dir}")
             if best.exists():
                 scripts = SCRIPTS[self.task]["val"], SCRIPTS[self.task]["predict"]

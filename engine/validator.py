@@ -20,7 +20,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
+from engine.inherit import with_run_settings
 from engine.messages import check_task
+from engine.options import ValOptions
 from models.backend import validation_model
 from models.registry import use_modules
 from utils import dist as du
@@ -33,43 +35,6 @@ from utils.profiling import RunProfile
 from utils.torch_utils import memory_format, time_sync, to_float32
 
 LOSS_LABELS = ("targets", "keypoints")  # what the criterion reads of a batch whose labels stay on the CPU
-
-
-@dataclasses.dataclass
-class ValOptions:
-    """Everything a validator reads. Built by `from_cli` (val scripts) or `from_train` (the trainer), nowhere else."""
-
-    imgsz: int
-    batch: int = 32  # images per batch on each rank
-    workers: int = 2
-    conf: float = 0.001
-    iou: float = 0.6
-    max_det: int = 300
-    half: bool = False  # fp16 inference, CUDA only
-    save_json: bool = False
-    save_txt: bool = False
-    plots: bool = True  # val_batch images, curves and confusion matrices (final or stand-alone runs only)
-    single_cls: bool = False  # every class evaluated as one (a --single-cls model)
-    no_overlap: bool = False  # segmentation: one mask per instance instead of the overlap map
-
-    _CLI_NAMES = {"batch_size": "batch", "conf_thres": "conf", "iou_thres": "iou"}  # class attribute, not a field
-
-    @classmethod
-    def from_cli(cls, opt):
-        """From a `utils.cli.val_parser` namespace (which takes its defaults from this class)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        given = {cls._CLI_NAMES.get(k, k): v for k, v in vars(opt).items()}
-        options = cls(**{k: v for k, v in given.items() if k in fields})
-        if opt.speed:  # timing at deployment thresholds, no JSON
-            options = dataclasses.replace(options, conf=0.25, iou=0.45, save_json=False)
-        return options
-
-    @classmethod
-    def from_train(cls, opt, batch, **task_options):
-        """For validation inside training (`opt`: TrainOptions after set-up): the training image size and workers,
-        `batch` images per rank."""
-        return cls(imgsz=opt.train_imgsz, batch=batch, workers=opt.loader_workers, plots=not opt.noplots,
-                   **task_options)
 
 
 class ShardedBatchSampler(Sampler):
@@ -328,6 +293,7 @@ class BaseValidator:
         torchrun every rank validates its share."""
         set_logging(du.get_rank())
         use_modules(getattr(opt, "modules", None))
+        opt = with_run_settings(opt)
         device = du.select_device(opt.device)
         with du.session(device):
             model, stride, task = validation_model(opt.weights, device, opt.imgsz)
@@ -335,6 +301,8 @@ class BaseValidator:
             model, options = cls.adapt_to_weights(model, stride, ValOptions.from_cli(opt), opt)
             with du.torch_distributed_zero_first(du.get_local_rank()):
                 data = cls.get_data(opt.data, options)
+            if not getattr(opt, "skip_unknown_classes", False):
+                options = dataclasses.replace(options, names_from=data.get("yaml_file") or "the dataset dict")
             names = cls.val_names(data, model, opt)
             # every rank must agree on one folder; only rank 0 looks at the disk to choose it
             save_dir = None

@@ -61,7 +61,9 @@ def unflatten_outputs(flat, structure):
     return tuple(unflatten_outputs(flat, s) for s in structure)
 
 
-def export_metadata(model, imgsz, batch, dynamic, half, structure):
+def export_metadata(model, imgsz, batch, dynamic, half, structure, data=None):
+    """What an exported file carries; `data`: the dataset of the run the weights come from (engine/inherit.py), where
+    known."""
     head = model.model[-1]
     return {
         "task": model_task(model),
@@ -74,6 +76,7 @@ def export_metadata(model, imgsz, batch, dynamic, half, structure):
         "dynamic": bool(dynamic),
         "half": bool(half),
         "outputs": structure,
+        **({"data": str(data)} if data else {}),
     }
 
 
@@ -146,14 +149,14 @@ class InferenceBackend(nn.Module):
     Attributes every format sets: format, task, stride, names, nc, output_layout (the head's declaration of
     its eval output, None for classifiers), dynamic (any batch and image size is
     accepted), imgsz (the exported input size, for static exports), fp16 (inputs are cast to half), device.
-    `model` is the nn.Module for .pt files (None otherwise).
+    `model` is the nn.Module for .pt files (None otherwise); `metadata` an export's metadata (None for .pt files).
     """
 
     def __init__(self, weights, device=torch.device("cpu"), half=False, fuse=True, bf16=False):
         super().__init__()
         self.weights, self.device = str(weights), torch.device(device)
         self.format = _weights_format(weights)
-        self.model = None
+        self.model = self.metadata = None
         self.limits = {}  # input shape -> wall-clock seconds a run may take, set by its dry run (exported files)
         self.bf16 = bf16 and self.format == "pytorch"
         if self.format == "pytorch":
@@ -180,6 +183,7 @@ class InferenceBackend(nn.Module):
         self.dynamic, self.imgsz, self.batch = True, None, None
 
     def _set_metadata(self, meta):
+        self.metadata = meta
         self.task, self.stride, self.nc = meta["task"], meta["stride"], meta["nc"]
         if self.task != "classify" and not meta.get("layout"):
             raise BadFile(f"--weights {self.weights} has no output layout in its metadata: export it again")

@@ -90,12 +90,14 @@ class HubModel(nn.Module):
     conf, iou, classes, agnostic, max_det = 0.25, 0.45, None, False, 1000
 
     def __init__(self, model):
+        """`model`: a model of ours (nn.Module), or a models.backend.InferenceBackend of an export."""
         super().__init__()
         self.model = model.eval()
         self.names = dict(model.names)
-        self.classify = isinstance(model, ClassificationModel)
-        self.layout = None if self.classify else model.output_layout
-        self.stride = 32 if self.classify else int(max(model.stride))
+        self.layout = model.output_layout if not isinstance(model, ClassificationModel) else None
+        self.classify = self.layout is None
+        self.stride = 32 if self.classify else int(torch.as_tensor(model.stride).max())
+        self.static = None if getattr(model, "dynamic", True) else model.imgsz  # the one size an export takes
 
     @torch.no_grad()
     def forward(self, ims, size=640, augment=False):
@@ -104,7 +106,8 @@ class HubModel(nn.Module):
         files, im0s = zip(*(_to_bgr(im, i) for i, im in enumerate(ims)))
         p = next(self.model.parameters())
         if self.classify:
-            x = np.stack([cv2.resize(im, (size, size), interpolation=cv2.INTER_LINEAR)[..., ::-1] for im in im0s])
+            h, w = self.static or (size, size)
+            x = np.stack([cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)[..., ::-1] for im in im0s])
             x = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(p.device, p.dtype) / 255
             return Results(self.names, files, probs=self.model(x).cpu())
         xyxy, masks, kpts = [], [], []
@@ -117,7 +120,7 @@ class HubModel(nn.Module):
                        keypoints=kpts if self.layout.kpt_shape else None)
 
     def _one(self, im0, size, p, augment=False):
-        im = letterbox(im0, size, stride=self.stride, auto=True)[0]
+        im = letterbox(im0, self.static or size, stride=self.stride, auto=self.static is None)[0]
         x = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])).to(p.device, p.dtype)[None] / 255
         model = TTAModel(self.model) if augment else self.model
         layout = model.output_layout

@@ -5,21 +5,24 @@ Usage:
     $ python pose/predict.py --weights best.pt --source video.mp4 --save-txt --data data/shapes-pose.yaml
 """
 
-from engine.tasks.pose import PosePredictor
-from utils.cli import add_nms_args, predict_parser
-from utils.dist import get_rank
+from utils.cli import add_nms_args, inherited, predict_parser
 from utils.errors import run_cli
-from utils.loggers import set_logging
 
 
 def parse_opt(argv=None):
     p = predict_parser("Run a YOLO pose model", "runs/train-pose/exp/weights/best.pt", 320, "runs/predict-pose")
     add_nms_args(p)
-    p.add_argument("--data", default=None, help="pose dataset YAML whose `skeleton` is drawn (COCO's for 17 keypoints)")
+    inherited(p, data=None)
+    p.add_argument("--data", default=None, help="pose dataset YAML whose `skeleton` is drawn (default: the weights' "
+                                                "training set where its file still exists; COCO's for 17 keypoints)")
     return p.parse_args(argv)
 
 
 def main(opt):
+    from engine.tasks.pose import PosePredictor  # imports torch: after parsing, for a quick --help
+    from utils.dist import get_rank
+    from utils.loggers import set_logging
+
     set_logging(get_rank())
     return PosePredictor(opt)()
 

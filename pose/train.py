@@ -11,9 +11,6 @@ Usage:
 
 from functools import partial
 
-from engine.evolve import evolve
-from engine.tasks.pose import PoseTrainer
-from engine.trainer import run as run_training
 from utils.cli import add_detect_train_args, options_from_kwargs, train_parser
 from utils.errors import run_cli
 
@@ -27,6 +24,10 @@ def parse_opt(argv=None):
 
 def main(opt, callbacks=None):
     """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
+    from engine.evolve import evolve  # imports torch: after parsing, for a quick --help
+    from engine.tasks.pose import PoseTrainer
+    from engine.trainer import run as run_training
+
     if opt.evolve:
         return evolve(PoseTrainer, opt, partial(run_training, callbacks=callbacks))
     return run_training(PoseTrainer, opt, callbacks)

@@ -7,8 +7,7 @@ Usage:
     $ python -m torch.distributed.run --nproc_per_node 4 pose/val.py --weights best.pt --data coco-pose.yaml
 """
 
-from engine.tasks.pose import PoseValidator
-from engine.validator import ValOptions
+from engine.options import ValOptions
 from utils.cli import val_parser
 from utils.errors import run_cli
 
@@ -19,6 +18,8 @@ def parse_opt(argv=None):
 
 
 def main(opt):
+    from engine.tasks.pose import PoseValidator  # imports torch: after parsing, for a quick --help
+
     return PoseValidator.run_val(opt)
 
 

@@ -7,11 +7,8 @@ Usage:
 
 
 
-from engine.tasks.segment import SegmentationPredictor
 from utils.cli import add_nms_args, predict_parser
-from utils.dist import get_rank
 from utils.errors import run_cli
-from utils.loggers import set_logging
 
 
 def parse_opt(argv=None):
@@ -22,6 +19,10 @@ def parse_opt(argv=None):
 
 
 def main(opt):
+    from engine.tasks.segment import SegmentationPredictor  # imports torch: after parsing, for a quick --help
+    from utils.dist import get_rank
+    from utils.loggers import set_logging
+
     set_logging(get_rank())
     return SegmentationPredictor(opt)()
 

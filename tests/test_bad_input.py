@@ -299,7 +299,7 @@ def test_predict_class_filter_outside_the_model_and_a_latin1_image_name(weights,
 def test_item10_a_whole_split_of_bad_labels_lists_every_reason(tmp_path, capsys):
     root = generate_dataset(tmp_path / "d", "detect", 12, 2, seed=3, min_side=64, max_side=64, max_objects=1)
     for lb in (root / "labels" / "train").iterdir():
-        lb.write_text("7 0.5 0.5 0.2 0.2\n")
+        lb.write_text("1 0.5 0.5 0.2\n")  # a value short
     (root / "d.yaml").write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
                                                  "names": list(NAMES.values())}))
     code, errors, _ = cli(_train(root / "d.yaml", tmp_path), capsys)
@@ -308,7 +308,30 @@ def test_item10_a_whole_split_of_bad_labels_lists_every_reason(tmp_path, capsys)
                                   f"reason is listed in {listed}"])
     lines = listed.read_text().splitlines()
     assert lines == [f"train: {root / 'images' / 'train' / f'{i:05d}.jpg'}: skipped, "
-                     f"{root / 'labels' / 'train' / f'{i:05d}.txt'} line 1: class 7 >= nc 3" for i in range(12)]
+                     f"{root / 'labels' / 'train' / f'{i:05d}.txt'} line 1: 4 values, expected 5 (cls cx cy w h) or "
+                     "cls + >= 3 x y pairs" for i in range(12)]
+
+
+def test_a_class_id_the_yaml_does_not_name_is_one_line_naming_the_yaml_and_the_first_file(tmp_path, capsys):
+    """names one short: the scan would skip most images (every one holding the last class); refused unless asked."""
+    root = generate_dataset(tmp_path / "d", "detect", 8, 4, seed=3, min_side=64, max_side=64, max_objects=1)
+    yaml_file = root / "two.yaml"
+    yaml_file.write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
+                                         "names": ["circle", "rectangle"]}))
+    over = sorted(f for f in (root / "labels" / "train").iterdir() if f.read_text().startswith("2 "))
+    assert over, "the generator drew a triangle"
+    code, errors, _ = cli(_train(yaml_file, tmp_path), capsys)
+    image = str(over[0]).replace("/labels/", "/images/").replace(".txt", ".jpg")
+    assert code == 2 and errors == [
+        f"error: train: {len(over)} label files hold a class id >= nc 2, the classes {yaml_file} names; the first: "
+        f"{image}: skipped, {over[0]} line 1: class 2 >= nc 2; correct its names (or the labels), or give "
+        "--skip-unknown-classes to skip those images"]
+    assert not (tmp_path / "runs").exists()
+    code, errors, (trainer, _) = cli(_train(yaml_file, tmp_path, "--skip-unknown-classes"), capsys)
+    assert code == 0 and errors == [] and len(trainer.train_set) == 8 - len(over)
+    code, errors, _ = cli(["val.py", "--weights", str(trainer.checkpointer.best), "--data", str(yaml_file),
+                           "--project", str(tmp_path / "val")], capsys)
+    assert code == 2 and errors[0].startswith("error: val: ") and f"the classes {yaml_file} names" in errors[0]
 
 
 # ---------------------------------------------------------------- dataset YAMLs (item 12)

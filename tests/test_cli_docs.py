@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 from utils.files import ROOT
+from yolo.cli import split_words
+from yolo.scripts import script_path
 
 SCRIPTS = ["train", "val", "detect", "export", "segment.train", "segment.val", "segment.predict", "classify.train",
            "classify.val", "classify.predict", "pose.train", "pose.val", "pose.predict"]
@@ -57,6 +59,21 @@ def test_help_says_every_option_and_its_default_once(module):
         assert list(entries)[-1] == "--local-rank", "the launcher's option comes last"
 
 
+def test_help_comes_before_torch_is_imported():
+    """--help of every script and of `yolo` imports no torch (seconds on a small CPU): the scripts import their
+    engine after parsing."""
+    probe = ("import contextlib, importlib, io, sys\n"
+             f"for module in {SCRIPTS!r}:\n"
+             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+             "        importlib.import_module(module).parse_opt(['--help'])\n"
+             "from yolo.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    main(['help'])\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'cv2')))\n")
+    r = subprocess.run(["timeout", "120", sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout[-2000:], r.stderr[-2000:])
+
+
 def _commands(doc):
     """(line, argv) of every shell command in the ```bash blocks of `doc`, continuation lines joined."""
     text = doc.read_text()
@@ -72,9 +89,12 @@ SBATCH = "examples/slurm/train.sbatch"
 
 
 def _script_args(argv):
-    """(module, args) of a command that runs one of SCRIPTS, directly, under torchrun, through the SLURM script or
-    TorchX's dist.ddp (`--script`); None for other commands. The launcher's own options are checked by torchrun's
-    parser."""
+    """(module, args) of a command that runs one of SCRIPTS, directly, under torchrun, through the SLURM script,
+    TorchX's dist.ddp (`--script`) or as `yolo TASK MODE ...`; None for other commands. The launcher's own options are
+    checked by torchrun's parser."""
+    if argv[:1] == ["yolo"]:
+        task, mode, args = split_words(argv[1:])
+        return script_path(task, mode).removesuffix(".py").replace("/", "."), args
     if argv[:1] == ["sbatch"] and SBATCH in argv:
         argv = ["python", *argv[argv.index(SBATCH) + 1 :], "--name", "job1", "--resume", "auto"]  # as it runs them
     elif argv[:2] == ["torchx", "run"] and "--script" in argv:
@@ -129,12 +149,11 @@ def test_documented_python_compiles(doc):
         ast.parse(block)
 
 
-def test_the_cpu_install_hint_asks_for_the_versions_requirements_allow():
-    """Else pip replaces the CPU build with the CUDA one when it installs requirements.txt."""
-    wanted = {line.split(">")[0]: line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
-              if line.startswith(("torch>", "torchvision>"))}
+def test_the_cpu_install_hint_asks_for_the_versions_the_package_allows():
+    """Else pip replaces the CPU build with the CUDA one when it installs the package."""
+    wanted = sorted(re.findall(r'"(torch(?:vision)?>=[^"]+)"', (ROOT / "pyproject.toml").read_text()))
     hint = next(argv for _, argv in _commands(ROOT / "README.md") if "--index-url" in argv)
-    assert sorted(a for a in hint if a.startswith("torch")) == sorted(wanted.values())
+    assert sorted(a for a in hint if a.startswith("torch")) == wanted
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__"))

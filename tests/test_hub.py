@@ -42,12 +42,12 @@ def test_custom_matches_predictor_for_every_input_type(tmp_path, cfg):
         torch.testing.assert_close(det, results.xyxy[0], atol=0.05, rtol=0)  # JPEG decoders may differ slightly
     # --amp off: the hub model runs in fp32 (on a CPU with native bf16 the predict scripts would not)
     ref = detect.main(detect.parse_opt(["--weights", str(weights), "--source", str(IMAGE), "--imgsz", "96",
-                                        "--device", "cpu", "--conf-thres", str(CONF), "--nosave", "--amp", "off",
+                                        "--device", "cpu", "--conf-thres", str(CONF), "--nosave",
                                         "--project", str(tmp_path / "det")]))[0]
     torch.testing.assert_close(results.xyxy[0], ref[:, :6].cpu(), atol=1e-3, rtol=1e-4)
     aug = model(str(IMAGE), size=96, augment=True).xyxy[0]
     ref = detect.main(detect.parse_opt(["--weights", str(weights), "--source", str(IMAGE), "--imgsz", "96",
-                                        "--device", "cpu", "--conf-thres", str(CONF), "--nosave", "--amp", "off",
+                                        "--device", "cpu", "--conf-thres", str(CONF), "--nosave",
                                         "--augment", "--project", str(tmp_path / "det")]))[0]
     torch.testing.assert_close(aug, ref[:, :6].cpu(), atol=1e-3, rtol=1e-4)
     assert not torch.equal(aug, results.xyxy[0])

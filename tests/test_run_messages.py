@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from engine.messages import RunETA
 from utils.files import ROOT
 from utils.torch_utils import cpu_bf16_native
 
@@ -49,6 +50,21 @@ def test_the_progress_bar_shows_the_process_memory_on_cpu(trained):
     assert re.search(r"^\s+Epoch\s+mem\s", r.stdout, re.M)
     mem = [float(m) for m in re.findall(r"1/1\s+([\d.]+)G", r.stderr)]
     assert mem and min(mem) > 0.05, "resident memory of a process that imported torch is well above 50 MB"
+
+
+def test_the_progress_bar_shows_the_whole_runs_eta(trained):
+    _, r = trained
+    assert re.search(r"1/1 .*run ETA \d+:\d\d:\d\d", r.stderr), r.stderr[-2000:]
+
+
+def test_the_run_eta_is_the_rate_so_far_times_the_batches_left():
+    clock = iter([100.0, 130.0, 160.0])  # start, then two reads
+    eta = RunETA(epochs=10, batches_per_epoch=20, done=40, clock=lambda: next(clock))  # resumed after 2 epochs
+    assert eta.seconds_left(40) is None and eta.text(40) == "run ETA ?"  # nothing measured yet
+    assert eta.seconds_left(50) == pytest.approx(30 / 10 * 150)  # 3 s a batch, 150 batches left
+    assert eta.text(200) == "run ETA 0:00:00"
+    long = RunETA(epochs=300, batches_per_epoch=1000, done=0, clock=iter([0.0, 36.0]).__next__)
+    assert long.text(100) == f"run ETA {int(36 / 100 * 299900) // 3600}:59:24"
 
 
 def test_a_finished_run_prints_commands_that_work(trained):

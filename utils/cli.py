@@ -2,10 +2,10 @@
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
-from utils import dist as du
 from utils.errors import BadOption
 from utils.loggers import DEFAULT_LOGGERS, LOGGER, LOGGERS, check_loggers
 
@@ -39,8 +39,9 @@ def in_interval(value, interval):
 
 def check_options(opt):
     """BadOption naming the first option whose value is outside OPTION_RANGES, or a --loggers name that is not a logger
-    (before the script does any work). A Python caller's `loggers="wandb,mlflow"` becomes the list the parser makes."""
-    if hasattr(opt, "loggers"):
+    (before the script does any work). --loggers' words (the command line's, or a Python caller's
+    `loggers="wandb,mlflow"`) become the run's list of loggers here, once."""
+    if isinstance(getattr(opt, "loggers", None), LoggerWords):
         opt.loggers = check_loggers(opt.loggers)
     for dest, interval in OPTION_RANGES.items():
         values = getattr(opt, dest, None)
@@ -74,21 +75,30 @@ def options_from_kwargs(parse_opt, options):
     if unknown:
         raise BadOption(f"unknown option {', '.join(unknown)}; known: {', '.join(sorted(vars(opt)))}")
     vars(opt).update(options)
+    if "loggers" in options:
+        opt.loggers = LoggerWords([options["loggers"]] if isinstance(options["loggers"], str) else options["loggers"])
     check_options(opt)
     if hasattr(opt, "given"):
         opt.given = sorted(options)
     return opt
 
 
+class LoggerWords(list):
+    """--loggers' words as given, not yet read (check_loggers reads them once, in check_options)."""
+
+
 class LoggersAction(argparse.Action):
-    """--loggers wandb mlflow, --loggers wandb,mlflow, or --loggers repeated: the names given replace the default."""
+    """--loggers wandb mlflow, --loggers wandb,mlflow, --loggers no-tensorboard, or the option repeated: the words
+    are kept in order (checked at once, so a mistake names the option) and read by check_options."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        given = [] if getattr(namespace, self.dest) is self.default else getattr(namespace, self.dest)
+        given = getattr(namespace, self.dest)
+        words = LoggerWords([*(given if isinstance(given, LoggerWords) else []), *values])
         try:
-            setattr(namespace, self.dest, check_loggers([*given, *values]))
+            check_loggers(words)
         except BadOption as e:
             raise argparse.ArgumentError(None, str(e)) from None  # the message names the option
+        setattr(namespace, self.dest, words)
 
 
 class ValTaskAction(argparse.Action):
@@ -132,14 +142,54 @@ class Parser(argparse.ArgumentParser):
         raise BadOption(f"{message} (see --help)")
 
     def parse_args(self, args=None, namespace=None):
-        args = sys.argv[1:] if args is None else list(args)
+        args = self.expand_assignments(sys.argv[1:] if args is None else list(args))
         opt = super().parse_args(args, namespace)
         check_options(opt)
         if getattr(opt, "local_rank", -1) >= 0:
+            from utils import dist as du  # here: it imports torch, which --help does without
+
             du.use_launcher_local_rank(opt.local_rank)
         if self.record_given:
             opt.given = self.named_options(args)
         return opt
+
+    def expand_assignments(self, args):
+        """`key=value` words, as Ultralytics' users type them (`epochs=3 batch=8 model=yolov8n.yaml`), as the flags
+        they stand for, beside flags given as flags; `assignment_flags` says how each becomes flags."""
+        out = []
+        for tok in args:
+            key, eq, value = tok.partition("=")
+            if tok.startswith("-") or not eq or not re.fullmatch(r"[A-Za-z_][\w-]*", key):
+                out.append(tok)
+                continue
+            out += self.assignment_flags(key, value)
+        return out
+
+    def assignment_flags(self, key, value):
+        """The flags `key=value` stands for; `value` text (the command line's) or a Python value (yolo.YOLO's
+        keyword arguments). A true/false value turns a flag on or off; a list (or a comma list) gives several values;
+        `model` is --model, --cfg for a YAML to train, else --weights."""
+        acts = self._option_string_actions
+        name = KEY_ALIASES.get(key, key).replace("_", "-")
+        if key == "model":
+            name = "model" if "--model" in acts else "cfg" if str(value).endswith((".yaml", ".yml")) and \
+                "--cfg" in acts else "weights"
+        action = acts.get(f"--{name}") or next((a for a in acts.values() if a.dest == name.replace("-", "_")), None)
+        if action is None:
+            raise BadOption(f"{key}={value}: no option --{name} (see --help)")
+        flag = action.option_strings[0]
+        if action.nargs == 0 or (action.nargs == "?" and _truth(value) is not None):  # on/off (--resume alone)
+            on = _truth(value)
+            if on is None:
+                raise BadOption(f"{key}={value}: {flag} is on or off (true or false)")
+            negative = [s for s in action.option_strings if s.startswith("--no-")]
+            if isinstance(action, argparse.BooleanOptionalAction):
+                return [flag if on else negative[0]]
+            return [flag] if on == bool(action.const) else []  # store_false: --no-log-model means log_model=false
+        if action.nargs in ("+", "*"):
+            items = value if isinstance(value, (list, tuple)) else re.split(r"[,\s]+", str(value).strip("[]()"))
+            return [flag, *(str(v) for v in items if str(v) != "")]
+        return [flag, str(value)]
 
     def named_options(self, args):
         """dest of every option in `args`, abbreviations included (argparse accepts unique prefixes)."""
@@ -153,6 +203,17 @@ class Parser(argparse.ArgumentParser):
             if len(found) == 1:
                 names |= found
         return sorted(names)
+
+
+KEY_ALIASES = {"batch": "batch_size", "conf": "conf_thres", "iou": "iou_thres", "format": "include", "img": "imgsz"}
+
+
+def _truth(value):
+    """True / False for the ways a command line or a caller says on and off, None for anything else."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    return True if text in ("true", "yes", "on", "1") else False if text in ("false", "no", "off", "0") else None
 
 
 # what --data takes, per kind of task: the box tasks read a dataset YAML or a folder holding a dataset, classification
@@ -225,9 +286,10 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
                    help="print where the run's wall time went (start-up, set-up, data wait, forward/backward, ...) "
                         "and write profile.json; on CUDA, synchronizes at each timed region's ends")
     p.add_argument("--loggers", nargs="+", action=LoggersAction, default=list(DEFAULT_LOGGERS), metavar="NAME",
-                   help=f"what records the run, of {', '.join(LOGGERS)}; names given replace the default "
-                        f"{' '.join(DEFAULT_LOGGERS)} (name them too to keep them); a comma list or the option "
-                        f"repeated also work; trackers: README.md, Experiment tracking")
+                   help=f"what records the run besides results.csv (always written): names of "
+                        f"{', '.join(n for n in LOGGERS if n != 'csv')} are added to the default, no-NAME drops one "
+                        f"(no-tensorboard), none drops all; a comma list or the option repeated also work; trackers: "
+                        f"README.md, Experiment tracking")
     p.add_argument("--no-log-model", dest="log_model", action="store_false",
                    help="trackers do not receive best.pt at the end (large models; by default they do)")
     return add_modules_arg(p)
@@ -236,6 +298,9 @@ def train_parser(description, cfg_default, data_default, imgsz_default, project,
 def add_detect_train_args(p):
     """Training options of the box tasks (detection, segmentation, pose)."""
     p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
+    p.add_argument("--skip-unknown-classes", action="store_true",
+                   help="skip the images whose labels hold a class id the dataset YAML does not name (by default "
+                        "such a label is an error: the YAML's names are often one short)")
     p.add_argument("--noautoanchor", action="store_true", help="keep the YAML's anchors even when they fit poorly")
     p.add_argument("--single-cls", action="store_true", help="train every class as one class")
     p.add_argument("--image-weights", action="store_true",
@@ -245,15 +310,22 @@ def add_detect_train_args(p):
     return p
 
 
+def inherited(p, **defaults):
+    """Options whose default is the run that made --weights (engine/inherit.py), else `defaults` {dest: value}."""
+    p.set_defaults(run_defaults={**(p.get_default("run_defaults") or {}), **defaults})
+    return p
+
+
 def predict_parser(description, weights_default, imgsz_default, project):
-    p = Parser(description)
+    p = inherited(Parser(description), imgsz=imgsz_default)
     p.add_argument("--weights", type=str, default=weights_default, help="model weights: .pt, .onnx or .torchscript")
     p.add_argument("--source", type=str, default="data/images",
                    help="image, folder (its own files; 'DIR/**/*.jpg' also reads sub-folders), glob, video, .txt list, "
                         "URL, webcam index (0), rtsp/rtmp/http stream or .streams file")
     p.add_argument("--vid-stride", type=int, default=1, help="process every n-th frame of videos and streams")
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default,
-                   help="inference size, long side in pixels (a static export takes its own)")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=None,
+                   help=f"inference size, long side in pixels (default: the size the weights trained at, else "
+                        f"{imgsz_default}; a static export takes its own)")
     p.add_argument("--device", default="", help="GPU 0, or cpu (default: GPU 0 if there is one, else cpu)")
     p.add_argument("--view-img", action="store_true", help="show results in a window")
     p.add_argument("--save-txt", action="store_true", help="save results to labels/*.txt")
@@ -268,22 +340,25 @@ def predict_parser(description, weights_default, imgsz_default, project):
     p.add_argument("--name", default="exp", help="results folder name; exp2, exp3, ... when taken")
     p.add_argument("--exist-ok", action="store_true", help="write into PROJECT/NAME even if it exists")
     p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
-    p.add_argument("--amp", choices=["auto", "off", "bf16"], default="auto",
-                   help=".pt models: bf16 = bfloat16 autocast (CPU or CUDA); auto = bf16 on CPUs that compute it "
-                        "natively (AVX512-BF16, AMX), else off (fp32, or fp16 with --half)")
+    p.add_argument("--amp", choices=["off", "bf16"], default="off",
+                   help=".pt models: bf16 = bfloat16 autocast (CPU or CUDA; faster on CPUs with AVX512-BF16 or AMX, "
+                        "and boxes may differ slightly from the fp32 export's); off = fp32 (fp16 with --half)")
     return add_modules_arg(p)
 
 
 def val_parser(description, data_default, project, defaults, boxes=True):
     """Options of the three val scripts. `defaults` is the validator's options object (engine.validator.ValOptions),
     the one place their default values are written; `boxes` adds the NMS and prediction-saving options."""
-    p = Parser(description)
-    p.add_argument("--data", type=str, default=data_default, help=DATA_HELP["boxes" if boxes else "classify"])
+    p = inherited(Parser(description), imgsz=defaults.imgsz, data=data_default)
+    p.add_argument("--data", type=str, default=None,
+                   help=f"{DATA_HELP['boxes' if boxes else 'classify']} (default: the weights' training set where "
+                        f"its file still exists, else {data_default})")
     p.add_argument("--weights", type=str, required=True, help="model weights: .pt, or a .onnx/.torchscript made "
-                                                               "with export.py --dynamic")
+                                                               "with export.py (not --no-dynamic)")
     p.add_argument("--batch-size", type=int, default=defaults.batch, help="images per batch on each process")
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=defaults.imgsz,
-                   help="validation size, long side in pixels")
+    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=None,
+                   help=f"validation size, long side in pixels (default: the size the weights trained at, else "
+                        f"{defaults.imgsz})")
     p.add_argument("--task", dest="split", action=ValTaskAction, default="val",
                    choices=["val", "test", "speed"] if boxes else ["val", "test"],
                    help="split to evaluate" + (", or speed: val at conf 0.25, IoU 0.45, no JSON" if boxes else ""))
@@ -299,6 +374,9 @@ def val_parser(description, data_default, project, defaults, boxes=True):
         p.add_argument("--save-txt", action="store_true", help="save predictions to labels/*.txt")
         p.add_argument("--save-json", action="store_true", help="save COCO-format predictions and run pycocotools")
         p.add_argument("--single-cls", action="store_true", help="evaluate every class as one (a --single-cls model)")
+        p.add_argument("--skip-unknown-classes", action="store_true",
+                       help="skip the images whose labels hold a class id the dataset YAML does not name (by default "
+                            "an error)")
         p.add_argument("--conf-thres", type=float, default=defaults.conf, help="confidence threshold")
         p.add_argument("--iou-thres", type=float, default=defaults.iou, help="NMS IoU threshold")
         p.add_argument("--max-det", type=int, default=defaults.max_det, help="maximum detections per image")
@@ -314,6 +392,32 @@ def add_nms_args(p, conf=0.25, iou=0.45, max_det=1000):
     p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
     p.add_argument("--augment", action="store_true", help="test-time augmentation: 3 scales, one flipped, one NMS")
     return p
+
+
+EXPORT_FORMATS = ("onnx", "torchscript")
+DEFAULT_OPSET = 17  # every model of this project exports at it (tests/models/test_export.py)
+
+
+def export_parser(description):
+    """export.py's options; --img defaults to the size the weights trained at (engine/inherit.py)."""
+    p = inherited(Parser(description, launcher=False), imgsz=[640])
+    p.add_argument("--weights", type=str, required=True, help="our checkpoint or an official .pt")
+    p.add_argument("--include", nargs="+", default=["torchscript", "onnx"],
+                   help=f"formats: {', '.join(EXPORT_FORMATS)}")
+    p.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=None,
+                   help="example input size h [w]; with --no-dynamic the one size the file takes (default: the size "
+                        "the weights trained at, else 640)")
+    p.add_argument("--batch-size", "--batch", type=int, default=1,
+                   help="example input batch; with --no-dynamic the largest batch the file takes")
+    p.add_argument("--device", default="cpu", help="device to export on: cpu, or GPU 0 (for --half)")
+    p.add_argument("--half", action="store_true", help="FP16 model (CUDA only)")
+    p.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True,
+                   help="any batch and image size, so results equal the .pt's at the same --img; --no-dynamic: "
+                        "only the example input's")
+    p.add_argument("--simplify", action="store_true", help="ONNX: simplify the graph with onnxslim")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help="ONNX opset version; the versions this torch exports are checked before exporting")
+    return add_modules_arg(p)
 
 
 def check_imgsz(imgsz, stride):

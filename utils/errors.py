@@ -19,9 +19,6 @@ import signal
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-
 from utils.heap import keep_freed_memory
 from utils.text import escape_controls
 
@@ -61,8 +58,21 @@ LOST_PEER = re.compile(r"(?:(?:Read|Write) error \[[^\]]*\]:\d+: )?(?:Connection
 CPU_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"  # torch raises a bare RuntimeError on the host
 
 
+def _torch():
+    """torch where a script has imported it, else None: this module is imported before the options are parsed, and
+    torch's import (seconds) would make --help wait; an error of torch's can only come once torch is imported."""
+    return sys.modules.get("torch")
+
+
+def _in_group():
+    """Whether this process is in a torch.distributed process group."""
+    torch = _torch()
+    return torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def is_out_of_memory(e):
-    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+    torch = _torch()
+    return isinstance(e, MemoryError) or (torch is not None and isinstance(e, torch.OutOfMemoryError)) or (
         isinstance(e, RuntimeError) and CPU_OUT_OF_MEMORY in str(e))
 
 
@@ -78,7 +88,7 @@ def out_of_memory(e):
 def lost_peer(e):
     """What a failed collective says of the process it lost (`Connection closed by peer [host]:port`), or None when
     `e` is not such a failure of a running process group."""
-    if not (isinstance(e, RuntimeError) and dist.is_available() and dist.is_initialized()):
+    if not (isinstance(e, RuntimeError) and _in_group()):
         return None
     found = LOST_PEER.search(str(e))
     return found.group(0) if found else None
@@ -105,8 +115,9 @@ def _grace_for_peers(seconds=PEER_GRACE_S):
     """Under torchrun, count this rank in the launcher's key-value store and wait, at most `seconds`, until every
     rank has: a mistake in the options or the data is usually met by all ranks at once, and the launcher stops every
     rank as soon as one exits, which would cut off the others' own `error:` line and exit status."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not _in_group():
         return
+    dist = _torch().distributed
     # this rank has reported its mistake: when the launcher stops it (SIGTERM) because a peer left first, its exit
     # status is still the user error's
     signal.signal(signal.SIGTERM, lambda *_: os._exit(2))
@@ -121,8 +132,9 @@ def _grace_for_peers(seconds=PEER_GRACE_S):
 
 
 def run_cli(main, parse_opt):
-    """`main(parse_opt())`, turning a UserError or running out of memory into `error: ...` and exit status 2; the C
-    heap keeps what a step frees (utils/heap.py).
+    """`main(parse_opt())` once torch and torchvision are known to work together (utils/versions.py), turning a
+    UserError or running out of memory into `error: ...` and exit status 2; the C heap keeps what a step frees
+    (utils/heap.py).
 
     Under torchrun the process then leaves with os._exit after a bounded grace period: a clean exit would destroy
     the process group and run atexit handlers, which can wait on peers blocked in a collective (or gone). The
@@ -130,7 +142,11 @@ def run_cli(main, parse_opt):
     """
     keep_freed_memory()
     try:
-        result = main(parse_opt())
+        opt = parse_opt()
+        from utils.versions import check_torch_pair  # imports torch: after parsing, for a quick --help
+
+        check_torch_pair()
+        result = main(opt)
         # The process ends next. Python's shutdown garbage-collects the whole heap, which torch's and torchvision's
         # imports fill with cyclic objects: 1.2 s of a 2-core CPU after every command. Frozen objects are skipped
         # by the collector and freed by the OS; every file the scripts write is closed by then.
@@ -142,7 +158,7 @@ def run_cli(main, parse_opt):
         if not (isinstance(e, UserError) or is_out_of_memory(e)):
             raise  # a bug of ours: its traceback
         report_user_error(e if isinstance(e, UserError) else out_of_memory(e))
-        if dist.is_available() and dist.is_initialized():
+        if _in_group():
             _grace_for_peers()
             _exit_now(2)
         sys.exit(2)
@@ -150,7 +166,7 @@ def run_cli(main, parse_opt):
         stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT, "interrupted (Ctrl-C)")
         if stop.message:
             print(stop.message, file=sys.stderr, flush=True)
-        if dist.is_available() and dist.is_initialized():
+        if _in_group():
             _exit_now(stop.code)  # the ranks stopped together; leaving the group cleanly could wait on a peer
         sys.exit(stop.code)
 
@@ -160,7 +176,8 @@ def _leave_with_the_group(lost, seconds=PEER_GRACE_S):
     with status 1. torchrun names as the root cause the first failed worker it sees; leaving at once would put this
     rank, which only met the failure, beside the one that had it."""
     signal.signal(signal.SIGTERM, lambda *_: _exit_now(1))
-    report_user_error(f"rank {dist.get_rank()} lost contact with another process of this run ({lost}): that "
+    rank = _torch().distributed.get_rank()
+    report_user_error(f"rank {rank} lost contact with another process of this run ({lost}): that "
                       "process's own output and the launcher's summary say why it ended; with --max-restarts, "
                       "torchrun restarts the group from the last checkpoint")
     time.sleep(seconds)

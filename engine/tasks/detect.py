@@ -21,7 +21,7 @@ from utils.autoanchor import check_anchors
 from utils.charts import plot_metric_curves
 from utils.cli import check_imgsz
 from utils.coco import box_to_coco_json, eval_coco_json, image_id_from_path, labels_to_coco_json
-from utils.data.dataset_yaml import check_det_dataset
+from utils.data.dataset_yaml import check_det_dataset, has_keypoints
 from utils.data.detect_dataset import YOLODataset
 from utils.data.image_weights import ImageWeightSampler
 from utils.dist import get_rank, get_world_size
@@ -49,10 +49,11 @@ def single_class(data):
 
 def box_data(data, options, role, autodownload=True):
     """The dataset dict of a detection or segmentation run. A pose set is refused: its label lines (a box, then the
-    keypoints) would be read as polygons, and their boxes made from those points."""
-    d = check_det_dataset(data, autodownload)
-    if d.get("kpt_shape") is not None:
+    keypoints) would be read as polygons, and their boxes made from those points. Refused before its data is
+    generated or downloaded."""
+    if has_keypoints(data):
         raise BadDataset(f"--data {data}: a pose dataset (it has kpt_shape); use {SCRIPTS['pose'][role]}")
+    d = check_det_dataset(data, autodownload)
     return single_class(d) if options.single_cls else d
 
 
@@ -112,6 +113,7 @@ class DetectionTrainer(BaseTrainer):
             world_size=get_world_size(),
             seed=self.opt.seed,
             device_hsv=self.device.type == "cuda",  # colour on the GPU: a third of a loader core's time per sample
+            names_from=None if self.opt.skip_unknown_classes else self.data.get("yaml_file") or "the dataset dict",
             **self.dataset_kwargs(mode),
         )
 
@@ -168,8 +170,8 @@ class DetectionValidator(BaseValidator):
     def build_dataset(self, path, stride):
         return YOLODataset(path, imgsz=self.args.imgsz, batch_size=self.args.batch, augment=False, rect=True,
                            stride=stride, pad=0.5, prefix="val: ", nc=self.label_nc,
-                           names=self.label_names,
-                           single_cls=self.args.single_cls, **self.dataset_kwargs())
+                           names=self.label_names, single_cls=self.args.single_cls, names_from=self.args.names_from,
+                           **self.dataset_kwargs())
 
     def init_metrics(self, model):
         self.metrics = DetMetrics(names=self.names)

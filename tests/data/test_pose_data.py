@@ -1,6 +1,8 @@
 """Pose data: the keypoint label format, keypoints through flips (flip_idx), random affine and mosaic, bad keypoint
 lines under the bad-input policy, and the pose dataset YAML checks."""
 
+import types
+
 import cv2
 import numpy as np
 import pytest
@@ -189,3 +191,22 @@ def test_bad_kpt_shape_is_one_error_line_and_exit_2(tmp_path, pose_set):
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and "flip_idx" in lines[-1] and "Traceback" not in r.stderr
+
+
+def test_the_keypoint_keys_are_checked_before_the_data_is_generated(tmp_path):
+    """A pose YAML given to a detection script, or a pose YAML with a mistake, is refused before its synthetic set is
+    generated (minutes for a large one)."""
+    from engine.tasks.detect import box_data
+    from utils.errors import BadDataset
+
+    spec = {"path": str(tmp_path / "gen"), "train": "images/train", "val": "images/val", "names": ["a"],
+            "synthetic": {"task": "pose", "n_train": 4, "n_val": 2}}
+    pose, bad = tmp_path / "pose.yaml", tmp_path / "bad.yaml"
+    pose.write_text(yaml.safe_dump({**spec, "kpt_shape": [5, 3], "flip_idx": [0, 2, 1, 4, 3]}))
+    bad.write_text(yaml.safe_dump({**spec, "kpt_shape": [5, 4]}))
+    with pytest.raises(BadDataset, match="a pose dataset .it has kpt_shape.; use pose/train.py"):
+        box_data(str(pose), types.SimpleNamespace(single_cls=False), "train")
+    with pytest.raises(DatasetError, match="'kpt_shape' must be"):
+        check_pose_dataset(str(bad))
+    assert not (tmp_path / "gen").exists()
+    assert check_pose_dataset(str(pose))["kpt_shape"] == [5, 3] and (tmp_path / "gen").is_dir()

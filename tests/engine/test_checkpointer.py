@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import engine.checkpointer
 import train
 from engine.checkpointer import Checkpointer, LoopState
 from engine.options import TrainOptions
@@ -53,14 +52,20 @@ def test_loop_state_round_trips_through_a_checkpoint(tmp_path):
     assert checkpointer.due(3 * 7 + 5 + 2, False, True) == (False, True)
 
 
-def test_a_finished_run_is_not_restored(tmp_path):
-    from utils.errors import BadCheckpoint
-
+def test_a_run_whose_epochs_are_done_is_restored_to_finish(tmp_path, yolo_log):
+    """Killed after its last epoch's checkpoint (in the final validation): --resume finishes it (state.done), as
+    it does a run stopped early, whose checkpoint says so."""
     checkpointer = Checkpointer(tmp_path)
-    state = LoopState(epoch=10, mean_losses=torch.zeros(3))
+    for state in (LoopState(epoch=10, mean_losses=torch.zeros(3)), LoopState(epoch=4, done=True,
+                                                                            mean_losses=torch.zeros(3))):
+        checkpointer.save_last(checkpointer.checkpoint(_trainer(0), state, ranks=[Checkpointer.rank_state(state)]))
+        restored = checkpointer.restore(_trainer(0), checkpointer.last)
+        assert restored.done and restored.epoch == state.epoch
+        assert yolo_log[-1] == f"Finishing {checkpointer.last}: its training is done; the final validation and the " \
+                               "strip are left"
+    state = LoopState(epoch=4, mean_losses=torch.zeros(3))
     checkpointer.save_last(checkpointer.checkpoint(_trainer(0), state, ranks=[Checkpointer.rank_state(state)]))
-    with pytest.raises(BadCheckpoint, match="training to 10 epochs is finished"):
-        checkpointer.restore(_trainer(0), checkpointer.last)
+    assert not checkpointer.restore(_trainer(0), checkpointer.last).done
 
 
 def test_a_checkpoint_older_than_tracker_runs_restores_with_none():
@@ -85,7 +90,7 @@ def _ema_weights(path):
 @pytest.mark.parametrize("links", [True, False], ids=["hard-link", "copy"])
 def test_best_and_period_files_keep_their_epoch_after_last_moves_on(tmp_path, monkeypatch, links):
     """best.pt and epochN.pt are copies of last.pt's file (a hard link where possible): a later last.pt must not
-    change them, and finish() strips each, once when best.pt is still last.pt's file."""
+    change them, and finish_best() then finish_last() strip each, best.pt first as a file of its own."""
     if not links:
         monkeypatch.setattr("os.link", lambda *a: (_ for _ in ()).throw(OSError("no hard links here")))
     checkpointer = Checkpointer(tmp_path, save_period=1)
@@ -97,7 +102,9 @@ def test_best_and_period_files_keep_their_epoch_after_last_moves_on(tmp_path, mo
     assert load_checkpoint(tmp_path / "weights" / "epoch1.pt")["epoch"] == 0
     assert load_checkpoint(tmp_path / "weights" / "epoch2.pt")["optimizer"] is not None
     first_best = _ema_weights(checkpointer.best)
-    checkpointer.finish()
+    checkpointer.finish_best()
+    assert load_checkpoint(checkpointer.last)["optimizer"] is not None  # the run's state until the end
+    checkpointer.finish_last()
     for p in (checkpointer.last, checkpointer.best):
         assert load_checkpoint(p)["optimizer"] is None
     assert torch.equal(_ema_weights(checkpointer.best), first_best)
@@ -106,15 +113,13 @@ def test_best_and_period_files_keep_their_epoch_after_last_moves_on(tmp_path, mo
     assert not list((tmp_path / "weights").glob(".*.tmp*"))
 
 
-def test_finish_strips_a_best_that_is_still_last_once(tmp_path, monkeypatch):
+def test_finishing_a_best_that_is_still_last_leaves_last_whole(tmp_path):
     checkpointer = Checkpointer(tmp_path)
     checkpointer.save(_ckpt(checkpointer, 0, seed=0), epoch=0, improved=True)
-    stripped = []
-    strip = engine.checkpointer.strip_optimizer
-    monkeypatch.setattr(engine.checkpointer, "strip_optimizer", lambda p: (stripped.append(p), strip(p)))
-    checkpointer.finish()
-    assert stripped == [checkpointer.last]
+    checkpointer.finish_best()
     assert load_checkpoint(checkpointer.best)["optimizer"] is None
+    assert load_checkpoint(checkpointer.last)["optimizer"] is not None
+    assert not os.path.samefile(checkpointer.last, checkpointer.best)
     assert torch.equal(_ema_weights(checkpointer.best), _ema_weights(checkpointer.last))
 
 

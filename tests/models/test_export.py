@@ -161,7 +161,7 @@ def test_detect_script_gives_the_pt_boxes_from_onnx_and_torchscript(shapes_detec
     for suffix in (".pt", ".onnx", ".torchscript"):
         opt = detect.parse_opt(["--weights", str(weights.with_suffix(suffix)), "--source", str(source), "--imgsz",
                                 "96", "--device", "cpu", "--save-txt", "--save-conf", "--nosave", "--project",
-                                str(tmp_path / "runs"), "--name", suffix[1:], "--amp", "off"])  # fp32 as the exports
+                                str(tmp_path / "runs"), "--name", suffix[1:]])  # the defaults: fp32, as exports run
         detect.main(opt)
         runs[suffix] = _labels(tmp_path / "runs" / suffix[1:] / "labels")
     ref = runs[".pt"]

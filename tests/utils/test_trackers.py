@@ -14,6 +14,7 @@ import time
 import pytest
 
 import train
+from utils.cli import options_from_kwargs
 from utils.errors import BadOption, Interrupted
 from utils.files import ROOT
 from utils.loggers.tracker import Tracker
@@ -180,9 +181,9 @@ def test_mlflow_server_receives_params_metrics_and_best_pt_over_http(shapes_dete
 
 
 def test_a_resume_by_hand_continues_the_same_tracker_runs(shapes_detect, tracker_env):
-    """Ctrl-C after epoch 1, then --resume: one W&B run id and one MLflow run, each epoch logged once. Without csv
-    and tensorboard in --loggers, neither results.csv nor TensorBoard files are written; --no-log-model, kept by the
-    resumed run, sends no best.pt."""
+    """Ctrl-C after epoch 1, then --resume: one W&B run id and one MLflow run, each epoch logged once. The trackers
+    add to results.csv, always written, and TensorBoard unless dropped (no-tensorboard, kept by the resumed run);
+    --no-log-model, kept too, sends no best.pt."""
     project = tracker_env / "runs"
 
     def ctrl_c_after_first_epoch(trainer):
@@ -190,8 +191,9 @@ def test_a_resume_by_hand_continues_the_same_tracker_runs(shapes_detect, tracker
             os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C: the loop stops at the epoch's end
 
     with pytest.raises(Interrupted):
-        train.run(data=str(shapes_detect), epochs=2, project=str(project), loggers=["wandb", "mlflow"], noplots=True,
-                  log_model=False, callbacks={"on_fit_epoch_end": [ctrl_c_after_first_epoch]}, **SMALL)
+        train.run(data=str(shapes_detect), epochs=2, project=str(project),
+                  loggers=["wandb", "mlflow", "no-tensorboard"], noplots=True, log_model=False,
+                  callbacks={"on_fit_epoch_end": [ctrl_c_after_first_epoch]}, **SMALL)
     client, [run] = mlflow_runs(project)
     assert run.info.status == "KILLED" and metric_steps(client, run, "train/box_loss") == [1]
     trainer, _ = train.run(resume=str(project / "exp" / "weights" / "last.pt"))
@@ -203,7 +205,8 @@ def test_a_resume_by_hand_continues_the_same_tracker_runs(shapes_detect, tracker
     assert len(wandb_runs) == 2 and {r[0] for r in wandb_runs} == {trainer.state.tracker_runs["wandb"]}
     logged = [step for _, _, history, _ in wandb_runs for step, row in history.items() if "train/box_loss" in row]
     assert logged == [1, 2]
-    assert not (trainer.save_dir / "results.csv").exists() and not list(trainer.save_dir.glob("events.out.*"))
+    assert sorted(results_rows(trainer.save_dir)) == [1, 2]
+    assert not list(trainer.save_dir.glob("events.out.*"))
     assert client.list_artifacts(run.info.run_id, "weights") == []
     assert not [kind for _, _, _, artifacts in wandb_runs for kind, _ in artifacts if kind == "model"]
 
@@ -263,13 +266,18 @@ def test_loggers_is_checked_before_any_work(tmp_path):
     with pytest.raises(BadOption, match="--loggers nope: unknown logger"):
         train.run(data="nowhere.yaml", loggers="wandb,nope")
     assert train.parse_opt(["--loggers", "wandb", "mlflow", "--loggers", "csv,wandb"]).loggers == \
-        ["wandb", "mlflow", "csv"]
+        ["csv", "tensorboard", "wandb", "mlflow"]
     assert train.parse_opt([]).loggers == ["csv", "tensorboard"]
+    assert train.parse_opt(["--loggers", "wandb,no-tensorboard"]).loggers == ["csv", "wandb"]
+    assert train.parse_opt(["--loggers", "none", "mlflow"]).loggers == ["csv", "mlflow"]
+    assert options_from_kwargs(train.parse_opt, {"loggers": "none"}).loggers == ["csv"]
+    with pytest.raises(BadOption, match="results.csv is the run's record and is always written"):
+        train.parse_opt(["--loggers", "no-csv"])
     r = subprocess.run([sys.executable, "train.py", "--loggers", "csv,comet-typo", "--project", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "error: --loggers comet-typo: unknown logger; choose from csv, tensorboard, tensorboard-graph, wandb, mlflow, "
-        "clearml, comet (see --help)"]
+        "error: --loggers comet-typo: unknown logger; choose from csv, tensorboard, wandb, mlflow, clearml, comet "
+        "(no-NAME drops one, none keeps results.csv alone) (see --help)"]
     assert not list(tmp_path.iterdir()), "no work before the check"
 
 
@@ -300,8 +308,8 @@ class Flaky(Tracker):
     def log_weights(self, path, step):
         self._call("log_weights", path.name, step)
 
-    def close(self, interrupted=False):
-        self._call("close", interrupted)
+    def close(self, status="finished"):
+        self._call("close", status)
 
 
 def _fake_trainer(tmp_path, tracker_runs=None, epoch=0):
@@ -347,10 +355,34 @@ def test_a_continued_tracker_run_opens_the_recorded_id_and_sends_no_step_twice(t
     first.on_fit_epoch_end(trainer)
     first.on_train_interrupted(trainer)
     assert first.calls == [("open", None), ("log_step", [], ["labels.jpg"], 0), ("log_step", ["a"], [], 1),
-                           ("close", True)]
+                           ("log_weights", "best.pt", 0), ("close", "killed")]
     resumed = Flaky()  # a new process: the run id comes from the checkpoint's loop state
     trainer = _fake_trainer(tmp_path, tracker_runs=trainer.state.tracker_runs, epoch=1)
     _drive(resumed, trainer, [1])
     assert resumed.calls == [("open", "run1"), ("log_step", ["a"], [], 2), ("log_final", [], 2),
-                             ("log_weights", "best.pt", 2), ("close", False)]
+                             ("log_weights", "best.pt", 2), ("close", "finished")]
     assert any("flaky: continuing run run1" in m for m in yolo_log)
+
+
+def test_the_offline_view_shows_every_epoch_with_no_login(tracked_run, tmp_path):
+    """utils/loggers/offline.py, as README.md shows it: the W&B offline run and the MLflow store as tables of every
+    results.csv column by epoch, in a process with no W&B login, no settings and no network."""
+    from utils.loggers.mlflow import mlflow_name
+
+    rows = results_rows(tracked_run.save_dir)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"], "HOME": str(tmp_path),
+           "WANDB_MODE": "offline"}
+    [folder] = (tracked_run.save_dir / "wandb").glob("offline-run-*")
+    db = tracked_run.save_dir.parent / "mlflow.db"
+    r = subprocess.run(["timeout", "300", sys.executable, "-m", "utils.loggers.offline", str(folder), str(db)],
+                       env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    shown = [block.splitlines() for block in r.stdout.split("# ")[1:]]
+    for lines, name in zip(shown, (str, lambda c: f"{tracked_run.save_dir.name}/{mlflow_name(c)}")):
+        header = lines[1].split(",")
+        for epoch, row in rows.items():
+            values = dict(zip(header, lines[1 + epoch].split(",")))
+            assert values["step"] == str(epoch)
+            for column, value in row.items():
+                if column != "epoch":
+                    assert float(values[name(column)]) == pytest.approx(float(value), rel=1e-4), (column, epoch)

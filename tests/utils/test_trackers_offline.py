@@ -181,7 +181,7 @@ def test_a_resume_by_hand_continues_the_same_task_and_experiment(shapes_detect, 
     steps = [sorted(comet_metrics(messages)["train/box_loss"]) for _, messages in archives]
     assert steps == [[1], [2]]
     first = {p["key"]: p["value"] for kind, p in archives[0][1] if kind == "log_other"}
-    assert first.get("interrupted") is True
+    assert first.get("ended") == "killed"
     assert not [a for _, messages in archives for kind, a in comet_uploads(messages) if kind == "model-element"]
 
 
@@ -384,3 +384,18 @@ def test_a_run_id_that_is_not_text_is_one_warning_and_never_reaches_the_checkpoi
     [w] = _warnings_naming(yolo_log, "flaky")
     assert "starting failed" in w and "gave no run id" in w
     assert trainer.state.tracker_runs == {} and [c[0] for c in tracker.calls] == ["open", "close"]
+
+
+def test_the_offline_view_reads_both_zips_as_results_csv(offline_run):
+    """utils/loggers/offline.py reads the ClearML session and the Comet experiment zips back as results.csv."""
+    from utils.loggers.offline import read
+
+    trainer, cache = offline_run
+    rows = results_rows(trainer.save_dir)
+    [comet_zip] = (trainer.save_dir / "comet").glob("*.zip")
+    for path in (cache / "offline" / f"{trainer.state.tracker_runs['clearml']}.zip", comet_zip):
+        metrics = read(path)
+        for epoch, row in rows.items():
+            for column, value in row.items():
+                if column != "epoch":
+                    assert metrics[column][epoch] == pytest.approx(float(value), rel=1e-4), (path.name, column)

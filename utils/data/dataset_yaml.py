@@ -461,12 +461,17 @@ def _skeleton(d, label, k):
 def check_pose_dataset(data, autodownload=True):
     """A detection dataset dict (`check_det_dataset`) whose YAML also gives `kpt_shape: [K, 2 or 3]` and optionally
     `flip_idx` (a permutation of 0..K-1) and `skeleton` ([i, j] pairs, 0-based, drawn by predict); every mistake is
-    one DatasetError naming the file and the key."""
-    d = check_det_dataset(data, autodownload, keypoints=True)
-    label = d.get("yaml_file") or "dataset dict"
-    shape = _kpt_shape(d, label)
+    one DatasetError naming the file and the key, found before the data is looked at, generated or downloaded."""
+    raw, _, label = _load_source(data, keypoints=True)
+    shape = _kpt_shape(raw, label)
     k = shape[0]
-    return {**d, "kpt_shape": shape, "flip_idx": _flip_idx(d, label, k), "skeleton": _skeleton(d, label, k)}
+    keypoints = {"kpt_shape": shape, "flip_idx": _flip_idx(raw, label, k), "skeleton": _skeleton(raw, label, k)}
+    return {**check_det_dataset(data, autodownload, keypoints=True), **keypoints}
+
+
+def has_keypoints(data):
+    """Whether the dataset YAML (or dict) `data` declares keypoints (`kpt_shape`), read without getting its data."""
+    return _load_source(data)[0].get("kpt_shape") is not None
 
 
 def pose_skeleton(data, k):

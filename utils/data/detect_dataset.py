@@ -54,6 +54,10 @@ class ImageGone(FileNotFoundError):
         self.index = index
 
 
+class UnknownClasses(BadDataset):
+    """Labels with class ids the dataset YAML does not name (YOLODataset's `names_from`)."""
+
+
 class YOLODataset(Dataset):
     """Images + YOLO label files. `dataset[i]` is a dict (img uint8 (3, H, W) RGB, cls (n, 1), bboxes (n, 4)
     normalised xywh, path, shape, and what the label format adds, e.g. masks); `collate_fn` makes the batch of
@@ -67,7 +71,9 @@ class YOLODataset(Dataset):
     this rank's share `rank_indices(n, world_size, rank, seed)` when world_size > 1, else all.
     Mosaic partners are drawn from that same share (from the sample's group of batches when the training loader
     asks for a group at once, `__getitems__`), so a DDP rank never reads images outside it.
-    nc: an image with a class id >= nc is skipped while scanning (see utils/data/labels.verify_image_label);
+    nc: an image with a class id >= nc is skipped while scanning (see utils/data/labels.verify_image_label), unless
+    `names_from` names the dataset YAML whose `names` gave nc: then any such label is an UnknownClasses error naming
+    it and the first file (a `names` list one short would otherwise skip most of the images, as a warning);
     `problems` lists every skipped image and every note, `stats` counts them. single_cls: every label becomes
     class 0 (after the scan). names: {id: name}, which annotation files (COCO JSON, Pascal VOC XML:
     utils/data/annotations.py) name their objects by; default class0, class1, ... for nc classes.
@@ -78,7 +84,7 @@ class YOLODataset(Dataset):
 
     def __init__(self, img_path, imgsz=640, batch_size=16, augment=False, hyp=None, rect=False, cache=None,
                  stride=32, pad=0.0, prefix="", task="detect", nc=None, cache_indices=None, rank=-1, world_size=1,
-                 seed=0, single_cls=False, device_hsv=False, names=None):
+                 seed=0, single_cls=False, device_hsv=False, names=None, names_from=None):
         if cache not in (None, False, "ram", "disk"):
             raise ValueError(f"cache must be 'ram', 'disk' or None, got '{cache}'")
         self.imgsz, self.augment, self.rect, self.stride, self.prefix = imgsz, augment, rect, stride, prefix
@@ -106,6 +112,10 @@ class YOLODataset(Dataset):
                                           nc, prefix, fmt=self.format, source=source,
                                           names=names or {i: f"class{i}" for i in range(nc or 0)})
         self.problems = self.stats.pop("problems") + ignored
+        if names_from is not None and self.stats["unknown_class"]:
+            raise UnknownClasses(f"{prefix}{self.stats['unknown_class']} label files hold a class id >= nc {nc}, the "
+                                 f"classes {names_from} names; the first: {self.stats['first_unknown_class']}; correct "
+                                 f"its names (or the labels), or give --skip-unknown-classes to skip those images")
         self.stats["ignored"] = len(ignored)
         if ignored:
             LOGGER.warning(f"{prefix}WARNING: {len(ignored)} files that are not images ignored, e.g. {ignored[0]}")

@@ -22,12 +22,14 @@ from utils.imageio import read_image
 from utils.loggers import LOGGER
 from utils.text import escape_controls
 
-CACHE_VERSION = "yolo-labels-3"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons
+CACHE_VERSION = "yolo-labels-4"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons;
+# 4: images skipped for a class id >= nc counted apart (`unknown_class`)
 MAX_WARNINGS = 10  # problems printed per scan; all of them are in the dataset's `problems` (and the run folder)
 MAX_LINES = 3  # bad lines named per skipped image
 MIN_SIDE = 10  # pixels
 # left_out: objects the annotation format itself says to leave out (COCO crowd, VOC difficult: utils/data/annotations)
-STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated", "unlabelled", "left_out")
+STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated", "unlabelled", "left_out",
+             "unknown_class")
 # Python's float() also reads '1_000', '٣' (other scripts' digits) and surrounding text forms: a label value must be
 # plain decimal notation, and a class id decimal digits, optionally with a zero fraction ('1', '1.0')
 DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
@@ -60,6 +62,10 @@ def jpeg_truncated(path):
         return f.read() != b"\xff\xd9"
 
 
+class UnknownClass(BadLine):
+    """A class id >= nc: the label may be right and the dataset's `names` short (YOLODataset's `names_from`)."""
+
+
 def _parse_line(values, nc, fmt):
     """One label line split in words -> (cls, box xywhn, extra, clipped?); raises BadLine saying why."""
     try:
@@ -75,7 +81,7 @@ def _parse_line(values, nc, fmt):
         hint = " in decimal digits (e.g. 1 or 1.0)" if v[0] >= 0 and v[0] == np.floor(v[0]) else ""
         raise BadLine(f"class {values[0]} is not a non-negative integer{hint}")
     if nc is not None and v[0] >= nc:
-        raise BadLine(f"class {int(v[0])} >= nc {nc}")
+        raise UnknownClass(f"class {int(v[0])} >= nc {nc}")
     box, extra, clipped = fmt.parse(v[1:])
     return int(v[0]), box, extra, clipped
 
@@ -109,10 +115,10 @@ def read_label_text(lb_file):
 
 
 def parse_label_file(lb_file, nc, fmt, converted=None):
-    """Parse one label file -> (record fields, counts, notes). Raises BadLine naming the bad line(s). converted: the
-    (text, where, row) of labels converted from annotations instead (utils/data/annotations.py): lines named as the
-    `row`s of `where`."""
-    classes, boxes, extras, notes, seen, bad = [], [], [], [], set(), []
+    """Parse one label file -> (record fields, counts, notes). Raises BadLine naming the bad line(s), UnknownClass
+    where a class id >= nc is among them. converted: the (text, where, row) of labels converted from annotations
+    instead (utils/data/annotations.py): lines named as the `row`s of `where`."""
+    classes, boxes, extras, notes, seen, bad, unknown = [], [], [], [], set(), [], False
     text, where, row = converted if converted else (read_label_text(lb_file), lb_file, "line")
     counts = {"duplicates": 0, "clipped": 0, "unlabelled": int(text is None)}
     for i, line in enumerate((text or "").splitlines(), 1):
@@ -123,6 +129,7 @@ def parse_label_file(lb_file, nc, fmt, converted=None):
             c, box, extra, clipped = _parse_line(values, nc, fmt)
         except BadLine as e:
             bad.append(f"{row} {i}: {e}")
+            unknown = unknown or isinstance(e, UnknownClass)
             continue
         key = (c, *np.round(box, 6).tolist(), None if extra is None else np.round(extra, 6).tobytes())
         if key in seen:
@@ -136,7 +143,7 @@ def parse_label_file(lb_file, nc, fmt, converted=None):
         extras.append(extra)
     if bad:
         more = f"; ... {len(bad) - MAX_LINES} more bad lines" if len(bad) > MAX_LINES else ""
-        raise BadLine(f"{where} {'; '.join(bad[:MAX_LINES])}{more}")
+        raise (UnknownClass if unknown else BadLine)(f"{where} {'; '.join(bad[:MAX_LINES])}{more}")
     fields = {"cls": np.array(classes, dtype=np.float32).reshape(-1, 1),
               "bboxes": np.array(boxes, dtype=np.float32).reshape(-1, 4), fmt.extra_key: extras}
     return fields, counts, notes
@@ -165,7 +172,7 @@ def verify_image_label(im_file, lb_file, nc=None, fmt="detect", source=None, nam
     """
     fmt = get_format(fmt)
     rec = {"im_file": im_file, "shape": None, "skipped": "", "duplicates": 0, "clipped": 0, "truncated": 0,
-           "unlabelled": 0, "left_out": 0, "msg": ""}
+           "unlabelled": 0, "left_out": 0, "unknown_class": 0, "msg": ""}
     try:
         rec["shape"] = verify_image(im_file)
         converted, left = None, ([], {})
@@ -174,7 +181,7 @@ def verify_image_label(im_file, lb_file, nc=None, fmt="detect", source=None, nam
             converted = (text, f"{lb_file} ({Path(im_file).name})", source.row)
         fields, counts, notes = parse_label_file(lb_file, nc, fmt, converted)
     except (ValueError, OSError) as e:  # BadLine is a ValueError
-        rec.update(skipped=str(e), msg=f"{im_file}: skipped, {e}")
+        rec.update(skipped=str(e), msg=f"{im_file}: skipped, {e}", unknown_class=int(isinstance(e, UnknownClass)))
         return rec
     notes += left[0]
     counts.update(left[1])
@@ -198,11 +205,14 @@ def _build(im_files, label_files, nc, workers, fmt, source, names):
                                     [names] * n))
     else:
         records = [verify_image_label(f, lb, nc, fmt, source, names) for f, lb in zip(im_files, label_files)]
-    stats = {k: 0 for k in STAT_KEYS}
+    stats = {**{k: 0 for k in STAT_KEYS}, "first_unknown_class": ""}
     labels, skipped, notes = [], [], []
     for r in records:
         if r["skipped"]:
             stats["skipped"] += 1
+            stats["unknown_class"] += r["unknown_class"]  # skipped images with a class id >= nc among their lines
+            if r["unknown_class"] and not stats["first_unknown_class"]:
+                stats["first_unknown_class"] = r["msg"]
             skipped.append(r["msg"])
             continue
         for k in ("duplicates", "clipped", "truncated", "unlabelled", "left_out"):

@@ -125,6 +125,9 @@ class TensorBoardLogger:
     def on_train_interrupted(self, trainer):
         self.close()
 
+    def on_train_failed(self, trainer):
+        self.close()
+
     def log(self, scalars, step):
         if self.writer is None:
             return
@@ -165,7 +168,9 @@ def _add_graph(writer, model, stride):
 
 
 # ------------------------------------------------------------------------------------------------ --loggers
-# name: what it writes. A tracker's module is imported on global rank 0 only, when --loggers names it, and imports its
+# name: what it writes. results.csv is the run's record (results.png, --resume's rows, every peer writes it): always
+# written; --loggers adds to the default, `no-name` drops one, `none` keeps results.csv alone. A tracker's module is
+# imported on global rank 0 only, when --loggers names it, and imports its
 # package only when the run starts (utils/loggers/tracker.py), so a run that does not name it needs no package.
 LOGGERS = {
     "csv": "results.csv in the run folder, one row per epoch",
@@ -177,25 +182,38 @@ LOGGERS = {
     "comet": "Comet (utils/loggers/comet.py; pip install comet_ml)",
 }
 DEFAULT_LOGGERS = ["csv", "tensorboard"]
+ALWAYS = "csv"
 TRACKERS = {"wandb": ("utils.loggers.wandb", "WandbTracker"), "mlflow": ("utils.loggers.mlflow", "MLflowTracker"),
             "clearml": ("utils.loggers.clearml", "ClearMLTracker"), "comet": ("utils.loggers.comet", "CometTracker")}
 
 
 def check_loggers(value):
-    """--loggers as a list of known names, in order, each once: from a list whose items may be comma lists
-    ('wandb,mlflow'), or one such string. BadOption naming the first unknown name."""
+    """The loggers a run has, in order, each once, from the words --loggers was given: a name adds a logger to the
+    default (csv tensorboard), `no-name` drops one, `none` drops all but results.csv; words may be comma lists
+    ('wandb,mlflow'), or one such string. BadOption naming the first unknown name, or an attempt to drop results.csv.
+    Read the words once: the list that results, read again, has the default's loggers added back."""
     items = [value] if isinstance(value, str) else list(value or [])
-    names = [n.strip().lower() for item in items for n in str(item).split(",") if n.strip()]
-    for n in names:
-        if n not in LOGGERS:
-            raise BadOption(f"--loggers {n}: unknown logger; choose from {', '.join(LOGGERS)}")
-    return list(dict.fromkeys(names))
+    names = list(DEFAULT_LOGGERS)
+    for word in (n.strip().lower() for item in items for n in str(item).split(",") if n.strip()):
+        drop = word.startswith("no-")
+        name = word.removeprefix("no-")
+        if word == "none":
+            names = [ALWAYS]
+            continue
+        if name not in LOGGERS:
+            raise BadOption(f"--loggers {word}: unknown logger; choose from {', '.join(LOGGERS)} (no-NAME drops one, "
+                            "none keeps results.csv alone)")
+        if drop and name == ALWAYS:
+            raise BadOption("--loggers no-csv: results.csv is the run's record and is always written")
+        names = [n for n in names if n != name] if drop else [*names, name]
+    return list(dict.fromkeys([ALWAYS, *names]))
 
 
 def build_loggers(names, save_dir, plots=True, log_model=True):
-    """The listeners of --loggers `names`, in that order, for global rank 0 (no other rank writes or reports)."""
+    """The listeners of --loggers `names`, in that order, for global rank 0 (no other rank writes or reports);
+    results.csv in any case (a checkpoint of an older run may list none)."""
     listeners = []
-    for name in names:
+    for name in dict.fromkeys([ALWAYS, *names]):
         if name == "csv":
             listeners.append(CSVLogger(save_dir / "results.csv"))
         elif name.startswith("tensorboard"):

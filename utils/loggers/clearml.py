@@ -17,8 +17,8 @@ A restart continues the task (Task.init(continue_last_task=<id>), iterations kep
 session folder of that id is continued in place, its events appended and its zip rewritten whole, so one zip holds
 every epoch. Where the folder is gone (another machine, a cleared cache), ClearML opens a new session folder under the
 same id holding only what follows; upload the first session's zip, then this one with
-`Task.import_offline_session(zip, previous_task_id=<the first upload's id>)`. ClearML closes an interrupted task as
-completed (Task.close has no other status); --resume opens it again.
+`Task.import_offline_session(zip, previous_task_id=<the first upload's id>)`. A run that ends early is closed, then
+marked stopped (killed: --resume opens it again) or failed on the server; an offline session records no status.
 
 What Task.init would otherwise do to the run is turned off: framework binding (it patches torch.save, matplotlib and
 TensorBoard's writer, and would send what this tracker sends a second time), argparse and console capture, resource
@@ -124,7 +124,11 @@ class ClearMLTracker(Tracker):
     def log_weights(self, path, step):
         self.task.upload_artifact(path.name, artifact_object=str(path), metadata={"epoch": step}, wait_on_upload=True)
 
-    def close(self, interrupted=False):
+    def close(self, status="finished"):
         task, self.task = self.task, None
         if task is not None:
-            task.close()
+            task.close()  # marks the task completed; an offline session records no status
+            if status == "killed":  # then the server's status, as ClearML's own exit hook sets it
+                task.stopped(force=True, status_message="stopped early: --resume continues it")
+            elif status == "failed":
+                task.mark_failed(force=True, status_reason="the run ended with an error")

@@ -83,9 +83,9 @@ class CometTracker(Tracker):
     def log_weights(self, path, step):
         self.experiment.log_model("best", str(path), file_name=path.name, metadata={"epoch": step})
 
-    def close(self, interrupted=False):
+    def close(self, status="finished"):
         experiment, self.experiment = self.experiment, None
         if experiment is not None:
-            if interrupted:
-                experiment.log_other("interrupted", True)  # Comet has no status for it; --resume continues it
+            if status != "finished":  # Comet has no status for it; --resume continues a killed one
+                experiment.log_other("ended", status)
             experiment.end()

@@ -108,7 +108,7 @@ class MLflowTracker(Tracker):
     def log_weights(self, path, step):
         self.client.log_artifact(self.run_id, str(path), "weights")
 
-    def close(self, interrupted=False):
+    def close(self, status="finished"):
         run_id, self.run_id = self.run_id, None
         if run_id is not None:
-            self.client.set_terminated(run_id, "KILLED" if interrupted else "FINISHED")
+            self.client.set_terminated(run_id, status.upper())  # FINISHED, KILLED, FAILED: MLflow's own statuses

@@ -10,7 +10,9 @@ package (`open`, `log_step`, `log_final`, `log_weights`, `close`); this class de
   (from 1), and the pictures drawn since (the first training batches). A resumed run starts after the last saved
   epoch, so no step is sent twice.
 - the end: the final validation's pictures and results.png, its per-class table, best.pt (unless --no-log-model),
-  then the run is closed; an interrupted run (Ctrl-C) is closed as such, for --resume to continue it.
+  then the run is closed as finished. A run that ends early sends best.pt where one exists and is closed as killed
+  (a stop request or a signal: --resume continues it) or failed (an error); never left running, but by a process
+  killed outright (SIGKILL), whose --resume closes it.
 Any Exception on the way (the package not installed, no login, a network error, a bug in the package) is one warning
 naming the tracker; the tracker is then off for the rest of the run, and training goes on.
 A tracker never changes the run either: each call into its package (importing it included) is made with the process
@@ -62,7 +64,9 @@ class Tracker:
     def log_weights(self, path, step):
         raise NotImplementedError
 
-    def close(self, interrupted=False):
+    def close(self, status="finished"):
+        """Close the run as `status`: 'finished', 'killed' (stopped early: a stop request or a signal) or 'failed'
+        (an error, the run's or the tracker's)."""
         raise NotImplementedError
 
     def where(self):
@@ -83,7 +87,11 @@ class Tracker:
 
     def on_train_interrupted(self, trainer):
         if self.active:
-            self._guarded("closing", self._close, True)
+            self._guarded("closing", self._end, trainer, "killed")
+
+    def on_train_failed(self, trainer):
+        if self.active:
+            self._guarded("closing", self._end, trainer, "failed")
 
     def _guarded(self, what, fn, *args):
         with kept_process_state():  # closing after a failure too: ClearML's close sets signal handlers of its own
@@ -94,13 +102,13 @@ class Tracker:
                 LOGGER.warning(f"WARNING: {self.name}: {what} failed, training goes on without {self.name}: {reason}")
                 self.active = False
                 try:  # a start that failed after opening its run closes it too; close() with nothing open does nothing
-                    self.close(interrupted=True)
+                    self.close("failed")
                 except Exception:  # reported once already: the first error is the one worth reading
                     pass
 
-    def _close(self, interrupted):
+    def _close(self, status):
         self.active = False
-        self.close(interrupted)
+        self.close(status)
 
     # ---------------------------------------------------------------- what is sent when
     def require(self, module):
@@ -128,10 +136,18 @@ class Tracker:
     def _finish(self, trainer):
         step = trainer.state.epoch  # the loop has moved past the last epoch: its results.csv number
         self.log_final(self._new_pictures(trainer.save_dir), trainer.validator.class_table(), step)
+        self._send_best(trainer, step)
+        self._close("finished")
+
+    def _end(self, trainer, status):
+        """A run that ended early: best.pt where it exists, then the run closed as `status`."""
+        self._send_best(trainer, trainer.state.epoch)
+        self._close(status)
+
+    def _send_best(self, trainer, step):
         best = trainer.checkpointer.best
         if self.log_model and best.is_file():
             self.log_weights(best, step)
-        self._close(interrupted=False)
 
     def _new_pictures(self, save_dir):
         """The pictures written or redrawn since the last call (all of them the first time)."""

@@ -58,8 +58,9 @@ class WandbTracker(Tracker):
         artifact.add_file(str(path), name=path.name)
         self.run.log_artifact(artifact, aliases=["best"])
 
-    def close(self, interrupted=False):
+    def close(self, status="finished"):
         run, self.run = self.run, None
         if run is not None:
-            # an interrupted run is marked as one that did not finish; --resume opens it again
-            run.finish(exit_code=1 if interrupted else 0)
+            # a run that ended early (killed or failed) is marked failed, W&B's status for a non-zero exit code;
+            # --resume opens it again
+            run.finish(exit_code=0 if status == "finished" else 1)

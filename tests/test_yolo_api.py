@@ -1,0 +1,127 @@
+"""The Python API (`from yolo import YOLO`) and the `yolo` command: each runs this clone's script of the model's task
+and mode, with Ultralytics' `key=value` words or the flags; val, predict and export take the image size and dataset
+from the run that made the weights (engine/inherit.py). Checked against the scripts and the hub wrapper themselves."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import hubconf
+import val
+from models.backend import InferenceBackend
+from models.checkpoints import model_to_ckpt
+from models.yolo import DetectionModel, SegmentationModel
+from utils.errors import BadOption
+from utils.files import ROOT
+from yolo import YOLO
+from yolo.cli import main as yolo_main
+from yolo.cli import split_words
+
+IMAGE = ROOT / "data" / "images" / "shapes1.jpg"
+NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
+CONF = 1e-4  # an untrained model's scores are tiny; this keeps plenty of boxes to compare
+
+
+def run_checkpoint(path, model, imgsz, data):
+    """A finished run's best.pt as the trainer leaves it: the weights and the run's options."""
+    torch.manual_seed(0)
+    model.names = dict(NAMES)
+    torch.save({"model": model_to_ckpt(model), "epoch": 0, "opt": {"imgsz": imgsz + 1, "train_imgsz": imgsz,
+                                                                   "data": "a name", "data_path": str(data)}}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def best(tmp_path_factory, shapes_detect):
+    return run_checkpoint(tmp_path_factory.mktemp("api") / "best.pt", DetectionModel("yolov8n.yaml", nc=3), 64,
+                          shapes_detect)
+
+
+def test_val_takes_the_runs_size_and_dataset_and_says_so(best, shapes_detect, tmp_path, yolo_log):
+    stats = YOLO(best).val(batch=4, workers=0, project=str(tmp_path))
+    said = [m for m in yolo_log if "from the run that made" in m]
+    assert said == [f"--img 64 and --data {shapes_detect} from the run that made {best} (give the option to choose "
+                    "another)"]
+    given = val.main(val.parse_opt(["--weights", str(best), "--data", str(shapes_detect), "--img", "64",
+                                    "--batch-size", "4", "--workers", "0", "--project", str(tmp_path)]))
+    assert stats == given
+    assert any("at shape (1, 3, 64, 64)" in m for m in yolo_log)
+
+
+def test_a_given_option_wins_and_a_vanished_dataset_falls_back_to_the_default(tmp_path, yolo_log):
+    gone = run_checkpoint(tmp_path / "gone.pt", DetectionModel("yolov8n.yaml", nc=3), 64, tmp_path / "moved.yaml")
+    from engine.inherit import with_run_settings
+
+    opt = with_run_settings(val.parse_opt(["--weights", str(gone), "--img", "96"]))
+    assert (opt.imgsz, opt.data) == (96, "data/shapes.yaml")
+    assert yolo_log[-1] == f"its run's dataset {tmp_path / 'moved.yaml'} no longer exists, so --data data/shapes.yaml" \
+                           " (give the option to choose another)"
+
+
+def test_predict_returns_the_hub_wrappers_results_at_the_runs_size(best):
+    results = YOLO(best).predict(str(IMAGE), conf=CONF)
+    hub = hubconf.custom(str(best), device="cpu")
+    hub.conf = CONF
+    ref = hub(str(IMAGE), size=64)
+    assert type(results) is type(ref) and len(results.xyxy[0]) > 0
+    torch.testing.assert_close(results.xyxy[0], ref.xyxy[0])
+    folder = YOLO(best)(str(IMAGE.parent), conf=CONF)  # a folder: its images, in order
+    assert len(folder) == len(list(IMAGE.parent.glob("*.jpg"))) and folder.files[0] == sorted(
+        p.name for p in IMAGE.parent.glob("*.jpg"))[0]
+
+
+def test_export_carries_the_runs_size_and_dataset_and_gives_the_pts_boxes(best, shapes_detect, tmp_path):
+    weights = tmp_path / "best.pt"
+    weights.write_bytes(best.read_bytes())
+    f = YOLO(weights).export(format="onnx")
+    assert f == str(tmp_path / "best.onnx")
+    backend = InferenceBackend(f)
+    assert backend.metadata["imgsz"] == [64, 64] and backend.metadata["data"] == str(shapes_detect)
+    rgb = np.asarray(Image.open(IMAGE).convert("RGB"))
+    exported, pt = YOLO(f).predict(rgb, conf=CONF), YOLO(weights).predict(rgb, conf=CONF)
+    assert len(pt.xyxy[0]) > 0
+    torch.testing.assert_close(exported.xyxy[0], pt.xyxy[0], atol=1e-3, rtol=1e-4)
+
+
+def test_the_model_says_its_task(tmp_path):
+    seg = tmp_path / "best.pt"
+    torch.save({"model": model_to_ckpt(SegmentationModel("yolov8n-seg.yaml", nc=3))}, seg)
+    assert YOLO(seg).task == "segment"  # from its head: the name says nothing
+    assert YOLO("yolov8n-pose.yaml").task == "pose" and YOLO("yolov5s-cls.pt").task == "classify"
+    assert split_words(["val", f"model={seg}"])[:2] == ("segment", "val")
+    assert split_words(["classify", "train", "epochs=1"]) == ("classify", "train", ["epochs=1"])
+    with pytest.raises(BadOption, match="expected a mode"):
+        split_words(["detect", "fit"])
+
+
+def test_yolo_command_runs_the_script_with_key_value_words_beside_flags(best, shapes_detect, tmp_path):
+    stats = yolo_main(["val", f"model={best}", "batch=4", "--workers", "0", "--project",
+                       str(tmp_path)])
+    ref = val.main(val.parse_opt(["--weights", str(best), "--data", str(shapes_detect), "--img", "64",
+                                  "--batch-size", "4", "--workers", "0", "--project", str(tmp_path)]))
+    assert stats == ref
+
+
+def test_yolo_command_mistakes_are_one_error_line(tmp_path):
+    for words, said in [(["detect", "fit"], "expected a mode"), (["train", "lr0=0.1"], "lr0=0.1: no option --lr0"),
+                        (["train", "cos_lr=maybe"], "--cos-lr is on or off")]:
+        r = subprocess.run(["timeout", "120", sys.executable, "-m", "yolo", *words], cwd=tmp_path,
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr[-2000:]
+    r = subprocess.run(["timeout", "120", sys.executable, "-m", "yolo", "help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "yolo detect train data=" in r.stdout
+
+
+def test_train_from_python_then_val_on_its_own_run(shapes_detect, tmp_path, yolo_log):
+    model = YOLO("yolov5n.yaml")
+    metrics = model.train(data=str(shapes_detect), epochs=1, imgsz=64, batch=8, workers=0, device="cpu",
+                          project=str(tmp_path), name="api", noplots=True)
+    assert model.model == str(tmp_path / "api" / "weights" / "best.pt") and "fitness" in metrics
+    assert model.val(batch=16, workers=0, project=str(tmp_path / "val"))["fitness"] == pytest.approx(
+        metrics["fitness"])
+    assert f"--img 64 and --data {shapes_detect} from the run that made {model.model} (give the option to choose " \
+           "another)" in yolo_log

@@ -1,0 +1,65 @@
+"""The scripts of this clone, found by task and mode: what the `yolo` command and the `YOLO` class run.
+
+The scripts (train.py, segment/val.py, ...) lie in the clone beside the packages, not in a package; they are loaded
+from their files under private module names, so a `train.py` of the user's own in the working folder is never
+taken for ours.
+"""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+from utils.errors import BadOption
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ("detect", "segment", "pose", "classify")  # engine.messages.SCRIPTS' (which imports torch: not for --help)
+MODES = ("train", "val", "predict", "export")
+SUFFIX_TASKS = {"seg": "segment", "cls": "classify", "pose": "pose"}  # yolov8n-seg.yaml, yolov8n-cls.pt
+
+
+def script_path(task, mode):
+    """The script of `mode` for `task`, relative to the clone (export.py serves every task)."""
+    from engine.messages import SCRIPTS
+
+    return "export.py" if mode == "export" else SCRIPTS[task][mode]
+
+
+def load_script(task, mode):
+    """The script module of `task` and `mode`, loaded once per process."""
+    rel = script_path(task, mode)
+    name = "yolo._scripts." + rel.removesuffix(".py").replace("/", ".")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / rel)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def model_task(model):
+    """The task of a model YAML or weights file: its name's suffix (yolov8n-seg.yaml), else, for a file that exists,
+    what its head declares; 'detect' otherwise (the detection scripts then say where another model belongs)."""
+    found = re.search(r"-(seg|cls|pose)\d*(\.\w+)?$", Path(str(model)).name)
+    if found:
+        return SUFFIX_TASKS[found.group(1)]
+    path = Path(str(model))
+    if path.suffix.lower() in (".pt", ".onnx", ".torchscript") and path.is_file():
+        from models.backend import InferenceBackend
+
+        return InferenceBackend(path).task
+    if path.suffix.lower() in (".yaml", ".yml"):
+        from models.yolo import head_task, yaml_model_load
+
+        try:
+            return head_task(yaml_model_load(str(model)))
+        except (OSError, ValueError):  # not a model YAML: the script that reads it says what is wrong
+            return "detect"
+    return "detect"
+
+
+def check_words(task, mode):
+    if task not in TASKS:
+        raise BadOption(f"{task!r} is not a task: {', '.join(TASKS)}")
+    if mode not in MODES:
+        raise BadOption(f"{mode!r} is not a mode: {', '.join(MODES)}")
