@@ -42,6 +42,7 @@ class BasePredictor:
         half = bool(getattr(self.args, "half", False)) and self.device.type == "cuda"
         bf16 = inference_bf16(self.device, getattr(self.args, "amp", "off"))
         self.model = InferenceBackend(self.args.weights, device=self.device, half=half, bf16=bf16)
+        given = self.args.imgsz
         self.args = with_run_settings(self.args, self.model)
         check_task(self.model.task, self.tasks, f"--weights {self.args.weights}", "predict")
         self.half = self.model.fp16
@@ -51,7 +52,7 @@ class BasePredictor:
             raise BadOption(f"--classes {' '.join(map(str, unknown))}: {self.args.weights} has classes "
                             f"0-{len(self.names) - 1} only")
         self.stride = self.model.stride
-        self.imgsz = self._input_size()
+        self.imgsz = self._input_size(given)
         self.dataset = self.load_source()  # a source that is missing or empty is refused before a run folder exists
         project = Path(self.args.project or self.default_project)
         self.save_dir = increment_path(project / self.args.name, exist_ok=self.args.exist_ok)
@@ -64,11 +65,11 @@ class BasePredictor:
         self.show = self.args.view_img and can_show_windows()
         self.writers = {}
 
-    def _input_size(self):
-        """--imgsz, or the one size a static export takes (h, w)."""
+    def _input_size(self, given):
+        """--imgsz (`given`, else the weights' run's), or the one size a static export takes (h, w)."""
         if self.model.dynamic:
             return check_imgsz(self.args.imgsz, self.stride)
-        if (self.args.imgsz, self.args.imgsz) != self.model.imgsz:
+        if given is not None and (given, given) != self.model.imgsz:
             LOGGER.warning(f"{self.args.weights} takes {self.model.imgsz[0]}x{self.model.imgsz[1]} images only "
                            f"(exported without --dynamic): using that instead of --imgsz {self.args.imgsz}")
         return self.model.imgsz

@@ -337,7 +337,9 @@ class BaseTrainer:
         if self.is_main:
             forget_run_dir()
         du.barrier()
-        self.run_callbacks("on_train_end")
+        self.run_callbacks("on_train_end")  # the trackers close their run: until then --resume finishes this one
+        if self.is_main:
+            self.finish_run()
         self.profile.report(self.save_dir)
         return self.state.metrics
 
@@ -553,11 +555,10 @@ class BaseTrainer:
 
     def final_eval(self):
         """Rank 0 strips the optimizer from best.pt; then every rank validates best.pt once more, with per-class
-        output, and rank 0 strips last.pt, which ends the run. Until then last.pt holds the whole state, so a run
-        killed here is finished by --resume. Rank 0 reads the file and sends the weights: the other ranks may run on
-        other machines. The model is the one val.py validates (fused, in the device's layout), so that both report
-        the same mAP: an fp16 run's in fp16, as `val.py --half` (in fp32 it would take twice the memory of training's
-        validations), any other in fp32."""
+        output. last.pt keeps the whole state until `finish_run`, so a run killed here is finished by --resume.
+        Rank 0 reads the file and sends the weights: the other ranks may run on other machines. The model is the one
+        val.py validates (fused, in the device's layout), so that both report the same mAP: an fp16 run's in fp16, as
+        `val.py --half` (in fp32 it would take twice the memory of training's validations), any other in fp32."""
         best = self.checkpointer.best
         half = self.amp and self.amp_dtype == torch.float16
         if self.is_main:
@@ -571,16 +572,20 @@ class BaseTrainer:
                 self.state.metrics = self.validator(du.broadcast_state(model), final=True, half=half)
             self.log_peak_memory("the final validation")
             self.run_callbacks("on_val_end")
-        if self.is_main:
-            with self.profile("checkpoints"):
-                self.checkpointer.finish_last()
-            LOGGER.info(f"Results saved to {self.save_dir}")
-            if best.exists():
-                scripts = SCRIPTS[self.task]["val"], SCRIPTS[self.task]["predict"]
-                commands = next_commands(scripts, best, self.opt.data, self.predict_source(),
-                                         self.opt.train_imgsz, half)
-                for i, command in enumerate(commands):
-                    LOGGER.info(f"{'Next:' if i == 0 else '':<6}{command}")
+
+    def finish_run(self):
+        """Rank 0, once the listeners heard the end: last.pt is stripped, which ends the run, and the next commands
+        are said (with --half where the final validation ran in fp16, as final_eval decides)."""
+        best = self.checkpointer.best
+        with self.profile("checkpoints"):
+            self.checkpointer.finish_last()
+        LOGGER.info(f"Results saved to {self.save_dir}")
+        if best.exists():
+            scripts = SCRIPTS[self.task]["val"], SCRIPTS[self.task]["predict"]
+            half = self.amp and self.amp_dtype == torch.float16
+            commands = next_commands(scripts, best, self.opt.data, self.predict_source(), self.opt.train_imgsz, half)
+            for i, command in enumerate(commands):
+                LOGGER.info(f"{'Next:' if i == 0 else '':<6}{command}")
 
 
 def labels_to(batch, device):

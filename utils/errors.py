@@ -141,6 +141,11 @@ def run_cli(main, parse_opt):
     launcher stops any rank still running, so none hangs.
     """
     keep_freed_memory()
+    # Before torch is imported (the scripts import it in main()): OpenMP threads that finish a parallel region sleep
+    # instead of spinning for the next one. Spinning saves a wake-up on idle cores and costs whole time slices on busy
+    # ones: on a shared 2-core CPU a yolov8n-pose forward took 1.9-6.5 s against 0.19-0.31 s, a training step 14 s
+    # against 2.7 s (docs/performance.md, "A busy CPU"). OMP_WAIT_POLICY=ACTIVE in the environment keeps spinning.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         opt = parse_opt()
         from utils.versions import check_torch_pair  # imports torch: after parsing, for a quick --help

@@ -1,6 +1,10 @@
 """What counts as a lost peer: the wordings of gloo, the TCP store and NCCL when the other end is gone, and nothing
 else (a failure that is not a peer's death keeps its traceback)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from utils.errors import LOST_PEER, lost_peer
@@ -32,3 +36,17 @@ def test_other_failures_are_not_a_lost_peer(said):
 
 def test_without_a_process_group_nothing_is_a_lost_peer():
     assert lost_peer(RuntimeError("Connection reset by peer")) is None
+
+
+def test_openmp_threads_sleep_unless_told_before_torch_is_imported(tmp_path):
+    """run_cli sets OMP_WAIT_POLICY=PASSIVE before the script imports torch (spinning threads lose whole time
+    slices on a busy CPU), and keeps a value the user set."""
+    probe = ("import os, sys\n"
+             "from utils.errors import run_cli\n"
+             "run_cli(lambda seen: print(seen), lambda: ('torch' in sys.modules, os.environ['OMP_WAIT_POLICY']))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    for given, expected in ((None, "(False, 'PASSIVE')"), ("ACTIVE", "(False, 'ACTIVE')")):
+        run_env = env if given is None else {**env, "OMP_WAIT_POLICY": given}
+        r = subprocess.run(["timeout", "120", sys.executable, "-c", probe], env=run_env, cwd=tmp_path,
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr[-2000:]
