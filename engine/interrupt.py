@@ -78,7 +78,7 @@ def ended_by_signals():
     does as KeyboardInterrupt, so that the listeners hear it (trackers close their run as killed) instead of the
     process vanishing; the loop's StopRequests take both signals over while it runs. last.pt is as the last
     checkpoint left it: a run stopped in its final validation is finished by --resume."""
-    if os.environ.get("TORCHELASTIC_RUN_ID") or threading.current_thread() is not threading.main_thread():
+    if du.launcher() == "torchrun" or threading.current_thread() is not threading.main_thread():
         yield
         return
     pid = os.getpid()
