@@ -17,7 +17,7 @@ import sys
 from utils.errors import BadOption, run_cli
 from yolo.scripts import MODES, TASKS, check_words, load_script, model_task
 
-USAGE = __doc__.split("\n\n", 1)[1]
+USAGE = "yolo [TASK] MODE [key=value ...] [--flag value ...]\n\n" + __doc__.split("\n\n", 1)[1]
 
 
 def model_argument(args):
