@@ -280,7 +280,8 @@ def test_training_on_the_corpus_runs_to_the_end(corpus, tmp_path):
     (data / "data.yaml").write_text((root / "data.yaml").read_text().replace(str(root), str(data)))
     trainer, _ = train.main(train.parse_opt([
         "--data", str(data / "data.yaml"), "--cfg", "yolov5n.yaml", "--imgsz", "64", "--batch-size", "8",
-        "--epochs", "1", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs")]))
+        "--epochs", "1", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"),
+        "--skip-unknown-classes"]))  # the corpus's class ids beyond names are skipped as its other faults are
     assert len(list(csv.DictReader(open(trainer.save_dir / "results.csv")))) == 1
     listed = (trainer.save_dir / "data_problems.txt").read_text(errors="surrogateescape").splitlines()
     for image, (name, (outcome, _), _, _) in cases.items():
@@ -308,7 +309,8 @@ def test_images_with_a_bad_line_never_reach_a_batch(tmp_path, monkeypatch):
     monkeypatch.setattr(detect_dataset.YOLODataset, "load_image", spy)
     trainer, _ = train.main(train.parse_opt([
         "--data", str(root / "data.yaml"), "--cfg", "yolov5n.yaml", "--imgsz", "64", "--batch-size", "4",
-        "--epochs", "2", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs")]))
+        "--epochs", "2", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"),
+        "--skip-unknown-classes"]))  # the class 4 line: skipped, not refused
     assert len(list(csv.DictReader(open(trainer.save_dir / "results.csv")))) == 2
     assert set(loaded) & train_images == train_images - bad_images  # every good image was used, no bad one
     assert len(trainer.train_set) == 7
@@ -373,6 +375,7 @@ def test_val_script_lists_the_skipped_val_images_in_its_run_folder(tmp_path):
     weights = tmp_path / "v5n.pt"
     torch.save({"model": model_to_ckpt(DetectionModel("yolov5n.yaml", nc=3))}, weights)
     val.main(val.parse_opt(["--weights", str(weights), "--data", str(root / "data.yaml"), "--imgsz", "64",
-                            "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "runs"), "--name", "v"]))
+                            "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "runs"), "--name", "v",
+                            "--skip-unknown-classes"]))
     listed = (tmp_path / "runs" / "v" / "data_problems.txt").read_text().splitlines()
     assert len(listed) == 1 and listed[0].startswith(f"val: {root / 'images' / 'val' / '00003.jpg'}: skipped")

@@ -380,9 +380,9 @@ def test_the_offline_view_shows_every_epoch_with_no_login(tracked_run, tmp_path)
     shown = [block.splitlines() for block in r.stdout.split("# ")[1:]]
     for lines, name in zip(shown, (str, lambda c: f"{tracked_run.save_dir.name}/{mlflow_name(c)}")):
         header = lines[1].split(",")
+        by_step = {line.split(",")[0]: dict(zip(header, line.split(","))) for line in lines[2:]}
         for epoch, row in rows.items():
-            values = dict(zip(header, lines[1 + epoch].split(",")))
-            assert values["step"] == str(epoch)
+            values = by_step[str(epoch)]
             for column, value in row.items():
                 if column != "epoch":
                     assert float(values[name(column)]) == pytest.approx(float(value), rel=1e-4), (column, epoch)

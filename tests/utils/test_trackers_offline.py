@@ -317,7 +317,7 @@ def _tracker_and_trainer(name, tmp_path):
     from engine.checkpointer import LoopState
     from utils.loggers import TRACKERS, build_loggers
 
-    [tracker] = build_loggers([name], tmp_path)
+    [_, tracker] = build_loggers([name], tmp_path)  # results.csv first, always
     assert type(tracker).__name__ == TRACKERS[name][1]
     trainer = SimpleNamespace(state=LoopState(), save_dir=tmp_path / "exp", default_project="runs/train",
                               opt=SimpleNamespace(project=str(tmp_path), to_dict=lambda: {"epochs": 1}),
