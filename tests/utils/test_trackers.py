@@ -276,8 +276,8 @@ def test_loggers_is_checked_before_any_work(tmp_path):
     r = subprocess.run([sys.executable, "train.py", "--loggers", "csv,comet-typo", "--project", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "error: --loggers comet-typo: unknown logger; choose from csv, tensorboard, wandb, mlflow, clearml, comet "
-        "(no-NAME drops one, none keeps results.csv alone) (see --help)"]
+        "error: --loggers comet-typo: unknown logger; choose from csv, tensorboard, tensorboard-graph, wandb, mlflow, "
+        "clearml, comet (no-NAME drops one, none keeps results.csv alone) (see --help)"]
     assert not list(tmp_path.iterdir()), "no work before the check"
 
 
