@@ -28,7 +28,6 @@ CONF = 1e-4  # an untrained model's scores are tiny; this keeps plenty of boxes 
 
 def run_checkpoint(path, model, imgsz, data):
     """A finished run's best.pt as the trainer leaves it: the weights and the run's options."""
-    torch.manual_seed(0)
     model.names = dict(NAMES)
     torch.save({"model": model_to_ckpt(model), "epoch": 0, "opt": {"imgsz": imgsz + 1, "train_imgsz": imgsz,
                                                                    "data": "a name", "data_path": str(data)}}, path)
@@ -37,6 +36,7 @@ def run_checkpoint(path, model, imgsz, data):
 
 @pytest.fixture(scope="module")
 def best(tmp_path_factory, shapes_detect):
+    torch.manual_seed(0)
     return run_checkpoint(tmp_path_factory.mktemp("api") / "best.pt", DetectionModel("yolov8n.yaml", nc=3), 64,
                           shapes_detect)
 

@@ -79,7 +79,10 @@ class YOLO:
 
             raise BadOption(f"augment=True needs .pt weights, not {self.model} (an export takes one input size)")
         size = imgsz or run_settings(self.model, backend).get("imgsz") or 640
-        hub = HubModel(backend.model if backend.model is not None else backend)
+        # a .pt model back in torch's default layout (the backend's channels_last changes float rounding): the
+        # boxes torch.hub's model gives, to the bit
+        model = backend.model.to(memory_format=torch.contiguous_format) if backend.model is not None else backend
+        hub = HubModel(model)
         hub.conf, hub.iou, hub.classes, hub.max_det = conf, iou, classes, max_det
         return hub(_images(source), size=size, augment=augment)
 

@@ -47,6 +47,6 @@ def test_openmp_threads_sleep_unless_told_before_torch_is_imported(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     for given, expected in ((None, "(False, 'PASSIVE')"), ("ACTIVE", "(False, 'ACTIVE')")):
         run_env = env if given is None else {**env, "OMP_WAIT_POLICY": given}
-        r = subprocess.run(["timeout", "120", sys.executable, "-c", probe], env=run_env, cwd=tmp_path,
+        r = subprocess.run(["timeout", "300", sys.executable, "-c", probe], env=run_env, cwd=tmp_path,
                            capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.strip() == expected, r.stderr[-2000:]

@@ -142,7 +142,8 @@ def mlflow_server(tmp_path):
                                "--port", str(port), "--workers", "1",
                                "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
                                "--artifacts-destination", str(tmp_path / "served")],
-                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"))
+                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"),
+                              start_new_session=True)
     try:
         for _ in range(240):
             try:
@@ -155,8 +156,13 @@ def mlflow_server(tmp_path):
             pytest.fail("mlflow server did not answer in 60 s")
         yield uri
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        # the whole group: `timeout`, the server and its worker; a busy CPU can make a graceful stop outlast 30 s
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
 
 
 def test_mlflow_server_receives_params_metrics_and_best_pt_over_http(shapes_detect, tracker_env, monkeypatch,
