@@ -31,8 +31,9 @@ def label_sizes(labels, imgsz, rng):
 
 def _ratios(wh, anchors):
     """(n, k): for each label and anchor, the worse of the two side ratios, folded into (0, 1]."""
-    r = wh[:, None] / anchors[None]
-    return np.minimum(r, 1 / r).min(2)
+    with np.errstate(divide="ignore"):  # the placeholders of `anchors: 3` (0 px) fit nothing: ratio 0
+        r = wh[:, None] / anchors[None]
+        return np.minimum(r, 1 / r).min(2)
 
 
 def anchor_fit(wh, anchors, thr):
