@@ -76,6 +76,10 @@ class Exporter:
         run = run_settings(self.opt.weights)  # the file is there now (an official name was fetched by attempt_load)
         opt = with_run_settings(self.opt, known=run)
         device = next(model.parameters()).device
+        fixed = sorted({type(m).__name__ for m in model.modules() if getattr(m, "dynamic_export", True) is False})
+        if fixed and opt.dynamic:
+            raise BadOption(f"--dynamic: {opt.weights} has {', '.join(fixed)}, whose traced graph holds only the "
+                            "example input's size; export it with --no-dynamic at the size it will run")
         imgsz = _imgsz(opt.imgsz if isinstance(opt.imgsz, list) else [opt.imgsz], int(max(model.stride)))
         model.info(imgsz=imgsz[0])
         for p in model.parameters():

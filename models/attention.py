@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.common import C3, Conv, batchnorm
+from models.common import C3, Conv, batchnorm, fuse_conv_and_bn
 
 
 def _same_width(c1, c2, name):
@@ -202,6 +202,12 @@ class CoordAtt(nn.Module):
         self.act = nn.Hardswish()
         self.conv_h = nn.Conv2d(mip, c1, 1)
         self.conv_w = nn.Conv2d(mip, c1, 1)
+
+    def fuse(self):
+        """Fold bn1 into conv1 (inference)."""
+        if "bn1" in self._modules:
+            self.conv1 = fuse_conv_and_bn(self.conv1, self.bn1)
+            self.bn1 = nn.Identity()
 
     def forward(self, x):
         h, w = x.shape[2:]

@@ -36,18 +36,18 @@ def _unwindows(t, ws, b, h, w):
 def window_mask(h, w, hp, wp, ws, shift, device):
     """(windows, ws*ws, ws*ws) of 0 and MASKED for an h x w map padded to hp x wp and rolled by -shift: pixels attend
     only to pixels of their own region (shifted windows join parts of the map that are not neighbours) and never to
-    padding. None when nothing needs masking."""
+    padding. None when nothing needs masking. Built by comparisons, not slice assignments: an exporter cannot take
+    the empty slices of a map that needs no padding on one side."""
     if not shift and (hp, wp) == (h, w):
         return None
-    label = torch.zeros(hp, wp, device=device)
-    if shift:
-        cuts = (slice(0, -ws), slice(-ws, -shift), slice(-shift, None))
-        for i, rows in enumerate(cuts):
-            for j, cols in enumerate(cuts):
-                label[rows, cols] = 3 * i + j
-    pad = torch.zeros(hp, wp, dtype=torch.bool, device=device)
-    pad[h:], pad[:, w:] = True, True
-    label = torch.where(pad.roll((-shift, -shift), (0, 1)), -1.0, label)
+    rows, cols = torch.arange(hp, device=device), torch.arange(wp, device=device)
+
+    def region(i, n):  # 0, 1, 2: the parts of a rolled axis that came from different places
+        return (i >= n - ws).long() + (i >= n - shift).long() if shift else torch.zeros_like(i)
+
+    label = 3 * region(rows, hp)[:, None] + region(cols, wp)[None, :]
+    pad = ((rows >= h)[:, None] | (cols >= w)[None, :]).roll((-shift, -shift), (0, 1))
+    label = torch.where(pad, -1, label)
     lw = _windows(label.view(1, hp, wp, 1), ws)[..., 0]  # (windows, ws*ws)
     return torch.where(lw[:, :, None] != lw[:, None, :], MASKED, 0.0)
 
@@ -108,7 +108,8 @@ class SwinV2Layer(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
 
     def forward(self, x):
-        b, c, h, w = x.shape
+        b, c = x.shape[:2]
+        h, w = int(x.shape[2]), int(x.shape[3])  # sizes as numbers: the windows are chosen in Python
         ws = min(self.window_size, max(h, w))
         hp, wp = math.ceil(h / ws) * ws, math.ceil(w / ws) * ws
         shift = ws // 2 if self.shifted and (hp > ws or wp > ws) else 0  # one window: nothing to shift across
@@ -134,7 +135,13 @@ def swin_heads(c, width=32):
 
 
 class C3STR(C3):
-    """C3 whose bottlenecks are n Swin V2 layers (windows of 8, every second one shifted), heads of ~32 channels."""
+    """C3 whose bottlenecks are n Swin V2 layers (windows of 8, every second one shifted), heads of ~32 channels.
+
+    `dynamic_export = False`: the windows, padding and shift are chosen from the map's size in Python, which a traced
+    graph keeps as constants, so an export is valid at its own input size only (engine/exporter.py refuses
+    --dynamic)."""
+
+    dynamic_export = False
 
     def __init__(self, c1, c2, n=1, shortcut=True, g=1, e=0.5, window_size=8):
         super().__init__(c1, c2, n, shortcut, g, e)

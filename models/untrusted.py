@@ -389,15 +389,20 @@ def check_checkpoint(data, label, refuse_globals, refuse_calls=lambda calls: Non
 
 # ------------------------------------------------------------------------------------------------ TorchScript
 # What torch.jit.trace writes for every model export.py exports (YOLOv3/v5/v7/v8/11 detect, segment, classify, pose,
-# with their attention, transformer, ghost and padded blocks, static and dynamic, traced on the CPU in fp32): the
-# tensor operators below, `annotate`/`getattr`/`int`/`float`, and `forward` methods of submodules.
-# tests/models/test_untrusted.py exports each family and fails when a new operator appears.
+# with their attention, transformer, ghost and padded blocks, the attention series and Swin V2, static and dynamic,
+# traced on the CPU in fp32): the tensor operators below, `annotate`/`getattr`/`int`/`float`, and `forward` methods
+# of submodules. tests/models/test_untrusted.py and test_zoo_export.py export each family and fail when a new
+# operator appears.
 TORCHSCRIPT_OPS = frozenset({
     *(f"torch.{op}" for op in (
         "_convolution", "adaptive_avg_pool2d", "add", "arange", "bmm", "cat", "chunk", "contiguous", "device", "div",
         "dropout", "dropout_", "flatten", "full", "leaky_relu", "linear", "matmul", "max_pool2d", "meshgrid", "mul",
         "pad", "permute", "pow", "reshape", "select", "sigmoid", "silu", "size", "slice", "softmax", "split",
-        "split_with_sizes", "stack", "sub", "to", "transpose", "unsqueeze", "upsample_nearest2d", "view")),
+        "split_with_sizes", "stack", "sub", "to", "transpose", "unsqueeze", "upsample_nearest2d", "view",
+        # the attention series and Swin V2 (models/attention.py, models/swin.py)
+        "__or__", "abs", "amax", "clamp", "clamp_min", "exp", "expand_as", "fill_", "floor_divide", "ge", "gelu",
+        "hardswish", "index", "layer_norm", "linalg_vector_norm", "log2", "mean", "ne", "neg", "ones_like", "relu",
+        "relu_", "roll", "sign", "sum", "unbind", "where", "zeros", "zeros_like")),
     "ops.prim.NumToTensor",
 })
 _TORCHSCRIPT_CALLS = frozenset({"annotate", "getattr", "int", "float"})

@@ -132,3 +132,14 @@ def test_series_rows_after_any_layer(block):
     d["backbone"][10] = [-1, 1, block, [512]]
     with pytest.raises(BadModelYaml, match=rf"backbone\[10\].*{block} keeps the channels of its input \(256\)"):
         DetectionModel(d, nc=3)
+
+
+def test_coordatt_fuse_folds_its_batchnorm():
+    m = randomise_bn(seeded(CoordAtt(16, 16))).eval()
+    x = torch.randn(2, 16, 5, 7)
+    with torch.no_grad():
+        ref = m(x)
+        m.fuse()
+        m.fuse()  # twice: nothing left to fold
+        assert not any(isinstance(t, torch.nn.BatchNorm2d) for t in m.modules())
+        torch.testing.assert_close(m(x), ref, atol=1e-5, rtol=1e-5)
