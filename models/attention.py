@@ -205,7 +205,7 @@ class CoordAtt(nn.Module):
 
     def fuse(self):
         """Fold bn1 into conv1 (inference)."""
-        if "bn1" in self._modules:
+        if isinstance(self.bn1, nn.BatchNorm2d):
             self.conv1 = fuse_conv_and_bn(self.conv1, self.bn1)
             self.bn1 = nn.Identity()
 
