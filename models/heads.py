@@ -9,6 +9,7 @@ count in its args. The model sets `stride` (a non-persistent buffer, so it follo
 state_dict, as in the official key lists) before calling `bias_init()`.
 """
 
+import contextlib
 import math
 
 import torch
@@ -27,8 +28,9 @@ def head_precision(t, like):
 
 
 def no_autocast(t):
-    """Decoding runs as written, in its inputs' precision (autocast would put the DFL conv back in bf16)."""
-    return torch.autocast(t.device.type, enabled=False)
+    """Decoding runs as written, in its inputs' precision (autocast would put the DFL conv back in bf16). The meta
+    device (shapes only: benchmarks/zoo.py counts a model's FLOPs there) has no autocast to leave."""
+    return contextlib.nullcontext() if t.device.type == "meta" else torch.autocast(t.device.type, enabled=False)
 
 
 TASKS = ("detect", "segment", "pose", "classify")  # what a head serves (its `task`)

@@ -452,16 +452,19 @@ class BaseModel(nn.Module):
         """FLOPs of one image at imgsz x imgsz, counted at the largest stride: convolution cost grows with the pixels,
         a classifier's final linear layer (after global pooling) does not. Counted as torch's FlopCounterMode counts
         them, 2 per multiply-add of every convolution and linear layer, with forward hooks: FlopCounterMode imports
-        torch._dynamo, 1.4 s of a 6 s val.py run on a 2-core CPU."""
+        torch._dynamo, 1.4 s of a 6 s val.py run on a 2-core CPU. Attention's products of activations (q @ k) are
+        not counted, nor by thop, which the official repositories count with."""
         s = max(int(self.stride.max()), 32)
         p = next(self.parameters())
         x = torch.zeros(1, self.yaml.get("ch", 3), s, s, device=p.device, dtype=p.dtype)
         flops, fixed = [], []
 
         def count(m, inputs, out):
-            # weight[0]: the multiply-adds per output element (per input element for a transposed convolution)
+            # weight[0]: the multiply-adds per output element (per input element for a transposed convolution); a
+            # linear layer on pooled features (B, C) costs the same at any size, one on tokens grows with the pixels
             n = inputs[0].numel() if isinstance(m, nn.ConvTranspose2d) else out.numel()
-            (fixed if isinstance(m, nn.Linear) else flops).append(2 * n * m.weight[0].numel())
+            pooled = isinstance(m, nn.Linear) and inputs[0].dim() == 2
+            (fixed if pooled else flops).append(2 * n * m.weight[0].numel())
 
         layers = (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)
         hooks = [m.register_forward_hook(count) for m in self.modules() if isinstance(m, layers)]
