@@ -66,3 +66,12 @@ def assert_close_per_channel(out, ref, rtol=1e-4):
         err = (out - ref).abs().amax(dim=dims)
         scale = ref.abs().amax(dim=dims)
         assert (err <= rtol * scale + 1e-7).all(), f"axis {axis}: worst {(err / (scale + 1e-12)).max():.3g}"
+
+
+@torch.no_grad()
+def seeded_params(module, seed=0, scale=0.5):
+    """Every parameter of `module` drawn N(0, scale), so that a formula's every term matters."""
+    g = torch.Generator().manual_seed(seed)
+    for p in module.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return module

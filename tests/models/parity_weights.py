@@ -37,3 +37,20 @@ def seeded_state(state, seed=0):
 def fingerprint(state):
     """Per-key float64 sums: equal on both sides exactly when the draws were."""
     return {k: float(v.double().sum()) for k, v in state.items()}
+
+
+@torch.no_grad()
+def perturb_saved_model(net, seed=0):
+    """A model an official package is about to save, made so that loading and fusing it must be exact: BatchNorm
+    away from its defaults (weight and variance in [0.5, 1.5), bias N(0, 0.1), mean N(0, 0.2)), every weight and
+    buffer rounded to fp16. Returns the generator, to draw the test input from next."""
+    g = torch.Generator().manual_seed(seed)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.2)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+    for t in [*net.parameters(), *(b for b in net.buffers() if b.is_floating_point())]:
+        t.copy_(t.half().float())
+    return g

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from models_testutil import randomise_bn
+from models_testutil import randomise_bn, seeded_params
 
 from models.attention import C2PSA, C3TR, CBAM, ECA, SE, CoordAtt, SimAM, eca_kernel
 from models.yolo import DetectionModel, yaml_model_load
@@ -16,19 +16,11 @@ def sigmoid(v):
     return 1 / (1 + math.exp(-v))
 
 
-def seeded(module, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    return module
-
-
 X = torch.randn(2, 4, 3, 5, generator=torch.Generator().manual_seed(1))
 
 
 def test_se_formula():
-    m = seeded(SE(4, 4, r=2)).eval()
+    m = seeded_params(SE(4, 4, r=2)).eval()
     out = m(X)
     for b in range(2):
         z = [X[b, c].mean().item() for c in range(4)]
@@ -40,7 +32,7 @@ def test_se_formula():
 
 
 def test_cbam_formula():
-    m = seeded(CBAM(4, 4, r=2, k=3)).eval()
+    m = seeded_params(CBAM(4, 4, r=2, k=3)).eval()
     out = m(X)
     w1, b1, w2, b2 = (t.detach()[..., 0, 0] if t.dim() == 4 else t.detach()
                       for t in (m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias))
@@ -62,7 +54,7 @@ def test_cbam_formula():
 
 def test_eca_kernel_and_formula():
     assert [eca_kernel(c) for c in (16, 64, 128, 256, 1024)] == [3, 3, 5, 5, 5]
-    m = seeded(ECA(4, 4, k=3)).eval()
+    m = seeded_params(ECA(4, 4, k=3)).eval()
     out = m(X)
     w = m.conv.weight.detach()[0, 0]
     for b in range(2):
@@ -73,7 +65,7 @@ def test_eca_kernel_and_formula():
 
 
 def test_coordatt_formula():
-    m = randomise_bn(seeded(CoordAtt(4, 4, r=32))).eval()  # mip = max(8, 4 // 32) = 8
+    m = randomise_bn(seeded_params(CoordAtt(4, 4, r=32))).eval()  # mip = max(8, 4 // 32) = 8
     out = m(X)
     bn = m.bn1
 
@@ -135,7 +127,7 @@ def test_series_rows_after_any_layer(block):
 
 
 def test_coordatt_fuse_folds_its_batchnorm():
-    m = randomise_bn(seeded(CoordAtt(16, 16))).eval()
+    m = randomise_bn(seeded_params(CoordAtt(16, 16))).eval()
     x = torch.randn(2, 16, 5, 7)
     with torch.no_grad():
         ref = m(x)

@@ -5,16 +5,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+from models_testutil import seeded_params
 
 from models.swin import C3STR, SwinV2Layer, WindowAttentionV2, log_coords, swin_heads
-
-
-def seeded(module, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return module
 
 
 def test_log_spaced_coordinates():
@@ -29,7 +22,7 @@ def test_log_spaced_coordinates():
 
 def test_position_bias_by_hand():
     """bias[h, i, j] = 16 sigmoid(MLP(offset of pixel i from pixel j)[h]) in a 2 x 2 window."""
-    a = seeded(WindowAttentionV2(8, 2, window_size=8))
+    a = seeded_params(WindowAttentionV2(8, 2, window_size=8), scale=0.3)
     bias = a.position_bias(2, torch.zeros(1))
     table = a.cpb_mlp(log_coords(2, 8))  # (3, 3, heads), indexed by offset + 1
     pixels = [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -62,7 +55,7 @@ def _attention_over(layer, tokens, coords):
 def test_padding_is_never_attended_to():
     """A 5 x 6 map in windows of 6: one window padded with a row; each real pixel's output is attention over the 30
     real pixels only, then the post-norm residual and MLP."""
-    layer = seeded(SwinV2Layer(8, 2, window_size=6)).eval()
+    layer = seeded_params(SwinV2Layer(8, 2, window_size=6), scale=0.3).eval()
     x = torch.randn(1, 8, 5, 6, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         got = layer(x)
@@ -81,7 +74,7 @@ def test_windows_and_shifted_windows_stay_local():
     x2 = x.clone()
     x2[0, :, 0, 0] += 1.0
     for shifted, region in ((False, 8), (True, 4)):
-        layer = seeded(SwinV2Layer(8, 2, window_size=8, shifted=shifted)).eval()
+        layer = seeded_params(SwinV2Layer(8, 2, window_size=8, shifted=shifted), scale=0.3).eval()
         with torch.no_grad():
             changed = (layer(x) - layer(x2)).abs().amax(1)[0] > 1e-6
         inside = torch.zeros(16, 16, dtype=torch.bool)
