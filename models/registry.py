@@ -126,6 +126,10 @@ def resolve(name, anchor_based):
     return block.cls if block else None
 
 
+def is_user_block(name):
+    return name in USER_BLOCKS and not builtin(name)
+
+
 def known_names():
     return sorted([*REGISTRY, *AMBIGUOUS_HEADS, *USER_BLOCKS])
 
@@ -143,7 +147,7 @@ def needs_user_blocks(yamls):
     """{block name: {'file', 'sha256'}} of the user blocks the model dicts `yamls` name, for a checkpoint."""
     names = set().union(*(_row_names(d) for d in yamls if isinstance(d, dict)))
     return {n: {"file": USER_BLOCKS[n].file, "sha256": USER_BLOCKS[n].sha256} for n in sorted(names)
-            if n in USER_BLOCKS and not builtin(n)}
+            if is_user_block(n)}
 
 
 def with_needs(ckpt):
@@ -173,7 +177,15 @@ def recorded_needs(pickle_bytes):
         needs = json.loads(seen[3])
     except ValueError:
         return {}
-    return needs if isinstance(needs, dict) else {}
+    # a class name each, as use_modules registers them: anything else is no block of anybody's (and no second line
+    # in an error message); the model's YAML still fails to build a name nobody registered
+    return {k: v for k, v in needs.items() if k.isidentifier()} if isinstance(needs, dict) else {}
+
+
+def _short(text, n=200):
+    """What a file says, on one line of at most about n characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n] + "..."
 
 
 def check_user_blocks(pickle_bytes, path):
@@ -182,9 +194,10 @@ def check_user_blocks(pickle_bytes, path):
     needs = recorded_needs(pickle_bytes)
     missing = sorted(n for n in needs if n not in USER_BLOCKS)
     if missing:
-        files = sorted({str(needs[n].get("file")) for n in missing if isinstance(needs[n], dict)})
-        raise BadCheckpoint(f"{path}: its model needs blocks of your own ({', '.join(missing)}, from "
-                            f"{', '.join(files)}): give that file with --modules FILE.py (modules=[...] in Python)")
+        files = sorted({str(rec["file"]) for n in missing if isinstance(rec := needs[n], dict) and rec.get("file")})
+        raise BadCheckpoint(f"{path}: its model needs blocks of your own ({_short(', '.join(missing))}, from "
+                            f"{_short(', '.join(files))}): give that file with --modules FILE.py (modules=[...] in "
+                            "Python)")
     for n, rec in needs.items():
         if isinstance(rec, dict) and rec.get("sha256") != USER_BLOCKS[n].sha256:
             LOGGER.warning(f"{path}: block {n} comes from {USER_BLOCKS[n].file}, whose sha256 differs from the "

@@ -19,7 +19,7 @@ import torch.nn as nn
 import yaml
 
 from models.common import model_activation
-from models.registry import ACTIVATIONS, known_names, resolve
+from models.registry import ACTIVATIONS, is_user_block, known_names, resolve
 from utils.budget import ACTIVATION_BYTES_PER_INPUT, MAX_CLASSES, MAX_PARAMETERS
 from utils.dry_run import DryRunError, Unrunnable, dry_run
 from utils.errors import BadModelYaml
@@ -318,10 +318,15 @@ def _build_layer(row, d, section, j, ch, scaling):
     try:
         args, n, c2 = _layer_args(m, f, n, args, ch, scaling)
         m_ = nn.Sequential(*(m(*args, **kwargs) for _ in range(n))) if n > 1 else m(*args, **kwargs)
-    except NotImplementedError:  # a block declaring a rule parse_model lacks: a bug, not the YAML's
-        raise
-    # wrong argument count or type, a bad 'from' index; RuntimeError: torch refusing the shapes the row asks for
-    except (TypeError, IndexError, KeyError, ValueError, RuntimeError) as e:
+    except Exception as e:
+        if is_user_block(name):  # the user's own code (--modules) refusing the row its own way: an assert, a rule
+            raise BadModelYaml(f"{_where(d, section, j)}: your block {name} refused {row!r} "
+                               f"({type(e).__name__}: {e})") from None
+        # a built-in block declaring a rule parse_model lacks (NotImplementedError) is a bug, not the YAML's; the
+        # YAML's: a wrong argument count or type, a bad 'from' index, torch refusing the shapes the row asks for
+        if isinstance(e, NotImplementedError) or not isinstance(e, (TypeError, IndexError, KeyError, ValueError,
+                                                                    RuntimeError)):
+            raise
         raise BadModelYaml(f"{_where(d, section, j)}: cannot build {name} from {row!r} ({e})") from None
     m_.f, m_.type = f, m.__name__
     return m_, c2

@@ -224,7 +224,9 @@ def test_official_urls():
     assert official_url("yolov7-tiny.pt") == "https://github.com/WongKinYiu/yolov7/releases/download/v0.1/yolov7-tiny.pt"
     assert official_url("yolov8n-cls.pt") == "https://github.com/ultralytics/assets/releases/download/v0.0.0/yolov8n-cls.pt"
     assert official_url("yolov5nu.pt") == "https://github.com/ultralytics/assets/releases/download/v8.2.0/yolov5nu.pt"
-    assert official_url("yolov8q.pt") is None and official_url("best.pt") is None
+    assert official_url("yolo11n-seg.pt") == "https://github.com/ultralytics/assets/releases/download/v8.3.0/yolo11n-seg.pt"
+    assert official_url("yolov5x6.pt").endswith("v7.0/yolov5x6.pt")
+    assert official_url("yolov8q.pt") is None and official_url("best.pt") is None and official_url("yolo11.pt") is None
 
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -97,3 +97,61 @@ def test_a_forged_record_cannot_hide_a_needed_block(blocks, tmp_path, monkeypatc
     monkeypatch.setattr(registry, "USER_BLOCKS", {})
     with pytest.raises(BadCheckpoint, match="unknown module 'Scale'"):
         attempt_load(tmp_path / "m.pt")
+
+
+def test_a_forged_record_is_one_short_line(blocks, tmp_path, monkeypatch):
+    """A record naming what no class could be called (a newline, a built-in's name with a dot) is ignored, and a
+    real but absurdly long list is cut: the refusal stays one line."""
+    registry.use_modules([blocks])
+    model = DetectionModel(with_rows([-1, 1, "Scale", [1024]]), nc=3)
+    names = {"Scale": {"file": "a\nb.py"}, "x\ny": {}, "nn.Conv2d": {}, **{f"B{i}" * 20: {} for i in range(50)}}
+    torch.save({registry.NEEDS_KEY: json.dumps(names), "model": model_to_ckpt(model)}, tmp_path / "m.pt")
+    monkeypatch.setattr(registry, "USER_BLOCKS", {})
+    with pytest.raises(BadCheckpoint) as e:
+        load_checkpoint(tmp_path / "m.pt")
+    message = str(e.value)
+    assert "\n" not in message, repr(message)
+    assert len(message) < 700 and "(B0B0" in message and "..." in message and "x y" not in message
+
+
+def test_an_exception_in_a_users_block_is_one_error_naming_the_row(blocks):
+    """Scale asserts its input's width equals the row's: a row that breaks it is the YAML's mistake, one line."""
+    registry.use_modules([blocks])
+    with pytest.raises(BadModelYaml, match=r"backbone\[10\]\): your block Scale refused .*AssertionError"):
+        DetectionModel(with_rows([-1, 1, "Scale", [512]]), nc=3)
+
+
+def test_a_block_rule_parse_model_lacks_is_the_users_error(blocks):
+    """A channel_rule no parse_model branch knows is a bug in a built-in block but the user's mistake in theirs."""
+    blocks.write_text(blocks.read_text().replace('channel_rule = "width"', 'channel_rule = "depth"'))
+    registry.use_modules([blocks])
+    with pytest.raises(BadModelYaml, match=r"your block Scale refused .*NotImplementedError: Scale\.channel_rule"):
+        DetectionModel(with_rows([-1, 1, "Scale", [1024]]), nc=3)
+
+
+def test_only_the_blocks_no_file_gave_are_named(blocks, tmp_path, monkeypatch):
+    """A checkpoint needing Scale and Blur, loaded with a file that defines Blur alone: refused, naming Scale."""
+    registry.use_modules([blocks])
+    model = DetectionModel(with_rows([-1, 1, "Scale", [1024]], [-1, 1, "Blur", []]), nc=3)
+    save_checkpoint({"model": model_to_ckpt(model)}, tmp_path / "m.pt")
+    monkeypatch.setattr(registry, "USER_BLOCKS", {})
+    blur = tmp_path / "blur.py"
+    blur.write_text(BLOCKS[:BLOCKS.index("class Scale")] + BLOCKS[BLOCKS.index("class Blur"):])
+    registry.use_modules([blur])
+    with pytest.raises(BadCheckpoint, match=r"needs blocks of your own \(Scale, from my_blocks\.py\)"):
+        load_checkpoint(tmp_path / "m.pt")
+
+
+def test_an_edited_block_whose_weights_no_longer_fit_is_one_error(blocks, tmp_path, monkeypatch):
+    """The file changed (warned by sha256) so that its parameter has another shape: the load by key says which."""
+    registry.use_modules([blocks])
+    save_checkpoint({"model": model_to_ckpt(DetectionModel(with_rows([-1, 1, "Scale", [1024]]), nc=3))},
+                    tmp_path / "m.pt")
+    monkeypatch.setattr(registry, "USER_BLOCKS", {})
+    blocks.write_text(BLOCKS.replace("torch.full((1, c1, 1, 1), 0.5)", "torch.full((c1, 1, 1), 0.5)"))
+    registry.use_modules([blocks])
+    warnings = []
+    monkeypatch.setattr(registry.LOGGER, "warning", warnings.append)
+    with pytest.raises(BadCheckpoint, match=r"m\.pt: its model is malformed .*size mismatch for model\.10\.g"):
+        attempt_load(tmp_path / "m.pt")
+    assert len(warnings) == 1 and "whose sha256 differs" in warnings[0]
