@@ -1,5 +1,6 @@
-"""export.py on the model zoo: YOLO11, a P6 model, the transformer and the attention series export to ONNX and
-TorchScript that give the PyTorch outputs at other batch and image sizes; Swin V2 exports at its one size."""
+"""export.py on the model zoo: YOLO11 (seg: its detect head and more), a P6 model, and a model holding the attention
+series and the transformer (C3TR) export to ONNX and TorchScript that give the PyTorch outputs at other batch and
+image sizes; Swin V2 exports at its one size."""
 
 import pytest
 import torch
@@ -13,25 +14,18 @@ from utils.errors import BadOption
 
 
 def _series():
-    """yolov5n with each block of the attention series after SPPF."""
+    """yolov5n with each block of the attention series and a C3TR after SPPF."""
     d = yaml_model_load("yolov5n.yaml")
-    blocks = ["SE", "CBAM", "ECA", "CoordAtt", "SimAM"]
+    blocks = ["SE", "CBAM", "ECA", "CoordAtt", "SimAM", "C3TR"]
     d["backbone"] += [[-1, 1, b, [1024]] for b in blocks]
     d["head"] = [[[x + len(blocks) if isinstance(x, int) and x > 9 else x for x in r[0]]
                   if isinstance(r[0], list) else r[0], *r[1:]] for r in d["head"]]
     return d
 
 
-def _narrow(cfg, **keys):
-    return {**yaml_model_load(cfg), **keys}
-
-
 MODELS = {  # name: (cfg, class, two input sizes (h, w): the export's own and another)
-    "yolo11n": ("yolo11n.yaml", DetectionModel, ((64, 64), (96, 128))),
     "yolo11n-seg": ("yolo11n-seg.yaml", SegmentationModel, ((64, 64), (96, 128))),
     "yolov5n6": ("yolov5n6.yaml", DetectionModel, ((64, 64), (128, 192))),
-    "yolov5s-transformer": (_narrow("yolov5s-transformer.yaml", width_multiple=0.25), DetectionModel,
-                            ((64, 64), (96, 128))),
     "attention-series": (_series(), DetectionModel, ((64, 64), (96, 128))),
 }
 
