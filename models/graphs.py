@@ -1,7 +1,8 @@
 """An exported ONNX graph judged before onnxruntime loads it: what it holds, and what running it would cost.
 
 export.py writes a plain graph of the operators in ONNX_OPS (found in its exports of every family and task at every
-opset it offers; tests/models/test_graphs.py fails when a new one appears), with its weights inside the file.
+opset it offers, the zoo's attention blocks at opset 17; tests/models/test_graphs.py and test_zoo_export.py fail
+when a new one appears), with its weights inside the file.
 `check_onnx` refuses anything else: other operators (loops, conditionals, custom domains: `Loop` runs as long as its
 graph says), subgraphs, local functions, external or sparse data, weights larger than the bytes that hold them.
 
@@ -28,6 +29,8 @@ ONNX_OPS = frozenset({
     "Flatten", "Gather", "Gemm", "GlobalAveragePool", "Identity", "LeakyRelu", "MatMul", "MaxPool", "Mul", "NonZero",
     "Pad", "Pow", "Range", "Reshape", "Resize", "Shape", "Sigmoid", "Slice", "Softmax", "Split", "Squeeze", "Sub",
     "Transpose", "Unsqueeze", "Upsample",
+    "Clip", "HardSwish", "ReduceMax", "ReduceMean", "ReduceSum", "Relu",  # the attention series
+    "Erf", "Exp", "LayerNormalization", "ReduceL2",  # Swin V2
 })
 ONNX_OPSETS = range(7, 21)
 
@@ -133,6 +136,10 @@ def _div(node, x, y):
 
 
 def _conv(node, x, w, b=None):
+    if x.dim() == 3:  # ECA's 1-D convolution across channels
+        pads = _attr(node, "pads", [0, 0])
+        return F.conv1d(F.pad(x, pads), w, b, _attr(node, "strides", [1]), 0, _attr(node, "dilations", [1]),
+                        _attr(node, "group", 1))
     pads = _attr(node, "pads", [0] * 4)
     if pads[:2] != pads[2:]:
         x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
@@ -269,6 +276,28 @@ def _constant_of_shape(node, shape):
                       dtype=torch.float32 if fill is None else fill.dtype)
 
 
+def _reduce(f):
+    """ReduceMean/Max/Sum: axes as an attribute (opsets before 18; ReduceSum before 13) or an input."""
+    def run(node, x, axes=None):
+        axes = _ints(axes) if axes is not None else list(_attr(node, "axes", []))
+        if not axes and _attr(node, "noop_with_empty_axes", 0):
+            return x
+        return f(x, [a % x.dim() for a in axes] or list(range(x.dim())), bool(_attr(node, "keepdims", 1)))
+    return run
+
+
+def _clip(node, x, lo=None, hi=None):
+    """Clip: bounds as inputs (opset 11+) or attributes."""
+    lo = lo if lo is not None else _attr(node, "min")
+    hi = hi if hi is not None else _attr(node, "max")
+    return torch.clamp(x, lo, hi)
+
+
+def _layer_norm(node, x, scale, bias=None):
+    axis = _attr(node, "axis", -1) % x.dim()
+    return F.layer_norm(x, x.shape[axis:], scale, bias, _attr(node, "epsilon", 1e-5))
+
+
 def _expand(node, x, shape):
     return x.expand(broadcast(x.shape, _ints(shape)))
 
@@ -289,6 +318,12 @@ _NODES = {
     "Range": lambda node, start, limit, delta: torch.arange(start.item(), limit.item(), delta.item()),
     "Reshape": _reshape, "Resize": _resize, "Upsample": _resize, "Shape": _shape, "Slice": _slice, "Split": _split,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Transpose": lambda node, x: x.permute(_attr(node, "perm")),
+    # the attention series (models/attention.py)
+    "Relu": lambda node, x: torch.relu(x), "HardSwish": lambda node, x: F.hardswish(x), "Clip": _clip,
+    "ReduceMean": _reduce(torch.mean), "ReduceMax": _reduce(torch.amax), "ReduceSum": _reduce(torch.sum),
+    # Swin V2 (models/swin.py): cosine attention's norms, its position bias, layer norms, GELU
+    "ReduceL2": _reduce(lambda x, dims, keep: torch.linalg.vector_norm(x, 2, dims, keep)),
+    "Exp": lambda node, x: torch.exp(x), "Erf": lambda node, x: torch.erf(x), "LayerNormalization": _layer_norm,
 }
 
 

@@ -98,8 +98,8 @@ def _pair(v):
 
 
 def _conv_shape(x, w, stride, padding, dilation, transposed, output_padding, groups):
-    """Output shape of a 2-D convolution; Unrunnable where the weight does not fit the input."""
-    if x.dim() != 4 or w.dim() != 4 or x.shape[1] != (w.shape[0] if transposed else w.shape[1] * groups):
+    """Output shape of a 1-D (ECA's) or 2-D convolution; Unrunnable where the weight does not fit the input."""
+    if x.dim() not in (3, 4) or w.dim() != x.dim() or x.shape[1] != (w.shape[0] if transposed else w.shape[1] * groups):
         raise Unrunnable(f"its convolution cannot run (input {list(x.shape)}, weight {list(w.shape)}, groups {groups})")
     size = []
     for n, k, s, p, d, o in zip(x.shape[2:], w.shape[2:], _pair(stride), _pair(padding), _pair(dilation),

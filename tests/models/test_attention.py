@@ -8,7 +8,7 @@ import torch
 from models_testutil import randomise_bn, seeded_params
 
 from models.attention import C2PSA, C3TR, CBAM, ECA, SE, CoordAtt, SimAM, eca_kernel
-from models.yolo import DetectionModel, yaml_model_load
+from models.yolo import DetectionModel, check_cost, yaml_model_load
 from utils.errors import BadModelYaml
 
 
@@ -135,3 +135,11 @@ def test_coordatt_fuse_folds_its_batchnorm():
         m.fuse()  # twice: nothing left to fold
         assert not any(isinstance(t, torch.nn.BatchNorm2d) for t in m.modules())
         torch.testing.assert_close(m(x), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_a_checkpoints_attention_model_passes_the_cost_dry_run():
+    """A checkpoint's YAML is a dict, built only after a dry run of its whole cost (utils/dry_run.py): ECA's 1-D
+    convolution must size there as torch sizes it, or no yolov5n-eca checkpoint loads."""
+    d = {k: v for k, v in yaml_model_load("yolov5n-eca.yaml").items() if k != "yaml_file"}
+    model = DetectionModel(d)  # the YAML's 80 classes, as check_cost counts them
+    assert check_cost(d, 3) == sum(t.numel() for t in model.model.state_dict().values())

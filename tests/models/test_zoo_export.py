@@ -6,6 +6,7 @@ import pytest
 import torch
 from models_testutil import NAMES, assert_close_per_channel, save_checkpoint
 from test_export import export
+from test_graphs import _same_shapes_as_onnxruntime
 
 from models.backend import InferenceBackend, flatten_outputs
 from models.checkpoints import attempt_load
@@ -37,6 +38,7 @@ def test_zoo_exports_match_pytorch(name, tmp_path):
     files = export(weights, ["onnx", "torchscript"], imgsz=sizes[0])
     ref_model = attempt_load(weights, fuse=False)
     g = torch.Generator().manual_seed(1)
+    assert _same_shapes_as_onnxruntime(files[0], (2, 3, *sizes[1]))  # the ONNX dry run of the new operators
     for f in files:
         backend = InferenceBackend(f)
         assert backend.names == NAMES and backend.dynamic
@@ -57,6 +59,7 @@ def test_swin_exports_at_its_one_size(tmp_path):
     with pytest.raises(BadOption, match="C3STR.*--no-dynamic"):
         export(weights, ["onnx"], imgsz=(96, 128))
     files = export(weights, ["onnx", "torchscript"], imgsz=(96, 128), dynamic=False)
+    assert _same_shapes_as_onnxruntime(files[0], (1, 3, 96, 128))
     x = torch.rand(1, 3, 96, 128, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = attempt_load(weights, fuse=False)(x)[0]
