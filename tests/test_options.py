@@ -18,7 +18,7 @@ import train
 import val
 from engine.evolve import META
 from models.checkpoints import attempt_load
-from models.yolo import DetectionModel
+from models.yolo import DetectionModel, yaml_model_load
 from tests.ddp_utils import free_port
 from utils.errors import BadOption
 from utils.files import ROOT
@@ -210,3 +210,12 @@ def test_classifier_freeze_label_smoothing_multiscale(shapes_classify, tmp_path)
     frozen = {n for n, p in trainer.model.named_parameters() if not p.requires_grad}
     first3 = {n for n, _ in trainer.model.named_parameters() if n.startswith(("model.0.", "model.1.", "model.2."))}
     assert frozen == first3 and first3
+
+
+def test_noautoanchor_refuses_anchors_left_to_autoanchor(bars, tmp_path):
+    """yolov5-p2 says `anchors: 3`: its placeholders (0..5 px) are no anchors to train with."""
+    d = {k: v for k, v in yaml_model_load("yolov5-p2.yaml").items() if k != "yaml_file"}
+    (tmp_path / "p2.yaml").write_text(yaml.safe_dump({**d, "depth_multiple": 0.33, "width_multiple": 0.25}))
+    with pytest.raises(BadOption, match=r"--noautoanchor: .*p2\.yaml says `anchors: 3`"):
+        train.main(train.parse_opt(_args(bars, tmp_path / "runs", "--cfg", str(tmp_path / "p2.yaml"),
+                                         "--noautoanchor", "--noval")))

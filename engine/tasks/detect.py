@@ -119,8 +119,14 @@ class DetectionTrainer(BaseTrainer):
 
     def fit_model_to_data(self):
         # a resumed run's anchors come with its weights (refitting them would desynchronise the YAML copy)
-        if not (self.opt.noautoanchor or self.resume_from):
+        if self.resume_from:
+            return
+        if not self.opt.noautoanchor:
             check_anchors(self.model, self.train_set.labels, self.hyp, self.opt.train_imgsz)
+        elif isinstance(self.model.yaml.get("anchors"), int):  # `anchors: 3` (yolov5-p2, -p7): placeholders 0..5 px
+            raise BadOption(f"--noautoanchor: {self.opt.cfg or self.opt.weights} says `anchors: "
+                            f"{self.model.yaml['anchors']}`, anchors that autoanchor computes from the labels; train "
+                            "it without --noautoanchor")
 
     def train_sampler(self):
         if not self.opt.image_weights:
