@@ -107,7 +107,7 @@ def _hostile():
                                                    np.array([1, 1, 1000, 1000], dtype=np.float32), "scales")]),
                              "activations of more than"),
         "an operator export.py never writes": (corpus.onnx_model(
-            [helper.make_node("ReduceMax", ["images"], ["m"], keepdims=0)], [("m", 0)]), "ReduceMax"),
+            [helper.make_node("ReduceProd", ["images"], ["m"], keepdims=0)], [("m", 0)]), "ReduceProd"),
         "a size from the pixels": (corpus.onnx_model(_pixel_sized(), [("big", 1)], [
             onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "i"),
             onnx.numpy_helper.from_array(np.array([1], dtype=np.int64), "one")]), "values of the input"),
