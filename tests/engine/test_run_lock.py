@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from engine.run_lock import LOCK_NAME, RunLock
 from utils.files import ROOT
@@ -28,6 +29,19 @@ def _pid_of(holder):
     return int(subprocess.run(["pgrep", "-P", str(holder.pid)], capture_output=True, text=True).stdout.split()[0])
 
 
+def _gone(pid):
+    """Wait (30 s at most) until `pid` has exited: `timeout` can be reaped before its child has finished dying, and
+    the child's lock goes only with its exit."""
+    for _ in range(600):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+
+
 def test_a_second_process_is_refused_naming_the_first_until_that_one_dies(tmp_path):
     folder = tmp_path / "exp"
     folder.mkdir()
@@ -45,6 +59,7 @@ def test_a_second_process_is_refused_naming_the_first_until_that_one_dies(tmp_pa
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
+    _gone(pid)
     mine = RunLock(folder)
     assert mine.holder() is None, "a killed holder's lock is gone with it"
     assert (folder / LOCK_NAME).read_text() == f"pid {os.getpid()} on host {socket.gethostname()}\n"
