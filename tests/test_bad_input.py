@@ -73,7 +73,9 @@ def test_item1_val_scored_under_the_training_class_map(cls_run):
     m = trainer.validator.confusion.matrix  # [predicted, true]
     assert m[:, [0, 1]].sum() == 0 and m[:, 2].sum() == 3 and m[:, 3].sum() == 3
     best = trainer.checkpointer.best
-    rows = [line.split()[0] for line in lines[lines.index(f"\nValidating {best}..."):] if line[:4] == "    "]
+    final = lines[lines.index(f"\nValidating {best}..."):]
+    final = final[:next(i for i, line in enumerate(final) if line.startswith("Results saved to"))]  # before "Next:"
+    rows = [line.split()[0] for line in final if line[:4] == "    "]
     assert rows == ["all", "rectangle", "triangle"], rows
     problems = (trainer.save_dir / "data_problems.txt").read_text().splitlines()
     assert problems == [f"train: {root / 'train' / 'blank'}: skipped, class folder has no readable image"]
