@@ -31,6 +31,7 @@ ONNX_OPS = frozenset({
     "Transpose", "Unsqueeze", "Upsample",
     "Clip", "HardSwish", "ReduceMax", "ReduceMean", "ReduceSum", "Relu",  # the attention series
     "Erf", "Exp", "LayerNormalization", "ReduceL2",  # Swin V2
+    "AveragePool",  # not in the official families, but the commonest pooling of users' blocks (docs/blocks.md)
 })
 ONNX_OPSETS = range(7, 21)
 
@@ -178,6 +179,15 @@ def _maxpool(node, x):
                         _attr(node, "dilations", [1, 1]), bool(_attr(node, "ceil_mode", 0)))
 
 
+def _avgpool(node, x):
+    pads = _attr(node, "pads", [0] * 4)
+    if pads[:2] != pads[2:]:
+        x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
+        pads = [0, 0, 0, 0]
+    return F.avg_pool2d(x, _attr(node, "kernel_shape"), _attr(node, "strides", [1, 1]), pads[:2],
+                        bool(_attr(node, "ceil_mode", 0)), bool(_attr(node, "count_include_pad", 0)))
+
+
 def _reshape(node, x, shape):
     shape = _ints(shape)
     if not _attr(node, "allowzero", 0):
@@ -310,7 +320,8 @@ _NODES = {
     "Softmax": lambda node, x: torch.softmax(x, _attr(node, "axis", -1)),
     "Concat": lambda node, *xs: torch.cat(xs, _attr(node, "axis")),
     "ConstantOfShape": _constant_of_shape,
-    "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _maxpool, "Expand": _expand, "Gather": _gather,
+    "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _maxpool, "AveragePool": _avgpool,
+    "Expand": _expand, "Gather": _gather,
     "Gemm": _gemm, "MatMul": _binary(torch.matmul), "Pad": _pad,
     "Flatten": lambda node, x: x.reshape(math.prod(x.shape[:_attr(node, "axis", 1)]), -1),
     "GlobalAveragePool": lambda node, x: F.adaptive_avg_pool2d(x, 1),
