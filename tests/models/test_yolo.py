@@ -403,9 +403,9 @@ def test_pose_yaml_with_a_bad_kpt_shape_names_its_line(tmp_path):
 
 
 @pytest.mark.parametrize("change, error", [
-    (lambda d: d.update(width_multiple=-1), "width_multiple must be a number > 0, got -1"),
-    (lambda d: d.update(depth_multiple="x"), "depth_multiple must be a number > 0, got 'x'"),
-    (lambda d: d.update(anchors=[[10, 13, 16]]), r"head\[\d+\]\): cannot build Detect"),
+    (lambda d: d.update(width_multiple=-1), "width_multiple must be a finite number > 0, got -1"),
+    (lambda d: d.update(depth_multiple="x"), "depth_multiple must be a finite number > 0, got 'x'"),
+    (lambda d: d.update(anchors=[[10, 13, 16]]), r"'anchors' is \[\[10, 13, 16\]\], beyond what a model takes"),
     (lambda d: d["backbone"].__setitem__(1, [-1, 1, "Conv", [64, 3, 2, 7]]), "its layers do not fit together"),
 ])
 def test_a_yaml_torch_cannot_build_is_one_error_naming_it(tmp_path, change, error):
