@@ -196,7 +196,8 @@ def test_scripts_default_to_the_synthetic_pose_set():
 
     opt = pose_train.parse_opt([])
     assert (opt.data, opt.cfg) == ("data/shapes-pose.yaml", "yolov8n-pose.yaml")
-    assert pose_val.parse_opt(["--weights", "w.pt"]).data == "data/shapes-pose.yaml"
+    val_opt = pose_val.parse_opt(["--weights", "w.pt"])  # the data from the checkpoint's run, else this default
+    assert val_opt.data is None and val_opt.run_defaults["data"] == "data/shapes-pose.yaml"
     assert pose_predict.parse_opt([]).weights == "runs/train-pose/exp/weights/best.pt"
     d = yaml_load(find_dataset_yaml(opt.data))
     assert d["synthetic"]["task"] == "pose" and d["kpt_shape"] == [4, 3] and d["flip_idx"] == list(POSE_FLIP_IDX)
