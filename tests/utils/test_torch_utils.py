@@ -45,10 +45,10 @@ def test_amp_settings():
         amp_settings(CPU, "fp16")
 
 
-def test_inference_bf16_follows_the_option_and_the_cpu():
+def test_inference_bf16_only_when_asked():
+    """Predict runs a .pt in fp32 by default, as its exports run, so both give the same boxes (issue 46)."""
     assert inference_bf16(CPU, "bf16") and inference_bf16(CUDA, "bf16")
-    assert not inference_bf16(CPU, "off") and not inference_bf16(CUDA, "auto")
-    assert inference_bf16(CPU, "auto") == cpu_bf16_native()
+    assert not inference_bf16(CPU, "off") and not inference_bf16(CUDA, "auto") and not inference_bf16(CPU, "auto")
 
 
 def test_memory_format_is_channels_last_on_cpu_only():
@@ -62,7 +62,7 @@ def test_auto_is_bf16_only_on_cpus_with_native_bf16(monkeypatch, native):
 
     monkeypatch.setattr(tu, "cpu_bf16_native", lambda: native)
     assert amp_settings(CPU, "auto") == ((True, torch.bfloat16) if native else (False, torch.float32))
-    assert inference_bf16(CPU, "auto") is native
+    assert not inference_bf16(CPU, "auto")  # training may take bf16; prediction only when asked
     assert amp_settings(CUDA, "auto") == (True, torch.float16) and not inference_bf16(CUDA, "auto")
 
 
