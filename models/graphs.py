@@ -170,21 +170,23 @@ def _pad(node, x, pads=None, value=None, axes=None):
     return F.pad(x, flat, mode=mode, value=fill) if mode == "constant" else F.pad(x, flat, mode=mode)
 
 
-def _maxpool(node, x):
+def _pool_pads(node, x, fill):
+    """(x, pads for torch): ONNX pads each side on its own; torch pads both sides alike, so uneven pads go first."""
     pads = _attr(node, "pads", [0] * 4)
     if pads[:2] != pads[2:]:
-        x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]), value=float("-inf"))
-        pads = [0, 0, 0, 0]
-    return F.max_pool2d(x, _attr(node, "kernel_shape"), _attr(node, "strides", [1, 1]), pads[:2],
+        return F.pad(x, (pads[1], pads[3], pads[0], pads[2]), value=fill), [0, 0]
+    return x, pads[:2]
+
+
+def _maxpool(node, x):
+    x, pads = _pool_pads(node, x, float("-inf"))
+    return F.max_pool2d(x, _attr(node, "kernel_shape"), _attr(node, "strides", [1, 1]), pads,
                         _attr(node, "dilations", [1, 1]), bool(_attr(node, "ceil_mode", 0)))
 
 
 def _avgpool(node, x):
-    pads = _attr(node, "pads", [0] * 4)
-    if pads[:2] != pads[2:]:
-        x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
-        pads = [0, 0, 0, 0]
-    return F.avg_pool2d(x, _attr(node, "kernel_shape"), _attr(node, "strides", [1, 1]), pads[:2],
+    x, pads = _pool_pads(node, x, 0.0)
+    return F.avg_pool2d(x, _attr(node, "kernel_shape"), _attr(node, "strides", [1, 1]), pads,
                         bool(_attr(node, "ceil_mode", 0)), bool(_attr(node, "count_include_pad", 0)))
 
 
