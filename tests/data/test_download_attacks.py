@@ -19,8 +19,7 @@ import zipfile
 import pytest
 import yaml
 
-from models import checkpoints
-from models.checkpoints import attempt_load, model_to_ckpt, save_checkpoint
+from models.checkpoints import attempt_load, model_to_ckpt, releases, save_checkpoint
 from models.yolo import DetectionModel
 from utils.data import downloads
 from utils.data.dataset_yaml import DatasetError, check_det_dataset
@@ -212,7 +211,7 @@ def test_a_refused_source_download_is_one_user_error_naming_the_url(tmp_path, mo
 def test_official_weights_that_cannot_be_fetched_are_one_user_error(tmp_path, monkeypatch, server, waits):
     base, _, requested = server  # the served folder is empty: the release asset answers 404
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(checkpoints, "RELEASES", ((r"yolov8[nsmlx]\.pt", f"{base}/release/"),))
+    monkeypatch.setattr(releases, "RELEASES", ((r"yolov8[nsmlx]\.pt", f"{base}/release/"),))
     with pytest.raises(DownloadFailed, match=rf"^download of {base}/release/yolov8s\.pt failed after 3 attempts: "
                                              r"HTTP Error 404: File not found$"):
         attempt_load("yolov8s.pt")

@@ -12,7 +12,7 @@ import train
 from engine.options import DetectTrainOptions
 from engine.tasks.detect import DetectionTrainer
 from engine.trainer import run
-from models import checkpoints
+from models.checkpoints import releases
 from utils.errors import BadCheckpoint, run_cli
 
 
@@ -101,7 +101,7 @@ def test_a_resumed_run_fetches_none_of_the_weights_it_names(interrupted, tmp_pat
     """Its saved --weights and --cfg name an official release that is not on disk: the resumed run builds the
     checkpoint's own model (yolov5n), and the release server is never asked."""
     base, requested = server
-    monkeypatch.setattr(checkpoints, "RELEASES", ((r"yolov8[nsmlx]\.pt", f"{base}/release/"),))
+    monkeypatch.setattr(releases, "RELEASES", ((r"yolov8[nsmlx]\.pt", f"{base}/release/"),))
     monkeypatch.chdir(tmp_path)
     path = _edited(interrupted, tmp_path, weights="yolov8s.pt", cfg="yolov8s.pt")
     seen = {}

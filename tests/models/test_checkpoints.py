@@ -13,12 +13,12 @@ import torch
 import torch.nn as nn
 from models_testutil import assert_close_per_channel, randomise_bn
 
-import models.checkpoints as experimental
 from models.checkpoints import (
     attempt_load,
     model_from_ckpt,
     model_to_ckpt,
     official_url,
+    releases,
 )
 from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 from utils.errors import BadCheckpoint, BadFile
@@ -214,7 +214,7 @@ def test_missing_weights(monkeypatch, tmp_path):
         torch.save({"model": model_to_ckpt(DetectionModel("yolov5n.yaml", nc=2))}, tmp_path / name)
         return tmp_path / name
 
-    monkeypatch.setattr(experimental, "attempt_download", fake_download)
+    monkeypatch.setattr(releases, "attempt_download", fake_download)
     assert attempt_load("yolov5s.pt").nc == 2 and calls == ["yolov5s.pt"]
 
 

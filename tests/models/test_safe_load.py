@@ -27,7 +27,6 @@ import train
 import val
 from engine.checkpointer import strip_optimizer
 from engine.resume import resume_opt
-from models import checkpoints
 from models.checkpoints import (
     BadCheckpoint,
     UnsafeCheckpoint,
@@ -36,6 +35,7 @@ from models.checkpoints import (
     from_safe,
     load_checkpoint,
     model_to_ckpt,
+    safe,
     save_checkpoint,
     to_safe,
 )
@@ -116,7 +116,7 @@ def test_unpickler_refuses_what_the_scan_would_miss(monkeypatch, tmp_path, fmt, 
     official = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model", edit=_extras)
     marker = tmp_path / "pwned"
     path = write(our_checkpoint(date=payloads(marker)["os.system"][0]), tmp_path / "best.pt", fmt)
-    monkeypatch.setattr(checkpoints, "_refuse_unsafe", lambda path, names: None)
+    monkeypatch.setattr(safe, "_refuse_unsafe", lambda path, names: None)
     with torch.no_grad():
         torch.testing.assert_close(attempt_load(official, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
     with pytest.raises(BadCheckpoint, match="system"):
@@ -127,7 +127,7 @@ def test_unpickler_refuses_what_the_scan_would_miss(monkeypatch, tmp_path, fmt, 
 def test_older_torch_loads_ours_and_refuses_official_trees(monkeypatch, tmp_path):
     """torch < 2.6 cannot admit the stand-ins by name: our checkpoints (torch's default types only) still load,
     official module trees are refused with a line saying why, never read another way."""
-    monkeypatch.setattr(checkpoints, "TORCH_SAFE_GLOBALS", False)
+    monkeypatch.setattr(safe, "TORCH_SAFE_GLOBALS", False)
     model = fp16_exact(DetectionModel("yolov5n.yaml", nc=3))
     ours = write(our_checkpoint(model), tmp_path / "ours.pt", "zip")
     official = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "Model")
@@ -363,7 +363,7 @@ def test_pip_and_github_files_of_one_model_agree(monkeypatch, tmp_path):
 
 
 def test_no_unsafe_loading_outside_the_checkpoint_loader():
-    """The one place allowed to read pickles is models/checkpoints.py (with models/untrusted.py, which reads them
+    """The one place allowed to read pickles is models/checkpoints/safe.py (with models/untrusted.py, which reads them
     without building anything); everything else goes through it. Nothing anywhere, tests included, asks torch.load
     to unpickle without its restrictions, and torch.jit.load is reached only after check_torchscript."""
     pattern = re.compile(r"weights_only\s*=\s*False|allow_pickle\s*=\s*True|pickle\.loads?\(|torch\.load\(")
@@ -375,8 +375,8 @@ def test_no_unsafe_loading_outside_the_checkpoint_loader():
         lines = list(enumerate(f.read_text().splitlines(), 1))
         unrestricted += [f"{rel}:{i}" for i, line in lines if re.search(r"weights_only\s*=\s*False", line)]
         jit += [f"{rel}:{i}" for i, line in lines if "jit.load(" in line and not rel.startswith("tests/")]
-        if not rel.startswith("tests/") and rel not in ("models/checkpoints.py", "models/untrusted.py"):
+        if not rel.startswith("tests/") and rel not in ("models/checkpoints/safe.py", "models/untrusted.py"):
             offenders += [f"{rel}:{i}" for i, line in lines if pattern.search(line)]
-    assert not offenders, f"unsafe loading outside models/checkpoints.py: {offenders}"
+    assert not offenders, f"unsafe loading outside models/checkpoints/safe.py: {offenders}"
     assert not unrestricted, f"unrestricted torch.load: {unrestricted}"
     assert len(jit) == 1 and jit[0].startswith("models/backend.py"), jit

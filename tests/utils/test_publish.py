@@ -40,7 +40,7 @@ def _scenario(name, root):
         download((root / "src" / "pack.zip").as_uri(), dir=root / "dl")
         return _listing(root / "dl")
     if name == "weights":
-        import models.checkpoints as mc
+        from models.checkpoints import releases as mc
 
         mc.official_url = lambda name: (root / "src" / "yolov5s.pt").as_uri()  # no network: a local release
         return str(mc.attempt_download("yolov5s.pt", root / "weights"))
