@@ -358,8 +358,8 @@ def test_item12_detection_data_folder_and_help(shapes_detect, tmp_path, capsys):
     code, errors, _ = cli(_train(folder, tmp_path), capsys)
     assert code == 2 and errors == [
         f"error: {folder} is a folder holding no dataset this project reads: looked for one data.yaml (0 YAML files "
-        "found), COCO's annotations/instances_<split>.json, Roboflow's <split>/_annotations.coco.json, and VOC's "
-        "Annotations/, ImageSets/Main/ and JPEGImages/"]
+        "found), COCO's annotations/instances_<split>.json, Roboflow's <split>/_annotations.coco.json, VOC's "
+        "Annotations/, ImageSets/Main/ and JPEGImages/, and Label Studio JSON exports (a train and a val .json)"]
     says_folder = "or a folder holding a dataset: its data.yaml (a Roboflow export), COCO JSON"
     for script, says in (("train.py", says_folder), ("segment/val.py", says_folder),
                          ("classify/train.py", "dataset folder with train/ and val/ (or test/) holding one folder"),

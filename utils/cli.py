@@ -220,8 +220,8 @@ def _truth(value):
 # a folder of class folders
 DATA_HELP = {
     "boxes": "dataset YAML (path, train, val, names; see data/shapes.yaml), or a folder holding a dataset: its "
-             "data.yaml (a Roboflow export), COCO JSON (annotations/instances_<split>.json) or Pascal VOC XML "
-             "(Annotations/, ImageSets/Main/, JPEGImages/)",
+             "data.yaml (a Roboflow export), COCO JSON (annotations/instances_<split>.json), Pascal VOC XML "
+             "(Annotations/, ImageSets/Main/, JPEGImages/) or Label Studio JSON exports (train.json, val.json)",
     "classify": "dataset folder with train/ and val/ (or test/) holding one folder per class, or a YAML naming it",
 }
 

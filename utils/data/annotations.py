@@ -1,4 +1,5 @@
-"""Labels that are not YOLO text files, read natively: COCO JSON and Pascal VOC XML, and finding a dataset in a folder.
+"""Labels that are not YOLO text files, read natively: COCO JSON, Pascal VOC XML (and Label Studio JSON, in
+utils/data/label_studio.py), and finding a dataset in a folder.
 
 The label rule of a split (`label_source`, asked by YOLODataset for every split): YOLO text files (the last
 /images/ of an image path becomes /labels/) wherever that labels folder exists; else
@@ -8,7 +9,8 @@ The label rule of a split (`label_source`, asked by YOLODataset for every split)
 - a split that is a folder of images `<name>` with `annotations/<prefix>_<name>.json` in its parent or grandparent
   (COCO's `annotations/instances_val2017.json` beside `val2017/` or `images/val2017/`; the prefix is the label
   format's `coco_prefixes`: `instances` for boxes and outlines, `person_keypoints` for keypoints), or with Roboflow's
-  `_annotations.coco.json` inside it, is COCO: each image's annotations are found by its file name.
+  `_annotations.coco.json` inside it, is COCO: each image's annotations are found by its file name;
+- a split that is a .json file holding a list is a Label Studio JSON export (utils/data/label_studio.py).
 
 Either is converted, image by image, into the label lines the task's format reads (its `line`), which then pass
 the checks of YOLO label lines (utils/data/labels.verify_image_label), so the bad-input policy is one: coordinates
@@ -25,89 +27,40 @@ The result goes into the label cache of the split like YOLO labels (beside the a
 ImageSets list), so the files are read once.
 
 `find_layout(folder)`: a --data that is a folder holding a dataset: its data.yaml (a Roboflow export), a COCO layout
-(`annotations/instances_<split>.json`, or Roboflow's `<split>/_annotations.coco.json`) or a VOC one (`Annotations/`,
-`ImageSets/Main/`, `JPEGImages/`). The class names are COCO's categories in id order (of the val split's file, the
-smaller one; COCO's files share them) or, for VOC, the object names of the training split's files in sorted order
-(for the 20 VOC classes, VOC's own order).
+(`annotations/instances_<split>.json`, or Roboflow's `<split>/_annotations.coco.json`), a VOC one (`Annotations/`,
+`ImageSets/Main/`, `JPEGImages/`) or Label Studio JSON exports (`label_studio.layout`), sought in that order. The class
+names are COCO's categories in id order (of the val split's file, the smaller one; COCO's files share them) or, for VOC,
+the object names of the training split's files in sorted order (for the 20 VOC classes, VOC's own order).
 
 XML is parsed by the standard library's expat, which neither fetches external entities nor expands entities
 without bound; a file that declares a DOCTYPE or entities (no VOC file does), in whatever encoding, is refused before
 a tree is built, and an annotation file is read as label files are (a regular file of at most MAX_LABEL_BYTES).
 """
 
-import functools
-import json
-import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from xml.parsers import expat
 
 import numpy as np
 
-from utils.data.image_files import IMG_FORMATS, MISSING, entry_problem, img2label_paths, scan_files
+from utils.data import label_studio
+from utils.data.annotation_source import (
+    AnnotationSource,
+    JsonSource,
+    class_of,
+    file_name,
+    line_text,
+    number,
+    read_json,
+    split_roles,
+)
+from utils.data.image_files import IMG_FORMATS, MISSING, entry_problem, img2label_paths
 from utils.data.label_formats import BadLine
 from utils.data.labels import read_label_bytes
 from utils.errors import BadDataset
 from utils.loggers import LOGGER
 
 ROBOFLOW_COCO = "_annotations.coco.json"
-MAX_ANNOTATION_BYTES = 4 << 30  # a COCO file larger than this is refused before it is read (COCO's own: 450 MB)
-
-
-class AnnotationSource:
-    """A split's labels read from annotation files: what the scan hashes, where the cache goes, and each image's
-    label lines."""
-
-    kind = ""
-    row = "annotation"  # what one converted line is called in a message
-
-    def images(self, img_path):
-        """(image files, [(entry, reason)] for every other entry met) of the split."""
-        return scan_files(img_path)
-
-    def prepare(self):
-        """Read what every image needs, before the images are checked one by one: a fault here is the whole file's
-        (one BadDataset), not each image's."""
-
-    def label_files(self, im_files):
-        """The file each image's labels come from (the label cache is rebuilt when one changes)."""
-        raise NotImplementedError
-
-    def own_files(self):
-        """Files of this source that lie among the images (not images, and not worth a note)."""
-        return set()
-
-    def read(self, im_file, label_file, shape, names, fmt):
-        """(label text in YOLO line form for `fmt`, notes, {count: n}) of one image of decoded `shape` (h, w);
-        BadLine when the annotations of this image cannot be trusted. names: {id: name} of the dataset."""
-        raise NotImplementedError
-
-
-def _number(x, what):
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        raise BadLine(f"{what} {str(x)[:40]!r} is not a number") from None
-    if not np.isfinite(v):
-        raise BadLine(f"{what} is not finite")
-    return v
-
-
-def _text(values):
-    return " ".join(f"{v:.9g}" for v in values)
-
-
-def _class_of(name, names, where):
-    index = _by_name(tuple(names.items()))
-    if name not in index:
-        shown = ", ".join(list(names.values())[:20]) + (", ..." if len(names) > 20 else "")
-        raise BadLine(f"{where}: class {name!r} is not a class of this dataset ({shown})")
-    return index[name]
-
-
-@functools.lru_cache(maxsize=8)
-def _by_name(items):
-    return {n: i for i, n in items}
 
 
 def merge_parts(parts):
@@ -122,34 +75,18 @@ def merge_parts(parts):
     return out
 
 
-class CocoSource(AnnotationSource):
-    """Annotations of a COCO JSON file (`images`, `annotations`, `categories`), images matched by file name."""
+class CocoSource(JsonSource):
+    """Annotations of a COCO JSON file (`images`, `annotations`, `categories`), images matched by file name; its
+    index: {file name: (image entry, [its annotations])} and {category id: name}."""
 
     kind = "COCO JSON"
 
     def __init__(self, json_file, among_images=False):
-        self.lock = threading.Lock()  # the scan's threads build the index once
-        self._index = None
-        self.file = Path(json_file)
+        super().__init__(json_file)
         self.among_images = among_images  # Roboflow's file lies in the images folder
-        self.cache_file = self.file.with_name(self.file.name.removesuffix(".json") + ".yolo-engine.cache")
-
-    def label_files(self, im_files):
-        return [str(self.file)] * len(im_files)
 
     def own_files(self):
         return {str(self.file), str(self.cache_file)} if self.among_images else set()
-
-    def prepare(self):
-        return self.index
-
-    @property
-    def index(self):
-        """{file name: (image entry, [its annotations])} and {category id: name}, built on first use."""
-        with self.lock:
-            if self._index is None:
-                self._index = self._build_index()
-        return self._index
 
     def _build_index(self):
         d = load_coco(self.file)
@@ -159,11 +96,11 @@ class CocoSource(AnnotationSource):
             if not isinstance(a, dict) or a.get("image_id") not in by_id:
                 continue  # an annotation of no listed image labels nothing here
             by_id[a["image_id"]][1].append(a)
-        return {_file_name(img.get("file_name", "")): (img, anns) for img, anns in by_id.values()}, cats
+        return {file_name(img.get("file_name", "")): (img, anns) for img, anns in by_id.values()}, cats
 
     def read(self, im_file, label_file, shape, names, fmt):
         images, cats = self.index
-        entry = images.get(_file_name(im_file))
+        entry = images.get(file_name(im_file))
         if entry is None:
             return None, [], {}  # not listed: a background, as an image without a label file
         img, anns = entry
@@ -180,19 +117,14 @@ class CocoSource(AnnotationSource):
             where = f"{self.file} annotation {a.get('id')}"
             if a.get("category_id") not in cats:
                 raise BadLine(f"{where}: category_id {a.get('category_id')!r} is not one of its categories")
-            c = _class_of(cats[a["category_id"]], names, where)
+            c = class_of(cats[a["category_id"]], names, where)
             box, polygon, kpts = _coco_geometry(a, w, h, where)
             masks += polygon is None and bool(a.get("segmentation"))
-            lines.append(f"{c} {_text(fmt.line(box, polygon, kpts))}")
+            lines.append(f"{c} {line_text(fmt.line(box, polygon, kpts))}")
         notes = [f"{crowd} crowd annotations left out (iscrowd 1: COCO's evaluation ignores crowd regions)"] * bool(
             crowd) + [f"{masks} annotations with RLE masks kept as boxes (outlines are read from polygons)"] * bool(
             masks)
         return "\n".join(lines), notes, {"left_out": crowd}
-
-
-def _file_name(path):
-    """The last part of a path written on any system: Label Studio on Windows writes `images\\x.jpg`."""
-    return str(path).replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _coco_geometry(a, w, h, where):
@@ -200,7 +132,7 @@ def _coco_geometry(a, w, h, where):
     bbox = a.get("bbox")
     if not isinstance(bbox, list) or len(bbox) != 4:
         raise BadLine(f"{where}: bbox must be [x, y, width, height], got {str(bbox)[:60]}")
-    x, y, bw, bh = (_number(v, "bbox value") for v in bbox)
+    x, y, bw, bh = (number(v, "bbox value") for v in bbox)
     box = [(x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h]
     seg = a.get("segmentation")
     polygon = None
@@ -209,26 +141,20 @@ def _coco_geometry(a, w, h, where):
         for part in seg:
             if not isinstance(part, list) or len(part) < 6 or len(part) % 2:
                 raise BadLine(f"{where}: a polygon must list >= 3 x y pairs")
-            parts.append(np.array([_number(v, "polygon value") for v in part]).reshape(-1, 2) / (w, h))
+            parts.append(np.array([number(v, "polygon value") for v in part]).reshape(-1, 2) / (w, h))
         polygon = merge_parts(parts)
     kpts = a.get("keypoints")
     if kpts is not None:
         if not isinstance(kpts, list) or len(kpts) % 3:
             raise BadLine(f"{where}: keypoints must be x y visibility triples")
-        kpts = np.array([_number(v, "keypoint value") for v in kpts]).reshape(-1, 3) / (w, h, 1)
+        kpts = np.array([number(v, "keypoint value") for v in kpts]).reshape(-1, 3) / (w, h, 1)
     return box, polygon, kpts
 
 
 def load_coco(path):
     """A COCO JSON file's dict, checked for the lists this module reads; one BadDataset line naming the file
     otherwise."""
-    path = Path(path)
-    try:
-        if path.stat().st_size > MAX_ANNOTATION_BYTES:
-            raise BadDataset(f"{path}: {path.stat().st_size >> 20} MB, more than any COCO annotation file")
-        d = _load_json(str(path), path.stat().st_mtime_ns)
-    except (OSError, ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
-        raise BadDataset(f"{path}: not a readable COCO JSON file ({str(e)[:200]})") from None
+    d = read_json(path, "COCO JSON")
     bad = [k for k in ("images", "annotations", "categories") if not isinstance(d.get(k) if isinstance(d, dict)
                                                                                    else None, list)]
     if bad:
@@ -236,13 +162,6 @@ def load_coco(path):
     if not all(isinstance(x, dict) and "id" in x for x in d["images"] + d["categories"]):
         raise BadDataset(f"{path}: every image and category needs an 'id'")
     return d
-
-
-@functools.lru_cache(maxsize=4)
-def _load_json(path, mtime):
-    """Parsed once per process and version of the file (finding a folder's names and converting read it both)."""
-    with open(path, "rb") as f:
-        return json.loads(f.read().decode("utf-8"))
 
 
 def category_names(d, path):
@@ -305,9 +224,9 @@ class VocSource(AnnotationSource):
             if hard:
                 difficult += 1
                 continue
-            c = _class_of(name, names, f"{label_file} object {i}")
+            c = class_of(name, names, f"{label_file} object {i}")
             box = [((x1 + x2) / 2 - 1) / w, ((y1 + y2) / 2 - 1) / h, (x2 - x1) / w, (y2 - y1) / h]
-            lines.append(f"{c} {_text(fmt.line(box, None, None))}")
+            lines.append(f"{c} {line_text(fmt.line(box, None, None))}")
         notes = [f"{difficult} difficult objects left out (VOC's evaluation ignores them)"] * bool(difficult)
         return "\n".join(lines), notes, {"left_out": difficult}
 
@@ -326,13 +245,13 @@ def read_voc_xml(path):
     size = root.find("size")
     wh = None
     if size is not None and size.findtext("width") and size.findtext("height"):
-        wh = tuple(int(_number(size.findtext(k), f"{path} <size> {k}")) for k in ("width", "height"))
+        wh = tuple(int(number(size.findtext(k), f"{path} <size> {k}")) for k in ("width", "height"))
     objects = []
     for i, obj in enumerate(root.iter("object"), 1):
         name, box = (obj.findtext("name") or "").strip(), obj.find("bndbox")
         if not name or box is None:
             raise BadLine(f"{path} object {i}: needs <name> and <bndbox>")
-        corners = tuple(_number(box.findtext(k), f"{path} object {i} {k}") for k in ("xmin", "ymin", "xmax", "ymax"))
+        corners = tuple(number(box.findtext(k), f"{path} object {i} {k}") for k in ("xmin", "ymin", "xmax", "ymax"))
         objects.append((name, (obj.findtext("difficult") or "0").strip() == "1", corners))
     return objects, wh
 
@@ -356,6 +275,10 @@ def label_source(img_path, fmt):
     if isinstance(img_path, (list, tuple)) or any(c in str(img_path) for c in "*?["):
         return None
     p = Path(img_path)
+    if label_studio.is_export(p):
+        if fmt.name == "pose":
+            raise BadDataset(f"{p}: pose reads no {label_studio.KIND} export (utils/data/label_studio.py)")
+        return label_studio.LabelStudioSource(p)
     if p.is_file() and p.suffix == ".txt" and p.parent.name == "Main" and p.parent.parent.name == "ImageSets":
         root = p.parents[2]
         if (root / "Annotations").is_dir() and (root / "JPEGImages").is_dir():
@@ -375,8 +298,9 @@ def label_source(img_path, fmt):
 
 def find_layout(folder, keypoints=False):
     """(dataset dict or None, dataset YAML or None) of a folder given as --data: its data.yaml (a Roboflow export:
-    read as any dataset YAML), else the dict of the COCO or VOC layout found in it (module docstring); keypoints:
-    the COCO files sought hold keypoints (a pose run). BadDataset saying what was looked for when none is found."""
+    read as any dataset YAML), else the dict of the COCO, VOC or Label Studio layout found in it (module docstring);
+    keypoints: the COCO files sought hold keypoints (a pose run). BadDataset saying what was looked for when none is
+    found."""
     folder = Path(folder).resolve()
     yamls = [y for y in (folder / "data.yaml", folder / "data.yml") if y.is_file()] or sorted(folder.glob("*.yaml"))
     if len(yamls) == 1:
@@ -384,24 +308,17 @@ def find_layout(folder, keypoints=False):
     d, kind = _coco_layout(folder, keypoints), "COCO JSON"
     if d is None:
         d, kind = _voc_layout(folder), "Pascal VOC XML"
+    if d is None:
+        d, kind = label_studio.layout(folder, keypoints), label_studio.KIND
     if d is not None:
         LOGGER.info(f"{folder}: a {kind} dataset, {len(d['names'])} classes; train {d['train']}, val {d['val']}")
     else:
         prefix = "person_keypoints" if keypoints else "instances"
         raise BadDataset(f"{folder} is a folder holding no dataset this project reads: looked for one data.yaml "
                          f"({len(yamls)} YAML files found), COCO's annotations/{prefix}_<split>.json, Roboflow's "
-                         f"<split>/{ROBOFLOW_COCO}, and VOC's Annotations/, ImageSets/Main/ and JPEGImages/")
+                         f"<split>/{ROBOFLOW_COCO}, VOC's Annotations/, ImageSets/Main/ and JPEGImages/, and "
+                         f"{label_studio.KIND} exports (a train and a val .json)")
     return d, None
-
-
-def _splits(named):
-    """{'train': ..., 'val': ..., 'test': ...} from {split name: value} by the words COCO, VOC and Roboflow use."""
-    out = {}
-    for role, words in (("train", ("train",)), ("val", ("val", "valid")), ("test", ("test",))):
-        hits = [v for k, v in sorted(named.items()) if any(w in k.lower() for w in words)]
-        if hits:
-            out[role] = hits[0]
-    return out
 
 
 def _coco_layout(folder, keypoints):
@@ -416,7 +333,7 @@ def _coco_layout(folder, keypoints):
     if not images:  # Roboflow's COCO export: the file inside each split's folder
         images = {p.parent.name: p.parent for p in folder.glob(f"*/{ROBOFLOW_COCO}")}
         files = {k: v / ROBOFLOW_COCO for k, v in images.items()}
-    splits = _splits(images)
+    splits = split_roles(images)
     if "train" not in splits or "val" not in splits:
         return None
     split_of = {v: k for k, v in images.items()}

@@ -118,7 +118,7 @@ class YOLODataset(Dataset):
                                  f"its names (or the labels), or give --skip-unknown-classes to skip those images")
         self.stats["ignored"] = len(ignored)
         if ignored:
-            LOGGER.warning(f"{prefix}WARNING: {len(ignored)} files that are not images ignored, e.g. {ignored[0]}")
+            LOGGER.warning(f"{prefix}WARNING: {len(ignored)} entries ignored, e.g. {ignored[0]}")
         if not labels:
             raise NoUsableImages(f"{prefix}no usable images in {img_path} ({self.stats['skipped']} skipped)",
                                  self.problems)
