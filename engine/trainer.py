@@ -52,6 +52,7 @@ from utils.torch_utils import (
     device_name,
     freeze_layers,
     init_seeds,
+    labels_to,
     memory_format,
     memory_used,
     peak_memory,
@@ -586,16 +587,6 @@ class BaseTrainer:
             commands = next_commands(scripts, best, self.opt.data, self.predict_source(), self.opt.train_imgsz, half)
             for i, command in enumerate(commands):
                 LOGGER.info(f"{'Next:' if i == 0 else '':<6}{command}")
-
-
-def labels_to(batch, device):
-    """`batch` with every tensor besides the images (targets, masks, keypoints, cls: whatever the label format's
-    collate added) on `device`, as the loader made it. The copies do not block: from the loader's pinned memory they
-    run behind the host, which would otherwise wait for the device's queued work at each."""
-    for k, v in batch.items():
-        if k not in ("img", "hsv") and isinstance(v, torch.Tensor):
-            batch[k] = v.to(device, non_blocking=True)
-    return batch
 
 
 def run(trainer_cls, opt, callbacks=None):

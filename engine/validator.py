@@ -32,7 +32,7 @@ from utils.errors import BadCheckpoint
 from utils.files import increment_path
 from utils.loggers import LOGGER, set_logging
 from utils.profiling import RunProfile
-from utils.torch_utils import memory_format, time_sync, to_float32
+from utils.torch_utils import labels_to, memory_format, time_sync, to_float32
 
 LOSS_LABELS = ("targets", "keypoints")  # what the criterion reads of a batch whose labels stay on the CPU
 
@@ -142,10 +142,7 @@ class BaseValidator:
         batch["img"] = batch["img"].to(device, non_blocking=True)
         batch["img"] = (batch["img"].half() if half else batch["img"].float()) / 255
         batch["img"] = batch["img"].contiguous(memory_format=memory_format(device))  # the layout the model has
-        for k in ("masks", "cls"):
-            if k in batch:
-                batch[k] = batch[k].to(device, non_blocking=True)
-        return batch
+        return labels_to(batch, device, ("masks", "cls"))
 
     # ---------------------------------------------------------------- data
     def build_dataloader(self, path, stride):
@@ -226,8 +223,8 @@ class BaseValidator:
         if self.criterion is None:
             return None
         device = batch["img"].device
-        labels = {k: batch[k].to(device, non_blocking=True) for k in LOSS_LABELS if k in batch}
-        return self.criterion(self.loss_inputs(preds), {**batch, **labels})[1].detach().cpu().double()
+        labels = labels_to(dict(batch), device, LOSS_LABELS)  # a copy: the batch's own labels stay on the CPU
+        return self.criterion(self.loss_inputs(preds), labels)[1].detach().cpu().double()
 
     def _gather(self, records):
         """Every rank's records on rank 0, merged in batch order: {key: list}, as one process would have them.

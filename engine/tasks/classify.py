@@ -7,7 +7,7 @@ import torch
 
 from engine.messages import check_task
 from engine.predictor import BasePredictor
-from engine.trainer import BaseTrainer, labels_to
+from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.checkpoints import attempt_load, load_pretrained, model_yaml, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel, head_task, yaml_model_load
@@ -20,6 +20,7 @@ from utils.errors import BadCheckpoint
 from utils.loggers import LOGGER
 from utils.metrics import ClassifyMetrics, ConfusionMatrix
 from utils.plots import plot_images
+from utils.torch_utils import labels_to
 
 
 def build_classifier(model_arg, nc, names):
@@ -123,8 +124,7 @@ class ClassificationValidator(BaseValidator):
     def preprocess(self, batch, device, half):
         batch["img"] = batch["img"].to(device, non_blocking=True)
         batch["img"] = batch["img"].half() if half else batch["img"].float()
-        batch["cls"] = batch["cls"].to(device, non_blocking=True)
-        return batch
+        return labels_to(batch, device, ("cls",))
 
     def description(self):
         return ("%22s" + "%11s" * 2) % ("classes", "top1_acc", "top5_acc")

@@ -12,6 +12,7 @@ from utils.torch_utils import (
     amp_settings,
     cpu_bf16_native,
     inference_bf16,
+    labels_to,
     memory_format,
     memory_used,
     peak_memory,
@@ -134,3 +135,18 @@ def test_ema_keeps_its_tensor_pairs_and_follows_in_place_changes(monkeypatch):
     other = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
     update_and_check(other)
     assert [m for m in read if m in (model, other)] == [model, other]
+
+
+def test_labels_to_moves_the_labels_it_is_asked_for_and_leaves_the_images():
+    """The meta device shows which tensors moved: with no keys every tensor but the images and the colour tables,
+    with keys only those the batch holds; values that are not tensors stay as they are."""
+    def batch():
+        return {"img": torch.zeros(2, 3, 4, 4, dtype=torch.uint8), "hsv": torch.zeros(2, 3, 256, dtype=torch.uint8),
+                "targets": torch.zeros(1, 6), "masks": torch.zeros(2, 4, 4), "cls": torch.zeros(2), "paths": ["a", "b"]}
+
+    moved = labels_to(batch(), "meta")
+    assert {k for k, v in moved.items() if isinstance(v, torch.Tensor) and v.is_meta} == {"targets", "masks", "cls"}
+    assert moved["paths"] == ["a", "b"] and moved["targets"].shape == (1, 6)
+    some = labels_to(batch(), "meta", ("masks", "keypoints"))
+    assert [k for k, v in some.items() if isinstance(v, torch.Tensor) and v.is_meta] == ["masks"]
+    assert "keypoints" not in some
