@@ -156,3 +156,47 @@ def test_classifier_csv_has_the_top1_of_each_image(shapes_classify, tmp_path):
         top = (tmp_path / "exp" / "labels" / f"{Path(row['image']).stem}.txt").read_text().splitlines()[0].split()
         assert row["class"] == top[1] and abs(float(row["confidence"]) - float(top[0])) < 0.01
         assert row["x1"] == ""
+
+
+@pytest.mark.parametrize("script", ["detect", "segment.predict", "pose.predict", "classify.predict"])
+def test_predict_runs_a_pt_in_fp32_unless_bf16_is_asked(script, tmp_path, monkeypatch):
+    """Issue 46: on a CPU with native bf16 a .pt predicts in fp32 by default, as its exports do (bf16 autocast had
+    given other boxes than the .onnx); `--amp bf16` still asks for bf16. Recorded for each prediction: the output
+    dtype of its first convolution (the stem) and whether any convolution ran under autocast (the box decoding's DFL
+    conv leaves autocast on purpose: models/heads.no_autocast)."""
+    import importlib
+
+    from models.backend import InferenceBackend
+    from models.yolo import PoseModel, SegmentationModel
+    from utils import torch_utils
+
+    monkeypatch.setattr(torch_utils, "cpu_bf16_native", lambda *a: True)  # as on a CPU with AMX or AVX512-BF16
+    monkeypatch.setattr(torch_utils, "cpu_bf16_flags", lambda *a: ("amx_bf16",))
+    model = {"detect": lambda: DetectionModel("yolov8n.yaml", nc=3), "segment.predict": lambda: SegmentationModel(
+        "yolov8n-seg.yaml", nc=3), "pose.predict": lambda: PoseModel("yolov8n-pose.yaml", nc=1, kpt_shape=(4, 3)),
+             "classify.predict": lambda: ClassificationModel("yolov8n-cls.yaml", nc=3)}[script]()
+    weights, source = tmp_path / "m.pt", tmp_path / "im.jpg"
+    torch.save({"model": model_to_ckpt(model)}, weights)
+    cv2.imwrite(str(source), np.random.default_rng(0).integers(0, 255, (64, 80, 3), np.uint8))
+    module = importlib.import_module(script)
+    runs = []  # per prediction: [stem output dtype, any conv under autocast]
+    forward = InferenceBackend.forward
+
+    def predict(self, im):  # convolutions outside it build the model (its stride probe), not predictions
+        runs.append([None, False])
+        return forward(self, im)
+
+    def record(m, inputs, output):
+        if isinstance(m, torch.nn.Conv2d) and runs:
+            runs[-1][0] = runs[-1][0] or output.dtype
+            runs[-1][1] |= torch.is_autocast_enabled("cpu")
+    monkeypatch.setattr(InferenceBackend, "forward", predict)
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        for amp, expected in (([], [torch.float32, False]), (["--amp", "bf16"], [torch.bfloat16, True])):
+            runs.clear()
+            module.main(module.parse_opt(["--weights", str(weights), "--source", str(source), "--imgsz", "64",
+                                          "--device", "cpu", "--project", str(tmp_path), "--nosave", *amp]))
+            assert runs and all(r == expected for r in runs), (amp, runs)
+    finally:
+        handle.remove()
