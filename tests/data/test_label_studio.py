@@ -61,7 +61,8 @@ def val_export(root):
                          "e.jpg": (64, 48), "f.jpg": (64, 48), "g.jpg": (64, 48), "h.jpg": (64, 48),
                          "i.jpg": (64, 48), "j.jpg": (64, 48), "k.jpg": (64, 48), "l.jpg": (64, 48),
                          "m.jpg": (64, 48), "n.png": (64, 48), "sub/n.png": (64, 48),
-                         "o.jpg": (64, 48), "p.jpg": (64, 48), "q.jpg": (64, 48)}.items():
+                         "o.jpg": (64, 48), "p.jpg": (64, 48), "q.jpg": (64, 48),
+                         "r.jpg": (64, 48)}.items():
         image(val / name, w, h)
     tasks = [
         # the latest annotation not cancelled is read: not the older one, not the newer cancelled one
@@ -88,6 +89,8 @@ def val_export(root):
         task(17, "/data/upload/3/o.jpg", ann([rect(["car", "person"], 10, 10, 20, 20)])),
         {"id": 18, "data": {"image": "/data/upload/3/p.jpg"}, "annotations": 5},  # not a list: not annotated
         task(19, "/data/upload/3/q.jpg", {"id": 1, "result": {"x": 1}}),
+        task(20, "/data/local-files/?d=photos%5Csub%5Cn.png", ann([PERSON])),  # the n.png in sub/ (Windows path)
+        task(21, "/data/upload/3/r.jpg", ann([CAR, "car"])),
     ]
     export(val / "project-3-at-2024-05-01-10-00-5e6f7a8b.json", tasks)
     return val
@@ -114,7 +117,8 @@ def test_an_export_reads_as_worked_out_by_hand(tmp_path, task_name):
     assert d["val"] == str(next(val.glob("*.json")))
     ds = YOLODataset(d["val"], imgsz=64, task=task_name, nc=d["nc"], names=d["names"])
     got = labels(ds)
-    assert sorted(got) == ["9f8e7d6c-c.jpg", "a.jpg", "b.jpg", "e.jpg", "k.jpg"]
+    assert sorted(got) == ["9f8e7d6c-c.jpg", "a.jpg", "b.jpg", "e.jpg", "k.jpg", "n.png"]
+    assert [lb["im_file"] for lb in ds.labels if lb["im_file"].endswith("n.png")] == [str(val / "sub" / "n.png")]
     np.testing.assert_allclose(got["a.jpg"], A_BY_HAND, atol=1e-6)  # drawn on a 160 x 120 copy: the same ratio
     np.testing.assert_allclose(got["b.jpg"], [[1, 0.5, 0.5, 1, 1]], atol=1e-6)  # the polygon's envelope
     assert got["9f8e7d6c-c.jpg"].shape == (0, 5)  # a background
@@ -126,7 +130,7 @@ def test_an_export_reads_as_worked_out_by_hand(tmp_path, task_name):
     else:
         assert outline is None
     assert {k: ds.stats[k] for k in ("images", "backgrounds", "skipped", "clipped", "ignored")} == {
-        "images": 5, "backgrounds": 1, "skipped": 7, "clipped": 1, "ignored": 6}
+        "images": 6, "backgrounds": 1, "skipped": 8, "clipped": 1, "ignored": 6}
     problems = "\n".join(ds.problems)
     file = next(val.glob("*.json"))
     for case in [
@@ -145,6 +149,7 @@ def test_an_export_reads_as_worked_out_by_hand(tmp_path, task_name):
         f"o.jpg: skipped, {file}: task 17 result 1: a region needs one label, this has 2",
         f"{file}: task 18 (p.jpg): ignored, not annotated",
         f"q.jpg: skipped, {file}: task 19: its annotation's result is not a list",
+        f"r.jpg: skipped, {file}: task 21 result 2: not an object",
     ]:
         assert case in problems, case
     assert (val / "project-3-at-2024-05-01-10-00-5e6f7a8b.yolo-engine.cache").is_file()

@@ -5,8 +5,9 @@ names a file with an image suffix): an upload `/data/upload/<project>/<8 hex dig
 `/data/local-files/?d=<path>`, a cloud or web URL. The image is found by file name among the image files under the
 export's folder (sub-folders included): that name, else the name without the 8 hex digits and hyphen Label Studio
 puts before an uploaded file's name, so the original files serve as well as the copies in Label Studio's upload
-folder. A task whose name finds no image, or several, is left out, named (`ignored`); so is an image that several
-annotated tasks name (which task is right cannot be told).
+folder; of several files of that name, the one whose path ends as the task's does in the most folders. A task whose
+name finds no image, or several, is left out, named (`ignored`); so is an image that several annotated tasks name
+(which task is right cannot be told).
 
 Of a task's annotations the latest one that is not cancelled (`was_cancelled`: the annotator skipped the task) is
 read, by `updated_at`, then `created_at`, then id; the image's note says how many others were not read. Predictions
@@ -74,7 +75,7 @@ def load_export(path):
 
 
 def task_image(task):
-    """The file name of a task's image (module docstring), or None."""
+    """The path of a task's image as its data writes it ('/'-separated; module docstring), or None."""
     data = task.get("data")
     if not isinstance(data, dict):
         return None
@@ -82,10 +83,27 @@ def task_image(task):
         if isinstance(v, str) and v.strip():
             url = urllib.parse.urlsplit(v.strip())
             local = urllib.parse.parse_qs(url.query).get("d")  # /data/local-files/?d=<path>
-            name = file_name(local[0] if local else urllib.parse.unquote(url.path))
-            if suffix(name) in IMG_FORMATS:
-                return name
+            path = (local[0] if local else urllib.parse.unquote(url.path)).replace("\\", "/")
+            if suffix(file_name(path)) in IMG_FORMATS:
+                return path
     return None
+
+
+def find_image(ref, by_name):
+    """The image files (under the export's folder, {file name: [paths]}) that a task's image path `ref` names: those
+    of its file name, else of that name without the upload prefix; of several, the one whose path ends as `ref` does
+    in the most folders (a local-storage path such as a/0001.jpg beside b/0001.jpg)."""
+    name = file_name(ref)
+    bare = UPLOAD_PREFIX.fullmatch(name)
+    paths = by_name.get(name) or (by_name.get(bare.group(1), []) if bare else [])
+    parts = [p for p in ref.split("/") if p]
+    for k in range(len(parts), 1, -1):
+        if len(paths) < 2:
+            break
+        tail = "/" + "/".join(parts[-k:])
+        hits = [p for p in paths if Path(p).as_posix().endswith(tail)]
+        paths = hits if len(hits) == 1 else paths
+    return paths
 
 
 def latest_annotation(task):
@@ -158,13 +176,14 @@ class LabelStudioSource(JsonSource):
         for i, task in enumerate(tasks):
             tid = str(task.get("id", f"#{i + 1}"))[:40]
             entry = f"{self.file}: task {tid}"
-            name = task_image(task)
-            if name is None:
+            ref = task_image(task)
+            if ref is None:
                 left.append((entry, "its data names no image file"))
                 continue
-            bare = UPLOAD_PREFIX.fullmatch(name)
-            paths = by_name.get(name) or (by_name.get(bare.group(1), []) if bare else [])
+            name = file_name(ref)
+            paths = find_image(ref, by_name)
             if len(paths) != 1:
+                bare = UPLOAD_PREFIX.fullmatch(name)
                 tried = name + (f" or {bare.group(1)}" if bare else "")
                 left.append((entry, f"no image named {tried} under {self.file.parent}" if not paths else
                              f"{len(paths)} images named {Path(paths[0]).name} ({', '.join(paths[:3])})"))
@@ -194,7 +213,9 @@ class LabelStudioSource(JsonSource):
             raise BadLine(f"{entry}: its annotation's result is not a list")
         for k, r in enumerate(results, 1):
             where = f"{entry} result {k}"
-            kind = str(r.get("type", "")) if isinstance(r, dict) else ""
+            if not isinstance(r, dict):
+                raise BadLine(f"{where}: not an object")
+            kind = str(r.get("type", ""))
             if kind in POINTS:
                 points += 1
                 continue
