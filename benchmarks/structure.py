@@ -1,7 +1,7 @@
 """Structure figures of the code (not assertions), to compare a commit with another: files over a size, the longest
 functions, the attributes each engine class sets on `self`, the methods each task class overrides of its parents,
-and the imports that climb the floors of docs/design.md (scripts > engine/tasks > engine > models, utils/data,
-utils/loss > utils). It reads the source as text (no import, no torch), so it measures any checkout.
+and the imports that climb the floors of docs/design.md (scripts and yolo/ > engine/tasks > engine > models,
+utils/data, utils/loss > utils). It reads the source as text (no import, no torch), so it measures any checkout.
 
     python -m benchmarks.structure                        # this checkout
     python -m benchmarks.structure --root /tmp/old-clone  # another one (e.g. a `git worktree` of an older commit)
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "models", "utils")
-SCRIPT_DIRS = ("segment", "classify", "pose")
+SCRIPT_DIRS = ("segment", "classify", "pose", "yolo")  # scripts, and the `yolo` command and API
 
 
 def project_files(root):

@@ -7,7 +7,8 @@ def _tree(root):
     files = {
         "train.py": "import engine.trainer\n",
         "engine/__init__.py": "",
-        "engine/tasks/__init__.py": "TASKS = 1\n",
+        "engine/tasks/__init__.py": "import yolo.api\nTASKS = 1\n",
+        "yolo/api.py": "import train\n",  # the top floor, as the scripts
         "engine/trainer.py": ("from engine.tasks import TASKS\n"
                               "class BaseTrainer:\n"
                               "    def __init__(self):\n"
@@ -52,7 +53,9 @@ def test_structure_figures(tmp_path):
     assert m["engine class attributes"] == {"BaseTrainer": ["a", "b", "c", "d", "e"]}
     # inherited through two generations; a method no parent has is not an override
     assert m["task class overrides"] == {"DetectionTrainer": ["hook"], "PoseTrainer": ["extra", "step"]}
-    assert sorted(m["arrows that climb"]) == ["engine/trainer.py:1 -> engine/tasks/__init__.py",
+    assert m["files"] == 10
+    assert sorted(m["arrows that climb"]) == ["engine/tasks/__init__.py:1 -> yolo/api.py",
+                                              "engine/trainer.py:1 -> engine/tasks/__init__.py",
                                               "utils/ops.py:1 -> models/yolo.py"]
 
 
