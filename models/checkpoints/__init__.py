@@ -8,16 +8,19 @@
 - load.py      a model from a weights argument (`attempt_load`), the model a `.pt` names (`model_yaml`)
 - transfer.py  fine-tuning from another model (`transfer_weights`, `load_pretrained`): the tensors that fit, and the
                head's slices of the classes both models name alike
+
+A test that replaces a module global patches the module that reads it (`releases.RELEASES`, `safe.TORCH_SAFE_GLOBALS`):
+the names here are the same objects, and replacing one here changes nothing the modules call.
 """
 
 from models.checkpoints.load import attempt_load, model_yaml
 from models.checkpoints.ours import from_safe, model_from_ckpt, model_to_ckpt, save_checkpoint, to_safe
-from models.checkpoints.releases import attempt_download, official_url
+from models.checkpoints.releases import official_url
 from models.checkpoints.safe import BadCheckpoint, UnsafeCheckpoint, allowed_global, load_checkpoint
 from models.checkpoints.transfer import load_pretrained, transfer_weights
 
 __all__ = [
-    "BadCheckpoint", "UnsafeCheckpoint", "allowed_global", "attempt_download", "attempt_load", "from_safe",
+    "BadCheckpoint", "UnsafeCheckpoint", "allowed_global", "attempt_load", "from_safe",
     "load_checkpoint", "load_pretrained", "model_from_ckpt", "model_to_ckpt", "model_yaml", "official_url",
     "save_checkpoint", "to_safe", "transfer_weights",
 ]
