@@ -1,12 +1,15 @@
 """A run's checkpoints: what one holds, when one is written, how a run continues from one, and what is left of them
 when the run ends.
 
-A checkpoint holds everything a run needs to continue exactly: the loop's state (`LoopState`), the model and its EMA,
-the optimizer, LR scheduler and AMP scaler states, the options and hyperparameters, and every rank's own random
-states and running mean loss (`ranks`). Rank 0 writes it with the other ranks' states gathered. `Checkpointer.save`
-writes last.pt at each epoch's end (best.pt when fitness improved, epochN.pt every --save-period epochs); `due`
-says when to write last.pt inside an epoch (--save-interval, a stop request); `restore` continues from one;
-`strip_optimizer` leaves the EMA weights alone in a finished run's files.
+A checkpoint holds everything a run needs to continue exactly: the state of each of the run's components, which the
+trainer names and hands over (`Checkpointer.checkpoint`, `restore`): the loop's state (`LoopState`), the model and its
+EMA (`Weights`, `EMAWeights`: the portable form of a model), the optimizer, LR scheduler and AMP scaler, the
+listeners' own states (the trackers' run ids); the options and hyperparameters as a record; and every rank's own
+random states and running mean loss (`ranks`). Each component saves and loads its own entries (`state_dict`,
+`load_state_dict`); the Checkpointer lays them out as every checkpoint of this project has held them. Rank 0 writes
+it with the other ranks' states gathered. `Checkpointer.save` writes last.pt at each epoch's end (best.pt when fitness
+improved, epochN.pt every --save-period epochs); `due` says when to write last.pt inside an epoch (--save-interval, a
+stop request); `restore` continues from one; `strip_optimizer` leaves the EMA weights alone in a finished run's files.
 """
 
 import contextlib
@@ -39,9 +42,9 @@ def project_version():
 
 @dataclasses.dataclass
 class LoopState:
-    """Where the training loop is and what it carries from epoch to epoch. `to_checkpoint` / `from_checkpoint` are
-    the one place its checkpoint keys are written and read; `mean_losses` is each rank's own and travels in `ranks`.
-    """
+    """Where the training loop is and what it carries from epoch to epoch: a component whose entries sit at the
+    checkpoint's top level (`state_dict` / `load_state_dict`, the one place they are written and read);
+    `mean_losses` is each rank's own and travels in `ranks`."""
 
     epoch: int = 0  # the epoch being trained, from 0
     batch: int = 0  # batches of it done (a run resumed inside an epoch starts there)
@@ -55,18 +58,55 @@ class LoopState:
     tracker_runs: dict = dataclasses.field(default_factory=dict)
     done: bool = False  # no epoch is left to train (the last one, or early stopping): only the run's end is
 
-    def to_checkpoint(self):
+    def state_dict(self):
         # "epoch" is the last finished epoch (-1: none), as every checkpoint of this project has stored it
         return {"epoch": self.epoch - 1, "batch": self.batch, "last_opt_step": self.last_opt_step,
                 "best_fitness": self.best_fitness, "best_epoch": self.best_epoch, "metrics": self.metrics,
                 "tracker_runs": dict(self.tracker_runs), "done": self.done}
 
-    @classmethod
-    def from_checkpoint(cls, ckpt, mean_losses=None):
-        return cls(epoch=ckpt["epoch"] + 1, batch=ckpt["batch"], last_opt_step=ckpt["last_opt_step"],
-                   best_fitness=ckpt["best_fitness"], best_epoch=ckpt["best_epoch"], metrics=ckpt["metrics"],
-                   mean_losses=mean_losses, tracker_runs=dict(ckpt.get("tracker_runs") or {}),  # older: none
-                   done=bool(ckpt.get("done")))
+    def load_state_dict(self, ckpt):
+        """The loop's entries of `ckpt`; `mean_losses` is left as it is (each rank's own, in `ranks`)."""
+        self.epoch, self.batch, self.last_opt_step = ckpt["epoch"] + 1, ckpt["batch"], ckpt["last_opt_step"]
+        self.best_fitness, self.best_epoch, self.metrics = ckpt["best_fitness"], ckpt["best_epoch"], ckpt["metrics"]
+        self.tracker_runs = dict(ckpt.get("tracker_runs") or {})  # older checkpoints: none
+        self.done = bool(ckpt.get("done"))
+
+
+class Weights:
+    """A model as a checkpoint holds it: the portable form (`models.checkpoints.model_to_ckpt`: class, YAML, weights,
+    names) in fp32, so that training continues exactly; loaded back as fp32 weights into the model as built."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def state_dict(self):
+        return model_to_ckpt(self.model, half=False)
+
+    def load_state_dict(self, entry):
+        self.model.load_state_dict({k: v.float() for k, v in entry["state_dict"].items()})
+
+
+class EMAWeights:
+    """A `utils.torch_utils.ModelEMA` as a checkpoint holds it: its model as `Weights` ("ema") and its count of
+    updates ("updates"), which sets the decay's ramp; both entries at the checkpoint's top level."""
+
+    def __init__(self, ema):
+        self.ema = ema
+
+    def state_dict(self):
+        return {"ema": Weights(self.ema.ema).state_dict(), "updates": self.ema.updates}
+
+    def load_state_dict(self, ckpt):
+        Weights(self.ema.ema).load_state_dict(ckpt["ema"])
+        self.ema.updates = ckpt["updates"]
+
+
+# The components whose entries sit at the checkpoint's top level, as every checkpoint of this project has held them
+# (the others are each one entry, under its name)
+AT_TOP = ("loop", "ema")
+# The order of a checkpoint's entries, as every checkpoint of this project has written them (any other entry follows)
+ORDER = ("epoch", "batch", "last_opt_step", "best_fitness", "best_epoch", "metrics", "tracker_runs", "done", "ranks",
+         "model", "ema", "updates", "optimizer", "scheduler", "scaler", "opt", "hyp", "date", "version")
 
 
 # Under DDP, optimizer steps between the collectives that share a stop request and rank 0's --save-interval clock:
@@ -86,23 +126,17 @@ class Checkpointer:
         self.steps = 0  # optimizer steps `due` was asked about, which every rank counts alike
 
     @staticmethod
-    def checkpoint(trainer, state, ranks):
-        """The checkpoint of `trainer` at `state` (rank 0 writes it), with every rank's `rank_state` in `ranks`.
-        to_safe converts what weights_only loading refuses, so anything added here is stored safely."""
-        return to_safe({
-            **state.to_checkpoint(),
-            "ranks": ranks,
-            "model": model_to_ckpt(trainer.model, half=False),
-            "ema": model_to_ckpt(trainer.ema.ema, half=False),
-            "updates": trainer.ema.updates,
-            "optimizer": trainer.optimizer.state_dict(),
-            "scheduler": trainer.scheduler.state_dict(),
-            "scaler": trainer.scaler.state_dict(),
-            "opt": trainer.opt.to_dict(),
-            "hyp": trainer.hyp,
-            "date": datetime.now().isoformat(),
-            "version": project_version(),
-        })
+    def checkpoint(components, ranks):
+        """The checkpoint of a run whose `components` ({name: component}) are where they are now, with every rank's
+        `rank_state` in `ranks` (rank 0 writes it). A component has `state_dict()`; anything else (the options, the
+        hyperparameters) is a record of the run, written as it is and never loaded back. to_safe converts what
+        weights_only loading refuses, so anything added here is stored safely."""
+        entries = {"ranks": ranks, "date": datetime.now().isoformat(), "version": project_version()}
+        for name, part in components.items():
+            state = part.state_dict() if hasattr(part, "state_dict") else part
+            entries.update(state if name in AT_TOP else {name: state})
+        first = [k for k in ORDER if k in entries]
+        return to_safe({k: entries[k] for k in (*first, *(k for k in entries if k not in first))})
 
     @staticmethod
     def rank_state(state):
@@ -142,34 +176,33 @@ class Checkpointer:
         stop, timed = du.any_ranks(stop_asked, timed)
         return stop, stop or timed or counted
 
-    def restore(self, trainer, path):
-        """Load `path` into `trainer` (model, EMA, optimizer, scheduler, scaler; this rank's RNG states) and return
-        the LoopState to continue from. Every rank continues from rank 0's copy (the others may be on machines
-        without it)."""
-        ckpt = du.broadcast_object(load_checkpoint(path) if trainer.is_main else None)
-        state = LoopState.from_checkpoint(ckpt)
-        state.done = state.done or state.epoch >= trainer.epochs  # older checkpoints: the last epoch says it
-        trainer.model.load_state_dict({k: v.float() for k, v in ckpt["model"]["state_dict"].items()})
-        load_optimizer(trainer.optimizer, ckpt["optimizer"])
-        trainer.scheduler.load_state_dict(ckpt["scheduler"])
-        load_scaler(trainer.scaler, ckpt["scaler"], path)
-        trainer.ema.ema.load_state_dict({k: v.float() for k, v in ckpt["ema"]["state_dict"].items()})
-        trainer.ema.updates = ckpt["updates"]
+    def restore(self, path, components, epochs, batches_per_epoch):
+        """Load `path` into `components` ({name: component}, as `checkpoint` takes them: each loads its own entries;
+        a record is not loaded) and this rank's RNG states, and return the LoopState to continue from: "loop", whose
+        `mean_losses` is this rank's saved one (on the CPU). Every rank continues from rank 0's copy (the others may be
+        on machines without it). `epochs` and `batches_per_epoch` are this run's."""
+        rank, world_size = du.get_rank(), du.get_world_size()
+        ckpt = du.broadcast_object(load_checkpoint(path) if rank in (-1, 0) else None)
+        for name, part in components.items():
+            if hasattr(part, "load_state_dict"):
+                load_component(part, ckpt if name in AT_TOP else ckpt.get(name), path)
+        state = components["loop"]
+        state.done = state.done or state.epoch >= epochs  # older checkpoints: the last epoch says it
         ranks = ckpt["ranks"]
-        if len(ranks) == max(trainer.world_size, 1):
-            mine = ranks[max(trainer.rank, 0)]
+        if len(ranks) == max(world_size, 1):
+            mine = ranks[max(rank, 0)]
             set_rng_state(mine["rng"])
-            state.mean_losses = mine["mloss"].to(trainer.device)
+            state.mean_losses = mine["mloss"]
         else:
-            LOGGER.warning(f"{path} holds the state of {len(ranks)} ranks, this run has {trainer.world_size}: "
+            LOGGER.warning(f"{path} holds the state of {len(ranks)} ranks, this run has {world_size}: "
                            f"continuing with fresh random states, from the start of epoch {state.epoch}")
             state.batch = 0  # another world size shards the epoch differently
-        self.saved(state.epoch * trainer.batches_per_epoch + state.batch - 1)
+        self.saved(state.epoch * batches_per_epoch + state.batch - 1)
         if state.done:
             LOGGER.info(f"Finishing {path}: its training is done; the final validation and the strip are left")
         else:
             LOGGER.info(f"Resuming training from {path} "
-                        f"{position(state.epoch, state.batch, trainer.epochs, trainer.batches_per_epoch)}")
+                        f"{position(state.epoch, state.batch, epochs, batches_per_epoch)}")
         return state
 
     def finish_best(self):
@@ -209,6 +242,17 @@ def load_scaler(scaler, saved, path):
         LOGGER.info(f"{path} was trained without fp16 gradient scaling: the GradScaler starts at its initial scale")
         return
     scaler.load_state_dict(saved)
+
+
+def load_component(part, entry, path):
+    """`entry` (of checkpoint `path`) into `part` by its own `load_state_dict`; torch's optimizers and scalers by
+    `load_optimizer` and `load_scaler`, which keep what this run's device decides."""
+    if isinstance(part, torch.optim.Optimizer):
+        load_optimizer(part, entry)
+    elif isinstance(part, torch.amp.GradScaler):
+        load_scaler(part, entry, path)
+    else:
+        part.load_state_dict(entry)
 
 
 def parse_save_interval(value):

@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from engine.callbacks import Callbacks
-from engine.checkpointer import AGREE_EVERY, Checkpointer, LoopState, sigterm_deferred
+from engine.checkpointer import AGREE_EVERY, Checkpointer, EMAWeights, LoopState, Weights, sigterm_deferred
 from engine.hyp import SCHEDULE, Reader, default_hyp_file, load_hyp, read_hyp, require_keys
 from engine.inherit import dataset_file
 from engine.interrupt import StopRequests, ended_by_signals
@@ -209,10 +209,11 @@ class BaseTrainer:
         self.ema = ModelEMA(self.model)  # on every rank, which all validate with it
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp and self.amp_dtype == torch.float16)
         self.state = LoopState()
-        if self.resume_from:
-            self.state = self.checkpointer.restore(self, self.resume_from)
+        if self.resume_from:  # self.state and every other component loaded in place
+            self.checkpointer.restore(self.resume_from, self.components(), self.epochs, self.batches_per_epoch)
         if self.state.mean_losses is None:
-            self.state.mean_losses = torch.zeros(len(self.criterion.loss_names), device=self.device)
+            self.state.mean_losses = torch.zeros(len(self.criterion.loss_names))
+        self.state.mean_losses = self.state.mean_losses.to(self.device)
         self.stopper = EarlyStopping(self.opt.patience, self.state.best_fitness, self.state.best_epoch)
         if self.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -266,6 +267,14 @@ class BaseTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=s.lr_factor)
 
     # ---------------------------------------------------------------- checkpoints (engine/checkpointer.py)
+    def components(self, state=None):
+        """What a checkpoint holds of this run, by name: the loop's `state` (this run's unless given), the model, its
+        EMA, the optimizer, LR scheduler and AMP scaler, each saving and loading its own state; the options and
+        hyperparameters as a record."""
+        return {"loop": self.state if state is None else state, "model": Weights(self.model),
+                "ema": EMAWeights(self.ema), "optimizer": self.optimizer, "scheduler": self.scheduler,
+                "scaler": self.scaler, "opt": self.opt.to_dict(), "hyp": self.hyp}
+
     def save_position(self, epoch, batch):
         """last.pt after `batch` batches of `epoch` (0: at its start); every rank takes part (each one's RNG states
         go to rank 0)."""
@@ -273,7 +282,7 @@ class BaseTrainer:
             ranks = du.gather_objects(self.checkpointer.rank_state(self.state))
             if self.is_main:
                 state = dataclasses.replace(self.state, epoch=epoch, batch=batch)
-                self.checkpointer.save_last(self.checkpointer.checkpoint(self, state, ranks))
+                self.checkpointer.save_last(self.checkpointer.checkpoint(self.components(state), ranks))
             du.barrier()  # the checkpoint is on disk before any rank goes on (and may die)
         self.checkpointer.saved(batch - 1 + self.batches_per_epoch * epoch)
 
@@ -549,7 +558,7 @@ class BaseTrainer:
             with sigterm_deferred(), self.profile("checkpoints"):
                 # done: what is left of the run is the final validation and the strip, which --resume then does
                 after = dataclasses.replace(self.state, epoch=epoch + 1, batch=0, done=final or stop)
-                self.checkpointer.save(self.checkpointer.checkpoint(self, after, ranks), epoch, improved)
+                self.checkpointer.save(self.checkpointer.checkpoint(self.components(after), ranks), epoch, improved)
             self.run_callbacks("on_model_save")
         self.run_callbacks("on_fit_epoch_end")
         return stop

@@ -1,5 +1,5 @@
-"""The Checkpointer: a checkpoint's loop state is LoopState's, written and read in one place, and a restore gives back
-the state it was saved at."""
+"""The Checkpointer: a checkpoint holds the state of the components it is given, each written and read by the
+component itself (the loop state by LoopState), and a restore gives back the state it was saved at."""
 
 import dataclasses
 import os
@@ -11,6 +11,7 @@ import torch
 import train
 from engine.checkpointer import Checkpointer, LoopState
 from engine.options import TrainOptions
+from engine.trainer import BaseTrainer
 from models.checkpoints import load_checkpoint
 from models.yolo import DetectionModel
 from utils.torch_utils import ModelEMA, build_optimizer
@@ -21,11 +22,22 @@ def _trainer(seed, epochs=10):
     model = DetectionModel("yolov5n.yaml", nc=2)
     optimizer = build_optimizer(model, "SGD", 0.01, 0.9, 0.0005)
     return SimpleNamespace(
-        model=model, ema=ModelEMA(model), optimizer=optimizer, is_main=True, rank=-1, world_size=1, epochs=epochs,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1 - e / epochs), device=torch.device("cpu"),
+        model=model, ema=ModelEMA(model), optimizer=optimizer, state=LoopState(),
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1 - e / epochs),
         scaler=torch.amp.GradScaler("cpu", enabled=False), opt=TrainOptions.from_values(train.parse_opt([])),
-        hyp={"lr0": 0.01}, batches_per_epoch=7,
+        hyp={"lr0": 0.01},
     )
+
+
+def _save(checkpointer, trainer, state):
+    """What BaseTrainer.save_position writes, from the components the trainer names."""
+    ranks = [Checkpointer.rank_state(state)]
+    checkpointer.save_last(checkpointer.checkpoint(BaseTrainer.components(trainer, state), ranks))
+
+
+def _restore(checkpointer, trainer, epochs=10):
+    """What BaseTrainer._setup does with --resume: the trainer's components load last.pt (7 batches an epoch)."""
+    return checkpointer.restore(checkpointer.last, BaseTrainer.components(trainer), epochs, 7)
 
 
 def test_loop_state_round_trips_through_a_checkpoint(tmp_path):
@@ -35,15 +47,15 @@ def test_loop_state_round_trips_through_a_checkpoint(tmp_path):
                       tracker_runs={"wandb": "abc123", "mlflow": "0f9e"})
     source = _trainer(0)
     source.ema.updates = 9
-    ckpt = checkpointer.checkpoint(source, saved, ranks=[Checkpointer.rank_state(saved)])
+    ckpt = checkpointer.checkpoint(BaseTrainer.components(source, saved), ranks=[Checkpointer.rank_state(saved)])
     checkpointer.save(ckpt, epoch=2, improved=True)
     on_disk = load_checkpoint(checkpointer.last)
     assert (on_disk["epoch"], on_disk["batch"]) == (2, 5)  # "epoch" is the last finished one
     assert load_checkpoint(checkpointer.best)["last_opt_step"] == 25
 
     target = _trainer(1)
-    restored = checkpointer.restore(target, checkpointer.last)
-    assert restored == dataclasses.replace(saved, mean_losses=restored.mean_losses)
+    restored = _restore(checkpointer, target)
+    assert restored is target.state and restored == dataclasses.replace(saved, mean_losses=restored.mean_losses)
     assert torch.equal(restored.mean_losses, saved.mean_losses)
     assert target.ema.updates == 9
     assert all(torch.equal(a, b) for a, b in zip(source.model.state_dict().values(),
@@ -58,27 +70,71 @@ def test_a_run_whose_epochs_are_done_is_restored_to_finish(tmp_path, yolo_log):
     checkpointer = Checkpointer(tmp_path)
     for state in (LoopState(epoch=10, mean_losses=torch.zeros(3)), LoopState(epoch=4, done=True,
                                                                             mean_losses=torch.zeros(3))):
-        checkpointer.save_last(checkpointer.checkpoint(_trainer(0), state, ranks=[Checkpointer.rank_state(state)]))
-        restored = checkpointer.restore(_trainer(0), checkpointer.last)
+        _save(checkpointer, _trainer(0), state)
+        restored = _restore(checkpointer, _trainer(0))
         assert restored.done and restored.epoch == state.epoch
         assert yolo_log[-1] == f"Finishing {checkpointer.last}: its training is done; the final validation and the " \
                                "strip are left"
     state = LoopState(epoch=4, mean_losses=torch.zeros(3))
-    checkpointer.save_last(checkpointer.checkpoint(_trainer(0), state, ranks=[Checkpointer.rank_state(state)]))
-    assert not checkpointer.restore(_trainer(0), checkpointer.last).done
+    _save(checkpointer, _trainer(0), state)
+    assert not _restore(checkpointer, _trainer(0)).done
 
 
 def test_a_checkpoint_older_than_tracker_runs_restores_with_none():
     older = {"epoch": 1, "batch": 0, "last_opt_step": 7, "best_fitness": 0.1, "best_epoch": 1, "metrics": {}}
-    state = LoopState.from_checkpoint(older)
+    state = LoopState()
+    state.load_state_dict(older)
     assert state.tracker_runs == {} and state.epoch == 2
     state.tracker_runs["wandb"] = "x"  # a tracker records its run: the next checkpoint holds it
-    assert state.to_checkpoint()["tracker_runs"] == {"wandb": "x"}
+    assert state.state_dict()["tracker_runs"] == {"wandb": "x"}
+
+
+# The entries of a resumable checkpoint, in the order every checkpoint of this project has written them: older
+# checkpoints resume and official tools read ours only while this holds
+FORMAT = ["epoch", "batch", "last_opt_step", "best_fitness", "best_epoch", "metrics", "tracker_runs", "done", "ranks",
+          "model", "ema", "updates", "optimizer", "scheduler", "scaler", "opt", "hyp", "date", "version"]
+
+
+class Counter:
+    """A component the Checkpointer knows nothing of, as a listener's state would be."""
+
+    def __init__(self, n=0):
+        self.n = n
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, entry):
+        self.n = entry["n"]
+
+
+def test_a_checkpoint_holds_each_component_under_its_name_in_the_format_of_every_checkpoint(tmp_path):
+    """The trainer's components lay out the checkpoint every earlier version wrote (the loop's and the EMA's entries
+    at the top level); another component is one entry under its name, loaded back by itself; a record (a value
+    without state_dict) is written and never loaded."""
+    checkpointer, state = Checkpointer(tmp_path), LoopState(epoch=2, batch=3, mean_losses=torch.zeros(3))
+    source = _trainer(0)
+    source.ema.updates = 5
+    ckpt = checkpointer.checkpoint(BaseTrainer.components(source, state), [Checkpointer.rank_state(state)])
+    assert list(ckpt) == FORMAT
+    assert (ckpt["epoch"], ckpt["batch"], ckpt["updates"], ckpt["hyp"]) == (1, 3, 5, {"lr0": 0.01})
+    assert ckpt["model"].keys() == ckpt["ema"].keys() == {"class", "yaml", "state_dict", "names"}
+    assert ckpt["opt"] == source.opt.to_dict() and ckpt["scheduler"] == source.scheduler.state_dict()
+
+    record = {"kept": 1}
+    checkpointer.save_last(checkpointer.checkpoint({"loop": state, "counter": Counter(7), "note": record},
+                                                   ckpt["ranks"]))
+    saved = load_checkpoint(checkpointer.last)
+    assert (saved["counter"], saved["note"], saved["epoch"]) == ({"n": 7}, record, 1)
+    counter, note = Counter(), {"kept": 2}
+    restored = checkpointer.restore(checkpointer.last, {"loop": LoopState(), "counter": counter, "note": note}, 10, 7)
+    assert counter.n == 7 and note == {"kept": 2} and (restored.epoch, restored.batch) == (2, 3)
 
 
 def _ckpt(checkpointer, epoch, seed):
     state = LoopState(epoch=epoch + 1, mean_losses=torch.zeros(3))  # stored as "epoch": the last finished one
-    return checkpointer.checkpoint(_trainer(seed), state, ranks=[Checkpointer.rank_state(state)])
+    ranks = [Checkpointer.rank_state(state)]
+    return checkpointer.checkpoint(BaseTrainer.components(_trainer(seed), state), ranks)
 
 
 def _ema_weights(path):
@@ -154,10 +210,10 @@ def test_resume_across_devices_and_precisions(tmp_path, source, target, yolo_log
     src = _run_like(source, seed=0)
     _step(src)
     state = LoopState(epoch=1, mean_losses=torch.zeros(3))
-    checkpointer.save_last(checkpointer.checkpoint(src, state, ranks=[Checkpointer.rank_state(state)]))
+    _save(checkpointer, src, state)
 
     dst = _run_like(target, seed=1)
-    checkpointer.restore(dst, checkpointer.last)
+    _restore(checkpointer, dst)
     fused = RUNS[target][1] or None
     assert [g["fused"] for g in dst.optimizer.param_groups] == [fused] * 3
     saved, loaded = src.optimizer.state_dict()["state"], dst.optimizer.state_dict()["state"]
