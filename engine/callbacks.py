@@ -6,6 +6,11 @@ added, so a misspelled event is refused instead of never firing. The run's pictu
 the --loggers (results.csv, TensorBoard, trackers such as W&B and MLflow: utils/loggers/) are callbacks attached on
 rank 0 by `BaseTrainer.default_callbacks`.
 
+A listener object may keep state that a run's checkpoints hold (the trackers' run ids, which a resumed run
+continues): it names the checkpoint entry (`checkpoint_entry`, one of `STATE_ENTRIES`) and has `state_dict()` (its
+own keys of the entry) and `load_state_dict(entry)`; `Callbacks.components()` hands each entry to the Checkpointer as a
+component (engine/checkpointer.py), so no listener writes the trainer's attributes.
+
 A callback that raises an Exception is reported as one warning naming it and the event, and the run goes on: a
 listener never ends the training it listens to. A BaseException (Ctrl-C, `utils.errors.Interrupted`, SystemExit)
 passes through, so a callback can still stop a run on purpose.
@@ -29,6 +34,9 @@ EVENTS = {
 }
 # fired on every rank (a callback that writes files checks `trainer.is_main`); every other event fires on rank 0 only
 EVERY_RANK = frozenset({"on_train_start", "on_train_end"})
+# checkpoint entry: what listeners keep in it. Each is in every checkpoint, empty where no listener of the run keeps
+# state there (listeners run on rank 0 alone, and a run may have none)
+STATE_ENTRIES = {"tracker_runs": "{tracker name: run id}: a --resume or a torchrun restart continues that run"}
 
 
 def callback_name(fn):
@@ -36,11 +44,30 @@ def callback_name(fn):
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
+class SharedEntry:
+    """A checkpoint entry (a dict) that listeners keep their state in, each its own keys, as a component: the keys no
+    listener of this run claims (a tracker that a resumed run's --loggers dropped) stay as the checkpoint held them,
+    so a later resume with that tracker continues its run."""
+
+    def __init__(self):
+        self.keepers = []  # the listeners that keep their state here
+        self.loaded = {}  # the entry as the checkpoint this run resumed from held it
+
+    def state_dict(self):
+        return {**self.loaded, **{k: v for keeper in self.keepers for k, v in keeper.state_dict().items()}}
+
+    def load_state_dict(self, entry):
+        self.loaded = dict(entry or {})  # older checkpoints: none
+        for keeper in self.keepers:
+            keeper.load_state_dict(self.loaded)
+
+
 class Callbacks:
-    """The listeners of one run, by event, in the order they were added."""
+    """The listeners of one run, by event, in the order they were added, and the state they keep."""
 
     def __init__(self):
         self.listeners = {event: [] for event in EVENTS}
+        self.states = {entry: SharedEntry() for entry in STATE_ENTRIES}
 
     def add(self, event, fn):
         if event not in EVENTS:
@@ -55,9 +82,19 @@ class Callbacks:
         names = [n for n in dir(listener) if n.startswith("on_") and callable(getattr(listener, n))]
         if not names:
             raise ValueError(f"{type(listener).__name__} has no on_* method; events: {', '.join(EVENTS)}")
+        entry = getattr(listener, "checkpoint_entry", None)
+        if entry is not None and entry not in STATE_ENTRIES:
+            raise ValueError(f"{type(listener).__name__} keeps its state in checkpoint entry {entry!r}; entries: "
+                             f"{', '.join(STATE_ENTRIES)}")
         for name in names:
             self.add(name, getattr(listener, name))
+        if entry is not None:
+            self.states[entry].keepers.append(listener)
         return listener
+
+    def components(self):
+        """{checkpoint entry: the listeners' state in it}, a component each (engine/checkpointer.py)."""
+        return dict(self.states)
 
     def extend(self, callbacks):
         """Callbacks as `run` takes them: a dict {event: [functions]}, or an iterable of listener objects."""

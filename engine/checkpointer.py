@@ -53,22 +53,18 @@ class LoopState:
     best_epoch: int = 0  # the epoch of best_fitness, for early stopping
     metrics: dict = dataclasses.field(default_factory=dict)  # the last validation's results
     mean_losses: torch.Tensor = None  # this rank's running mean of the epoch's loss items
-    # {tracker name: its run id}, recorded by the tracker listeners (utils/loggers/tracker.py) when they open a run:
-    # a --resume or a torchrun restart continues that run instead of opening another
-    tracker_runs: dict = dataclasses.field(default_factory=dict)
     done: bool = False  # no epoch is left to train (the last one, or early stopping): only the run's end is
 
     def state_dict(self):
         # "epoch" is the last finished epoch (-1: none), as every checkpoint of this project has stored it
         return {"epoch": self.epoch - 1, "batch": self.batch, "last_opt_step": self.last_opt_step,
                 "best_fitness": self.best_fitness, "best_epoch": self.best_epoch, "metrics": self.metrics,
-                "tracker_runs": dict(self.tracker_runs), "done": self.done}
+                "done": self.done}
 
     def load_state_dict(self, ckpt):
         """The loop's entries of `ckpt`; `mean_losses` is left as it is (each rank's own, in `ranks`)."""
         self.epoch, self.batch, self.last_opt_step = ckpt["epoch"] + 1, ckpt["batch"], ckpt["last_opt_step"]
         self.best_fitness, self.best_epoch, self.metrics = ckpt["best_fitness"], ckpt["best_epoch"], ckpt["metrics"]
-        self.tracker_runs = dict(ckpt.get("tracker_runs") or {})  # older checkpoints: none
         self.done = bool(ckpt.get("done"))
 
 

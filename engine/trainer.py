@@ -269,11 +269,11 @@ class BaseTrainer:
     # ---------------------------------------------------------------- checkpoints (engine/checkpointer.py)
     def components(self, state=None):
         """What a checkpoint holds of this run, by name: the loop's `state` (this run's unless given), the model, its
-        EMA, the optimizer, LR scheduler and AMP scaler, each saving and loading its own state; the options and
-        hyperparameters as a record."""
+        EMA, the optimizer, LR scheduler and AMP scaler and the listeners' states (engine/callbacks.py), each saving
+        and loading its own; the options and hyperparameters as a record."""
         return {"loop": self.state if state is None else state, "model": Weights(self.model),
                 "ema": EMAWeights(self.ema), "optimizer": self.optimizer, "scheduler": self.scheduler,
-                "scaler": self.scaler, "opt": self.opt.to_dict(), "hyp": self.hyp}
+                "scaler": self.scaler, "opt": self.opt.to_dict(), "hyp": self.hyp, **self.callbacks.components()}
 
     def save_position(self, epoch, batch):
         """last.pt after `batch` batches of `epoch` (0: at its start); every rank takes part (each one's RNG states

@@ -75,6 +75,52 @@ class Recorder:
         raise RuntimeError("a failing logger")  # reported, and the run still returns its metrics
 
 
+class Keeper:
+    """A listener keeping its state in a checkpoint entry, as a tracker keeps its run id."""
+
+    checkpoint_entry = "tracker_runs"
+
+    def __init__(self, name, run_id=None):
+        self.name, self.run_id, self.resumed = name, run_id, None
+
+    def on_train_end(self, trainer):
+        pass
+
+    def state_dict(self):
+        return {self.name: self.run_id} if self.run_id else {}
+
+    def load_state_dict(self, entry):
+        self.resumed = entry.get(self.name)
+
+
+def test_listeners_keep_their_own_state_in_a_checkpoint_entry_and_keys_none_claims_stay():
+    """Each listener gives its keys of the entry and reads them back; a key no listener of this run claims (a tracker
+    a resume dropped) stays as loaded, where it was; an older checkpoint without the entry gives an empty one."""
+    callbacks = Callbacks()
+    assert callbacks.components()["tracker_runs"].state_dict() == {}  # written even with no listener keeping state
+    a, b = callbacks.attach(Keeper("a", "run-a")), callbacks.attach(Keeper("b"))
+    entry = callbacks.components()["tracker_runs"]
+    assert entry.state_dict() == {"a": "run-a"}
+    entry.load_state_dict({"gone": "run-x", "b": "old-b", "a": "old-a"})
+    assert (a.resumed, b.resumed) == ("old-a", "old-b")
+    b.run_id = "old-b"  # b continues its run, a opened another
+    assert list(entry.state_dict().items()) == [("gone", "run-x"), ("b", "old-b"), ("a", "run-a")]
+    older, kept = Callbacks(), Keeper("a")
+    older.attach(kept).resumed = "stale"
+    older.components()["tracker_runs"].load_state_dict(None)
+    assert older.components()["tracker_runs"].state_dict() == {} and kept.resumed is None
+
+
+def test_a_listener_keeping_state_outside_the_declared_entries_is_refused():
+    """An entry of a listener's choosing could overwrite one of the checkpoint's own ("model")."""
+    keeper = Keeper("a", "run-a")
+    keeper.checkpoint_entry = "model"
+    callbacks = Callbacks()
+    with pytest.raises(ValueError, match="checkpoint entry 'model'; entries: tracker_runs"):
+        callbacks.attach(keeper)
+    assert not callbacks.has("on_train_end")
+
+
 def test_a_run_fires_the_declared_events_and_survives_a_failing_callback(shapes_detect, tmp_path, yolo_log):
     recorder = Recorder()
     trainer, metrics = train.run(

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import train
+from engine.callbacks import Callbacks
 from engine.checkpointer import Checkpointer, LoopState
 from engine.options import TrainOptions
 from engine.trainer import BaseTrainer
@@ -22,7 +23,7 @@ def _trainer(seed, epochs=10):
     model = DetectionModel("yolov5n.yaml", nc=2)
     optimizer = build_optimizer(model, "SGD", 0.01, 0.9, 0.0005)
     return SimpleNamespace(
-        model=model, ema=ModelEMA(model), optimizer=optimizer, state=LoopState(),
+        model=model, ema=ModelEMA(model), optimizer=optimizer, state=LoopState(), callbacks=Callbacks(),
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1 - e / epochs),
         scaler=torch.amp.GradScaler("cpu", enabled=False), opt=TrainOptions.from_values(train.parse_opt([])),
         hyp={"lr0": 0.01},
@@ -43,10 +44,10 @@ def _restore(checkpointer, trainer, epochs=10):
 def test_loop_state_round_trips_through_a_checkpoint(tmp_path):
     checkpointer = Checkpointer(tmp_path, save_interval="3it")
     saved = LoopState(epoch=3, batch=5, last_opt_step=25, best_fitness=0.25, best_epoch=2,
-                      metrics={"fitness": 0.25, "metrics/mAP50(B)": 0.5}, mean_losses=torch.tensor([0.5, 0.25, 1.0]),
-                      tracker_runs={"wandb": "abc123", "mlflow": "0f9e"})
+                      metrics={"fitness": 0.25, "metrics/mAP50(B)": 0.5}, mean_losses=torch.tensor([0.5, 0.25, 1.0]))
     source = _trainer(0)
     source.ema.updates = 9
+    source.callbacks.states["tracker_runs"].loaded = {"wandb": "abc123", "mlflow": "0f9e"}  # as a resumed run's
     ckpt = checkpointer.checkpoint(BaseTrainer.components(source, saved), ranks=[Checkpointer.rank_state(saved)])
     checkpointer.save(ckpt, epoch=2, improved=True)
     on_disk = load_checkpoint(checkpointer.last)
@@ -58,6 +59,7 @@ def test_loop_state_round_trips_through_a_checkpoint(tmp_path):
     assert restored is target.state and restored == dataclasses.replace(saved, mean_losses=restored.mean_losses)
     assert torch.equal(restored.mean_losses, saved.mean_losses)
     assert target.ema.updates == 9
+    assert target.callbacks.components()["tracker_runs"].state_dict() == {"wandb": "abc123", "mlflow": "0f9e"}
     assert all(torch.equal(a, b) for a, b in zip(source.model.state_dict().values(),
                                                   target.model.state_dict().values()))
     assert checkpointer.last_save[1] == 3 * 7 + 5 - 1  # --save-interval counts from the restored position
@@ -80,13 +82,15 @@ def test_a_run_whose_epochs_are_done_is_restored_to_finish(tmp_path, yolo_log):
     assert not _restore(checkpointer, _trainer(0)).done
 
 
-def test_a_checkpoint_older_than_tracker_runs_restores_with_none():
-    older = {"epoch": 1, "batch": 0, "last_opt_step": 7, "best_fitness": 0.1, "best_epoch": 1, "metrics": {}}
-    state = LoopState()
-    state.load_state_dict(older)
-    assert state.tracker_runs == {} and state.epoch == 2
-    state.tracker_runs["wandb"] = "x"  # a tracker records its run: the next checkpoint holds it
-    assert state.state_dict()["tracker_runs"] == {"wandb": "x"}
+def test_a_checkpoint_older_than_tracker_runs_restores_with_none(tmp_path):
+    older = {"epoch": 1, "batch": 0, "last_opt_step": 7, "best_fitness": 0.1, "best_epoch": 1, "metrics": {},
+             "ranks": [], "model": None}
+    torch.save(older, tmp_path / "older.pt")
+    callbacks = Callbacks()
+    state = Checkpointer(tmp_path).restore(tmp_path / "older.pt", {"loop": LoopState(), **callbacks.components()}, 10,
+                                           7)
+    assert state.epoch == 2 and not state.done
+    assert callbacks.components()["tracker_runs"].state_dict() == {}
 
 
 # The entries of a resumable checkpoint, in the order every checkpoint of this project has written them: older

@@ -22,6 +22,11 @@ from utils.loggers.tracker import Tracker
 SMALL = dict(cfg="yolov5n.yaml", imgsz=64, batch_size=8, workers=0, device="cpu")  # 2 batches of 8 per epoch
 
 
+def tracker_runs(trainer):
+    """{tracker name: run id} as the run's checkpoints hold it: each tracker keeps its own (engine/callbacks.py)."""
+    return trainer.callbacks.components()["tracker_runs"].state_dict()
+
+
 @pytest.fixture
 def tracker_env(monkeypatch, tmp_path):
     """W&B offline, its caches in the test's folder; MLflow's default store (the --project folder)."""
@@ -92,7 +97,7 @@ def tracked_run(shapes_detect, tmp_path_factory):
 def test_wandb_offline_run_holds_every_results_column_for_both_epochs(tracked_run):
     rows = results_rows(tracked_run.save_dir)
     [(run_id, config, history, artifacts)] = read_wandb(tracked_run.save_dir)
-    assert run_id == tracked_run.state.tracker_runs["wandb"]
+    assert run_id == tracker_runs(tracked_run)["wandb"]
     assert config["epochs"] == 2 and config["imgsz"] == 64 and "lr0" in config["hyp"]
     for epoch, row in rows.items():
         for column, value in row.items():
@@ -109,7 +114,7 @@ def test_mlflow_run_holds_params_every_metric_per_epoch_and_best_pt(tracked_run)
 
     client, runs = mlflow_runs(tracked_run.save_dir.parent)
     [run] = runs
-    assert run.info.run_id == tracked_run.state.tracker_runs["mlflow"] and run.info.status == "FINISHED"
+    assert run.info.run_id == tracker_runs(tracked_run)["mlflow"] and run.info.status == "FINISHED"
     assert run.info.run_name == tracked_run.save_dir.name
     assert run.data.params["epochs"] == "2" and "hyp/lr0" in run.data.params
     rows = results_rows(tracked_run.save_dir)
@@ -177,7 +182,7 @@ def test_mlflow_server_receives_params_metrics_and_best_pt_over_http(shapes_dete
     client = MlflowClient(tracking_uri=mlflow_server)
     [experiment] = [e for e in client.search_experiments() if e.name == str(tracker_env / "runs")]
     [run] = client.search_runs([experiment.experiment_id])
-    assert run.info.run_id == trainer.state.tracker_runs["mlflow"] and run.info.status == "FINISHED"
+    assert run.info.run_id == tracker_runs(trainer)["mlflow"] and run.info.status == "FINISHED"
     assert run.data.params["epochs"] == "2" and run.data.params["hyp/lr0"] == str(trainer.hyp["lr0"])
     assert metric_steps(client, run, "train/box_loss") == [1, 2]
     assert metric_steps(client, run, "metrics/mAP50-95_B") == [1, 2]
@@ -204,11 +209,11 @@ def test_a_resume_by_hand_continues_the_same_tracker_runs(shapes_detect, tracker
     assert run.info.status == "KILLED" and metric_steps(client, run, "train/box_loss") == [1]
     trainer, _ = train.run(resume=str(project / "exp" / "weights" / "last.pt"))
     client, [run] = mlflow_runs(project)
-    assert run.info.status == "FINISHED" and run.info.run_id == trainer.state.tracker_runs["mlflow"]
+    assert run.info.status == "FINISHED" and run.info.run_id == tracker_runs(trainer)["mlflow"]
     assert metric_steps(client, run, "train/box_loss") == [1, 2]
     assert metric_steps(client, run, "metrics/mAP50_B") == [1, 2]
     wandb_runs = read_wandb(trainer.save_dir)
-    assert len(wandb_runs) == 2 and {r[0] for r in wandb_runs} == {trainer.state.tracker_runs["wandb"]}
+    assert len(wandb_runs) == 2 and {r[0] for r in wandb_runs} == {tracker_runs(trainer)["wandb"]}
     logged = [step for _, _, history, _ in wandb_runs for step, row in history.items() if "train/box_loss" in row]
     assert logged == [1, 2]
     assert sorted(results_rows(trainer.save_dir)) == [1, 2]
@@ -265,7 +270,7 @@ def test_a_missing_package_or_login_is_one_warning(shapes_detect, tracker_env, m
     assert "pip install mlflow" in m
     [w] = _warnings_naming(yolo_log, "wandb")
     assert "not logged in" in w
-    assert trainer.state.tracker_runs == {}
+    assert tracker_runs(trainer) == {}
 
 
 def test_loggers_is_checked_before_any_work(tmp_path):
@@ -318,7 +323,7 @@ class Flaky(Tracker):
         self._call("close", status)
 
 
-def _fake_trainer(tmp_path, tracker_runs=None, epoch=0):
+def _fake_trainer(tmp_path, epoch=0):
     from types import SimpleNamespace
 
     from engine.checkpointer import LoopState
@@ -326,7 +331,7 @@ def _fake_trainer(tmp_path, tracker_runs=None, epoch=0):
     (tmp_path / "weights").mkdir(exist_ok=True)
     (tmp_path / "weights" / "best.pt").write_bytes(b"w")
     (tmp_path / "labels.jpg").write_bytes(b"j")
-    return SimpleNamespace(state=LoopState(epoch=epoch, tracker_runs=dict(tracker_runs or {})), save_dir=tmp_path,
+    return SimpleNamespace(state=LoopState(epoch=epoch), save_dir=tmp_path,
                            epoch_row={"a": 1.0}, checkpointer=SimpleNamespace(best=tmp_path / "weights" / "best.pt"),
                            validator=SimpleNamespace(class_table=lambda: (["class"], [["x"]])))
 
@@ -350,7 +355,7 @@ def test_a_tracker_failing_anywhere_warns_once_and_stops_calling(tmp_path, yolo_
     failed_at = next(i for i, c in enumerate(tracker.calls) if c[0] == fail_on)
     after = [c[0] for c in tracker.calls[failed_at + 1:]]
     assert after in ([], ["close"]), after  # at most a closing attempt, never another log
-    assert (trainer.state.tracker_runs == {}) == (fail_on == "open")
+    assert (tracker.state_dict() == {}) == (fail_on == "open")
 
 
 def test_a_continued_tracker_run_opens_the_recorded_id_and_sends_no_step_twice(tmp_path, yolo_log):
@@ -362,8 +367,10 @@ def test_a_continued_tracker_run_opens_the_recorded_id_and_sends_no_step_twice(t
     first.on_train_interrupted(trainer)
     assert first.calls == [("open", None), ("log_step", [], ["labels.jpg"], 0), ("log_step", ["a"], [], 1),
                            ("log_weights", "best.pt", 0), ("close", "killed")]
-    resumed = Flaky()  # a new process: the run id comes from the checkpoint's loop state
-    trainer = _fake_trainer(tmp_path, tracker_runs=trainer.state.tracker_runs, epoch=1)
+    assert first.state_dict() == {"flaky": "run1"}
+    resumed = Flaky()  # a new process: the run id comes from the checkpoint
+    resumed.load_state_dict(first.state_dict())
+    trainer = _fake_trainer(tmp_path, epoch=1)
     _drive(resumed, trainer, [1])
     assert resumed.calls == [("open", "run1"), ("log_step", ["a"], [], 2), ("log_final", [], 2),
                              ("log_weights", "best.pt", 2), ("close", "finished")]

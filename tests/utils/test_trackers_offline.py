@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import train
-from tests.utils.test_trackers import SMALL, results_rows
+from tests.utils.test_trackers import SMALL, results_rows, tracker_runs
 from utils.errors import Interrupted
 from utils.files import ROOT
 from utils.loggers.clearml import scalar_name
@@ -112,7 +112,7 @@ def offline_run(shapes_detect, tmp_path_factory):
 
 def test_clearml_offline_session_holds_every_results_column_for_both_epochs(offline_run):
     trainer, cache = offline_run
-    task_id = trainer.state.tracker_runs["clearml"]
+    task_id = tracker_runs(trainer)["clearml"]
     task, scalars, images, tables = read_clearml(cache, task_id)
     assert task["id"] == task_id and task["name"] == trainer.save_dir.name
     assert task["project_name"] == str(trainer.save_dir.parent)
@@ -137,7 +137,7 @@ def test_clearml_offline_session_holds_every_results_column_for_both_epochs(offl
 def test_comet_offline_zip_holds_every_results_column_for_both_epochs(offline_run):
     trainer, _ = offline_run
     [(meta, messages)] = read_comet(trainer.save_dir / "comet")
-    assert meta["offline_id"] == trainer.state.tracker_runs["comet"]
+    assert meta["offline_id"] == tracker_runs(trainer)["comet"]
     assert meta["project_name"] == service_project_name(str(trainer.save_dir.parent), 100)
     others = {p["key"]: p["value"] for kind, p in messages if kind == "log_other"}
     assert others["Name"] == trainer.save_dir.name
@@ -169,14 +169,14 @@ def test_a_resume_by_hand_continues_the_same_task_and_experiment(shapes_detect, 
         train.run(data=str(shapes_detect), epochs=2, project=str(project), loggers="clearml,comet", noplots=True,
                   log_model=False, callbacks={"on_fit_epoch_end": [ctrl_c_after_first_epoch]}, **SMALL)
     trainer, _ = train.run(resume=str(project / "exp" / "weights" / "last.pt"))
-    task_id = trainer.state.tracker_runs["clearml"]
+    task_id = tracker_runs(trainer)["clearml"]
     assert [p.name for p in (offline_env / "clearml-cache" / "offline").iterdir()] in (
         [task_id, f"{task_id}.zip"], [f"{task_id}.zip", task_id])
     task, scalars, _, _ = read_clearml(offline_env / "clearml-cache", task_id)
     assert sorted(scalars[("train", "box_loss")]) == [1, 2] and sorted(scalars[("metrics", "mAP50(B)")]) == [1, 2]
     assert task["execution"]["artifacts"] == []
     archives = read_comet(trainer.save_dir / "comet")
-    assert [meta["offline_id"] for meta, _ in archives] == [trainer.state.tracker_runs["comet"]] * 2
+    assert [meta["offline_id"] for meta, _ in archives] == [tracker_runs(trainer)["comet"]] * 2
     assert [meta["resume_strategy"] for meta, _ in archives] == ["create", "get"]
     steps = [sorted(comet_metrics(messages)["train/box_loss"]) for _, messages in archives]
     assert steps == [[1], [2]]
@@ -202,7 +202,7 @@ def test_a_clearml_session_gone_from_the_cache_goes_on_in_a_new_one_under_the_sa
     first = offline_env / "clearml-cache"
     shutil.move(first, offline_env / "first-session")
     trainer, _ = train.run(resume=str(project / "exp" / "weights" / "last.pt"))
-    task_id = trainer.state.tracker_runs["clearml"]
+    task_id = tracker_runs(trainer)["clearml"]
     _, before, _, _ = read_clearml(offline_env / "first-session", task_id)
     _, after, _, _ = read_clearml(first, task_id)
     assert sorted(before[("train", "box_loss")]) == [1] and sorted(after[("train", "box_loss")]) == [2]
@@ -238,14 +238,14 @@ def test_a_run_killed_outright_then_resumed(shapes_detect, offline_env):
     [folder] = [p for p in cache.iterdir() if p.is_dir()]
     assert not list(cache.glob("*.zip")), "the killed process never closed its session"
     trainer, _ = train.run(resume=str(project / "exp" / "weights" / "last.pt"))
-    assert trainer.state.tracker_runs["clearml"] == folder.name
+    assert tracker_runs(trainer)["clearml"] == folder.name
     _, scalars, _, _ = read_clearml(offline_env / "clearml-cache", folder.name)
     assert sorted(scalars[("train", "box_loss")]) == [1, 2] and sorted(scalars[("metrics", "mAP50(B)")]) == [1, 2]
     zips = {z: zipfile.ZipFile(z).namelist() for z in (trainer.save_dir / "comet").glob("*.zip")}
     readable = [z for z, names in zips.items() if "experiment.json" in names]
     assert len(readable) == 1 and [names for names in zips.values() if "experiment.json" not in names] == [[]]
     [(meta, messages)] = read_comet(trainer.save_dir / "comet", readable)
-    assert meta["offline_id"] == trainer.state.tracker_runs["comet"] and meta["resume_strategy"] == "get"
+    assert meta["offline_id"] == tracker_runs(trainer)["comet"] and meta["resume_strategy"] == "get"
     assert sorted(comet_metrics(messages)["train/box_loss"]) == [2]
 
 
@@ -307,7 +307,7 @@ def test_a_missing_package_is_one_warning(shapes_detect, offline_env, monkeypatc
     monkeypatch.setitem(sys.modules, "clearml", None)
     trainer, metrics = train.run(data=str(shapes_detect), epochs=1, project=str(offline_env / "runs"), noplots=True,
                                  noval=True, loggers="csv,clearml,comet", **SMALL)
-    assert "fitness" in metrics and trainer.state.tracker_runs == {}
+    assert "fitness" in metrics and tracker_runs(trainer) == {}
     for name, package in (("clearml", "clearml"), ("comet", "comet_ml")):
         [w] = _warnings_naming(yolo_log, name)
         assert f"pip install {package}" in w
@@ -356,7 +356,7 @@ def test_starting_a_tracker_leaves_the_process_as_it_was(tmp_path, offline_env, 
               signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.excepthook, sys.exit)
     try:
         tracker.on_pretrain_routine_end(trainer)
-        assert tracker.active and trainer.state.tracker_runs[name]
+        assert tracker.active and tracker.state_dict()[name]
         after = (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist(),
                  signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.excepthook, sys.exit)
         assert after == before
@@ -383,7 +383,7 @@ def test_a_run_id_that_is_not_text_is_one_warning_and_never_reaches_the_checkpoi
     _drive(tracker, trainer, [0, 1])
     [w] = _warnings_naming(yolo_log, "flaky")
     assert "starting failed" in w and "gave no run id" in w
-    assert trainer.state.tracker_runs == {} and [c[0] for c in tracker.calls] == ["open", "close"]
+    assert tracker.state_dict() == {} and [c[0] for c in tracker.calls] == ["open", "close"]
 
 
 def test_the_offline_view_reads_both_zips_as_results_csv(offline_run):
@@ -393,7 +393,7 @@ def test_the_offline_view_reads_both_zips_as_results_csv(offline_run):
     trainer, cache = offline_run
     rows = results_rows(trainer.save_dir)
     [comet_zip] = (trainer.save_dir / "comet").glob("*.zip")
-    for path in (cache / "offline" / f"{trainer.state.tracker_runs['clearml']}.zip", comet_zip):
+    for path in (cache / "offline" / f"{tracker_runs(trainer)['clearml']}.zip", comet_zip):
         metrics = read(path)
         for epoch, row in rows.items():
             for column, value in row.items():

@@ -4,8 +4,10 @@ A tracker (W&B, MLflow, ClearML, Comet) is a listener of the declared events (en
 rank 0 only (utils.loggers.build_loggers), so no other rank imports its package. A subclass says how to talk to its
 package (`open`, `log_step`, `log_final`, `log_weights`, `close`); this class decides what goes when:
 - set-up done: a run is opened with the options and hyperparameters as its config, named after --project and the run
-  folder, or the run whose id the checkpoint holds (`LoopState.tracker_runs`) is continued: a --resume and a torchrun
-  restart go on in the same tracker run. The id is recorded before any checkpoint is written. labels.jpg goes too.
+  folder, or the run whose id the checkpoint holds is continued: a --resume and a torchrun restart go on in the same
+  tracker run. The tracker keeps the id and gives it to every checkpoint, under `tracker_runs`, as a component of the
+  run (`state_dict`, `load_state_dict`: engine/callbacks.py); it has it before any checkpoint is written. labels.jpg
+  goes too.
 - each epoch's end: the epoch's results.csv row under the same names, at step = the epoch as results.csv numbers it
   (from 1), and the pictures drawn since (the first training batches). A resumed run starts after the last saved
   epoch, so no step is sent twice.
@@ -40,11 +42,21 @@ class TrackerOff(Exception):
 class Tracker:
     name = ""  # as --loggers names it, and the key of its run id in the checkpoint
     install = ""  # the pip package
+    checkpoint_entry = "tracker_runs"  # {tracker name: run id} in every checkpoint (engine/callbacks.STATE_ENTRIES)
 
     def __init__(self, log_model=True):
         self.log_model = log_model
         self.active = False  # a run is open and nothing has failed
         self.sent = {}  # picture name -> modification time when sent: a redrawn picture is sent again
+        self.opened_id = None  # the run opened or continued, which every checkpoint from then on holds
+        self.resumed_id = None  # the run the checkpoint this run resumed from holds: it is continued
+
+    # ---------------------------------------------------------------- its state, in the run's checkpoints
+    def state_dict(self):
+        return {self.name: self.opened_id} if self.opened_id else {}
+
+    def load_state_dict(self, entry):
+        self.resumed_id = entry.get(self.name)
 
     # ---------------------------------------------------------------- what a subclass implements
     def open(self, trainer, run_id):
@@ -119,11 +131,11 @@ class Tracker:
             raise TrackerOff(f"{module} cannot be imported ({e}); pip install {self.install}") from None
 
     def _start(self, trainer):
-        previous = trainer.state.tracker_runs.get(self.name)
+        previous = self.resumed_id
         run_id = self.open(trainer, previous)
         if not isinstance(run_id, str) or not run_id:  # the checkpoint stores it: plain text, or it could not be saved
             raise TrackerOff(f"{self.name}: the package gave no run id ({type(run_id).__name__} {run_id!r})")
-        trainer.state.tracker_runs[self.name] = run_id
+        self.opened_id = run_id
         self.active = True
         LOGGER.info(f"{self.name}: {'continuing' if previous == run_id else 'started'} run {run_id}{self.where()}")
         pictures = self._new_pictures(trainer.save_dir)
