@@ -60,8 +60,9 @@ class V8DetectionLoss:
             raise ValueError(f"the v8 criterion needs a DFL head (reg_max > 1), got reg_max={self.reg_max}")
         self.no = self.nc + 4 * self.reg_max
         self.box_gain, self.cls_gain, self.dfl_gain = hyp["box"], hyp["cls"], hyp["dfl"]
-        self.assigner = TaskAlignedAssigner(topk=10, num_classes=self.nc, alpha=0.5, beta=6.0)
         self.strides = self.head.stride.tolist()  # host numbers: read from a device tensor, each would wait for it
+        self.assigner = TaskAlignedAssigner(topk=10, num_classes=self.nc, alpha=0.5, beta=6.0,
+                                            min_side=self.strides[min(1, len(self.strides) - 1)])
         self.grids = OrderedDict()  # the last GRIDS input shapes' anchors (`grid`)
 
     def __call__(self, preds, batch):

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from utils.loss.tal import TaskAlignedAssigner, anchors_in_boxes
+from utils.loss.tal import TaskAlignedAssigner, anchors_in_boxes, widen_small_boxes
 
 ROW = torch.tensor([[x + 0.5, 0.5] for x in range(6)])  # six anchor centres along one row
 
@@ -70,6 +70,26 @@ def test_gt_without_anchor_inside_gets_nothing_and_padding_is_ignored():
     r = assign(a, torch.full((6, 2), 0.9), pd, [tiny, padded], [1, 0], valid=[True, False])
     assert not r.fg_mask.any()
     assert r.scores.abs().sum() == 0
+
+
+def test_small_boxes_are_widened_about_their_centre_side_by_side():
+    boxes = torch.tensor([[1.6, 0.1, 1.9, 0.4], [0.0, 0.0, 4.0, 0.5], [1.0, 1.0, 5.0, 6.0]])
+    got = widen_small_boxes(boxes, 2.0)
+    # a 0.3 x 0.3 box becomes 2 x 2 about (1.75, 0.25); a 4 x 0.5 box only grows in height; a large one stays
+    want = torch.tensor([[0.75, -0.75, 2.75, 1.25], [0.0, -0.75, 4.0, 1.25], [1.0, 1.0, 5.0, 6.0]])
+    assert torch.allclose(got, want)
+
+
+def test_a_gt_smaller_than_min_side_takes_the_anchors_of_its_widened_box():
+    a = TaskAlignedAssigner(topk=10, num_classes=2, min_side=2.0)
+    tiny = [1.6, 0.1, 1.9, 0.4]  # between anchor centres 1.5 and 2.5: no centre inside it
+    padded = [0.0, 0.0, 6.0, 1.0]
+    pd = torch.tensor([[1.5, 0.0, 2.0, 0.5]] * 6)  # overlaps the tiny box, so the alignment metric is not zero
+    r = assign(a, torch.full((6, 2), 0.9), pd, [tiny, padded], [1, 0], valid=[True, False])
+    # widened to 0.75..2.75 (x) and -0.75..1.25 (y): anchor centres 1.5 and 2.5 lie inside; padding still ignored
+    assert r.fg_mask[0].tolist() == [False, True, True, False, False, False]
+    assert r.labels[0, [1, 2]].tolist() == [1, 1]
+    assert torch.allclose(r.bboxes[0, 1], torch.tensor(tiny))  # the target stays the real box
 
 
 def test_no_gt_at_all():

@@ -75,3 +75,11 @@ def test_v8_better_boxes_give_lower_box_loss():
     stepped = [(p - 0.5 * p.grad / p.grad.abs().max()).detach() for p in preds]
     _, items1 = crit(stepped, batch)
     assert items1[0] < items0[0] and items1[2] < items0[2]
+
+
+
+def test_v8_widens_objects_smaller_than_the_second_stride_when_choosing_candidates():
+    """The candidates of a GT smaller than the second stride (16 px here) come from its box widened to 16 px, as in
+    Ultralytics 8.4 (the assigner's own tests check what widening does)."""
+    model = fake_model("free")
+    assert V8DetectionLoss(model, HYP_V8).assigner.min_side == 16.0
