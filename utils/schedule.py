@@ -21,6 +21,17 @@ HYP_KEYS = {
 # nbs: the nominal batch size gradients are accumulated to (a hyp may lower it so that small datasets get enough
 # optimizer steps); close_mosaic: the last epochs trained without mosaic (0: none)
 HYP_DEFAULTS = {"nbs": 64, "close_mosaic": 0}
+WARMUP_FLOOR = 100  # the fewest warmup iterations from scratch (YOLOv5's and Ultralytics' 8.0-8.3 rule)
+
+
+def warmup_iters(warmup_epochs, epochs, batches, pretrained):
+    """Batches of warmup (-1: none). From scratch: warmup_epochs, at least WARMUP_FLOOR batches. Fine-tuning:
+    warmup_epochs, at most epochs - 1 (Ultralytics 8.4's rule): on a small set the floor spans half a short run, which
+    held COCO128 fine-tuning back, while from scratch the shorter warmup lost accuracy on the shapes sets under the
+    larger step there (docs/recipes.md, "Real photos")."""
+    if not pretrained:
+        return max(round(warmup_epochs * batches), WARMUP_FLOOR) if warmup_epochs > 0 else -1
+    return round(min(warmup_epochs, max(epochs - 1, 0)) * batches) or -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +56,7 @@ class Schedule:
     def plan(cls, hyp, optimizer, epochs, total_batch, n_images, batches, nc, pretrained=False, cos_lr=False):
         """`batches`: per epoch and rank; `n_images`: the training set's size; `pretrained`: fine-tuning, where
         `--optimizer auto` keeps the Ultralytics fit (its larger step was measured from scratch, and would overwrite
-        pretrained features)."""
+        pretrained features), and the warmup has no floor (`warmup_iters`)."""
         h = {**HYP_DEFAULTS, **hyp}
         nbs = h["nbs"]
         accumulate = max(round(nbs / total_batch), 1)
@@ -54,7 +65,7 @@ class Schedule:
         iterations = math.ceil(n_images / max(total_batch, nbs)) * epochs
         gain = 1.0 if pretrained else h["lr_auto_gain"]
         name, lr0, momentum = resolve_optimizer(optimizer, h["lr0"], h["momentum"], nc, iterations, gain)
-        warmup = max(round(h["warmup_epochs"] * batches), 100) if h["warmup_epochs"] > 0 else -1
+        warmup = warmup_iters(h["warmup_epochs"], epochs, batches, pretrained)
         return cls(
             optimizer=name, lr0=lr0, momentum=momentum, weight_decay=weight_decay, accumulate=accumulate,
             total_batch=total_batch, nbs=nbs, warmup_iters=warmup,
