@@ -186,3 +186,56 @@ def test_publish_leaves_nothing_when_the_build_fails(tmp_path):
     assert (tmp_path / "f.txt").read_text() == "1"
     assert publish(tmp_path / "f.txt", lambda t: Path(t).write_text("3"), replace=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"] and (tmp_path / "f.txt").read_text() == "3"
+
+
+def _one_zip(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    with zipfile.ZipFile(src / "pack.zip", "w") as z:
+        z.writestr("part/a.txt", "0 0.5 0.5 0.1 0.1\n")
+    return (src / "pack.zip").as_uri()
+
+
+def test_an_archive_fetched_anew_during_a_racing_unpack_is_unpacked(tmp_path, monkeypatch):
+    """The race test's failure under load: process A unpacks and deletes the archive while B reads its size, and C
+    fetches it anew meanwhile, so the archive is there again when B looks: B unpacks that copy."""
+    from utils.data import downloads
+
+    real, calls = downloads._unpack_into, []
+
+    def vanished_once(archive, dir, within):
+        calls.append(archive)
+        if len(calls) == 1:
+            raise FileNotFoundError(archive)  # the archive still exists: another process fetched it again
+        return real(archive, dir, within)
+
+    monkeypatch.setattr(downloads, "_unpack_into", vanished_once)
+    downloads.download(_one_zip(tmp_path), dir=tmp_path / "dl")
+    assert len(calls) == 2 and (tmp_path / "dl" / "part" / "a.txt").read_text().startswith("0 ")
+    assert not (tmp_path / "dl" / "pack.zip").exists()
+
+
+def test_an_archive_another_process_unpacked_and_deleted_is_not_unpacked_again(tmp_path, monkeypatch):
+    from utils.data import downloads
+
+    calls = []
+
+    def deleted_by_another(archive, dir, within):
+        calls.append(archive)
+        archive.unlink()  # the other process finished: it unpacked the content and deleted the archive
+        raise FileNotFoundError(archive)
+
+    monkeypatch.setattr(downloads, "_unpack_into", deleted_by_another)
+    downloads.download(_one_zip(tmp_path), dir=tmp_path / "dl")
+    assert len(calls) == 1
+
+
+def test_an_archive_that_keeps_vanishing_is_an_error(tmp_path, monkeypatch):
+    from utils.data import downloads
+
+    def always(archive, dir, within):
+        raise FileNotFoundError(archive)
+
+    monkeypatch.setattr(downloads, "_unpack_into", always)
+    with pytest.raises(FileNotFoundError):
+        downloads.download(_one_zip(tmp_path), dir=tmp_path / "dl")

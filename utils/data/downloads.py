@@ -149,6 +149,7 @@ def _tar_members(t):
                                             stat.S_IFLNK), m.size) for m in t.getmembers()]
 
 
+UNPACK_TRIES = 3  # unpacking an archive that processes racing for it fetched anew and deleted meanwhile
 BLOCK = 4096  # a file's disk blocks, and one more for its inode and folder entry
 MAX_TAR_READ = 1 << 20  # one read from a tar: a header, a long name (a pax header of gigabytes would be read whole)
 
@@ -307,6 +308,19 @@ def _unpack_into(archive, dir, within):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _unpack_shared(dest, dir, within):
+    """`_unpack_into` of an archive that other processes may be fetching, unpacking and deleting at the same time."""
+    for attempt in range(UNPACK_TRIES):
+        try:
+            return _unpack_into(dest, dir, within)
+        except FileNotFoundError:
+            if not dest.exists():
+                return  # another process unpacked this archive and deleted it: its content is in place
+            if attempt == UNPACK_TRIES - 1:
+                raise
+            # there again: a third process fetched it anew meanwhile (a fetch renames a whole file into place)
+
+
 def download(urls, dir=".", threads=1, within=None):
     """Download each archive URL into `dir` (skipping files already there), unpack its data files into `dir`, each
     inside the folder `within` (default `dir`; the dataset root for archives that hold the dataset folder itself),
@@ -324,10 +338,7 @@ def download(urls, dir=".", threads=1, within=None):
             fetch(url, dest, accept=lambda head: check_archive_head(head, url))
         LOGGER.info(f"Unpacking {dest}...")
         try:
-            _unpack_into(dest, dir, within)
-        except FileNotFoundError:
-            if dest.exists():
-                raise  # else another process unpacked this archive and deleted it: its content is in place
+            _unpack_shared(dest, dir, within)
         finally:
             dest.unlink(missing_ok=True)
 
