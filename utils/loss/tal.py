@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import torch
 
-from utils.ops import bbox_iou
+from utils.ops import bbox_iou, xywh2xyxy, xyxy2xywh
 
 
 class Assignment(NamedTuple):
@@ -27,9 +27,9 @@ def anchors_in_boxes(points, boxes, eps=1e-9):
 
 def widen_small_boxes(boxes, side):
     """(..., 4) xyxy boxes with each side shorter than `side` widened to `side` about the box's centre."""
-    centre = (boxes[..., :2] + boxes[..., 2:]) / 2
-    half = (boxes[..., 2:] - boxes[..., :2]).clamp(min=side) / 2
-    return torch.cat((centre - half, centre + half), -1)
+    xywh = xyxy2xywh(boxes)
+    xywh[..., 2:] = xywh[..., 2:].clamp(min=side)
+    return xywh2xyxy(xywh)
 
 
 class TaskAlignedAssigner:
