@@ -70,12 +70,18 @@ def keypoints_to_coco_json(predn, keypoints, image_id, class_map=None):
     """Pose predictions of one image as COCO keypoint results: predn (n, 6) xyxy, conf, cls and keypoints (n, K, 2
     or 3) in original-image pixels; each keypoint's score is its visibility probability (1 without one)."""
     out = box_to_coco_json(predn, image_id, class_map)
+    for d, k in zip(out, coco_keypoints(keypoints)):
+        d["keypoints"] = k
+    return out
+
+
+def coco_keypoints(keypoints):
+    """Keypoints (n, K, 2 or 3) as COCO results' `keypoints` lists, x y score per keypoint, rounded as the boxes; the
+    score is the visibility probability, 1 without one."""
     kpts = _numpy(keypoints).astype(np.float64)
     if kpts.shape[-1] == 2:
         kpts = np.concatenate([kpts, np.ones_like(kpts[..., :1])], -1)
-    for d, k in zip(out, kpts):
-        d["keypoints"] = [round(v, 3) for v in k.reshape(-1).tolist()]
-    return out
+    return [[round(v, 3) for v in k.reshape(-1).tolist()] for k in kpts]
 
 
 def masks_to_rle(masks):

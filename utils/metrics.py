@@ -255,93 +255,65 @@ def _metric_keys(suffix):
 
 
 class DetMetrics:
-    """Box metrics of a detection validation run."""
+    """The metrics of a detection-family validation run, one `Metric` per part: an attribute name and its results.csv
+    suffix, `box` ("B") and then each other field's (masks `seg` "M", keypoints `pose` "P"); the fitness is the sum of
+    the parts', as official."""
 
-    def __init__(self, names=None):
+    parts = (("box", "B"),)
+
+    def __init__(self, names=None, parts=None):
         self.names = names or {}
-        self.box = Metric()
+        self.parts = tuple(parts or self.parts)
+        for name, _ in self.parts:
+            setattr(self, name, Metric())
 
-    def process(self, tp, conf, pred_cls, target_cls):
-        self.box.update(*ap_per_class(tp, conf, pred_cls, target_cls, curves=True))
+    def _metrics(self):
+        return [getattr(self, name) for name, _ in self.parts]
+
+    def process(self, *args):
+        """args: one tp (n, t) per part, in `parts` order, then conf (n,), pred_cls (n,) and target_cls (m,)."""
+        *tps, conf, pred_cls, target_cls = args
+        if len(tps) != len(self.parts):
+            raise ValueError(f"{len(tps)} match arrays for the {len(self.parts)} parts {self.parts}")
+        for metric, tp in zip(self._metrics(), tps):
+            metric.update(*ap_per_class(tp, conf, pred_cls, target_cls, curves=True))
 
     @property
     def keys(self):
-        return _metric_keys("B")
+        return [k for _, suffix in self.parts for k in _metric_keys(suffix)]
 
     def mean_results(self):
-        return self.box.mean_results()
+        return [v for m in self._metrics() for v in m.mean_results()]
 
     def class_result(self, i):
-        return self.box.class_result(i)
+        return tuple(v for m in self._metrics() for v in m.class_result(i))
 
     @property
     def ap_class_index(self):
         return self.box.ap_class_index
 
     def maps(self, nc):
-        return self.box.maps(nc)
+        return sum(m.maps(nc) for m in self._metrics())
 
     @property
     def fitness(self):
-        return self.box.fitness()
+        return sum(m.fitness() for m in self._metrics())
 
     @property
     def results_dict(self):
         return dict(zip(self.keys + ["fitness"], self.mean_results() + [self.fitness]))
 
 
-class SegmentMetrics:
-    """Box and mask metrics of a segmentation validation run; fitness is the sum of both."""
+class SegmentMetrics(DetMetrics):
+    """Box and mask metrics of a segmentation validation run."""
 
-    second, suffix = "seg", "M"  # the attribute holding the second Metric and its results.csv suffix
-
-    def __init__(self, names=None):
-        self.names = names or {}
-        self.box = Metric()
-        setattr(self, self.second, Metric())
-
-    @property
-    def other(self):
-        return getattr(self, self.second)
-
-    def process(self, tp_box, tp_mask, conf, pred_cls, target_cls):
-        self.box.update(*ap_per_class(tp_box, conf, pred_cls, target_cls, curves=True))
-        self.other.update(*ap_per_class(tp_mask, conf, pred_cls, target_cls, curves=True))
-
-    @property
-    def keys(self):
-        return _metric_keys("B") + _metric_keys(self.suffix)
-
-    def mean_results(self):
-        return self.box.mean_results() + self.other.mean_results()
-
-    def class_result(self, i):
-        return self.box.class_result(i) + self.other.class_result(i)
-
-    @property
-    def ap_class_index(self):
-        return self.box.ap_class_index
-
-    def maps(self, nc):
-        return self.box.maps(nc) + self.other.maps(nc)
-
-    @property
-    def fitness(self):
-        return self.box.fitness() + self.other.fitness()
-
-    @property
-    def results_dict(self):
-        return dict(zip(self.keys + ["fitness"], self.mean_results() + [self.fitness]))
+    parts = (("box", "B"), ("seg", "M"))
 
 
-class PoseMetrics(SegmentMetrics):
-    """Box and keypoint (OKS) metrics of a pose validation run (`pose`, columns `(P)`); fitness is the sum of both, as
-    official."""
+class PoseMetrics(DetMetrics):
+    """Box and keypoint (OKS) metrics of a pose validation run."""
 
-    second, suffix = "pose", "P"
-
-    def process(self, tp_box, tp_pose, conf, pred_cls, target_cls):
-        super().process(tp_box, tp_pose, conf, pred_cls, target_cls)
+    parts = (("box", "B"), ("pose", "P"))
 
 
 class ClassifyMetrics:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.fields import MAX_PLOTTED_PREDS, Boxes, Predictions, txt_lines
 from engine.messages import SCRIPTS, check_task
 from engine.options import DetectTrainOptions
 from engine.predictor import BasePredictor
@@ -20,17 +21,15 @@ from utils import ops
 from utils.autoanchor import check_anchors
 from utils.charts import plot_metric_curves
 from utils.cli import check_imgsz
-from utils.coco import box_to_coco_json, eval_coco_json, image_id_from_path, labels_to_coco_json
+from utils.coco import eval_coco_json, labels_to_coco_json
 from utils.data.dataset_yaml import check_det_dataset, has_keypoints
 from utils.data.detect_dataset import YOLODataset
 from utils.data.image_weights import ImageWeightSampler
 from utils.dist import get_rank, get_world_size
 from utils.errors import BadDataset, BadOption
 from utils.loggers import LOGGER
-from utils.metrics import ConfusionMatrix, DetMetrics, iou_vector, process_batch
+from utils.metrics import ConfusionMatrix, DetMetrics, iou_vector
 from utils.plots import colors, plot_images
-
-MAX_PLOTTED_PREDS = 30  # per image in val_batch*_pred.jpg: the most confident, enough to judge a tile
 
 
 def prediction_targets(boxes):
@@ -154,17 +153,23 @@ class DetectionTrainer(BaseTrainer):
 
 
 class DetectionValidator(BaseValidator):
-    """mAP50 and mAP50-95 with per-threshold matching, in original-image coordinates as the official validators."""
+    """mAP50 and mAP50-95 with per-threshold matching, in original-image coordinates as the official validators, of
+    each field the task declares (`declare_fields`: boxes here; engine/fields.py)."""
 
     postprocess_name = "NMS"
 
     def __init__(self, args, save_dir, names, criterion=None, label_names=None):
         super().__init__(args, save_dir, names, criterion, label_names)
         self.iouv = iou_vector()
+        self.fields = self.declare_fields()
         self.layout = None  # the model's output_layout, read by init_metrics
         # the last validation's: every image's matches (for inspection), COCO JSON rows, whether any image had a
         # prediction, labels per class
         self.records, self.jdict, self.has_preds, self.nt_per_class = {}, [], False, None
+
+    def declare_fields(self):
+        """What the task predicts of each object, boxes first (engine/fields.py)."""
+        return (Boxes(),)
 
     @staticmethod
     def get_data(data, options):
@@ -180,111 +185,92 @@ class DetectionValidator(BaseValidator):
                            **self.dataset_kwargs())
 
     def init_metrics(self, model):
-        self.metrics = DetMetrics(names=self.names)
+        self.metrics = DetMetrics(names=self.names, parts=[(f.metric, f.suffix) for f in self.fields])
         self.confusion = ConfusionMatrix(nc=self.nc)  # at its own conf 0.25: val's 0.001 floods the background row
         self.layout = model.output_layout
 
     def description(self):
-        return ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
+        columns = ("P", "R", "mAP50", "mAP50-95")
+        if len(self.fields) > 1:  # each field's columns under its title
+            columns = [c for f in self.fields for c in (f"{f.title}(P", "R", "mAP50", "mAP50-95)")]
+        return ("%22s" + "%11s" * (2 + len(columns))) % ("Class", "Images", "Instances", *columns)
 
     def postprocess(self, preds, batch):
-        """One record per image: `boxes` (n, 6 + nm) xyxy input pixels, conf, cls (and mask coefficients)."""
+        """One record per image (engine/fields.Predictions): its NMS rows (n, 6 + nm + nk), xyxy input pixels, conf,
+        cls and the columns after the class scores; and its prototypes where the model has them."""
+        det, protos = self.layout.split(preds)
         boxes = ops.non_max_suppression(
-            preds,
+            det,
             conf_thres=self.args.conf,
             iou_thres=self.args.iou,
             multi_label=True,
             max_det=self.args.max_det,
             layout=self.layout,
         )  # no time limit: dropping the images left when it runs out would bias mAP (max_nms bounds the work)
-        return [{"boxes": b} for b in boxes]
+        return [Predictions(b, proto=None if protos is None else protos[i]) for i, b in enumerate(boxes)]
 
     def loss_inputs(self, preds):
         return self.layout.train_output(preds)
 
-    def _labels_native(self, batch, si):
-        """Labels of image si as (cls (n,), xyxy boxes (n, 4)) in original-image pixels."""
-        t = batch["targets"][batch["targets"][:, 0] == si]
-        h, w = batch["img"].shape[2:]
-        boxes = ops.xywh2xyxy(t[:, 2:6]) * torch.tensor((w, h, w, h), device=t.device)
-        shape, ratio_pad = batch["shapes"][si]
-        ops.scale_boxes((h, w), boxes, shape, ratio_pad=ratio_pad)
-        return t[:, 1], boxes
-
-    def _native_preds(self, pred, batch, si):
-        predn = pred.clone()
-        shape, ratio_pad = batch["shapes"][si]
-        ops.scale_boxes(batch["img"].shape[2:], predn[:, :4], shape, ratio_pad=ratio_pad)
-        return predn
-
-    def new_record(self):
-        return {"tp": [], "conf": [], "pred_cls": [], "target_cls": [], "json": []}
-
     def update_metrics(self, preds, batch):
         """The matches of each image, on the CPU: its labels are there (`preprocess`), and its predictions come over
-        in one copy; what is matched on the device (masks) stays there in `decode` and `match_extra`."""
-        record = self.new_record()
+        in one copy; what is matched on the device (masks) stays there in the fields' `decode` and `match`."""
+        record = {k: [] for k in ("conf", "pred_cls", "target_cls", "json", *(f.key for f in self.fields))}
         for si, image in enumerate(preds):
             self.seen += 1
-            cls, tboxes = self._labels_native(batch, si)
-            record["target_cls"].append(cls)
-            labelsn = torch.cat([cls[:, None], tboxes], 1)
-            if len(image["boxes"]) == 0:
-                if len(cls):
-                    self.confusion.process_batch(None, labelsn)
+            labels = Boxes.labels(batch, si)
+            record["target_cls"].append(labels[:, 0])
+            image = Predictions.of(image)
+            if len(image.boxes) == 0:
+                if len(labels):
+                    self.confusion.process_batch(None, labels)
                 continue
-            image = self.decode(image, batch)
-            predn = self._native_preds(image["boxes"].cpu(), batch, si)
-            correct = process_batch(predn[:, :6], labelsn, self.iouv)
-            self.match_extra(record, image, batch, si, predn, labelsn, correct)
-            record["tp"].append(correct)
-            record["conf"].append(predn[:, 4])
-            record["pred_cls"].append(predn[:, 5])
-            self.confusion.process_batch(predn[:, :6], labelsn)
-            path = Path(batch["paths"][si])
-            if self.args.save_txt:
-                self.save_txt(predn, batch["shapes"][si][0], self.save_dir / "labels" / f"{path.stem}.txt")
-            if self.args.save_json:
-                record["json"] += self.pred_to_json(image, predn, batch, si)
+            self.match_image(record, image, labels, batch, si)
         return record
 
-    def decode(self, image, batch):
-        """Hook for subclasses: image's record with what its matching needs and postprocess left undone
-        (segmentation: its masks)."""
-        return image
+    def match_image(self, record, image, labels, batch, si):
+        """Image si's matches and rows into `record`, where it has predictions: each field decodes on the device, the
+        rows come to the CPU once, each field scales its columns back and matches."""
+        for f in self.fields:
+            image = f.decode(image, batch)
+        native = image.boxes.cpu().clone()
+        for f in self.fields:
+            f.scale(native, batch, si)
+        for f in self.fields:
+            record[f.key].append(f.match(image, native, labels, batch, si, self.iouv) if len(labels)
+                                 else torch.zeros((len(native), len(self.iouv)), dtype=torch.bool))
+        record["conf"].append(native[:, 4])
+        record["pred_cls"].append(native[:, 5])
+        self.confusion.process_batch(native[:, :6], labels)
+        if self.args.save_txt:
+            file = self.save_dir / "labels" / f"{Path(batch['paths'][si]).stem}.txt"
+            self.save_txt(native, batch["shapes"][si][0], file)
+        if self.args.save_json:
+            record["json"] += self.pred_to_json(image, native, batch, si)
 
-    def match_extra(self, record, image, batch, si, predn, labelsn, correct):
-        """Hook for subclasses: matches beyond the boxes' `correct` for image si's predictions `image` (segmentation
-        adds its masks', pose its keypoints'); `predn` (its rows) and `labelsn` (cls, xyxy) in original-image pixels,
-        as the box matching used them."""
-
-    def save_txt(self, predn, shape, file):
+    def save_txt(self, native, shape, file):
+        """Image si's --save-txt lines: cls, each field's values normalised to the image, conf."""
         file.parent.mkdir(parents=True, exist_ok=True)
-        h, w = shape
-        xywhn = ops.xyxy2xywh(predn[:, :4]) / torch.tensor((w, h, w, h), device=predn.device)
         with open(file, "a") as f:
-            for (cx, cy, bw, bh), conf, c in zip(xywhn.tolist(), predn[:, 4].tolist(), predn[:, 5].tolist()):
-                f.write(f"{int(c)} {cx:.6g} {cy:.6g} {bw:.6g} {bh:.6g} {conf:.6g}\n")
+            f.writelines(txt_lines(native, torch.cat([f.txt_columns(native, shape) for f in self.fields], 1)))
 
-    def pred_to_json(self, image, predn, batch, si):
-        """COCO JSON rows of image si's predictions (`predn`: its boxes in original-image pixels)."""
-        return box_to_coco_json(predn[:, :6], image_id_from_path(Path(batch["paths"][si])))
-
-    def _concat_stats(self, records):
-        out = {}
-        for k in ("tp", "conf", "pred_cls", "target_cls"):
-            v = records.get(k, [])
-            out[k] = torch.cat(v).numpy() if v else np.zeros((0, 10) if k == "tp" else 0)
-        return out
+    def pred_to_json(self, image, native, batch, si):
+        """COCO JSON rows of image si's predictions: each field adds its values (`native`: its rows in
+        original-image pixels)."""
+        rows = []
+        for f in self.fields:
+            rows = f.to_json(rows, image, native, batch, si)
+        return rows
 
     def get_stats(self, records):
         self.records = records  # every image's matches, kept for inspection
         self.jdict = records.get("json", [])
-        self.has_preds = bool(records.get("tp"))
-        stats = self._concat_stats(records)
-        self.nt_per_class = np.bincount(stats["target_cls"].astype(int), minlength=self.nc)
+        self.has_preds = bool(records.get("conf"))
+        conf, pred_cls, target_cls = (torch.cat(records[k]).numpy() if records.get(k) else np.zeros(0)
+                                      for k in ("conf", "pred_cls", "target_cls"))
+        self.nt_per_class = np.bincount(target_cls.astype(int), minlength=self.nc)
         if self.has_preds:  # at least one image had predictions
-            self.metrics.process(**stats)
+            self.metrics.process(*(torch.cat(records[f.key]).numpy() for f in self.fields), conf, pred_cls, target_cls)
         return dict(self.metrics.results_dict)
 
     def print_results(self, final=False):
@@ -311,32 +297,21 @@ class DetectionValidator(BaseValidator):
         names = list(self.names.values())
         for normalize in (False, True):
             self.confusion.plot(save_dir=self.save_dir, names=names, normalize=normalize)
-        for prefix, metric in self.curve_metrics():
+        for f in self.fields:
+            metric = getattr(self.metrics, f.metric)
             if metric.curves is not None:  # None when no image had a prediction
-                plot_metric_curves(metric.curves, self.names, self.save_dir, prefix)
-
-    def curve_metrics(self):
-        """(file prefix, Metric) pairs whose curves are plotted."""
-        return [("", self.metrics.box)]
+                plot_metric_curves(metric.curves, self.names, self.save_dir, f.curve)
 
     def plot_val_batch(self, batch, preds, bi):
         plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"val_batch{bi}_labels.jpg",
                     self.names, masks=batch.get("masks"), overlap=batch.get("overlap"),
                     keypoints=batch.get("keypoints"))
-        boxes = [image["boxes"][:MAX_PLOTTED_PREDS] for image in preds]
+        drawn = {"masks": None, "keypoints": None}
+        for f in self.fields:
+            drawn.update(f.plot_kwargs(preds, batch))
+        boxes = [image.boxes[:MAX_PLOTTED_PREDS] for image in preds]
         plot_images(batch["img"], prediction_targets(boxes), batch["paths"], self.save_dir / f"val_batch{bi}_pred.jpg",
-                    self.names, masks=self.plotted_pred_masks(preds, batch), overlap=False,
-                    keypoints=self.plotted_pred_keypoints(boxes))
-
-    def plotted_pred_masks(self, preds, batch):
-        """Masks (N, H, W) of the plotted predictions, in prediction_targets' order (segmentation); None for boxes
-        only."""
-        return None
-
-    def plotted_pred_keypoints(self, boxes):
-        """Keypoints (N, K, ndim) in input pixels of the plotted NMS rows `boxes` (per image), in prediction_targets'
-        order (pose); None for boxes only."""
-        return None
+                    self.names, overlap=False, **drawn)
 
     @classmethod
     def adapt_to_weights(cls, model, stride, options, opt):
@@ -353,11 +328,13 @@ class DetectionValidator(BaseValidator):
         pred_json = self.save_dir / "predictions.json"
         pred_json.write_text(json.dumps(self.jdict))
         LOGGER.info(f"Saved {len(self.jdict)} predictions to {pred_json}")
-        return self.coco_eval(stats, pred_json)
+        for f in self.fields:
+            stats = self.coco_eval(stats, pred_json, f.iou_type, f.suffix, **f.coco_kwargs(self.args))
+        return stats
 
     def coco_eval(self, stats, pred_json, iou_type="bbox", key="B", **kwargs):
         """pycocotools mAP on the same predictions, against the dataset's labels written as COCO JSON; `kwargs` go to
-        eval_coco_json (pose: kpt_sigmas)."""
+        eval_coco_json (a field's `coco_kwargs`)."""
         anno_json = self.save_dir / "annotations.json"
         anno_json.write_text(json.dumps(labels_to_coco_json(self.dataloader.dataset, self.names)))
         try:
