@@ -1,7 +1,8 @@
 """What a detection-family model predicts of each object, one field object per kind: boxes, masks, keypoints.
 
-The validator (`engine/tasks/detect.DetectionValidator`) walks the fields its task declares, boxes first; each field
-does for one image what is particular to it:
+The validator (`engine/tasks/detect.DetectionValidator`) walks the fields its task declares, boxes first (the first
+field also reads each image's labels, `labels`: cls and its geometry in original-image pixels); each field does for
+one image what is particular to it:
 - `decode`: completes the image's record with what its matching needs, on the device (masks: from the prototypes);
 - `scale`: brings its columns of the image's NMS rows (a CPU copy) back to original-image pixels;
 - `match`: marks its predictions that match the labels at each IoU threshold (box IoU, mask IoU, OKS), bool (n, t) in

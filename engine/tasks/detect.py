@@ -218,7 +218,7 @@ class DetectionValidator(BaseValidator):
         record = {k: [] for k in ("conf", "pred_cls", "target_cls", "json", *(f.key for f in self.fields))}
         for si, image in enumerate(preds):
             self.seen += 1
-            labels = Boxes.labels(batch, si)
+            labels = self.fields[0].labels(batch, si)  # cls and the first field's geometry
             record["target_cls"].append(labels[:, 0])
             image = Predictions.of(image)
             if len(image.boxes) == 0:
