@@ -71,7 +71,8 @@ class Field:
         return native[:, :0]
 
     def to_json(self, rows, image, native, batch, si):
-        return rows
+        """COCO result rows of image si with this field's keys added; the first field makes the rows."""
+        raise NotImplementedError
 
     def plot_kwargs(self, preds, batch):
         return {}
@@ -111,17 +112,17 @@ class Boxes(Field):
 
 
 class Masks(Field):
-    """Instance masks: decoded from the prototypes at the input size (coefficients: the columns after cls), matched by
-    mask IoU with the labels' masks there, as the official validators; COCO RLE in original-image pixels. Nothing in
-    the rows or the --save-txt lines: the masks go back to the original image for the JSON only."""
+    """Instance masks: decoded from the prototypes at the input size (coefficients: the nm columns after cls),
+    matched by mask IoU with the labels' masks there, as the official validators; COCO RLE in original-image pixels.
+    Nothing in the rows or the --save-txt lines: the masks go back to the original image for the JSON only."""
 
     key, metric, suffix, title, curve, iou_type = "tp_m", "seg", "M", "Mask", "Mask", "segm"
 
     def decode(self, image, batch):
         """The record with `masks` (n, H, W) at the input size (coefficients and boxes in fp32: under --half they come
         in fp16). One image at a time: a batch's at once would hold up to max_det input-size masks per image."""
-        b, shape = image.boxes, batch["img"].shape[2:]
-        masks = ops.process_mask(image.proto, b[:, 6:].float(), b[:, :4].float(), shape, upsample=True)
+        b, shape, nm = image.boxes, batch["img"].shape[2:], len(image.proto)
+        masks = ops.process_mask(image.proto, b[:, 6 : 6 + nm].float(), b[:, :4].float(), shape, upsample=True)
         return dataclasses.replace(image, masks=masks)
 
     def match(self, image, native, labels, batch, si, iouv):
