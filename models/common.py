@@ -6,8 +6,10 @@ the official eps=0.001, momentum=0.03.
 Blocks declare how `models.yolo.parse_model` builds them from a YAML row, as class attributes:
 - `channel_rule`: "width" - args[0] is the output channel count, scaled by the width multiple and capped at
   max_channels; the input channel count is prepended. "fixed" - the same, unscaled (Classify). "concat" - the output
-  has the inputs' channels summed. "levels" - a head: the list of its inputs' channels is appended to the args.
-  None (the default, also for torch modules such as nn.Upsample) - the output keeps the input's channels.
+  has the inputs' channels summed. "add" - the output has the channels of its first input (inputs summed
+  elementwise). "space_to_depth" - four times its input's channels. "levels" - a head: the list of its inputs'
+  channels is appended to the args. None (the default, also for torch modules such as nn.Upsample) - the output
+  keeps the input's channels.
 - `repeat_arg = True`: the block takes the depth-scaled repeat count as its third argument instead of being stacked.
 - a `fuse()` method: `BaseModel.fuse()` calls it on every module that has one (BatchNorm folding, re-parameterising).
 """
@@ -358,6 +360,47 @@ class SP(nn.Module):
 
     def forward(self, x):
         return self.m(x)
+
+
+class ReOrg(nn.Module):
+    """Space to depth (YOLOv7 P6 stem): each 2x2 pixel block becomes 4 channels, in the official order (even rows and
+    columns, odd rows, odd columns, both odd), so the first convolution sees full resolution at half the size."""
+
+    channel_rule = "space_to_depth"
+
+    def forward(self, x):
+        return torch.cat((x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]), 1)
+
+
+class DownC(nn.Module):
+    """YOLOv7 P6 downsampling by k: half the output channels from a 1x1 then a stride-k 3x3 convolution, half from
+    a k x k max-pool then a 1x1 convolution, concatenated. `n` is the official parser's repeat slot, unused."""
+
+    channel_rule = "width"
+    repeat_arg = True
+
+    def __init__(self, c1, c2, n=1, k=2):
+        super().__init__()
+        self.cv1 = Conv(c1, c1, 1, 1)
+        self.cv2 = Conv(c1, c2 // 2, 3, k)
+        self.cv3 = Conv(c1, c2 // 2, 1, 1)
+        self.mp = nn.MaxPool2d(kernel_size=k, stride=k)
+
+    def forward(self, x):
+        return torch.cat((self.cv2(self.cv1(x)), self.cv3(self.mp(x))), 1)
+
+
+class Shortcut(nn.Module):
+    """The sum of two equal-shaped inputs (YOLOv7-E6E, merging its two ELAN branches). The YAML's argument (a
+    dimension, in the official rows) changes nothing."""
+
+    channel_rule = "add"
+
+    def __init__(self, dimension=0):
+        super().__init__()
+
+    def forward(self, x):
+        return x[0] + x[1]
 
 
 class SPPCSPC(nn.Module):

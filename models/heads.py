@@ -76,8 +76,12 @@ class Detect(nn.Module):
 
     def _level(self, x, i):
         """Raw logits of level i reshaped to (B, na, ny, nx, no)."""
-        bs, _, ny, nx = x.shape
-        return self.m[i](x).view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous()
+        return self._rows(self.m[i](x))
+
+    def _rows(self, y):
+        """A conv's (B, na * no, ny, nx) output as (B, na, ny, nx, no)."""
+        bs, _, ny, nx = y.shape
+        return y.view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous()
 
     def _decode(self, p, i):
         """(B, na, ny, nx, no) logits -> (B, na*ny*nx, no): xywh pixels, sigmoid obj/cls, raw mask coefficients."""
@@ -97,10 +101,13 @@ class Detect(nn.Module):
         """Eval output `(y, x)`: y (B, anchors, 5 + nc + nm) rows with objectness."""
         return OutputLayout(self.nc, self.nm, objectness=True, channels_last=True)
 
-    @torch.no_grad()
     def bias_init(self):
         """Objectness prior of ~8 objects per 640 px image, class prior 0.6 / nc (YOLOv5)."""
-        for mi, s in zip(self.m, self.stride):
+        self._prior_biases(self.m)
+
+    @torch.no_grad()
+    def _prior_biases(self, convs):
+        for mi, s in zip(convs, self.stride):
             b = mi.bias.view(self.na, -1)
             b[:, 4] += math.log(8 / (640 / s) ** 2)
             b[:, 5 : 5 + self.nc] += math.log(0.6 / (self.nc - 0.99))
@@ -150,9 +157,7 @@ class IDetect(Detect):
         return rows
 
     def _level(self, x, i):
-        bs, _, ny, nx = x.shape
-        y = self.im[i](self.m[i](self.ia[i](x)))
-        return y.view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous()
+        return self._rows(self.im[i](self.m[i](self.ia[i](x))))
 
     @torch.no_grad()
     def fuse(self):
@@ -167,6 +172,41 @@ class IDetect(Detect):
             conv.weight *= scale.view(-1, 1, 1, 1)
         self.ia = nn.ModuleList(nn.Identity() for _ in self.ia)
         self.im = nn.ModuleList(nn.Identity() for _ in self.im)
+
+
+class IAuxDetect(IDetect):
+    """YOLOv7 P6 training head: an IDetect lead head on the first `nl` inputs and an auxiliary head (one plain 1x1
+    conv per level, `m2`) on the other `nl`, coarser-assigned feature maps of the same sizes.
+
+    Train output: the lead maps, then the auxiliary ones (2 x nl); the criterion trains both. Eval output: the lead
+    head's alone, as official, so validation, prediction and export drop the auxiliary head (its convs do not run).
+    """
+
+    default_loss = "aux_ota"
+
+    def __init__(self, nc=80, anchors=(), ch=()):
+        nl = len(anchors)
+        if len(ch) != 2 * nl:
+            raise ValueError(f"IAuxDetect takes 2 x {nl} inputs (lead, then auxiliary), got {len(ch)}")
+        super().__init__(nc, anchors, ch[:nl])
+        implicit = {k: self._modules.pop(k) for k in ("ia", "im")}  # the official key order: m, m2, ia, im
+        self.m2 = nn.ModuleList(nn.Conv2d(x, self.no * self.na, 1) for x in ch[nl:])
+        self._modules.update(implicit)
+
+    def class_rows(self):
+        rows = super().class_rows()
+        rows.update({f"m2.{k[2:]}": v for k, v in rows.items() if k.startswith("m.")})
+        return rows
+
+    def forward(self, x):
+        aux = [self._rows(m(xi)) for m, xi in zip(self.m2, x[self.nl :])] if self.training else []
+        out = super().forward(x[: self.nl])
+        return out + aux if self.training else out
+
+    def bias_init(self):
+        """The lead head's priors, and the same on the auxiliary convs (official)."""
+        super().bias_init()
+        self._prior_biases(self.m2)
 
 
 class AnchorFreeDetect(nn.Module):

@@ -185,6 +185,10 @@ def _layer_args(m, f, n, args, ch, scaling):
                 args[k:k + 1] = [value]
     elif rule == "concat":
         c2 = sum(ch[x] for x in f)
+    elif rule == "add":
+        c2 = ch[f[0]]
+    elif rule == "space_to_depth":
+        c2 = 4 * ch[f]
     elif rule == "levels":
         c2 = None  # the head is the last layer
         args = [*args, [ch[x] for x in f]]
@@ -196,7 +200,7 @@ def _layer_args(m, f, n, args, ch, scaling):
     elif rule is None:
         c2 = ch[f]
     else:
-        known = "'width', 'fixed', 'concat', 'levels'"
+        known = "'width', 'fixed', 'concat', 'add', 'space_to_depth', 'levels'"
         raise NotImplementedError(f"{m.__name__}.channel_rule = {rule!r}: parse_model knows {known}")
     return args, n, c2
 
@@ -529,7 +533,8 @@ class DetectionModel(BaseModel):
             raise BadModelYaml(f"{self.yaml.get('yaml_file', '<dict>')}: its layers do not fit together "
                                f"({' '.join(str(e).split())[:200]})") from None
         self.train(training)
-        head.stride.copy_(torch.tensor([s / f.shape[-2] for f in feats]))
+        # a head may read more maps than it has levels (IAuxDetect: then its auxiliary maps, of the same sizes)
+        head.stride.copy_(torch.tensor([s / f.shape[-2] for f in feats[: head.nl]]))
         if head.anchor_based:
             area = head.anchors.prod(-1).mean(-1)
             if (area[-1] - area[0]).sign() * (head.stride[-1] - head.stride[0]).sign() < 0:

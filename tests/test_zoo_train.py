@@ -1,6 +1,6 @@
-"""The model zoo trains: one short run each (64 px, 1 epoch, 16 images) of a P6, a ghost, a transformer and a Swin V2
-(attention) model in one process, and of YOLO11 under torchrun. The P2/P7 files' `anchors: 3` placeholders are
-refitted by autoanchor: tests/utils/test_autoanchor.py."""
+"""The model zoo trains: one short run each (64 px, 1 epoch, 16 images) of a P6, a ghost, a transformer, a Swin V2
+(attention) and a YOLOv7 P6 model in one process, and of YOLO11 under torchrun. The P2/P7 files' `anchors: 3`
+placeholders are refitted by autoanchor: tests/utils/test_autoanchor.py."""
 
 import csv
 import math
@@ -24,6 +24,7 @@ CASES = {  # name: (cfg, YAML keys replaced: the one-size YAMLs at n's multiples
     "yolov8n-ghost": ("yolov8n-ghost.yaml", None),
     "yolov5s-transformer-n": ("yolov5s-transformer.yaml", N_MULTIPLES),
     "yolov8n-swinv2": ("yolov8n-swinv2.yaml", None),
+    "yolov7-w6-narrow": ("yolov7-w6.yaml", {"width_multiple": 0.125}),  # trains its auxiliary head too
 }
 
 

@@ -97,7 +97,8 @@ def test_the_default_hyp_file_follows_the_model_family(name):
     assert (file, why) == (family, "its YAML names none and no model YAML here has its layers; the file of the "
                                    f"criterion of its {head.__name__} head, {loss.__name__}")
     expected = {"v5": "hyp.scratch-low.yaml", "v5seg": "hyp.scratch-low.yaml", "ota": "hyp.v7.yaml",
-                "v8": "hyp.v8.yaml", "v8seg": "hyp.v8.yaml", "v8pose": "hyp.v8.yaml", "cls": "hyp.cls.yaml"}
+                "aux_ota": "hyp.v7-p6.yaml", "v8": "hyp.v8.yaml", "v8seg": "hyp.v8.yaml", "v8pose": "hyp.v8.yaml",
+                "cls": "hyp.cls.yaml"}
     assert family == expected[head.default_loss]
 
 

@@ -36,12 +36,15 @@ def _narrow(cfg, **scaling):
     return d
 
 
-@pytest.mark.parametrize("cfg, scaling, cls", [
-    ("yolov5s-transformer.yaml", {"width_multiple": 0.125}, DetectionModel),  # torch's MultiheadAttention
-    ("yolov3-tiny.yaml", {"width_multiple": 0.125}, DetectionModel),  # ZeroPad2d
-    ("yolo11n-seg.yaml", {"scales": {"n": [0.5, 0.125, 1024]}}, SegmentationModel),  # C3k2, C2PSA, depthwise head
+@pytest.mark.parametrize("cfg, scaling, cls, size", [
+    ("yolov5s-transformer.yaml", {"width_multiple": 0.125}, DetectionModel, (64, 96)),  # torch's MultiheadAttention
+    ("yolov3-tiny.yaml", {"width_multiple": 0.125}, DetectionModel, (64, 96)),  # ZeroPad2d
+    # C3k2, C2PSA, depthwise head
+    ("yolo11n-seg.yaml", {"scales": {"n": [0.5, 0.125, 1024]}}, SegmentationModel, (64, 96)),
+    # ReOrg, DownC, Shortcut, IAuxDetect: sides a multiple of its largest stride, 64
+    ("yolov7-e6e.yaml", {"width_multiple": 0.125}, DetectionModel, (64, 128)),
 ])
-def test_module_trees_of_zoo_models_load_without_their_code(cfg, scaling, cls, tmp_path):
+def test_module_trees_of_zoo_models_load_without_their_code(cfg, scaling, cls, size, tmp_path):
     """Official repositories pickle whole module trees; a tree of these blocks (pickled here under `models.*`, as
     YOLOv5's GitHub layout names them) loads through the allow-list as stand-ins and gives the same outputs."""
     torch.manual_seed(0)
@@ -49,7 +52,7 @@ def test_module_trees_of_zoo_models_load_without_their_code(cfg, scaling, cls, t
     torch.save({"model": model.half()}, tmp_path / "tree.pt")
     model.float()
     loaded = attempt_load(tmp_path / "tree.pt", fuse=False)
-    x = torch.rand(1, 3, 64, 96, generator=torch.Generator().manual_seed(0))
+    x = torch.rand(1, 3, *size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert_close_per_channel(loaded(x)[0], model(x)[0])
 

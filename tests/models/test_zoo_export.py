@@ -28,6 +28,9 @@ MODELS = {  # name: (cfg, class, two input sizes (h, w): the export's own and an
     "yolo11n-seg": ("yolo11n-seg.yaml", SegmentationModel, ((64, 64), (96, 128))),
     "yolov5n6": ("yolov5n6.yaml", DetectionModel, ((64, 64), (128, 192))),
     "attention-series": (_series(), DetectionModel, ((64, 64), (96, 128))),
+    # the lead head alone: the auxiliary head is dropped
+    "yolov7-w6": ({**yaml_model_load("yolov7-w6.yaml"), "width_multiple": 0.125}, DetectionModel,
+                  ((64, 64), (128, 192))),
 }
 
 

@@ -17,13 +17,14 @@ from utils.loss.cls import ClassificationLoss
 from utils.loss.seg import V5SegmentationLoss, V8SegmentationLoss
 from utils.loss.tal import Assignment, TaskAlignedAssigner
 from utils.loss.v5 import V5DetectionLoss
-from utils.loss.v7_ota import OTADetectionLoss
+from utils.loss.v7_ota import AuxOTADetectionLoss, OTADetectionLoss
 from utils.loss.v8 import V8DetectionLoss
 from utils.loss.v8pose import V8PoseLoss
 
 REGISTRY = {
     "v5": V5DetectionLoss,
     "ota": OTADetectionLoss,
+    "aux_ota": AuxOTADetectionLoss,
     "v8": V8DetectionLoss,
     "v5seg": V5SegmentationLoss,
     "v8seg": V8SegmentationLoss,
@@ -33,9 +34,10 @@ REGISTRY = {
 
 
 # the heads (by their `default_loss`) each criterion can train: the anchor-based detection losses stand in for each
-# other (`loss: v5` trains a YOLOv7 model); any other pairing reads outputs the head does not make
-FITS = {"v5": {"v5", "ota"}, "ota": {"v5", "ota"}, "v8": {"v8"}, "v5seg": {"v5seg"}, "v8seg": {"v8seg"},
-        "v8pose": {"v8pose"}, "cls": {"cls"}}
+# other (`loss: v5` trains a YOLOv7 model); any other pairing reads outputs the head does not make (a v5 or OTA loss
+# would read IAuxDetect's auxiliary maps as more levels)
+FITS = {"v5": {"v5", "ota"}, "ota": {"v5", "ota"}, "aux_ota": {"aux_ota"}, "v8": {"v8"}, "v5seg": {"v5seg"},
+        "v8seg": {"v8seg"}, "v8pose": {"v8pose"}, "cls": {"cls"}}
 
 
 # the hyp key this module reads: which criterion trains the model (default: the head's own)
@@ -70,6 +72,7 @@ __all__ = [
     "ClassificationLoss",
     "V5DetectionLoss",
     "OTADetectionLoss",
+    "AuxOTADetectionLoss",
     "V8DetectionLoss",
     "V5SegmentationLoss",
     "V8SegmentationLoss",

@@ -7,8 +7,11 @@ import torch
 from utils.loss.common import bce, detection_head, level_balance, smooth_labels
 from utils.ops import bbox_iou
 
-# Grid offsets (in units of g = 0.5 cell) to the centre cell and its left, upper, right and lower neighbours.
+# Grid offsets (in units of the bias g) to the centre cell and its left, upper, right and lower neighbours.
 _NEIGHBOURS = ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1))
+# g: how near (in cells) a target's centre must be to a cell's edge for the neighbour across it to be a candidate;
+# YOLOv5's 0.5 takes the two nearest neighbours, YOLOv7's auxiliary head's 1.0 all four
+NEIGHBOUR_BIAS = 0.5
 
 
 class AnchorTargets(NamedTuple):
@@ -37,21 +40,22 @@ def scale_xy(xy, sx, sy):
     return torch.stack((xy[:, 0] * sx, xy[:, 1] * sy), 1)
 
 
-def neighbour_offsets(kind):
-    """(n, 2) offsets, in cells, of `_NEIGHBOURS[kind]` for kinds (n,) long, computed on the device (a table from
-    the host would be a copy to it)."""
+def neighbour_offsets(kind, g=NEIGHBOUR_BIAS):
+    """(n, 2) offsets, in cells, of `_NEIGHBOURS[kind]` times g for kinds (n,) long, computed on the device (a table
+    from the host would be a copy to it)."""
     dx = (kind == 1).float() - (kind == 3).float()
     dy = (kind == 2).float() - (kind == 4).float()
-    return torch.stack((dx, dy), 1) * 0.5
+    return torch.stack((dx, dy), 1) * g
 
 
-def match_anchors(level_shapes, anchors, targets, anchor_t):
+def match_anchors(level_shapes, anchors, targets, anchor_t, g=NEIGHBOUR_BIAS):
     """The v5 assignment rule over all levels.
 
     level_shapes: (ny, nx) per level; anchors (nl, na, 2) grid units; targets (N, 6) normalised. A target is matched
     to every anchor whose width and height ratios to it are all within [1/anchor_t, anchor_t], at its centre cell and
-    at the two neighbour cells nearest to its centre (skipping the border), so one target yields up to 3 cells per
-    anchor. Returns one `AnchorTargets` per level, its rows ordered by neighbour kind, then anchor, then target.
+    at the neighbour cells whose edge its centre is nearer than g cells to (skipping the border): with g = 0.5 the two
+    nearest, so one target yields up to 3 cells per anchor; with g = 1 (YOLOv7's auxiliary head) all four, up to 5.
+    Returns one `AnchorTargets` per level, its rows ordered by neighbour kind, then anchor, then target.
 
     Every level's (kind, anchor, target) triples are found in one `nonzero` and split by the levels' counts: those
     two are the values read back from the device (one `nonzero` per level and step would wait for it twice each).
@@ -64,8 +68,8 @@ def match_anchors(level_shapes, anchors, targets, anchor_t):
         fits = torch.max(r, 1 / r).amax(2) < anchor_t  # (na, N)
         gxy = scale_xy(targets[:, 2:4].float(), nx, ny)
         gxi = torch.stack((nx - gxy[:, 0], ny - gxy[:, 1]), 1)
-        near_low = (gxy % 1 < 0.5) & (gxy > 1)  # centre in the left/upper half of its cell
-        near_high = (gxi % 1 < 0.5) & (gxi > 1)  # centre in the right/lower half
+        near_low = (gxy % 1 < g) & (gxy > 1)  # centre within g of its cell's left/upper edge
+        near_high = (gxi % 1 < g) & (gxi > 1)  # of the right/lower edge
         use = torch.stack((torch.ones_like(near_low[:, 0]), near_low[:, 0], near_low[:, 1],
                            near_high[:, 0], near_high[:, 1]))
         chosen.append(use[:, None] & fits[None])
@@ -79,7 +83,7 @@ def match_anchors(level_shapes, anchors, targets, anchor_t):
         kind, a, row = (t[start : start + n] for t in (kinds, a_all, rows))
         start += n
         gxy = gxy_all[row]
-        cell = (gxy - neighbour_offsets(kind)).long()
+        cell = (gxy - neighbour_offsets(kind, g)).long()
         gi, gj = cell[:, 0].clamp(0, nx - 1), cell[:, 1].clamp(0, ny - 1)
         tbox = torch.cat((gxy - torch.stack((gi, gj), 1), gwh_all[row]), 1)
         out.append(AnchorTargets(targets[row, 0].long(), a, gj, gi, tbox, anc[a], targets[row, 1].long(), row))
@@ -116,9 +120,9 @@ class V5DetectionLoss:
         """The head's anchors (nl, na, 2) in grid units, read each call so that `model.to()` is followed."""
         return self.head.anchors.detach().to(device=device, dtype=torch.float32)
 
-    def assign(self, preds, targets):
+    def assign(self, preds, targets, g=NEIGHBOUR_BIAS):
         shapes = [p.shape[2:4] for p in preds]
-        return match_anchors(shapes, self.anchors(targets.device), targets, self.anchor_t)
+        return match_anchors(shapes, self.anchors(targets.device), targets, self.anchor_t, g)
 
     def __call__(self, preds, batch):
         assigned = self.assign(preds, batch["targets"])

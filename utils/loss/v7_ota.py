@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from utils.loss.v5 import AnchorTargets, V5DetectionLoss, decode_anchor_box, scale_xy
+from utils.loss.v5 import NEIGHBOUR_BIAS, AnchorTargets, V5DetectionLoss, decode_anchor_box, scale_xy
 from utils.ops import box_iou, xywh2xyxy
 
 
@@ -76,12 +76,14 @@ class OTADetectionLoss(V5DetectionLoss):
     """
 
     hyp_file = "hyp.v7.yaml"  # YOLOv7's (yolov7-tiny's own file is named by its YAML, and found by its layers)
+    n_top = 10  # a target's dynamic k: the sum of its n_top best candidate IoUs
 
-    def assign(self, preds, targets):
-        """The v5 candidates matched to the targets of their image, many images in one (targets x candidates) matrix
-        whose pairs across images cost infinity: a loop over images would read each image's counts back from the
-        device. A batch whose matrix would exceed MAX_PAIRS is matched in blocks of whole images (`image_blocks`)."""
-        candidates = super().assign(preds, targets)
+    def assign(self, preds, targets, g=NEIGHBOUR_BIAS):
+        """The v5 candidates (neighbour bias g) matched to the targets of their image, by the costs of the predictions
+        `preds` at them; many images in one (targets x candidates) matrix whose pairs across images cost infinity: a
+        loop over images would read each image's counts back from the device. A batch whose matrix would exceed
+        MAX_PAIRS is matched in blocks of whole images (`image_blocks`)."""
+        candidates = super().assign(preds, targets, g)
         if not len(targets):
             return candidates
         boxes, probs = self._candidate_boxes(preds, candidates)
@@ -95,7 +97,7 @@ class OTADetectionLoss(V5DetectionLoss):
             apart = target_b[ti, None] != cand_b[None, ci]
             iou = box_iou(txyxy[ti], boxes[ci]).masked_fill(apart, 0.0)
             cost = _class_cost(probs[ci], targets[ti, 1].long()) - 3.0 * torch.log(iou + 1e-8)
-            m = dynamic_k_match(iou, cost.masked_fill(apart, math.inf))
+            m = dynamic_k_match(iou, cost.masked_fill(apart, math.inf), self.n_top)
             matched[ci] = torch.where(m >= 0, ti[m.clamp(min=0)], m)
         return self._select(preds, candidates, matched, targets)
 
@@ -133,3 +135,28 @@ class OTADetectionLoss(V5DetectionLoss):
             out.append(AnchorTargets(t.b[pick], t.a[pick], gj, gi, tbox, t.anchors[pick],
                                      targets[row, 1].long(), row))
         return out
+
+
+class AuxOTADetectionLoss(OTADetectionLoss):
+    """YOLOv7 P6 criterion (`IAuxDetect`): the OTA loss of the lead head plus 0.25 x that of the auxiliary head.
+
+    Lead-guided assignment, as official: both heads' positives are chosen by the lead head's predictions, the lead's
+    among the v5 candidates (neighbour bias 0.5), the auxiliary's among the wider ones of bias 1 (all four neighbour
+    cells), each with dynamic k from a target's 20 best IoUs. The auxiliary's box, objectness and class terms are
+    weighted 0.25 and summed into the lead's. Given the lead maps alone (validation: the head's eval output), it is
+    the lead's loss.
+    """
+
+    hyp_file = "hyp.v7-p6.yaml"
+    n_top = 20
+    aux_bias, aux_weight = 1.0, 0.25
+
+    def __call__(self, preds, batch):
+        lead, aux = preds[: self.nl], preds[self.nl :]
+        targets = batch["targets"]
+        terms = self.detection_terms(lead, self.assign(lead, targets))
+        if aux:
+            aux_terms = self.detection_terms(aux, self.assign(lead, targets, self.aux_bias))
+            terms = [t + self.aux_weight * a for t, a in zip(terms, aux_terms)]
+        lbox, lobj, lcls = terms
+        return (lbox + lobj + lcls) * lead[0].shape[0], torch.stack(terms).detach()

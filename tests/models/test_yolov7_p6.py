@@ -1,0 +1,150 @@
+"""YOLOv7 P6 (yolov7-w6, -e6, -d6, -e6e) against the official YOLOv7 repository's own code (fixtures/v7p6_parity.pt;
+fixtures/make_v7p6_parity.py says how it was made): state-dict keys and shapes, eval outputs of the lead head and the
+maps of the auxiliary one, the lead-guided auxiliary loss (ComputeLossAuxOTA) on a fixed batch; and what the
+auxiliary head is for: trained, never in an eval output or an export."""
+
+import pytest
+import torch
+from fixtures.make_v7p6_parity import CLASSES, CROP, NAMES, NARROW, seeded_keep_anchors
+from fixtures.make_zoo_parity import FIXTURES, combined_fingerprint, key_lines, keys_digest
+from models_testutil import PARITY, assert_close_per_channel
+
+from engine.hyp import read_hyp
+from models.heads import IAuxDetect
+from models.yolo import DetectionModel, parse_model, yaml_model_load
+from utils.errors import BadModelYaml, BadOption
+from utils.loss import build_criterion
+from utils.loss.v5 import match_anchors
+from utils.loss.v7_ota import AuxOTADetectionLoss, OTADetectionLoss
+
+
+@pytest.fixture(scope="module")
+def fixtures():
+    return torch.load(FIXTURES / "v7p6_parity.pt", weights_only=True)
+
+
+def narrow(name, nc=80):
+    return DetectionModel({**yaml_model_load(f"{name}.yaml"), **NARROW}, nc=nc)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_full_size_keys_and_parameters_equal_official(name, fixtures):
+    """The full-size model's key list in the official order, shapes included (built on the meta device: 166 M
+    parameters cost nothing there), and its parameter count."""
+    ref = fixtures["keys"][name]
+    with torch.device("meta"):
+        layers, _ = parse_model(yaml_model_load(f"{name}.yaml"), 3)
+    lines = [f"model.{line}" for line in key_lines(layers.state_dict())]
+    keys_file = FIXTURES / "zoo_keys" / f"{name}.txt"
+    if keys_file.is_file():
+        assert lines == keys_file.read_text().splitlines()
+    assert (keys_digest(lines), len(lines)) == (ref["keys"], ref["n_keys"])
+    assert sum(p.numel() for p in layers.parameters()) == ref["params"]
+
+
+@pytest.mark.skipif(not (PARITY / "inputs.pt").is_file(), reason=f"parity inputs not found at {PARITY}")
+@pytest.mark.parametrize("name", NAMES)
+def test_eval_outputs_equal_official(name, fixtures):
+    """With the official model's seeded weights: the decoded rows (box, objectness, first classes) within 1e-4 of
+    each channel's largest value, and the auxiliary head's maps (which the official head computes in eval mode and
+    drops) too."""
+    ref = fixtures["outputs"][name]
+    model = narrow(name).eval()
+    state = seeded_keep_anchors(model.state_dict())
+    assert combined_fingerprint(state) == ref["fingerprint"]  # the weights (and anchors) the official model ran with
+    model.load_state_dict(state, strict=True)
+    x = torch.load(PARITY / "inputs.pt", weights_only=True)["x256x320"][:1, :, :CROP, :CROP]
+    keep = 5 + CLASSES
+    with torch.no_grad():
+        y, lead = model(x)
+        assert_close_per_channel(y[..., :keep], ref["y"])
+        head = model.model[-1]
+        assert len(lead) == head.nl  # the auxiliary head is no part of the eval output
+        maps = head.train()(model._forward_once(x, head=False))
+    for got, expected in zip(maps[head.nl :], ref["aux"], strict=True):
+        assert_close_per_channel(got[..., :keep], expected)
+
+
+def test_aux_loss_equals_official(fixtures):
+    """ComputeLossAuxOTA's value and its box, objectness and class terms on fixed maps and targets: the lead-guided
+    assignment (bias 1 neighbours for the auxiliary head, 20 IoUs for dynamic k), the 0.25 weights, the P6 level
+    balance and the hyp scaling of train_aux.py."""
+    ref = fixtures["loss"]
+    model = narrow("yolov7-w6", nc=ref["nc"])
+    head = model.model[-1]
+    assert torch.equal(head.anchors, ref["anchors"]) and torch.equal(head.stride, ref["stride"])
+    hyp = read_hyp("hyp.v7-p6.yaml")
+    assert {k: hyp[k] for k in ref["hyp"]} == ref["hyp"]
+    criterion = model.init_criterion(hyp, imgsz=ref["imgsz"])
+    assert type(criterion) is AuxOTADetectionLoss
+    loss, items = criterion([p.float() for p in ref["preds"]], {"targets": ref["targets"]})
+    torch.testing.assert_close(items, ref["items"][:3], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(loss.view(1), ref["loss"], rtol=1e-5, atol=1e-7)
+
+
+def test_aux_head_changes_the_loss_and_lead_alone_is_the_lead_loss(fixtures):
+    """The auxiliary maps count (0.25 of their own terms); given the lead maps alone (validation reads the eval
+    output), the criterion is the OTA loss of the lead head with its 20-IoU dynamic k."""
+    ref = fixtures["loss"]
+    model = narrow("yolov7-w6", nc=ref["nc"])
+    criterion = model.init_criterion(read_hyp("hyp.v7-p6.yaml"), imgsz=ref["imgsz"])
+    preds, batch = [p.float() for p in ref["preds"]], {"targets": ref["targets"]}
+    nl = criterion.nl
+    both, lead = criterion(preds, batch)[1], criterion(preds[:nl], batch)[1]
+    aux_only = criterion.detection_terms(preds[nl:], criterion.assign(preds[:nl], ref["targets"], 1.0))
+    torch.testing.assert_close(both, lead + 0.25 * torch.stack(aux_only))
+    assert (both - lead).abs().min() > 1e-4
+    plain = OTADetectionLoss(model, read_hyp("hyp.v7-p6.yaml"), ref["imgsz"])
+    plain.n_top = 20
+    torch.testing.assert_close(lead, plain(preds[:nl], batch)[1])
+
+
+def test_wider_neighbours_of_the_aux_assignment():
+    """Bias 0.5 takes a centre's two nearest neighbour cells, bias 1 all four (away from the border): a target
+    centred at (2.3, 5.6) cells of an 8 x 8 map, one anchor of its size."""
+    targets = torch.tensor([[0, 0, 2.3 / 8, 5.6 / 8, 1 / 8, 1 / 8]])
+    anchors = torch.ones(1, 1, 2)
+    cells = {g: {(int(i), int(j)) for i, j in zip(t.gi, t.gj)}
+             for g in (0.5, 1.0) for t in match_anchors([(8, 8)], anchors, targets, 4.0, g)}
+    assert cells[0.5] == {(2, 5), (1, 5), (2, 6)}
+    assert cells[1.0] == {(2, 5), (1, 5), (2, 4), (3, 5), (2, 6)}
+
+
+def test_aux_head_is_trained():
+    """One backward pass reaches the auxiliary convs, and no other criterion is allowed to read its maps."""
+    torch.manual_seed(0)
+    model = DetectionModel({**yaml_model_load("yolov7-w6.yaml"), "width_multiple": 0.125}, nc=2).train()
+    hyp = read_hyp("hyp.v7-p6.yaml")
+    criterion = model.init_criterion(hyp, imgsz=128)
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [1, 0, 0.3, 0.6, 0.6, 0.5]])
+    loss, _ = criterion(model(torch.rand(2, 3, 128, 128)), {"targets": targets})
+    loss.backward()
+    head = model.model[-1]
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in head.m2)
+    for name in ("ota", "v5"):
+        with pytest.raises(BadOption, match="cannot train the model's IAuxDetect head"):
+            build_criterion(model, {**hyp, "loss": name})
+
+
+def test_fused_model_keeps_the_lead_outputs():
+    """fuse() folds the lead head's implicit layers; the eval output is unchanged and the auxiliary convs never run."""
+    torch.manual_seed(0)
+    model = narrow("yolov7-w6", nc=3).eval()
+    x = torch.rand(1, 3, 128, 192)
+    with torch.no_grad():
+        ref = model(x)[0]
+        head = model.model[-1]
+        calls = []
+        for m in head.m2:
+            m.register_forward_hook(lambda *a: calls.append(1))
+        fused = model.fuse()(x)[0]
+    assert_close_per_channel(fused, ref)
+    assert not calls
+
+
+def test_iauxdetect_needs_twice_its_levels_of_inputs():
+    d = yaml_model_load("yolov7-w6.yaml")
+    d["head"][-1] = [[114, 115, 116, 117, 118, 119, 120], 1, "IAuxDetect", ["nc", "anchors"]]
+    with pytest.raises(BadModelYaml, match="IAuxDetect takes 2 x 4 inputs"):
+        DetectionModel(d)
+    assert IAuxDetect.default_loss == "aux_ota"
