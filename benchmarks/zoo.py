@@ -23,6 +23,7 @@ from models.yolo import (
     DetectionModel,
     PoseModel,
     SegmentationModel,
+    eval_idle_layers,
     parse_model,
     yaml_model_load,
 )
@@ -56,6 +57,7 @@ def figures(name):
     model = BaseModel()
     with torch.device("meta"):
         model.model, model.save = parse_model(d, d.get("ch", 3))
+    model.eval_idle = eval_idle_layers(model.model)
     model.yaml, model.stride = d, torch.tensor([128.0])
     head = model.model[-1]
     if "stride" in head._buffers:  # the decode reads its strides as numbers, which meta tensors are not

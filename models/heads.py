@@ -179,7 +179,8 @@ class IAuxDetect(IDetect):
     conv per level, `m2`) on the other `nl`, coarser-assigned feature maps of the same sizes.
 
     Train output: the lead maps, then the auxiliary ones (2 x nl); the criterion trains both. Eval output: the lead
-    head's alone, as official, so validation, prediction and export drop the auxiliary head (its convs do not run).
+    head's alone, as official, so validation, prediction and export drop the auxiliary head: neither its convs nor
+    the layers that feed only them run (`eval_inputs`), which makes the eval model the official deploy model.
     """
 
     default_loss = "aux_ota"
@@ -192,6 +193,11 @@ class IAuxDetect(IDetect):
         implicit = {k: self._modules.pop(k) for k in ("ia", "im")}  # the official key order: m, m2, ia, im
         self.m2 = nn.ModuleList(nn.Conv2d(x, self.no * self.na, 1) for x in ch[nl:])
         self._modules.update(implicit)
+
+    @property
+    def eval_inputs(self):
+        """The inputs eval mode reads (the lead maps): the model skips the layers that feed only the others."""
+        return self.nl
 
     def class_rows(self):
         rows = super().class_rows()

@@ -396,8 +396,34 @@ def _check_budget(cfg, d, ch):
     check_values(d) if own else check_cost(d, ch)
 
 
+def _sources(m):
+    """The layer indices a layer reads (its `from`, -1 and other negatives made absolute); the input for layer 0."""
+    f = m.f if isinstance(m.f, list) else [m.f]
+    return [j % m.i if j < 0 else j for j in f] if m.i > 0 else []
+
+
+def eval_idle_layers(layers):
+    """Indices of the layers that eval mode need not run: those whose outputs reach only head inputs the head does
+    not read in eval mode (its `eval_inputs`: the first so many of them; IAuxDetect's auxiliary maps are the rest).
+    Empty for a head that reads all its inputs."""
+    head = layers[-1]
+    n = getattr(head, "eval_inputs", None)
+    if n is None:
+        return frozenset()
+    needed, todo = set(), _sources(head)[:n]
+    while todo:
+        i = todo.pop()
+        if i not in needed:
+            needed.add(i)
+            todo += _sources(layers[i])
+    return frozenset(range(head.i)) - needed
+
+
 class BaseModel(nn.Module):
-    """A YAML-built layer list run in order, keeping only the outputs later layers read (`save`)."""
+    """A YAML-built layer list run in order, keeping only the outputs later layers read (`save`). In eval mode the
+    layers in `eval_idle` are skipped (their outputs are None): only a training head's auxiliary branch reads them."""
+
+    eval_idle = frozenset()
 
     def forward(self, x):
         return self._forward_once(x)
@@ -406,11 +432,15 @@ class BaseModel(nn.Module):
         """Run the layers; with head=False stop at the head and return its inputs."""
         y = []
         last = len(self.model) - 1
+        idle = () if self.training else self.eval_idle
         for m in self.model:
             if m.f != -1:
                 x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
             if not head and m.i == last:
                 return x
+            if m.i in idle:
+                y.append(None)
+                continue
             x = m(x)
             y.append(x if m.i in self.save else None)
         return x
@@ -502,6 +532,7 @@ class DetectionModel(BaseModel):
         _check_head(self.yaml, ("detect", "segment", "pose"))
         _check_budget(cfg, self.yaml, ch)
         self.model, self.save = parse_model(self.yaml, ch)
+        self.eval_idle = eval_idle_layers(self.model)
         self.names = {i: str(i) for i in range(self.yaml["nc"])}
         self._init_head(ch)
         if verbose:

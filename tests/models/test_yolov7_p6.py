@@ -3,12 +3,16 @@ fixtures/make_v7p6_parity.py says how it was made): state-dict keys and shapes, 
 maps of the auxiliary one, the lead-guided auxiliary loss (ComputeLossAuxOTA) on a fixed batch; and what the
 auxiliary head is for: trained, never in an eval output or an export."""
 
+import math
+
 import pytest
 import torch
+import torch.nn as nn
 from fixtures.make_v7p6_parity import CLASSES, CROP, NAMES, NARROW, seeded_keep_anchors
 from fixtures.make_zoo_parity import FIXTURES, combined_fingerprint, key_lines, keys_digest
 from models_testutil import PARITY, assert_close_per_channel
 
+from benchmarks.zoo import figures
 from engine.hyp import read_hyp
 from models.heads import IAuxDetect
 from models.yolo import DetectionModel, parse_model, yaml_model_load
@@ -58,10 +62,14 @@ def test_eval_outputs_equal_official(name, fixtures):
     with torch.no_grad():
         y, lead = model(x)
         assert_close_per_channel(y[..., :keep], ref["y"])
-        head = model.model[-1]
-        assert len(lead) == head.nl  # the auxiliary head is no part of the eval output
-        maps = head.train()(model._forward_once(x, head=False))
-    for got, expected in zip(maps[head.nl :], ref["aux"], strict=True):
+        nl = model.model[-1].nl
+        assert len(lead) == nl  # the auxiliary head is no part of the eval output
+        model.train()  # the train output holds the auxiliary maps; BatchNorm as in eval mode
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eval()
+        maps = model(x)
+    for got, expected in zip(maps[nl:], ref["aux"], strict=True):
         assert_close_per_channel(got[..., :keep], expected)
 
 
@@ -126,20 +134,38 @@ def test_aux_head_is_trained():
             build_criterion(model, {**hyp, "loss": name})
 
 
-def test_fused_model_keeps_the_lead_outputs():
-    """fuse() folds the lead head's implicit layers; the eval output is unchanged and the auxiliary convs never run."""
+def test_aux_convs_start_from_the_lead_priors():
+    """Official: the auxiliary convs get the lead's prior biases, objectness log(8 / (640 / stride)^2) and classes
+    log(0.6 / (nc - 0.99)), on top of torch's uniform initialisation within 1 / sqrt(fan_in)."""
+    torch.manual_seed(0)
+    head = narrow("yolov7-w6", nc=3).model[-1]
+    for m, s in zip(head.m2, head.stride.tolist(), strict=True):
+        b = m.bias.detach().view(head.na, -1)
+        bound = m.in_channels**-0.5
+        assert (b[:, 4] - math.log(8 / (640 / s) ** 2)).abs().max() <= bound
+        assert (b[:, 5:] - math.log(0.6 / (3 - 0.99))).abs().max() <= bound
+
+
+def test_eval_mode_is_the_deploy_model():
+    """Eval mode runs neither the auxiliary convs nor the four layers that feed only them (118-121 of yolov7-w6), so
+    its cost is the official deploy model's: 360.0 GFLOPs at 1280 px in its README, counted by thop (359.7 as this
+    project counts; the auxiliary branch would add 53); fuse() folds the lead head's implicit layers and keeps the
+    eval output."""
     torch.manual_seed(0)
     model = narrow("yolov7-w6", nc=3).eval()
+    assert model.eval_idle == {118, 119, 120, 121}
     x = torch.rand(1, 3, 128, 192)
+    calls = []
+    for i in (*model.eval_idle, len(model.model) - 1):
+        convs = model.model[i].m2 if i == len(model.model) - 1 else [model.model[i]]
+        for m in convs:
+            m.register_forward_hook(lambda *a: calls.append(1))
     with torch.no_grad():
         ref = model(x)[0]
-        head = model.model[-1]
-        calls = []
-        for m in head.m2:
-            m.register_forward_hook(lambda *a: calls.append(1))
         fused = model.fuse()(x)[0]
     assert_close_per_channel(fused, ref)
     assert not calls
+    assert abs(figures("yolov7-w6.yaml")[1] * 4 - 360.0) < 1
 
 
 def test_iauxdetect_needs_twice_its_levels_of_inputs():
