@@ -403,27 +403,28 @@ def _sources(m):
 
 
 def eval_idle_layers(layers):
-    """Indices of the layers that eval mode need not run: those whose outputs reach only head inputs the head does
-    not read in eval mode (its `eval_inputs`: the first so many of them; IAuxDetect's auxiliary maps are the rest).
-    Empty for a head that reads all its inputs."""
+    """Indices of the layers that eval mode need not run, sorted: those whose outputs reach only head inputs the head
+    does not read in eval mode (its `eval_inputs`: the first so many of them; IAuxDetect's auxiliary maps are the
+    rest). Empty for a head that reads all its inputs. A tuple: a model pickled whole holds it, and the checkpoint
+    loader admits no set type."""
     head = layers[-1]
     n = getattr(head, "eval_inputs", None)
     if n is None:
-        return frozenset()
+        return ()
     needed, todo = set(), _sources(head)[:n]
     while todo:
         i = todo.pop()
         if i not in needed:
             needed.add(i)
             todo += _sources(layers[i])
-    return frozenset(range(head.i)) - needed
+    return tuple(i for i in range(head.i) if i not in needed)
 
 
 class BaseModel(nn.Module):
     """A YAML-built layer list run in order, keeping only the outputs later layers read (`save`). In eval mode the
     layers in `eval_idle` are skipped (their outputs are None): only a training head's auxiliary branch reads them."""
 
-    eval_idle = frozenset()
+    eval_idle = ()
 
     def forward(self, x):
         return self._forward_once(x)

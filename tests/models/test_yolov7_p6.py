@@ -153,7 +153,7 @@ def test_eval_mode_is_the_deploy_model():
     eval output."""
     torch.manual_seed(0)
     model = narrow("yolov7-w6", nc=3).eval()
-    assert model.eval_idle == {118, 119, 120, 121}
+    assert model.eval_idle == (118, 119, 120, 121)
     x = torch.rand(1, 3, 128, 192)
     calls = []
     for i in (*model.eval_idle, len(model.model) - 1):
