@@ -14,6 +14,7 @@ from models_testutil import PARITY, assert_close_per_channel
 
 from benchmarks.zoo import figures
 from engine.hyp import read_hyp
+from models.checkpoints import transfer_weights
 from models.heads import IAuxDetect
 from models.yolo import DetectionModel, parse_model, yaml_model_load
 from utils.errors import BadModelYaml, BadOption
@@ -64,13 +65,19 @@ def test_eval_outputs_equal_official(name, fixtures):
         assert_close_per_channel(y[..., :keep], ref["y"])
         nl = model.model[-1].nl
         assert len(lead) == nl  # the auxiliary head is no part of the eval output
-        model.train()  # the train output holds the auxiliary maps; BatchNorm as in eval mode
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.eval()
-        maps = model(x)
+    maps = train_maps(model, x)
     for got, expected in zip(maps[nl:], ref["aux"], strict=True):
         assert_close_per_channel(got[..., :keep], expected)
+
+
+def train_maps(model, x):
+    """The train output (lead, then auxiliary maps) with BatchNorm as in eval mode."""
+    model.train()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.eval()
+    with torch.no_grad():
+        return model(x)
 
 
 def test_aux_loss_equals_official(fixtures):
@@ -166,6 +173,20 @@ def test_eval_mode_is_the_deploy_model():
     assert_close_per_channel(fused, ref)
     assert not calls
     assert abs(figures("yolov7-w6.yaml")[1] * 4 - 360.0) < 1
+
+
+def test_fine_tuning_carries_both_heads_classes_named_alike():
+    """`--weights` with other classes: the classes named alike keep their weights in the auxiliary head too."""
+    torch.manual_seed(0)
+    d = {**yaml_model_load("yolov7-w6.yaml"), "width_multiple": 0.125}
+    src, dst = DetectionModel(d, nc=4), DetectionModel(d, nc=2)
+    src.names, dst.names = dict(enumerate("abcd")), {0: "c", 1: "a"}
+    transfer_weights(dst, src, "src.pt")
+    x = torch.rand(1, 3, 128, 128)
+    nl = src.model[-1].nl
+    for got, ref in zip(train_maps(dst, x)[nl:], train_maps(src, x)[nl:], strict=True):
+        torch.testing.assert_close(got[..., :5], ref[..., :5])
+        torch.testing.assert_close(got[..., 5:], ref[..., [7, 5]])
 
 
 def test_iauxdetect_needs_twice_its_levels_of_inputs():
