@@ -4,9 +4,10 @@ head, classification.
 Output layouts are the official ones (docs/design.md, "Model outputs"); each detection head declares its eval output
 as `output_layout` (a `utils.ops.OutputLayout`), which NMS, validators and predictors read instead of guessing. Each
 head also names the criterion that trains it (`default_loss`) and tells the parser how to build it: `channel_rule`
-(models/common.py), `anchor_based`, and for segment heads `proto_arg`, the index of the width-scaled prototype channel
-count in its args. The model sets `stride` (a non-persistent buffer, so it follows `.to()` but stays out of the
-state_dict, as in the official key lists) before calling `bias_init()`.
+(models/common.py), `anchor_based`, for segment heads `proto_arg`, the index of the width-scaled prototype channel
+count in its args, and `inputs_per_level` where a head reads more than one map per level (IAuxDetect: 2). The model
+sets `stride` (a non-persistent buffer, so it follows `.to()` but stays out of the state_dict, as in the official key
+lists) before calling `bias_init()`.
 """
 
 import contextlib
@@ -184,6 +185,7 @@ class IAuxDetect(IDetect):
     """
 
     default_loss = "aux_ota"
+    inputs_per_level = 2  # for the parser: `anchors: 3` gives len(inputs) / 2 levels
 
     def __init__(self, nc=80, anchors=(), ch=()):
         nl = len(anchors)

@@ -192,8 +192,8 @@ def _layer_args(m, f, n, args, ch, scaling):
     elif rule == "levels":
         c2 = None  # the head is the last layer
         args = [*args, [ch[x] for x in f]]
-        if m.anchor_based and isinstance(args[1], int):  # an anchor count: placeholders for autoanchor
-            args[1] = [list(range(args[1] * 2))] * len(f)
+        if m.anchor_based and isinstance(args[1], int):  # an anchor count: placeholders for autoanchor, per level
+            args[1] = [list(range(args[1] * 2))] * (len(f) // getattr(m, "inputs_per_level", 1))
         k = getattr(m, "proto_arg", None)
         if k is not None and len(args) > k + 1:
             args[k] = make_divisible(min(args[k], max_channels) * width, 8)

@@ -189,6 +189,13 @@ def test_fine_tuning_carries_both_heads_classes_named_alike():
         torch.testing.assert_close(got[..., 5:], ref[..., [7, 5]])
 
 
+def test_an_anchor_count_gives_one_level_per_two_inputs():
+    """`anchors: 3` (refitted by autoanchor when training starts) makes 4 levels of placeholders from 8 inputs."""
+    d = {**yaml_model_load("yolov7-w6.yaml"), "anchors": 3, "width_multiple": 0.125}
+    head = DetectionModel(d, nc=2).model[-1]
+    assert head.nl == 4 and head.stride.tolist() == [8, 16, 32, 64] and len(head.m2) == 4
+
+
 def test_iauxdetect_needs_twice_its_levels_of_inputs():
     d = yaml_model_load("yolov7-w6.yaml")
     d["head"][-1] = [[114, 115, 116, 117, 118, 119, 120], 1, "IAuxDetect", ["nc", "anchors"]]
