@@ -26,10 +26,11 @@ def _derived():
     return dataclasses.field(default=None, metadata={"derived": True})
 
 
-def _planned():
-    """Not an option: what `engine/resume.plan_run` decides from the options given, kept in the run's options (and
-    so in its checkpoints, where --resume reads it back)."""
-    return dataclasses.field(default=False, metadata={"planned": True})
+def _planned(**default):
+    """Not an option: what the run decides before it trains (`engine/resume.plan_run` from the options given, the
+    trainer's set-up from the model), kept in the run's options (and so in its checkpoints, where --resume reads it
+    back)."""
+    return dataclasses.field(**(default or {"default": False}), metadata={"planned": True})
 
 
 def _conforms(v, hint):
@@ -89,6 +90,8 @@ class TrainOptions:
     # `cfg` is the checkpoint --weights names, trained as its own model (--weights without --cfg), not a model that
     # --weights seeds (engine/resume.weights_own_model)
     train_checkpoint_model: bool = _planned()
+    # the parameters --weights did not give (a new class layer): their own optimizer groups (utils/schedule.py)
+    new_params: list[str] = _planned(default_factory=list)
     train_imgsz: Optional[int] = _derived()  # imgsz rounded up to the model's largest stride
     loader_workers: Optional[int] = _derived()  # dataloader workers per rank, resolved for the device
     data_path: Optional[str] = _derived()  # the dataset YAML (or folder) --data named, absolute (engine/inherit.py)

@@ -112,6 +112,8 @@ class BaseTrainer:
         raise NotImplementedError
 
     def build_model(self, nc, names):
+        """(model, given): the model to train for `nc` classes `names`, and the state-dict keys --weights gave it
+        (None where no --weights seeded it: from scratch, or resumed, where the checkpoint restores everything)."""
         raise NotImplementedError
 
     def build_dataset(self, path, mode, stride):
@@ -229,9 +231,12 @@ class BaseTrainer:
             self.data = self.get_data()  # may download or generate; rank 0 of each machine goes first
         self.nc, self.names = self.data["nc"], self.data["names"]
         with du.torch_distributed_zero_first(self.local_rank):
-            model = self.build_model(self.nc, self.names)  # may download official weights: one rank per machine
+            model, given = self.build_model(self.nc, self.names)  # may download official weights: one per machine
         self.opt = dataclasses.replace(self.opt, train_imgsz=check_imgsz(self.opt.imgsz, int(max(model.stride))),
                                        data_path=dataset_file(self.data, self.opt.data))
+        if given is not None:  # a resumed run keeps its own record
+            self.opt = dataclasses.replace(self.opt, new_params=sorted(
+                n for n, _ in model.named_parameters() if n not in given))
         self.hyp = self.load_hyp(model)
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.train_imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
@@ -263,7 +268,7 @@ class BaseTrainer:
             self.batches_per_epoch, self.nc, pretrained=bool(self.opt.weights), cos_lr=self.opt.cos_lr)
         s = self.schedule
         self.optimizer = build_optimizer(self.model, s.optimizer, s.lr0, s.momentum, s.weight_decay,
-                                         fused=self.device.type == "cuda")
+                                         fused=self.device.type == "cuda", new=self.opt.new_params, new_lr=s.new_lr0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=s.lr_factor)
 
     # ---------------------------------------------------------------- checkpoints (engine/checkpointer.py)

@@ -185,8 +185,9 @@ def test_finetune_from_classifier_with_other_class_count(trained):
     from models.checkpoints import attempt_load
 
     src = attempt_load(best, fuse=False).state_dict()
-    model = build_classifier(best, 5, {i: str(i) for i in range(5)})
+    model, given = build_classifier(best, 5, {i: str(i) for i in range(5)})
     dst = model.state_dict()
+    assert set(dst) - given == {"model.9.linear.weight", "model.9.linear.bias"}
     assert model.nc == 5 and dst["model.9.linear.weight"].shape == (5, 1280)
     same = [k for k in src if src[k].shape == dst[k].shape]
     assert set(src) - set(same) == {"model.9.linear.weight", "model.9.linear.bias"}

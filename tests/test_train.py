@@ -136,6 +136,42 @@ def test_resume_restores_exact_state(shapes_detect, tmp_path):
             assert torch.equal(torch.as_tensor(state[k][name]), torch.as_tensor(v)), (k, name)
 
 
+def test_a_new_class_layer_steps_faster_and_a_resume_rebuilds_its_groups(shapes_detect, tmp_path):
+    """Fine-tuning a yolov8n of other classes under --optimizer auto: the class convolutions --weights could not give
+    train at hyp.v8's lr_new_gain x the others' lr, in optimizer groups that --resume rebuilds from the run's record."""
+    from models.checkpoints import model_to_ckpt
+    from models.yolo import DetectionModel
+
+    src = DetectionModel("yolov8n.yaml", nc=5)
+    src.names = {i: f"other{i}" for i in range(5)}
+    torch.save({"model": model_to_ckpt(src)}, tmp_path / "other.pt")
+    opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--cfg", "yolov8n.yaml", "--weights",
+                                      str(tmp_path / "other.pt"), "--epochs", "3"))
+    seen = {}
+
+    def first_epoch(trainer):
+        seen.setdefault("lrs", [g["lr"] for g in trainer.optimizer.param_groups])
+        _interrupt_after_first_epoch(trainer)
+
+    with pytest.raises(_Interrupt):
+        run(DetectionTrainer, opt, callbacks={"on_fit_epoch_end": [first_epoch]})
+    new = [f"model.22.cv3.{i}.2.{k}" for i in range(3) for k in ("bias", "weight")]
+    run_dir = tmp_path / "runs" / "exp"
+    assert yaml.safe_load((run_dir / "opt.yaml").read_text())["new_params"] == new
+    lrs = seen["lrs"]
+    assert len(lrs) == 6 and lrs[4] == pytest.approx(10 * lrs[1]) and lrs[1] > 0
+    saved = torch.load(run_dir / "weights" / "last.pt", weights_only=True)
+
+    def capture(trainer):
+        seen["groups"] = trainer.optimizer.state_dict()["param_groups"]
+        raise _Interrupt
+
+    resume = train.parse_opt(["--resume", str(run_dir / "weights" / "last.pt"), "--device", "cpu", "--workers", "0"])
+    with pytest.raises(_Interrupt):
+        run(DetectionTrainer, resume, callbacks={"on_train_start": [capture]})
+    assert seen["groups"] == saved["optimizer"]["param_groups"]
+
+
 def test_interrupted_save_keeps_last_checkpoint(tmp_path, monkeypatch):
     from utils.files import atomic_save
 

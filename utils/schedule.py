@@ -12,15 +12,17 @@ from utils.torch_utils import lr_lambda, resolve_optimizer
 
 # The keys this module reads, with the values it can work with (brackets as in mathematics; `whole`: a count), and
 # the defaults of those a hyp file may leave out. `lr_auto_gain` multiplies the learning rate `--optimizer auto`
-# picks for a short run from scratch (the hyp files say why each has its value).
+# picks for a short run from scratch; `lr_new_gain` that of the tensors --weights did not give when it fine-tunes (the
+# hyp files say why each has its value).
 HYP_KEYS = {
     "lr0": "(0, inf)", "lrf": "[0, inf)", "momentum": "[0, 1)", "weight_decay": "[0, inf)",
     "warmup_epochs": "[0, inf)", "warmup_momentum": "[0, 1)", "warmup_bias_lr": "[0, inf)",
-    "nbs": "[1, inf) whole", "close_mosaic": "[0, inf) whole", "lr_auto_gain": "(0, inf)",
+    "nbs": "[1, inf) whole", "close_mosaic": "[0, inf) whole", "lr_auto_gain": "(0, inf)", "lr_new_gain": "(0, inf)",
 }
 # nbs: the nominal batch size gradients are accumulated to (a hyp may lower it so that small datasets get enough
-# optimizer steps); close_mosaic: the last epochs trained without mosaic (0: none)
-HYP_DEFAULTS = {"nbs": 64, "close_mosaic": 0}
+# optimizer steps); close_mosaic: the last epochs trained without mosaic (0: none); lr_new_gain 1: new tensors step
+# as the others
+HYP_DEFAULTS = {"nbs": 64, "close_mosaic": 0, "lr_new_gain": 1.0}
 WARMUP_FLOOR = 100  # the fewest warmup iterations from scratch (YOLOv5's and Ultralytics' 8.0-8.3 rule)
 
 
@@ -40,6 +42,7 @@ class Schedule:
 
     optimizer: str  # SGD, Adam or AdamW (`auto` resolved)
     lr0: float
+    new_lr0: float  # lr0 of the tensors --weights did not give (a new class layer)
     momentum: float
     weight_decay: float  # scaled to the images per optimizer step
     accumulate: int  # batches per optimizer step after warmup
@@ -56,7 +59,9 @@ class Schedule:
     def plan(cls, hyp, optimizer, epochs, total_batch, n_images, batches, nc, pretrained=False, cos_lr=False):
         """`batches`: per epoch and rank; `n_images`: the training set's size; `pretrained`: fine-tuning, where
         `--optimizer auto` keeps the Ultralytics fit (its larger step was measured from scratch, and would overwrite
-        pretrained features), and the warmup has no floor (`warmup_iters`)."""
+        pretrained features) for the tensors --weights gave, and steps `lr_new_gain` times that for the others: at
+        the fit's small lr a new class layer barely leaves its random start in a short run (docs/recipes.md, "Real
+        photos"). The warmup has no floor there (`warmup_iters`)."""
         h = {**HYP_DEFAULTS, **hyp}
         nbs = h["nbs"]
         accumulate = max(round(nbs / total_batch), 1)
@@ -66,9 +71,10 @@ class Schedule:
         gain = 1.0 if pretrained else h["lr_auto_gain"]
         name, lr0, momentum = resolve_optimizer(optimizer, h["lr0"], h["momentum"], nc, iterations, gain)
         warmup = warmup_iters(h["warmup_epochs"], epochs, batches, pretrained)
+        new_gain = h["lr_new_gain"] if optimizer == "auto" and name == "AdamW" and pretrained else 1.0
         return cls(
-            optimizer=name, lr0=lr0, momentum=momentum, weight_decay=weight_decay, accumulate=accumulate,
-            total_batch=total_batch, nbs=nbs, warmup_iters=warmup,
+            optimizer=name, lr0=lr0, new_lr0=lr0 * new_gain, momentum=momentum, weight_decay=weight_decay,
+            accumulate=accumulate, total_batch=total_batch, nbs=nbs, warmup_iters=warmup,
             # a bias warmup from 0.1 suits SGD; Adam-family steps are already lr-sized, so there it would blow up
             warmup_bias_lr=h["warmup_bias_lr"] if name == "SGD" else 0.0, warmup_momentum=h["warmup_momentum"],
             epochs=epochs, close_mosaic=h["close_mosaic"], lr_factor=lr_lambda(epochs, h["lrf"], cos_lr),
@@ -81,11 +87,12 @@ class Schedule:
         return max(1, int(np.interp(step, [0, self.warmup_iters], [1, self.nbs / self.total_batch]).round()))
 
     def warmup(self, optimizer, step, epoch):
-        """Set each group's lr (and momentum) for global batch `step` of the warmup: the bias group (index 2) falls
-        from warmup_bias_lr to the scheduled lr, the others rise from 0."""
+        """Set each group's lr (and momentum) for global batch `step` of the warmup: the bias groups (index 2, and 5
+        where new tensors have their own: utils/torch_utils.build_optimizer) fall from warmup_bias_lr to the scheduled
+        lr, the others rise from 0."""
         ramp = [0, self.warmup_iters]
         for j, g in enumerate(optimizer.param_groups):
-            start = self.warmup_bias_lr if j == 2 else 0.0
+            start = self.warmup_bias_lr if j % 3 == 2 else 0.0
             g["lr"] = float(np.interp(step, ramp, [start, g["initial_lr"] * self.lr_factor(epoch)]))
             if "momentum" in g:
                 g["momentum"] = float(np.interp(step, ramp, [self.warmup_momentum, self.momentum]))

@@ -236,13 +236,14 @@ def freeze_layers(model, freeze):
     return frozen
 
 
-def param_groups(model):
-    """Three groups as YOLOv5: weights with decay, BatchNorm weights without, biases without (and warmed up apart)."""
+def param_groups(model, only=None):
+    """Three groups as YOLOv5: weights with decay, BatchNorm weights without, biases without (and warmed up apart);
+    of the parameters named in `only` where given."""
     decay, no_decay, biases = [], [], []
     norm_types = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance(v, type))
-    for module in model.modules():
+    for module_name, module in model.named_modules():
         for name, p in module.named_parameters(recurse=False):
-            if not p.requires_grad:
+            if not p.requires_grad or (only is not None and f"{module_name}.{name}".lstrip(".") not in only):
                 continue
             if name == "bias":
                 biases.append(p)
@@ -253,11 +254,15 @@ def param_groups(model):
     return decay, no_decay, biases
 
 
-def build_optimizer(model, name, lr, momentum, weight_decay, fused=False):
-    """SGD / Adam / AdamW over the YOLOv5 parameter groups; weight decay only on conv/linear weights. `fused` (for
-    CUDA): one kernel updates every tensor of a group, and under a GradScaler the step reads the overflow flag on
-    the GPU instead of copying it to the host; a CPU keeps torch's default implementation."""
-    decay, no_decay, biases = param_groups(model)
+def build_optimizer(model, name, lr, momentum, weight_decay, fused=False, new=(), new_lr=None):
+    """SGD / Adam / AdamW over the YOLOv5 parameter groups; weight decay only on conv/linear weights. `new`: names of
+    parameters that step at `new_lr` instead, in three groups of their own after those (only where the lrs differ,
+    so that an optimizer saved without them loads). `fused` (for CUDA): one kernel updates every tensor of a group,
+    and under a GradScaler the step reads the overflow flag on the GPU instead of copying it to the host; a CPU keeps
+    torch's default implementation."""
+    new = set(new) if new_lr is not None and new_lr != lr else set()
+    names = {n for n, _ in model.named_parameters()}
+    decay, no_decay, biases = param_groups(model, only=names - new)
     fused = fused or None  # False would forbid torch's foreach default, not only the fused kernels
     if name == "SGD":
         opt = torch.optim.SGD(no_decay, lr=lr, momentum=momentum, nesterov=True, fused=fused)
@@ -269,9 +274,16 @@ def build_optimizer(model, name, lr, momentum, weight_decay, fused=False):
         raise ValueError(f"unknown optimizer {name!r}: choose SGD, Adam, AdamW or auto")
     opt.add_param_group({"params": decay, "weight_decay": weight_decay})
     opt.add_param_group({"params": biases, "weight_decay": 0.0})
+    said = ""
+    if new:
+        new_decay, new_no_decay, new_biases = param_groups(model, only=new)
+        for params, wd in ((new_no_decay, 0.0), (new_decay, weight_decay), (new_biases, 0.0)):
+            opt.add_param_group({"params": params, "weight_decay": wd, "lr": new_lr})
+        count = len(new_no_decay) + len(new_decay) + len(new_biases)
+        said = f"; {count} new ones (not from --weights) at lr={new_lr:.5g}"
     LOGGER.info(
         f"optimizer: {name}(lr={lr:.5g}, momentum={momentum}) with groups {len(no_decay)} norm weights (no decay), "
-        f"{len(decay)} weights (decay={weight_decay:.3g}), {len(biases)} biases (no decay)"
+        f"{len(decay)} weights (decay={weight_decay:.3g}), {len(biases)} biases (no decay){said}"
     )
     return opt
 

@@ -24,24 +24,28 @@ from utils.torch_utils import labels_to
 
 
 def build_classifier(model_arg, nc, names):
-    """A ClassificationModel from a YAML, or seeded from a .pt: a classifier checkpoint (fine-tuning: every tensor
-    whose shape fits, so a head for another class count is left new) or a detector checkpoint, whose backbone is
-    cut before its 10th layer as the official YOLOv5 classifier is (layers 0-8 copied, Classify in place of SPPF)."""
+    """(model, given): a ClassificationModel from a YAML, or seeded from a .pt: a classifier checkpoint (fine-tuning:
+    every tensor whose shape fits, so a head for another class count is left new) or a detector checkpoint, whose
+    backbone is cut before its 10th layer as the official YOLOv5 classifier is (layers 0-8 copied, Classify in place
+    of SPPF); `given`: the state keys the .pt gave (None for a YAML)."""
+    given = None
     if str(model_arg).endswith(".pt"):
         src = attempt_load(model_arg, device="cpu", fuse=False)
         if isinstance(src, DetectionModel):
             model = ClassificationModel.from_detection_model(src, nc=nc, cutoff=10)
+            head = f"model.{len(model.model) - 1}."
+            given = {k for k in model.state_dict() if not k.startswith(head)}
             LOGGER.info(f"Classifier seeded from the backbone (layers 0-8) of detector {model_arg}")
         else:
             model = ClassificationModel(src.yaml, nc=nc)
             model.names = dict(names)  # classes that src names alike keep their weights
-            transfer_weights(model, src, model_arg, exclude=())
+            given = transfer_weights(model, src, model_arg, exclude=())
     else:
         d = yaml_model_load(model_arg)
         check_task(head_task(d), ("classify",), f"--model {model_arg}", "train")
         model = ClassificationModel(d, nc=nc)
     model.names = dict(names)
-    return model
+    return model, given
 
 
 def whole_image_targets(cls, conf=None):
@@ -70,11 +74,11 @@ class ClassificationTrainer(BaseTrainer):
         if self.resume_from:  # the run's own model, whose weights restore() puts back: nothing the file names is read
             model = ClassificationModel(model_yaml(self.resume_from), nc=nc)
             model.names = dict(names)
-            return model
-        model = build_classifier(self.opt.cfg, nc, names)
+            return model, None
+        model, given = build_classifier(self.opt.cfg, nc, names)
         if self.opt.weights and not self.opt.train_checkpoint_model:  # else build_classifier seeded it from them
-            load_pretrained(model, self.opt.weights)
-        return model
+            given = (given or set()) | load_pretrained(model, self.opt.weights)
+        return model, given
 
     def build_dataset(self, path, mode, stride):
         """The training set (the validation set comes from the validator's `build_dataset`), under the dataset's

@@ -85,9 +85,7 @@ class DetectionTrainer(BaseTrainer):
                    "train")
         model = self.model_class()(cfg, nc=nc, **self.model_kwargs())
         model.names = dict(names)
-        if src is not None:
-            transfer_weights(model, src, self.opt.weights)
-        return model
+        return model, (None if src is None else transfer_weights(model, src, self.opt.weights))
 
     def dataset_kwargs(self, mode):
         return {}

@@ -9,7 +9,8 @@ from utils.loggers import LOGGER
 
 
 def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):
-    """Copy every tensor of model `src` whose key and shape match `model` (the v5 fine-tuning rule); return the count.
+    """Copy every tensor of model `src` whose key and shape match `model` (the v5 fine-tuning rule); return the keys
+    copied (whole or, in the head, in part).
 
     Anchors are left to the model YAML. Where the classes differ (another count or order), the head's class slices
     (its `class_rows`) are carried over for the classes both models name alike (`_shared_classes`), and the other
@@ -24,7 +25,7 @@ def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):
     model.load_state_dict(keep, strict=False)
     said = f"; in the head, the classes named alike: {', '.join(shared)}" if shared else ""
     LOGGER.info(f"Transferred {whole}/{len(dst)} items from {name}{said}")
-    return len(keep)
+    return set(keep)
 
 
 def _shared_classes(model, src, dst, src_sd, keep):

@@ -80,7 +80,8 @@ def _as_precision(monkeypatch, where):
     dtype = {"cuda-fp16": torch.float16, "cpu-bf16": torch.bfloat16, "cpu-fp32": None}[where]
     monkeypatch.setattr(engine.trainer, "amp_settings", lambda device, amp: (dtype is not None, dtype or torch.float32))
     build = utils.torch_utils.build_optimizer
-    monkeypatch.setattr(engine.trainer, "build_optimizer", lambda *a, fused: build(*a, fused=where == "cuda-fp16"))
+    monkeypatch.setattr(engine.trainer, "build_optimizer",
+                        lambda *a, fused, **k: build(*a, fused=where == "cuda-fp16", **k))
 
 
 @pytest.mark.slow

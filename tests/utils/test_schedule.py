@@ -37,3 +37,20 @@ def test_fine_tuning_ramps_lr_and_accumulation_over_its_shorter_warmup():
     s = plan(20, 8, True)
     assert (s.optimizer, s.lr0, s.accumulate) == ("AdamW", 0.000119, 4)  # the Ultralytics fit for 80 classes
     assert [s.accumulate_at(k) for k in (0, 12, 24, 25)] == [1, 2, 4, 4]
+
+
+@pytest.mark.parametrize("optimizer, pretrained, epochs, want", [
+    ("auto", True, 20, 10.0),  # a short fine-tuning: AdamW at the fit; new tensors at lr_new_gain x
+    ("auto", False, 20, 1.0),  # from scratch every tensor is new, and steps at lr_auto_gain x the fit already
+    ("auto", True, 6000, 1.0),  # a long run (12,000 steps): SGD at lr0, where a new layer has time to leave its start
+    ("AdamW", True, 20, 1.0),  # the user's own optimizer and lr0 are taken as given
+    ("SGD", True, 20, 1.0),
+])
+def test_only_a_short_auto_fine_tuning_steps_new_tensors_faster(optimizer, pretrained, epochs, want):
+    s = Schedule.plan({**HYP, "lr_new_gain": 10.0}, optimizer, epochs=epochs, total_batch=16, n_images=128,
+                      batches=8, nc=80, pretrained=pretrained)
+    assert s.new_lr0 == pytest.approx(s.lr0 * want)
+
+
+def test_new_tensors_step_as_the_others_unless_a_hyp_says_otherwise():
+    assert plan(20, 8, True).new_lr0 == plan(20, 8, True).lr0

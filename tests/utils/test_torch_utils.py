@@ -10,6 +10,7 @@ from utils.errors import BadOption
 from utils.torch_utils import (
     ModelEMA,
     amp_settings,
+    build_optimizer,
     cpu_bf16_native,
     inference_bf16,
     labels_to,
@@ -150,3 +151,23 @@ def test_labels_to_moves_the_labels_it_is_asked_for_and_leaves_the_images():
     some = labels_to(batch(), "meta", ("masks", "keypoints"))
     assert [k for k, v in some.items() if isinstance(v, torch.Tensor) and v.is_meta] == ["masks"]
     assert "keypoints" not in some
+
+
+def test_new_tensors_get_three_groups_of_their_own_at_their_lr():
+    from models.yolo import DetectionModel
+
+    model = DetectionModel("yolov8n.yaml", nc=3)
+    new = [f"model.22.cv3.{i}.2.{k}" for i in range(3) for k in ("weight", "bias")]
+    assert len(new) == 6  # the class convolution's weight and bias at each of the three levels
+    opt = build_optimizer(model, "AdamW", 1e-4, 0.9, 5e-4, new=new, new_lr=1e-3)
+    groups = opt.param_groups
+    assert [g["lr"] for g in groups] == [1e-4] * 3 + [1e-3] * 3
+    assert [g["weight_decay"] for g in groups] == [0.0, 5e-4, 0.0, 0.0, 5e-4, 0.0]
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(by_id[id(p)] for g in groups[3:] for p in g["params"]) == sorted(new)
+    assert [len(g["params"]) for g in groups[3:]] == [0, 3, 3]  # biases in the bias group, as for the others
+    assert sum(len(g["params"]) for g in groups) == sum(p.requires_grad for p in model.parameters())  # each once
+    plain = build_optimizer(model, "AdamW", 1e-4, 0.9, 5e-4)
+    assert [len(g["params"]) for g in plain.param_groups] == [len(g["params"]) + k for g, k in zip(groups, (0, 3, 3))]
+    same = build_optimizer(model, "AdamW", 1e-4, 0.9, 5e-4, new=new, new_lr=1e-4)
+    assert len(same.param_groups) == 3  # at the same lr, one set of groups: the file format of every earlier run
