@@ -15,11 +15,13 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.mark.parametrize("name, cls, nc", [("zoo-yolov5n6-tiny", DetectionModel, 1),
-                                           ("zoo-yolo11-cls-tiny", ClassificationModel, 1)])
+                                           ("zoo-yolo11-cls-tiny", ClassificationModel, 1),
+                                           ("zoo-yolov7-p6-tiny", DetectionModel, 2)])
 def test_peer_saved_zoo_checkpoints(name, cls, nc):
-    """A P6 model saved by the yolov5 package's train.py and a YOLO11 model saved by Ultralytics (whole fp16 module
-    trees, fixtures/make_zoo_checkpoints.py) load through the safe loader as our models and give the official eval
-    outputs, fused or not."""
+    """A P6 model saved by the yolov5 package's train.py, a YOLO11 model saved by Ultralytics (whole fp16 module
+    trees, fixtures/make_zoo_checkpoints.py) and a YOLOv7 P6 model (ReOrg, DownC, Shortcut, IAuxDetect) as the
+    YOLOv7 repository's train_aux.py saves one (fixtures/make_v7p6_parity.py) load through the safe loader as our
+    models and give the official eval outputs, fused or not."""
     ref = torch.load(FIXTURES / f"{name}.out.pt", weights_only=True)
     x = ref["x"].float() / 255
     for fuse in (False, True):
