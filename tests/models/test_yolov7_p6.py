@@ -70,6 +70,31 @@ def test_eval_outputs_equal_official(name, fixtures):
         assert_close_per_channel(got[..., :keep], expected)
 
 
+@pytest.mark.skipif(not (PARITY / "inputs.pt").is_file(), reason=f"parity inputs not found at {PARITY}")
+def test_the_released_deploy_model_gives_the_official_outputs(fixtures):
+    """The released yolov7-w6.pt holds cfg/deploy/yolov7-w6.yaml: the training file without rows 118-121 and the
+    auxiliary head, ending in a plain Detect; our models/yolov7-w6.yaml so cut gives its outputs. Its Detect keeps
+    an `anchor_grid` that ours derives (models/checkpoints/official.py drops it): put back for the seeded draws,
+    which follow the key order, then dropped as the loader drops it."""
+    ref = fixtures["deploy"]
+    d = {**yaml_model_load("yolov7-w6.yaml"), **NARROW}
+    d["head"] = [*d["head"][:-5], [[114, 115, 116, 117], 1, "Detect", ["nc", "anchors"]]]
+    model = DetectionModel(d, nc=80).eval()
+    head, prefix = model.model[-1], f"model.{len(model.model) - 1}."
+    grid = (head.anchors * head.stride.view(-1, 1, 1)).view(head.nl, 1, head.na, 1, 1, 2)
+    official = {}
+    for k, v in model.state_dict().items():
+        official[k] = v
+        if k == prefix + "anchors":
+            official[prefix + "anchor_grid"] = grid
+    state = seeded_keep_anchors(official)
+    assert (keys_digest(key_lines(state)), combined_fingerprint(state)) == (ref["keys"], ref["fingerprint"])
+    model.load_state_dict({k: v for k, v in state.items() if not k.endswith("anchor_grid")}, strict=True)
+    x = torch.load(PARITY / "inputs.pt", weights_only=True)["x256x320"][:1, :, :CROP, :CROP]
+    with torch.no_grad():
+        assert_close_per_channel(model(x)[0][..., : 5 + CLASSES], ref["y"])
+
+
 def train_maps(model, x):
     """The train output (lead, then auxiliary maps) with BatchNorm as in eval mode."""
     model.train()
@@ -136,6 +161,9 @@ def test_aux_head_is_trained():
     loss.backward()
     head = model.model[-1]
     assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in head.m2)
+    # a batch without targets: objectness alone, of both heads
+    _, items = criterion(model(torch.rand(2, 3, 128, 128)), {"targets": torch.zeros(0, 6)})
+    assert items[1] > 0 and items[0] == items[2] == 0
     for name in ("ota", "v5"):
         with pytest.raises(BadOption, match="cannot train the model's IAuxDetect head"):
             build_criterion(model, {**hyp, "loss": name})
