@@ -29,6 +29,7 @@ from models.checkpoints import load_checkpoint
 from models.yolo import head_task, yaml_model_load
 from utils import dist as du
 from utils.errors import BadCheckpoint, BadFile, BadOption
+from utils.files import increment_path
 from utils.loggers import LOGGER
 
 AUTO = "auto"  # --resume auto
@@ -119,6 +120,23 @@ def record_run_dir(save_dir):
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(str(Path(save_dir).resolve()))
+
+
+def run_dir(path, exist_ok, save_dir, is_main):
+    """The run's folder on every rank: `save_dir` where the run is known (a resume, a torchrun restart), else
+    `path` numbered on (`--exist-ok`: as it is, refused where it holds another run). Only rank 0 looks at the disk
+    and records a new folder for a restart; every rank agrees on the folder, and on refusing it."""
+    found = []
+    if is_main:
+        path = save_dir or increment_path(path, exist_ok=exist_ok)
+        found = [] if save_dir else [f for f in RUN_FILES if (path / f).exists()]
+        if not found:
+            record_run_dir(path)
+    path, found = du.broadcast_object((str(path), found) if is_main else None)
+    if found:  # appending to its results.csv or replacing its weights would mix two runs
+        raise BadOption(f"--exist-ok: {path} holds another run ({', '.join(found)}); choose a new --name, "
+                        f"or continue that run with --resume {Path(path) / 'weights' / 'last.pt'}")
+    return Path(path)
 
 
 def forget_run_dir():

@@ -10,8 +10,6 @@ versions: the model brings its criterion (`model.init_criterion`). Checkpoints a
 
 import contextlib
 import dataclasses
-import math
-import random
 import signal
 import time
 from copy import deepcopy
@@ -28,18 +26,18 @@ from engine.inherit import dataset_file
 from engine.interrupt import StopRequests, ended_by_signals
 from engine.messages import SCRIPTS, RunETA, banner, next_commands, plural, position, resume_command, shown
 from engine.options import TrainOptions
-from engine.resume import AUTO, RUN_FILES, forget_run_dir, plan_run, record_run_dir
+from engine.resume import AUTO, forget_run_dir, plan_run, run_dir
 from engine.run_lock import RunLock, busy
 from models.checkpoints import attempt_load
 from models.registry import use_modules
 from utils import dist as du
 from utils.charts import RunPlots
 from utils.cli import check_imgsz
-from utils.data.augment import apply_hsv_batch
+from utils.data.augment import apply_hsv_batch, multi_scale
 from utils.data.labels import problems_listed_on_failure, write_problems
-from utils.data.loader import build_dataloader, default_workers, set_loader_epoch
+from utils.data.loader import build_dataloader, default_workers, dropped_batch_warning, set_loader_epoch
 from utils.errors import BadOption, Interrupted
-from utils.files import increment_path, yaml_save
+from utils.files import yaml_save
 from utils.loggers import LOGGER, build_loggers, set_logging
 from utils.loss import criterion_class
 from utils.profiling import RunProfile
@@ -82,7 +80,8 @@ class BaseTrainer:
         if self.opt.batch_size % self.world_size:
             raise BadOption(f"--batch-size {self.opt.batch_size} must be a multiple of WORLD_SIZE {self.world_size}")
         self.batch_size = self.opt.batch_size // self.world_size  # per rank
-        self.save_dir = self._make_save_dir(save_dir)
+        self.save_dir = run_dir(Path(self.opt.project or self.default_project) / self.opt.name, self.opt.exist_ok,
+                                save_dir, self.is_main)
         self.run_lock = RunLock(self.save_dir)  # held by rank 0 while it trains in the folder (engine/run_lock.py)
         self._lock_run_dir()
         self.checkpointer = Checkpointer(self.save_dir, self.opt.save_interval, self.opt.save_period)
@@ -167,22 +166,6 @@ class BaseTrainer:
                 self.callbacks.fire(event, self, main=self.is_main)
 
     # ---------------------------------------------------------------- set-up
-    def _make_save_dir(self, save_dir):
-        project = Path(self.opt.project or self.default_project)
-        path, found = None, []
-        if self.is_main:
-            path = save_dir or increment_path(project / self.opt.name, exist_ok=self.opt.exist_ok)
-            # a known folder (a resume, a torchrun restart) is continued, not refused
-            found = [] if save_dir else [f for f in RUN_FILES if (path / f).exists()]
-            if not found:
-                record_run_dir(path)  # a torchrun restart continues in this folder
-        # every rank must agree on one folder (and on refusing it); only rank 0 looks at the disk
-        path, found = du.broadcast_object((str(path), found) if self.is_main else None)
-        if found:  # appending to its results.csv or replacing its weights would mix two runs
-            raise BadOption(f"--exist-ok: {path} holds another run ({', '.join(found)}); choose a new --name, "
-                            f"or continue that run with --resume {Path(path) / 'weights' / 'last.pt'}")
-        return Path(path)
-
     def _lock_run_dir(self):
         """Rank 0 locks the run folder once it exists; every rank refuses a folder another process trains in."""
         held_by = self.run_lock.holder() if self.is_main and self.save_dir.is_dir() else None
@@ -470,20 +453,11 @@ class BaseTrainer:
                 self.plot_training_batch(batch, step)
 
     def multi_scale(self, batch, step):
-        """--multi-scale: resize global batch `step`'s images so the long side is a random multiple of the stride in
-        [0.5, 1.5] x imgsz (labels are normalised, so they stay). The size is drawn from a generator seeded by
-        (seed, step): every rank draws the same one without communicating, so no rank waits on a larger batch."""
-        if not self.opt.multi_scale:
-            return batch
-        gs = max(int(self.model.stride.max()), 32)
-        size = self.opt.train_imgsz
-        lo, hi = max(math.ceil(size * 0.5 / gs), 1), max(math.floor(size * 1.5 / gs), 1)
-        size = random.Random(f"{self.opt.seed}-{step}").randint(lo, hi) * gs
-        img = batch["img"]
-        sf = size / max(img.shape[2:])
-        if sf != 1:
-            shape = [math.ceil(x * sf / gs) * gs for x in img.shape[2:]]
-            batch["img"] = nn.functional.interpolate(img, size=shape, mode="bilinear", align_corners=False)
+        """--multi-scale: global batch `step`'s images resized by `utils.data.augment.multi_scale`, which draws the
+        same size on every rank without communicating, so no rank waits on a larger batch."""
+        if self.opt.multi_scale:
+            batch["img"] = multi_scale(batch["img"], self.opt.train_imgsz, int(self.model.stride.max()),
+                                       f"{self.opt.seed}-{step}")
         return batch
 
     def forward_backward(self, batch, sync=True):
@@ -516,11 +490,7 @@ class BaseTrainer:
             world_size=self.world_size, seed=self.opt.seed, sampler=self.train_sampler(), drop_single=True,
         )
         if loader.drop_last and self.is_main:
-            which = ("the same image every epoch (rect batches are not shuffled): choose another --batch-size to "
-                     "train on it") if getattr(self.train_set, "rect", False) else "a different image each epoch"
-            LOGGER.warning(f"WARNING: {len(loader.sampler)} training images per rank at {self.batch_size} per batch: "
-                           f"the last batch would hold one image, which BatchNorm cannot train on; it is left out, "
-                           f"{which}")
+            LOGGER.warning(dropped_batch_warning(loader, self.batch_size))
         return loader
 
     def end_epoch(self, epoch):

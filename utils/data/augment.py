@@ -7,6 +7,7 @@ Every random draw comes from an explicit numpy Generator (`SampleRNG`: one per s
 
 import functools
 import math
+import random
 from dataclasses import dataclass
 
 import cv2
@@ -410,3 +411,17 @@ def polygons_to_masks(polygons, shape, ratio=4, overlap=True):
     for k, i in enumerate(order):
         out[masks[i] > 0] = k + 1
     return out, order
+
+
+def multi_scale(img, size, stride, key):
+    """--multi-scale: `img` (a batch) resized so its long side is a multiple of the stride (at least 32) drawn in
+    [0.5, 1.5] x `size` by a generator seeded with `key` (the run's seed and the global batch number: every rank
+    draws the same size). Labels are normalised, so they stay."""
+    gs = max(stride, 32)
+    lo, hi = max(math.ceil(size * 0.5 / gs), 1), max(math.floor(size * 1.5 / gs), 1)
+    size = random.Random(key).randint(lo, hi) * gs
+    sf = size / max(img.shape[2:])
+    if sf == 1:
+        return img
+    shape = [math.ceil(x * sf / gs) * gs for x in img.shape[2:]]
+    return torch.nn.functional.interpolate(img, size=shape, mode="bilinear", align_corners=False)

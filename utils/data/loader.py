@@ -244,6 +244,14 @@ class GroupedLoader:
                 yield group.pop()
 
 
+def dropped_batch_warning(loader, batch_size):
+    """What a training loader's `drop_last` (`build_dataloader`'s drop_single) leaves out, for the log."""
+    which = ("the same image every epoch (rect batches are not shuffled): choose another --batch-size to train on it"
+             if getattr(loader.dataset, "rect", False) else "a different image each epoch")
+    return (f"WARNING: {len(loader.sampler)} training images per rank at {batch_size} per batch: the last batch would "
+            f"hold one image, which BatchNorm cannot train on; it is left out, {which}")
+
+
 def build_dataloader(dataset, batch_size, workers, shuffle=True, rank=-1, world_size=1, seed=0, sampler=None,
                      drop_single=False):
     """A DataLoader with the dataset's `collate_fn` and seeded per-worker RNGs; for training (shuffle=True) a
