@@ -67,12 +67,18 @@ def run_settings(weights, backend=None):
 
 
 def with_run_settings(opt, backend=None, known=None):
-    """`opt` (a namespace) with each option of `opt.run_defaults` that is None taken from the weights' run (`known`,
-    else read by run_settings), else from that default. Says in one line what came from the run, and which dataset
-    no longer exists."""
+    """`opt` (a namespace) with the values `run_values` finds."""
+    values = run_values(opt, backend, known)
+    return SimpleNamespace(**{**vars(opt), **values}) if values else opt
+
+
+def run_values(opt, backend=None, known=None):
+    """{option: value} for each option of `opt.run_defaults` (a parsed namespace) that is None: the weights' run's
+    (`known`, else read by run_settings), else that default. Says in one line what came from the run, and which
+    dataset no longer exists."""
     wanted = [k for k in getattr(opt, "run_defaults", {}) if getattr(opt, k, None) is None]
     if not wanted:
-        return opt
+        return {}
     known = run_settings(opt.weights, backend) if known is None else known
     values, taken, gone = {}, [], None
     for k in wanted:
@@ -92,4 +98,4 @@ def with_run_settings(opt, backend=None, known=None):
         said.append(f"its run's dataset {gone} no longer exists{instead}")
     if said:
         LOGGER.info("; ".join(said) + " (give the option to choose another)")
-    return SimpleNamespace(**{**vars(opt), **values})
+    return values

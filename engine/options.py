@@ -48,8 +48,24 @@ def _conforms(v, hint):
     return isinstance(v, hint)
 
 
+class Options:
+    """What the typed options classes share: built from values in one place, written out as a dict."""
+
+    @classmethod
+    def from_values(cls, values):
+        """From a dict or namespace of option values (a parsed command line, a checkpoint's `opt`): the fields this
+        class declares, derived ones left to set-up; anything else (`given`, a field of another task, the parser's
+        `run_defaults`) is ignored."""
+        values = values if isinstance(values, dict) else vars(values)
+        names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")]
+        return cls(**{k: values[k] for k in names if k in values})
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
 @dataclasses.dataclass(frozen=True)
-class TrainOptions:
+class TrainOptions(Options):
     """The options of classify/train.py, and of every train script (utils/cli.train_parser writes their defaults)."""
 
     cfg: str  # model YAML or .pt
@@ -97,14 +113,6 @@ class TrainOptions:
     data_path: Optional[str] = _derived()  # the dataset YAML (or folder) --data named, absolute (engine/inherit.py)
 
     @classmethod
-    def from_values(cls, values):
-        """From a dict or namespace of option values (a parsed command line, a checkpoint's `opt`): the fields this
-        class declares, derived ones left to set-up; anything else (`given`, a field of another task) is ignored."""
-        values = values if isinstance(values, dict) else vars(values)
-        names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")]
-        return cls(**{k: values[k] for k in names if k in values})
-
-    @classmethod
     def check_saved(cls, values, label):
         """Refuse (BadCheckpoint naming `label`) options read from a file (a checkpoint's `opt`) that the command line
         could not have given: a value of another type than its field's (`imgsz: '64'`, `data` a mapping with its own
@@ -127,9 +135,6 @@ class TrainOptions:
     def resume_rules(cls):
         """{option: how --resume treats it} for the options --resume may come with."""
         return {f.name: f.metadata["resume"] for f in dataclasses.fields(cls) if "resume" in f.metadata}
-
-    def to_dict(self):
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,3 +195,49 @@ class ValOptions:
         names_from = None if getattr(opt, "skip_unknown_classes", True) else opt.data_path or "the dataset dict"
         return cls(imgsz=opt.train_imgsz, batch=batch, workers=opt.loader_workers, plots=not opt.noplots,
                    names_from=names_from, **task_options)
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictOptions(Options):
+    """The options of classify/predict.py, and of every predict script (utils/cli.predict_parser writes their
+    defaults); `BasePredictor` builds them from the parsed command line, once."""
+
+    weights: str
+    source: str
+    vid_stride: int
+    imgsz: Optional[int]  # None: the size the weights' run trained at (engine/inherit.py)
+    device: str
+    view_img: bool
+    save_txt: bool
+    save_conf: bool
+    nosave: bool
+    save_crop: bool
+    save_csv: bool
+    line_thickness: Optional[int]
+    hide_labels: bool
+    hide_conf: bool
+    project: Optional[str]
+    name: str
+    exist_ok: bool
+    half: bool
+    amp: str
+    modules: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectPredictOptions(PredictOptions):
+    """detect.py and segment/predict.py: NMS and test-time augmentation (utils/cli.add_nms_args)."""
+
+    conf_thres: float
+    iou_thres: float
+    max_det: int
+    classes: Optional[list[int]]  # None: every class
+    agnostic_nms: bool
+    augment: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PosePredictOptions(DetectPredictOptions):
+    """pose/predict.py: the dataset YAML whose skeleton is drawn (None: COCO's for 17 keypoints)."""
+
+    data: Optional[str]

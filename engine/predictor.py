@@ -6,23 +6,23 @@ Task subclasses implement `postprocess` (raw model output -> per-image results) 
 """
 
 import csv
+import dataclasses
 import os
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import cv2
 import numpy as np
 import torch
 
-from engine.inherit import with_run_settings
+from engine.inherit import run_values
 from engine.messages import check_task
+from engine.options import PredictOptions
 from models.backend import InferenceBackend
 from models.registry import use_modules
 from utils import dist as du
 from utils.cli import check_imgsz
 from utils.data.streams import open_source
-from utils.errors import BadOption
 from utils.files import increment_path
 from utils.imageio import printable, write_image
 from utils.loggers import LOGGER
@@ -34,25 +34,23 @@ from utils.torch_utils import inference_bf16, time_sync
 class BasePredictor:
     default_project = "runs/detect"
     tasks = ("detect", "segment", "pose")  # the models whose output this predictor reads (a head's `task`)
+    options = PredictOptions  # the task's options class (engine/options.py)
 
     def __init__(self, args):
-        self.args = args if isinstance(args, SimpleNamespace) else SimpleNamespace(**vars(args))
-        use_modules(getattr(self.args, "modules", None))
-        self.device = du.select_device(self.args.device)
-        half = bool(getattr(self.args, "half", False)) and self.device.type == "cuda"
-        bf16 = inference_bf16(self.device, getattr(self.args, "amp", "off"))
-        self.model = InferenceBackend(self.args.weights, device=self.device, half=half, bf16=bf16)
-        given = self.args.imgsz
-        self.args = with_run_settings(self.args, self.model)
-        check_task(self.model.task, self.tasks, f"--weights {self.args.weights}", "predict")
+        """`args`: a predict script's parsed command line, read once into the task's options (`self.args`)."""
+        opt = self.options.from_values(args)
+        use_modules(opt.modules)
+        self.device = du.select_device(opt.device)
+        half = opt.half and self.device.type == "cuda"
+        bf16 = inference_bf16(self.device, opt.amp)
+        self.model = InferenceBackend(opt.weights, device=self.device, half=half, bf16=bf16)
+        self.args = dataclasses.replace(opt, **run_values(args, self.model))
+        check_task(self.model.task, self.tasks, f"--weights {opt.weights}", "predict")
         self.half = self.model.fp16
         self.names = self.model.names
-        unknown = [c for c in getattr(self.args, "classes", None) or [] if c not in self.names]
-        if unknown:  # NMS would keep nothing of them, without a word
-            raise BadOption(f"--classes {' '.join(map(str, unknown))}: {self.args.weights} has classes "
-                            f"0-{len(self.names) - 1} only")
+        self.check_args()
         self.stride = self.model.stride
-        self.imgsz = self._input_size(given)
+        self.imgsz = self._input_size(opt.imgsz)
         self.dataset = self.load_source()  # a source that is missing or empty is refused before a run folder exists
         project = Path(self.args.project or self.default_project)
         self.save_dir = increment_path(project / self.args.name, exist_ok=self.args.exist_ok)
@@ -64,6 +62,9 @@ class BasePredictor:
             self._csv(["image", "class", "confidence", "x1", "y1", "x2", "y2"])
         self.show = self.args.view_img and can_show_windows()
         self.writers = {}
+
+    def check_args(self):
+        """Hook: refuse options the loaded model cannot honour (BadOption), before a run folder exists."""
 
     def _input_size(self, given):
         """--imgsz (`given`, else the weights' run's), or the one size a static export takes (h, w)."""

@@ -9,7 +9,7 @@ import torch
 
 from engine.fields import MAX_PLOTTED_PREDS, Boxes, Predictions, txt_lines
 from engine.messages import SCRIPTS, check_task
-from engine.options import DetectTrainOptions
+from engine.options import DetectPredictOptions, DetectTrainOptions
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
@@ -347,11 +347,18 @@ class DetectionValidator(BaseValidator):
 
 class DetectionPredictor(BasePredictor):
     default_project = "runs/detect"
+    options = DetectPredictOptions
 
     def __init__(self, args):
         super().__init__(args)
         if self.args.augment:
             augment_backend(self.model)
+
+    def check_args(self):
+        unknown = [c for c in self.args.classes or [] if c not in self.names]
+        if unknown:  # NMS would keep nothing of them, without a word
+            raise BadOption(f"--classes {' '.join(map(str, unknown))}: {self.args.weights} has classes "
+                            f"0-{len(self.names) - 1} only")
 
     def postprocess(self, preds, im, im0):
         det = ops.non_max_suppression(

@@ -4,6 +4,7 @@ YAML (utils/data/dataset_yaml.check_pose_dataset); the head declares its keypoin
 import torch
 
 from engine.fields import Boxes, Keypoints, txt_lines
+from engine.options import PosePredictOptions
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator, single_class
 from engine.validator import ValOptions
 from models.yolo import PoseModel
@@ -93,11 +94,12 @@ class PosePredictor(DetectionPredictor):
 
     tasks = ("pose",)
     default_project = "runs/predict-pose"
+    options = PosePredictOptions
 
     def __init__(self, args):
         super().__init__(args)
         self.kpt_shape = tuple(self.model.output_layout.kpt_shape)
-        self.skeleton = self._skeleton(getattr(self.args, "data", None))
+        self.skeleton = self._skeleton(self.args.data)
 
     def _skeleton(self, data):
         skeleton = pose_skeleton(data, self.kpt_shape[0]) if data else None
