@@ -9,7 +9,7 @@ the next, so the useful parallelism is one evolution per GPU, not one evolution 
 """
 
 import csv
-from copy import deepcopy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -76,31 +76,33 @@ def append_row(csv_file, metrics, hyp, keys):
 
 
 def evolve(trainer_cls, opt, run):
-    """Run opt.evolve generations of `run(trainer_cls, opt)`; returns the path of the best hyp YAML."""
+    """Run opt.evolve generations of `run(trainer_cls, options, given=...)`, each with its own copy of the options
+    (`opt`: a train script's parsed command line); returns the path of the best hyp YAML."""
     if du.get_world_size() > 1:
         raise BadOption("--evolve runs in a single process (each generation is a whole training run): launch it "
                         "without torchrun, one evolution per GPU with --device")
     if opt.resume:  # a generation's own --resume would continue, or refuse, an earlier search's generation
         raise BadOption("--evolve starts a new search of new runs; it does not take --resume")
-    opt = weights_own_model(opt, getattr(opt, "given", ()))  # the model whose default hyp the search starts from
+    given = opt.given
+    # the model whose default hyp the search starts from
+    opt = weights_own_model(trainer_cls.options.from_values(opt), given)
     base = _base_hyp(opt)  # a mistake in --hyp ends the command before a folder is made
     save_dir = increment_path(Path(opt.project or "runs/evolve") / opt.name, exist_ok=opt.exist_ok, mkdir=True)
     csv_file = save_dir / "evolve.csv"
     keys = [k for k in META if k in base]
     rng = np.random.default_rng(opt.seed)  # its own generator: each run re-seeds the global ones
     for g in range(opt.evolve):
-        gen_opt = deepcopy(opt)
-        gen_opt.evolve, gen_opt.noval, gen_opt.nosave = None, True, True  # validate and save the last epoch only
-        gen_opt.noplots = True  # a generation is judged by its fitness row, not by pictures
-        gen_opt.project, gen_opt.name, gen_opt.exist_ok = str(save_dir), f"gen{g}", False
         rows = read_rows(csv_file)
         parent = {**base, **select_parent(rows, keys, rng)} if rows else base
         hyp = mutate(parent, keys, rng)
-        gen_opt.hyp = str(save_dir / f"gen{g}_hyp.yaml")
-        yaml_save(gen_opt.hyp, hyp)
+        hyp_file = save_dir / f"gen{g}_hyp.yaml"
+        yaml_save(hyp_file, hyp)
+        # validate and save the last epoch only; a generation is judged by its fitness row, not by pictures
+        gen_opt = dataclasses.replace(opt, evolve=None, noval=True, nosave=True, noplots=True, hyp=str(hyp_file),
+                                      project=str(save_dir), name=f"gen{g}", exist_ok=False)
         LOGGER.info(f"evolve: generation {g + 1}/{opt.evolve}")
         try:
-            _, metrics = run(trainer_cls, gen_opt)
+            _, metrics = run(trainer_cls, gen_opt, given=given)
         except Interrupted as e:  # the trainer's resume line continues this generation's training, not the search
             raise Interrupted(e.code - 128, f"evolve: stopped in generation {g + 1}/{opt.evolve}; {csv_file} holds "
                                             f"the {g} finished ones (an evolution does not resume)") from None

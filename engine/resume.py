@@ -17,11 +17,11 @@ Rules (docs/distributed.md, "Stopping and resuming"):
   last.pt if one was written, with no flag from the user. The record is removed when the run ends.
 """
 
+import dataclasses
 import os
 import socket
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 from engine.messages import check_task
 from engine.options import TrainOptions
@@ -57,8 +57,9 @@ def find_unfinished_run(search_dir):
 def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
     """For --resume [path]: (the run's saved options with this launch's device/workers and any --epochs, path).
 
-    `given` names the options on the command line; any that `options` (the task's class) does not let --resume
-    change is refused. `task`, when given, is the only task whose runs this script continues.
+    `opt`: this launch's options (an `options` object, the task's class); `given` names the options on the command
+    line, and any that `options` does not let --resume change is refused. `task`, when given, is the only task whose
+    runs this script continues.
     """
     rules = options.resume_rules()
     path = Path(opt.resume) if isinstance(opt.resume, str) else find_unfinished_run(opt.project or default_project)
@@ -79,7 +80,7 @@ def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
         check_task(run_task(ckpt, path), (task,), f"--resume {path}", "train")
     # options added to the project after this checkpoint was written take this launch's values, which are their
     # defaults (any other given option was refused above)
-    saved = {**vars(opt), **ckpt["opt"]}
+    saved = {**opt.to_dict(), **ckpt["opt"]}
     if "epochs" in given and opt.epochs != saved["epochs"]:
         done = ckpt["epoch"] + 1
         if opt.epochs <= done:
@@ -91,7 +92,7 @@ def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
         if rule == "launch" or (rule == "given" and k in given):
             saved[k] = getattr(opt, k)
     saved["resume"] = False
-    return SimpleNamespace(**saved), path
+    return options.from_values(saved), path
 
 
 def _launch_record():
@@ -153,7 +154,7 @@ def weights_own_model(opt, given):
     if not opt.weights or "cfg" in given:
         return opt
     LOGGER.info(f"--weights {opt.weights} without --cfg: training its own model (as --cfg {opt.weights})")
-    return SimpleNamespace(**{**vars(opt), "cfg": opt.weights, "train_checkpoint_model": True})
+    return dataclasses.replace(opt, cfg=opt.weights, train_checkpoint_model=True)
 
 
 def run_task(ckpt, path):
@@ -165,15 +166,14 @@ def run_task(ckpt, path):
 
 
 def plan_run(opt, default_project, given=(), options=TrainOptions, task=None):
-    """Rank 0: (options, checkpoint to resume from or None, run folder or None for a new one); `options`: the task's
-    options class, `task` the task it trains."""
+    """Rank 0: (options, checkpoint to resume from or None, run folder or None for a new one); `opt`: this launch's
+    options, an `options` object (the task's options class), `task` the task it trains."""
     run_dir = elastic_run_dir()
     if run_dir is not None:
         last = run_dir / "weights" / "last.pt"
         if last.is_file() and is_unfinished(load_checkpoint(last)):
             LOGGER.info(f"torchrun restart {du.get_restart_count()}: resuming {last}")
-            saved, _ = resume_opt(SimpleNamespace(**{**vars(opt), "resume": str(last)}), default_project, (), options,
-                                  task)
+            saved, _ = resume_opt(dataclasses.replace(opt, resume=str(last)), default_project, (), options, task)
             return saved, last, run_dir
         LOGGER.info(f"torchrun restart {du.get_restart_count()}: no checkpoint yet, starting over in {run_dir}")
         return weights_own_model(opt, given), None, run_dir
@@ -198,10 +198,9 @@ def auto_run(opt, default_project, given, options, task):
         # found the folder (which may differ from the name the run was started with, numbered by increment_path)
         rules = options.resume_rules()
         changed = [k for k in given if k in rules or (k != "name" and ckpt["opt"].get(k) != getattr(opt, k))]
-        saved, _ = resume_opt(SimpleNamespace(**{**vars(opt), "resume": str(last)}), default_project, changed,
-                              options, task)
+        saved, _ = resume_opt(dataclasses.replace(opt, resume=str(last)), default_project, changed, options, task)
         LOGGER.info(f"--resume auto: continuing the unfinished run in {run_dir}")
-        return SimpleNamespace(**{**vars(saved), "resume": AUTO}), last, run_dir
+        return dataclasses.replace(saved, resume=AUTO), last, run_dir
     found = [f for f in RUN_FILES if (run_dir / f).exists()]
     if found:
         raise BadOption(f"--resume auto: {run_dir} holds a run that cannot continue ({', '.join(found)}, no "

@@ -573,21 +573,22 @@ class BaseTrainer:
                 LOGGER.info(f"{'Next:' if i == 0 else '':<6}{command}")
 
 
-def run(trainer_cls, opt, callbacks=None):
+def run(trainer_cls, opt, callbacks=None, given=()):
     """Entry point shared by every task's train.py: device, process group, resume, train, clean exit.
 
-    `callbacks`: listener objects with `on_<event>` methods, or a dict {event: [functions taking the trainer]}, added
-    after the default ones (engine/callbacks.py names the events). Under torchrun, a restarted worker group continues
-    the run it belongs to (engine/resume.py).
+    `opt`: a train script's parsed command line, typed here once (its `given` names the options --resume may refuse),
+    or the task's options with the names its caller gave in `given`. `callbacks`: listener objects with `on_<event>`
+    methods, or a dict {event: [functions taking the trainer]}, added after the default ones (engine/callbacks.py names
+    the events). Under torchrun, a restarted worker group continues the run it belongs to (engine/resume.py).
     """
     set_logging(du.get_rank())
+    if not isinstance(opt, TrainOptions):
+        given, opt = opt.given, trainer_cls.options.from_values(opt)
     if opt.hyp:  # checked before any work (the options were, by the parser)
         read_hyp(opt.hyp)
-    use_modules(getattr(opt, "modules", None))  # before any model is built or checkpoint read, on every rank
+    use_modules(opt.modules)  # before any model is built or checkpoint read, on every rank
     device = du.select_device(opt.device, opt.batch_size)
     with du.session(device):
-        opt = deepcopy(opt)
-        given = vars(opt).pop("given", ())  # the options on the command line, which --resume may refuse
         # rank 0 reads the disk and decides; a user error there is raised on every rank
         opt, resume_from, save_dir = du.on_main(plan_run, opt, trainer_cls.default_project, given, trainer_cls.options,
                                                     trainer_cls.task)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.options import TrainOptions
 from tests.ddp_utils import descendants, free_port
 from utils.files import ROOT
 
@@ -284,22 +285,28 @@ def _fake_run(project, name, finished, epochs=5, mtime=None):
     return last
 
 
-def test_bare_resume_picks_the_newest_unfinished_run(tmp_path):
+def _typed(argv):
+    """train.py's options for `argv`, typed as engine/trainer.run types them before resume reads them."""
     import train
+
+    return TrainOptions.from_values(train.parse_opt(argv))
+
+
+def test_bare_resume_picks_the_newest_unfinished_run(tmp_path):
     from engine.resume import resume_opt
     from utils.errors import BadOption
 
     project = tmp_path / "runs"
     old = _fake_run(project, "exp", finished=False, mtime=time.time() - 100)
     _fake_run(project, "exp2", finished=True)  # newer, but finished
-    opt, path = resume_opt(train.parse_opt(["--resume", "--project", str(project)]), "runs/train")
+    opt, path = resume_opt(_typed(["--resume", "--project", str(project)]), "runs/train")
     assert path == old and opt.epochs == 5 and opt.resume is False
     _fake_run(project, "exp3", finished=False, mtime=time.time() - 200)
-    assert resume_opt(train.parse_opt(["--resume", "--project", str(project)]), "runs/train")[1] == old
+    assert resume_opt(_typed(["--resume", "--project", str(project)]), "runs/train")[1] == old
     done = tmp_path / "done"
     _fake_run(done, "exp", finished=True)
     with pytest.raises(BadOption, match="every run under .* has finished"):
-        resume_opt(train.parse_opt(["--resume", "--project", str(done)]), "runs/train")
+        resume_opt(_typed(["--resume", "--project", str(done)]), "runs/train")
 
 
 def test_resume_auto_starts_a_run_continues_it_and_refuses_what_cannot_continue(tmp_path):
@@ -316,7 +323,7 @@ def test_resume_auto_starts_a_run_continues_it_and_refuses_what_cannot_continue(
 
     def plan(argv):
         opt = train.parse_opt(argv)
-        return plan_run(opt, "runs/train", opt.given)
+        return plan_run(_typed(argv), "runs/train", opt.given)
 
     opt, resume_from, run_dir = plan(cmd)
     assert (resume_from, run_dir, opt.resume, opt.name) == (None, project / "job7", "auto", "job7")
@@ -343,17 +350,17 @@ def test_resume_refuses_options_that_change_the_run_and_extends_epochs(tmp_path,
     last = _fake_run(tmp_path, "exp", finished=False)
     given = train.parse_opt(["--resume", str(last), "--batch-size", "16", "--img=128", "--workers", "0"])
     with pytest.raises(BadOption) as e:
-        resume_opt(given, "runs/train", given.given)
+        resume_opt(TrainOptions.from_values(given), "runs/train", given.given)
     assert "--batch-size, --imgsz would change it" in str(e.value)
     opt = train.parse_opt(["--resume", str(last), "--epoch", "9", "--device", "cpu"])  # an abbreviation too
-    saved, _ = resume_opt(opt, "runs/train", opt.given)
+    saved, _ = resume_opt(TrainOptions.from_values(opt), "runs/train", opt.given)
     assert (saved.epochs, saved.batch_size, saved.device) == (9, 8, "cpu")
     # options the checkpoint predates (the fake run saved only six) come from the defaults
     defaults = vars(train.parse_opt([]))
     assert saved.hyp == defaults["hyp"] and saved.optimizer == defaults["optimizer"] and saved.seed == defaults["seed"]
     with pytest.raises(BadOption, match="already trained 2 epochs"):
         opt = train.parse_opt(["--resume", str(last), "--epochs", "2"])
-        resume_opt(opt, "runs/train", opt.given)
+        resume_opt(TrainOptions.from_values(opt), "runs/train", opt.given)
     # the user's view: one line and exit status 2
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--resume", str(last), "--batch-size", "16",
                         "--device", "cpu"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)

@@ -256,7 +256,7 @@ def test_an_interrupted_evolution_says_what_it_keeps(shapes_detect, tmp_path):
     from engine.evolve import evolve
     from engine.tasks.detect import DetectionTrainer
 
-    def run(trainer_cls, opt):
+    def run(trainer_cls, opt, given):
         if opt.name == "gen1":
             raise Interrupted(signal.SIGINT)
         return None, {"fitness": 0.5}

@@ -267,6 +267,7 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
     Ultralytics' rule), not the script's default yolov5n seeded with the few tensors whose shapes fit; the hyp an
     --evolve starts from is that model's; a --cfg given still picks the model."""
     from engine.evolve import _base_hyp
+    from engine.options import DetectTrainOptions
     from engine.resume import weights_own_model
     from models.checkpoints import model_to_ckpt
     from models.heads import AnchorFreeDetect, Detect
@@ -278,7 +279,7 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
     torch.save({"model": model_to_ckpt(source)}, weights)
     opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--epochs", "1",
                                       "--imgsz", "64"))
-    own = weights_own_model(opt, opt.given)
+    own = weights_own_model(DetectTrainOptions.from_values(opt), opt.given)
     assert opt.cfg == "yolov5n.yaml" and own.cfg == str(weights) and own.train_checkpoint_model
     assert "dfl" in _base_hyp(own)  # hyp.v8.yaml, not scratch-low
     trainer, _ = train.main(opt)
@@ -291,7 +292,8 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
 
     opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--cfg", "yolov5n.yaml",
                                       "--epochs", "1", "--imgsz", "64", "--name", "given"))
-    assert weights_own_model(opt, opt.given) is opt
+    typed = DetectTrainOptions.from_values(opt)
+    assert weights_own_model(typed, opt.given) is typed
     trainer, _ = train.main(opt)
     assert type(trainer.model.model[-1]) is Detect and not trainer.opt.train_checkpoint_model
 
