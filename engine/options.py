@@ -158,7 +158,8 @@ class SegmentTrainOptions(DetectTrainOptions):
 
 @dataclasses.dataclass
 class ValOptions:
-    """Everything a validator reads. Built by `from_cli` (val scripts) or `from_train` (the trainer), nowhere else."""
+    """Everything a validator reads; a task's extras are the fields of its subclass, which its validator names
+    (`BaseValidator.options`). Built by `from_cli` (val scripts) or `from_train` (the trainer), nowhere else."""
 
     imgsz: int
     batch: int = 32  # images per batch on each rank
@@ -171,7 +172,6 @@ class ValOptions:
     save_txt: bool = False
     plots: bool = True  # val_batch images, curves and confusion matrices (final or stand-alone runs only)
     single_cls: bool = False  # every class evaluated as one (a --single-cls model)
-    no_overlap: bool = False  # segmentation: one mask per instance instead of the overlap map
     # the dataset YAML whose names give nc: a label with a class id >= nc is then an error naming it; None: the
     # images holding one are skipped (--skip-unknown-classes; classification, whose classes are folders)
     names_from: Optional[str] = None
@@ -191,10 +191,24 @@ class ValOptions:
     @classmethod
     def from_train(cls, opt, batch, **task_options):
         """For validation inside training (`opt`: TrainOptions after set-up): the training image size and workers,
-        `batch` images per rank."""
+        `batch` images per rank, and the fields `task_options` names (the task's extras among them)."""
         names_from = None if getattr(opt, "skip_unknown_classes", True) else opt.data_path or "the dataset dict"
         return cls(imgsz=opt.train_imgsz, batch=batch, workers=opt.loader_workers, plots=not opt.noplots,
                    names_from=names_from, **task_options)
+
+
+@dataclasses.dataclass
+class SegmentValOptions(ValOptions):
+    """Segmentation validation: the form of the label masks, as the run trained with them."""
+
+    no_overlap: bool = False  # one mask per instance instead of the overlap map
+
+
+@dataclasses.dataclass
+class PoseValOptions(ValOptions):
+    """Pose validation: keypoints per instance and values per keypoint, the dataset's (its YAML's `kpt_shape`)."""
+
+    kpt_shape: tuple[int, int] = (17, 3)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,7 @@ class BaseValidator:
     postprocess_name = "post-process"
     tasks = ("detect", "segment", "pose")  # the models whose output this validator reads (a head's `task`)
     profile = RunProfile(enabled=False)  # the trainer's, under --profile
+    options = ValOptions  # the task's options class (engine/options.py), its extras its own fields
 
     def __init__(self, args, save_dir, names, criterion=None, label_names=None):
         self.args = args
@@ -275,8 +276,9 @@ class BaseValidator:
         return data["names"]
 
     @staticmethod
-    def data_kwargs(data):
-        """What the validator takes from the dataset dict besides names (pose: kpt_shape), for the val scripts."""
+    def data_options(data):
+        """The task's options (fields of `options`) that the val scripts take from the dataset dict (pose:
+        kpt_shape)."""
         return {}
 
     @classmethod
@@ -295,9 +297,10 @@ class BaseValidator:
         with du.session(device):
             model, stride, task = validation_model(opt.weights, device, opt.imgsz)
             check_task(task, cls.tasks, f"--weights {opt.weights}", "val")
-            model, options = cls.adapt_to_weights(model, stride, ValOptions.from_cli(opt), opt)
+            model, options = cls.adapt_to_weights(model, stride, cls.options.from_cli(opt), opt)
             with du.torch_distributed_zero_first(du.get_local_rank()):
                 data = cls.get_data(opt.data, options)
+            options = dataclasses.replace(options, **cls.data_options(data))
             if not getattr(opt, "skip_unknown_classes", False):
                 options = dataclasses.replace(options, names_from=data.get("yaml_file") or "the dataset dict")
             names = cls.val_names(data, model, opt)
@@ -305,8 +308,7 @@ class BaseValidator:
             save_dir = None
             if du.is_main_process():
                 save_dir = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True))
-            validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_names=data.get("label_names"),
-                            **cls.data_kwargs(data))
+            validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_names=data.get("label_names"))
             with problems_listed_on_failure(validator.save_dir, opt.split, write=du.is_main_process()):
                 dataset = validator.build_dataloader(cls.split_path(data, opt.split), stride).dataset
             if du.is_main_process():  # as training does

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from engine.options import SegmentValOptions
 from engine.tasks.segment import SegmentationValidator
-from engine.validator import ValOptions
 from models.heads import Segment
 from utils.data.dataset_yaml import check_det_dataset
 
@@ -89,7 +89,7 @@ def rectangles(tmp_path_factory):
 def _validate(data, save_dir, mask_fn, pad=0.0, overlap=True):
     # the val.py loader (rect batches, pad 0.5), with either mask layout;
     # NMS at IoU 0.9: neighbouring labels of one class must not suppress each other's exact boxes
-    args = ValOptions(imgsz=128, batch=4, workers=0, conf=0.001, iou=0.9, save_json=True, no_overlap=not overlap)
+    args = SegmentValOptions(imgsz=128, batch=4, workers=0, conf=0.001, iou=0.9, save_json=True, no_overlap=not overlap)
     save_dir.mkdir(parents=True, exist_ok=True)
     validator = SegmentationValidator(args, save_dir, data["names"])
     validator.build_dataloader(data["val"], stride=32)

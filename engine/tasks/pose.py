@@ -4,9 +4,8 @@ YAML (utils/data/dataset_yaml.check_pose_dataset); the head declares its keypoin
 import torch
 
 from engine.fields import Boxes, Keypoints, txt_lines
-from engine.options import PosePredictOptions
+from engine.options import PosePredictOptions, PoseValOptions
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator, single_class
-from engine.validator import ValOptions
 from models.yolo import PoseModel
 from utils import ops
 from utils.data.dataset_yaml import check_pose_dataset, pose_skeleton
@@ -51,30 +50,28 @@ class PoseTrainer(DetectionTrainer):
         return {"task": PoseLabels(self.data["kpt_shape"], self.data["flip_idx"])}
 
     def build_validator(self):
-        options = ValOptions.from_train(self.opt, self.batch_size * 2, single_cls=self.opt.single_cls)
+        options = PoseValOptions.from_train(self.opt, self.batch_size * 2, single_cls=self.opt.single_cls,
+                                            kpt_shape=tuple(self.data["kpt_shape"]))
         return PoseValidator(options, self.save_dir, self.names, criterion=self.criterion,
-                             label_names=self.data.get("label_names"), kpt_shape=self.data["kpt_shape"])
+                             label_names=self.data.get("label_names"))
 
 
 class PoseValidator(DetectionValidator):
     """Box and keypoint mAP (engine/fields.Keypoints), for the dataset's kpt_shape."""
 
     tasks = ("pose",)
-
-    def __init__(self, args, save_dir, names, criterion=None, label_names=None, kpt_shape=(17, 3)):
-        self.kpt_shape = tuple(kpt_shape)  # before the base's __init__, which declares the fields
-        super().__init__(args, save_dir, names, criterion, label_names)
+    options = PoseValOptions
 
     def declare_fields(self):
-        return Boxes(), Keypoints(self.kpt_shape)
+        return Boxes(), Keypoints(self.args.kpt_shape)
 
     @staticmethod
     def get_data(data, options):
         return pose_data(data, options)
 
     @staticmethod
-    def data_kwargs(data):
-        return {"kpt_shape": data["kpt_shape"]}
+    def data_options(data):
+        return {"kpt_shape": tuple(data["kpt_shape"])}
 
     @classmethod
     def val_names(cls, data, model, opt):
@@ -86,7 +83,7 @@ class PoseValidator(DetectionValidator):
         return names
 
     def dataset_kwargs(self):
-        return {"task": PoseLabels(self.kpt_shape)}
+        return {"task": PoseLabels(self.args.kpt_shape)}
 
 
 class PosePredictor(DetectionPredictor):

@@ -3,9 +3,8 @@
 import torch
 
 from engine.fields import Boxes, Masks
-from engine.options import SegmentTrainOptions
+from engine.options import SegmentTrainOptions, SegmentValOptions
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
-from engine.validator import ValOptions
 from models.yolo import SegmentationModel
 from utils import ops
 from utils.data.label_formats import SegmentLabels
@@ -30,8 +29,8 @@ class SegmentationTrainer(DetectionTrainer):
         return batch
 
     def build_validator(self):
-        options = ValOptions.from_train(self.opt, self.batch_size * 2, no_overlap=self.opt.no_overlap,
-                                        single_cls=self.opt.single_cls)
+        options = SegmentValOptions.from_train(self.opt, self.batch_size * 2, no_overlap=self.opt.no_overlap,
+                                               single_cls=self.opt.single_cls)
         return SegmentationValidator(options, self.save_dir, self.names, criterion=self.criterion,
                                      label_names=self.data.get("label_names"))
 
@@ -40,6 +39,7 @@ class SegmentationValidator(DetectionValidator):
     """Box and mask mAP (engine/fields.Masks)."""
 
     tasks = ("segment",)
+    options = SegmentValOptions
 
     def declare_fields(self):
         return Boxes(), Masks()

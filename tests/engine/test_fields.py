@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.fields import Boxes, Field, Predictions
+from engine.options import PoseValOptions, SegmentValOptions
 from engine.tasks.detect import DetectionValidator
 from engine.tasks.pose import PoseValidator
 from engine.tasks.segment import SegmentationValidator
@@ -74,11 +75,11 @@ def test_a_field_of_one_s_own_plugs_in(tmp_path):
 def test_no_prediction_in_any_image_scores_zero_for_every_field(tmp_path, task):
     """A model that predicts nothing above --conf (a fresh one, a high threshold): zeros, not a traceback."""
     if task == "segment":
-        v = SegmentationValidator(ValOptions(imgsz=64), tmp_path, {0: "a", 1: "b"})
+        v = SegmentationValidator(SegmentValOptions(imgsz=64), tmp_path, {0: "a", 1: "b"})
         layout, batch = OutputLayout(2, nm=4, proto=(1,)), _batch(masks=torch.zeros(1, 16, 16), overlap=True)
         rows = torch.zeros(0, 10)
     else:
-        v = PoseValidator(ValOptions(imgsz=64), tmp_path, {0: "a", 1: "b"}, kpt_shape=(4, 3))
+        v = PoseValidator(PoseValOptions(imgsz=64, kpt_shape=(4, 3)), tmp_path, {0: "a", 1: "b"})
         layout, batch = OutputLayout(2, kpt_shape=(4, 3)), _batch(keypoints=torch.rand(2, 4, 3))
         rows = torch.zeros(0, 18)
     v.init_metrics(SimpleNamespace(output_layout=layout))

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
+from engine.options import PoseValOptions
 from engine.tasks.detect import DetectionValidator
 from engine.tasks.pose import PoseValidator
 from engine.validator import ValOptions
@@ -65,7 +66,7 @@ def test_each_image_s_predictions_come_to_the_host_once(tmp_path):
     n = 3
     for validator, layout, kpts in (
         (DetectionValidator(ValOptions(imgsz=64), tmp_path, {0: "a", 1: "b", 2: "c"}), OutputLayout(3), None),
-        (PoseValidator(ValOptions(imgsz=64), tmp_path, {0: "a", 1: "b", 2: "c"}, kpt_shape=(4, 3)),
+        (PoseValidator(PoseValOptions(imgsz=64, kpt_shape=(4, 3)), tmp_path, {0: "a", 1: "b", 2: "c"}),
          OutputLayout(3, kpt_shape=(4, 3)), 4),
     ):
         batch, preds = _batch(n, kpts), _preds(n, 3 * kpts if kpts else 0)
@@ -88,7 +89,7 @@ def test_labels_stay_on_the_cpu_and_the_loss_takes_its_own_copy(tmp_path):
         seen.update({k: batch[k].device.type for k in ("targets", "keypoints")})
         return torch.zeros(()), torch.zeros(3)
 
-    validator = PoseValidator(ValOptions(imgsz=64), tmp_path, {0: "a"}, criterion=criterion, kpt_shape=(4, 3))
+    validator = PoseValidator(PoseValOptions(imgsz=64, kpt_shape=(4, 3)), tmp_path, {0: "a"}, criterion=criterion)
     validator.loss_inputs = lambda preds: preds
     batch = validator.preprocess(_batch(2, kpts=4), torch.device("meta"), half=False)
     assert batch["img"].device.type == "meta"
