@@ -131,6 +131,10 @@ class TrainOptions(Options):
         except BadOption as e:
             raise BadCheckpoint(f"{label}: its saved options: {e}") from None
 
+    def val_names_from(self):
+        """`ValOptions.names_from` for validation in training: None, a classifier's classes being its folders."""
+        return None
+
     @classmethod
     def resume_rules(cls):
         """{option: how --resume treats it} for the options --resume may come with."""
@@ -147,6 +151,11 @@ class DetectTrainOptions(TrainOptions):
     single_cls: bool = False
     image_weights: bool = False
     evolve: Optional[int] = None
+
+    def val_names_from(self):
+        """The dataset file whose names count the classes (a label beyond them is an error), unless
+        --skip-unknown-classes."""
+        return None if self.skip_unknown_classes else self.data_path or "the dataset dict"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,9 +201,8 @@ class ValOptions:
     def from_train(cls, opt, batch, **task_options):
         """For validation inside training (`opt`: TrainOptions after set-up): the training image size and workers,
         `batch` images per rank, and the fields `task_options` names (the task's extras among them)."""
-        names_from = None if getattr(opt, "skip_unknown_classes", True) else opt.data_path or "the dataset dict"
         return cls(imgsz=opt.train_imgsz, batch=batch, workers=opt.loader_workers, plots=not opt.noplots,
-                   names_from=names_from, **task_options)
+                   names_from=opt.val_names_from(), **task_options)
 
 
 @dataclasses.dataclass

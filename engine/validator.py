@@ -291,7 +291,7 @@ class BaseValidator:
         """Validate a weights file, as `val.py`, `segment/val.py`, `classify/val.py` and `pose/val.py` do; under
         torchrun every rank validates its share."""
         set_logging(du.get_rank())
-        use_modules(getattr(opt, "modules", None))
+        use_modules(opt.modules)
         opt = with_run_settings(opt)
         device = du.select_device(opt.device)
         with du.session(device):

@@ -41,3 +41,11 @@ def test_a_checkpoint_s_derived_values_are_derived_again():
     assert opt.train_checkpoint_model  # what plan_run decided stays the run's
     del saved["train_checkpoint_model"]  # a checkpoint saved before the field was
     assert TrainOptions.from_values(saved).train_checkpoint_model is False
+
+
+def test_validation_in_training_names_the_dataset_file_unless_unknown_classes_are_skipped():
+    detect = dataclasses.replace(DetectTrainOptions.from_values(train.parse_opt([])), data_path="/d/data.yaml")
+    assert detect.val_names_from() == "/d/data.yaml"
+    assert dataclasses.replace(detect, data_path=None).val_names_from() == "the dataset dict"
+    assert dataclasses.replace(detect, skip_unknown_classes=True).val_names_from() is None
+    assert TrainOptions.from_values(cls_train.parse_opt([])).val_names_from() is None  # classes are its folders
