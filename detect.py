@@ -7,12 +7,14 @@ Usage:
     $ python detect.py --weights best.onnx --source data/images   # or best.torchscript (export.py)
 """
 
+from engine.options import DetectPredictOptions
 from utils.cli import add_nms_args, predict_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = predict_parser("Run a YOLO detector", "runs/train/exp/weights/best.pt", 320, "runs/detect")
+    p = predict_parser(DetectPredictOptions, "Run a YOLO detector", "runs/train/exp/weights/best.pt", 320,
+                       "runs/detect")
     add_nms_args(p)
     return p.parse_args(argv)
 

@@ -14,6 +14,7 @@ import argparse
 
 import torch
 
+from engine.options import DetectPredictOptions
 from engine.tasks.detect import DetectionPredictor, DetectionValidator
 from engine.validator import ValOptions
 from models.checkpoints import attempt_load
@@ -22,7 +23,7 @@ from utils.ops import box_iou
 
 
 def predictions(weights, source, imgsz, amp):
-    parser = predict_parser("detect.py's options", weights, imgsz, "runs/bf16_agreement")
+    parser = predict_parser(DetectPredictOptions, "detect.py's options", weights, imgsz, "runs/bf16_agreement")
     add_nms_args(parser)
     opt = parser.parse_args(["--source", source, "--device", "cpu", "--nosave", "--amp", amp, "--exist-ok"])
     return DetectionPredictor(opt)()

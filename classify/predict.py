@@ -6,12 +6,13 @@ Usage:
 
 
 
+from engine.options import PredictOptions
 from utils.cli import predict_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    return predict_parser("Run a YOLO classifier", "runs/train-cls/exp/weights/best.pt", 96,
+    return predict_parser(PredictOptions, "Run a YOLO classifier", "runs/train-cls/exp/weights/best.pt", 96,
                           "runs/predict-cls").parse_args(argv)
 
 

@@ -1,4 +1,6 @@
-"""Training options, typed: `TrainOptions` holds what every task's train script takes, subclasses add a task's extras.
+"""Options, typed: `TrainOptions`, `ValOptions` and `PredictOptions` hold what every task's train, val and predict
+scripts take; a task's extras are the fields of its subclass (`DetectTrainOptions`, `SegmentValOptions`,
+`PosePredictOptions`, ...), which its trainer, validator or predictor names (`options`). What follows is of training.
 
 An options object is frozen. It is built once from the parsed command line (or a checkpoint's saved options, on
 --resume) by `from_values`; what set-up derives from it is a new field (`train_imgsz`, `loader_workers`), set with
@@ -31,6 +33,13 @@ def _planned(**default):
     trainer's set-up from the model), kept in the run's options (and so in its checkpoints, where --resume reads it
     back)."""
     return dataclasses.field(**(default or {"default": False}), metadata={"planned": True})
+
+
+def _cli(*flags, text, **settings):
+    """A field the command line gives: its flags, help `text` (formatted with the script's own words: `{imgsz}`,
+    `{project}`) and argparse `settings` beyond what its type says (utils/cli.add_option_fields reads them). Not a
+    dataclass default: every value comes from the parsed command line."""
+    return dataclasses.field(metadata={"flags": flags, "help": text, "argparse": settings})
 
 
 def _conforms(v, hint):
@@ -221,29 +230,38 @@ class PoseValOptions(ValOptions):
 
 @dataclasses.dataclass(frozen=True)
 class PredictOptions(Options):
-    """The options of classify/predict.py, and of every predict script (utils/cli.predict_parser writes their
-    defaults); `BasePredictor` builds them from the parsed command line, once."""
+    """The options of classify/predict.py, and of every predict script: their flags, defaults and help are the fields'
+    (utils/cli.predict_parser makes the arguments from them); `BasePredictor` builds them from the parsed command
+    line, once."""
 
-    weights: str
-    source: str
-    vid_stride: int
-    imgsz: Optional[int]  # None: the size the weights' run trained at (engine/inherit.py)
-    device: str
-    view_img: bool
-    save_txt: bool
-    save_conf: bool
-    nosave: bool
-    save_crop: bool
-    save_csv: bool
-    line_thickness: Optional[int]
-    hide_labels: bool
-    hide_conf: bool
-    project: Optional[str]
-    name: str
-    exist_ok: bool
-    half: bool
-    amp: str
-    modules: list[str]
+    weights: str = _cli("--weights", text="model weights: .pt, .onnx or .torchscript")  # default: the script's
+    source: str = _cli("--source", default="data/images",
+                       text="image, folder (its own files; 'DIR/**/*.jpg' also reads sub-folders), glob, video, .txt "
+                            "list, URL, webcam index (0), rtsp/rtmp/http stream or .streams file")
+    vid_stride: int = _cli("--vid-stride", default=1, text="process every n-th frame of videos and streams")
+    # None: the size the weights' run trained at (engine/inherit.py)
+    imgsz: Optional[int] = _cli("--imgsz", "--img", "--img-size", default=None,
+                                text="inference size, long side in pixels (default: the size the weights trained at, "
+                                     "else {imgsz}; a static export takes its own)")
+    device: str = _cli("--device", default="", text="GPU 0, or cpu (default: GPU 0 if there is one, else cpu)")
+    view_img: bool = _cli("--view-img", text="show results in a window")
+    save_txt: bool = _cli("--save-txt", text="save results to labels/*.txt")
+    save_conf: bool = _cli("--save-conf", text="add confidences to --save-txt lines")
+    nosave: bool = _cli("--nosave", text="do not save images/videos")
+    save_crop: bool = _cli("--save-crop", text="save each box's crop to crops/<class>/ (detect, segment)")
+    save_csv: bool = _cli("--save-csv", text="save every result to predictions.csv")
+    line_thickness: Optional[int] = _cli("--line-thickness", default=None,
+                                         text="box line width in pixels (default: by image size)")
+    hide_labels: bool = _cli("--hide-labels", text="draw boxes without class names")
+    hide_conf: bool = _cli("--hide-conf", text="draw class names without confidences")
+    project: Optional[str] = _cli("--project", default=None, text="results go to PROJECT/NAME (default: {project})")
+    name: str = _cli("--name", default="exp", text="results folder name; exp2, exp3, ... when taken")
+    exist_ok: bool = _cli("--exist-ok", text="write into PROJECT/NAME even if it exists")
+    half: bool = _cli("--half", text="FP16 inference (CUDA only)")
+    amp: str = _cli("--amp", choices=["off", "bf16"], default="off",
+                    text=".pt models: bf16 = bfloat16 autocast (CPU or CUDA; faster on CPUs with AVX512-BF16 or AMX, "
+                         "and boxes may differ slightly from the fp32 export's); off = fp32 (fp16 with --half)")
+    modules: list[str]  # utils/cli.add_modules_arg, as every script that loads a model
 
 
 @dataclasses.dataclass(frozen=True)

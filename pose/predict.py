@@ -5,12 +5,14 @@ Usage:
     $ python pose/predict.py --weights best.pt --source video.mp4 --save-txt --data data/shapes-pose.yaml
 """
 
+from engine.options import PosePredictOptions
 from utils.cli import add_nms_args, inherited, predict_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = predict_parser("Run a YOLO pose model", "runs/train-pose/exp/weights/best.pt", 320, "runs/predict-pose")
+    p = predict_parser(PosePredictOptions, "Run a YOLO pose model", "runs/train-pose/exp/weights/best.pt", 320,
+                       "runs/predict-pose")
     add_nms_args(p)
     inherited(p, data=None)
     p.add_argument("--data", default=None, help="pose dataset YAML whose `skeleton` is drawn (default: the weights' "

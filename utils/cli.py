@@ -1,9 +1,11 @@
 """Command-line options shared by the task scripts (train, val, predict), so the tasks' scripts cannot drift apart."""
 
 import argparse
+import dataclasses
 import math
 import re
 import sys
+import typing
 from pathlib import Path
 
 from utils.errors import BadOption
@@ -316,33 +318,34 @@ def inherited(p, **defaults):
     return p
 
 
-def predict_parser(description, weights_default, imgsz_default, project):
+def _value_type(hint):
+    """int or float for a field of that type (Optional or not), else None (argparse keeps the text)."""
+    types = [t for t in typing.get_args(hint) if t is not type(None)] if typing.get_origin(hint) is typing.Union \
+        else [hint]
+    return types[0] if len(types) == 1 and types[0] in (int, float) else None
+
+
+def add_option_fields(p, options, defaults, **words):
+    """One argument per field of the dataclass `options` whose metadata names its flags (engine/options._cli), in
+    field order: a bool field is an on-flag, an int or float one takes that type; the help text is formatted with
+    `words`, and `defaults` {field: value} are the script's own."""
+    hints = typing.get_type_hints(options)
+    for f in dataclasses.fields(options):
+        if "flags" not in f.metadata:
+            continue
+        settings = {**f.metadata["argparse"], **({"default": defaults[f.name]} if f.name in defaults else {})}
+        if hints[f.name] is bool:
+            settings["action"] = "store_true"
+        elif _value_type(hints[f.name]):
+            settings["type"] = _value_type(hints[f.name])
+        p.add_argument(*f.metadata["flags"], dest=f.name, help=f.metadata["help"].format(**words), **settings)
+    return p
+
+
+def predict_parser(options, description, weights_default, imgsz_default, project):
+    """The predict scripts' options, made from the fields of `options` (their task's engine.options.PredictOptions)."""
     p = inherited(Parser(description), imgsz=imgsz_default)
-    p.add_argument("--weights", type=str, default=weights_default, help="model weights: .pt, .onnx or .torchscript")
-    p.add_argument("--source", type=str, default="data/images",
-                   help="image, folder (its own files; 'DIR/**/*.jpg' also reads sub-folders), glob, video, .txt list, "
-                        "URL, webcam index (0), rtsp/rtmp/http stream or .streams file")
-    p.add_argument("--vid-stride", type=int, default=1, help="process every n-th frame of videos and streams")
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=None,
-                   help=f"inference size, long side in pixels (default: the size the weights trained at, else "
-                        f"{imgsz_default}; a static export takes its own)")
-    p.add_argument("--device", default="", help="GPU 0, or cpu (default: GPU 0 if there is one, else cpu)")
-    p.add_argument("--view-img", action="store_true", help="show results in a window")
-    p.add_argument("--save-txt", action="store_true", help="save results to labels/*.txt")
-    p.add_argument("--save-conf", action="store_true", help="add confidences to --save-txt lines")
-    p.add_argument("--nosave", action="store_true", help="do not save images/videos")
-    p.add_argument("--save-crop", action="store_true", help="save each box's crop to crops/<class>/ (detect, segment)")
-    p.add_argument("--save-csv", action="store_true", help="save every result to predictions.csv")
-    p.add_argument("--line-thickness", type=int, default=None, help="box line width in pixels (default: by image size)")
-    p.add_argument("--hide-labels", action="store_true", help="draw boxes without class names")
-    p.add_argument("--hide-conf", action="store_true", help="draw class names without confidences")
-    p.add_argument("--project", default=None, help=f"results go to PROJECT/NAME (default: {project})")
-    p.add_argument("--name", default="exp", help="results folder name; exp2, exp3, ... when taken")
-    p.add_argument("--exist-ok", action="store_true", help="write into PROJECT/NAME even if it exists")
-    p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
-    p.add_argument("--amp", choices=["off", "bf16"], default="off",
-                   help=".pt models: bf16 = bfloat16 autocast (CPU or CUDA; faster on CPUs with AVX512-BF16 or AMX, "
-                        "and boxes may differ slightly from the fp32 export's); off = fp32 (fp16 with --half)")
+    add_option_fields(p, options, {"weights": weights_default}, imgsz=imgsz_default, project=project)
     return add_modules_arg(p)
 
 

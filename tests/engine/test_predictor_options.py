@@ -10,6 +10,7 @@ from classify import predict as cls_predict
 from engine.options import DetectPredictOptions, PosePredictOptions, PredictOptions
 from pose import predict as pose_predict
 from segment import predict as seg_predict
+from utils.errors import BadOption
 
 PARSER_ONLY = {"local_rank", "run_defaults"}  # read by the parser (the launcher's rank) and engine/inherit.py
 
@@ -33,3 +34,32 @@ def test_each_predictor_names_its_script_s_options_class():
 
     assert (ClassificationPredictor.options, DetectionPredictor.options, SegmentationPredictor.options,
             PosePredictor.options) == (PredictOptions, DetectPredictOptions, DetectPredictOptions, PosePredictOptions)
+
+
+def test_the_predict_arguments_made_from_the_fields_keep_their_defaults_types_and_help(capsys, monkeypatch):
+    assert vars(cls_predict.parse_opt([])) == {
+        "local_rank": -1, "run_defaults": {"imgsz": 96}, "weights": "runs/train-cls/exp/weights/best.pt",
+        "source": "data/images", "vid_stride": 1, "imgsz": None, "device": "", "view_img": False, "save_txt": False,
+        "save_conf": False, "nosave": False, "save_crop": False, "save_csv": False, "line_thickness": None,
+        "hide_labels": False, "hide_conf": False, "project": None, "name": "exp", "exist_ok": False, "half": False,
+        "amp": "off", "modules": []}
+    opt = detect.parse_opt(["--img", "64", "--vid-stride", "2", "--line-thickness", "3", "--amp", "bf16", "--half"])
+    assert (opt.imgsz, opt.vid_stride, opt.line_thickness, opt.amp, opt.half) == (64, 2, 3, "bf16", True)
+    with pytest.raises(BadOption, match="--amp"):
+        detect.parse_opt(["--amp", "fp16"])  # the .pt predictors autocast to bf16 only
+    monkeypatch.setenv("COLUMNS", "300")  # no line broken inside a word (argparse breaks at hyphens)
+    with pytest.raises(SystemExit):
+        pose_predict.parse_opt(["--help"])
+    out = capsys.readouterr().out
+    flags = [w.split()[0] for w in out.splitlines() if w.startswith("  --")]
+    assert flags[:20] == ["--weights", "--source", "--vid-stride", "--imgsz", "--device", "--view-img", "--save-txt",
+                          "--save-conf", "--nosave", "--save-crop", "--save-csv", "--line-thickness", "--hide-labels",
+                          "--hide-conf", "--project", "--name", "--exist-ok", "--half", "--amp", "--modules"]
+    text = " ".join(out.split())  # as read, wherever a long option puts its help
+    for said in ("--imgsz IMGSZ, --img IMGSZ, --img-size IMGSZ inference size, long side in pixels (default: the size "
+                 "the weights trained at, else 320; a static export takes its own) --device",
+                 "--weights WEIGHTS model weights: .pt, .onnx or .torchscript (default: "
+                 "runs/train-pose/exp/weights/best.pt) --source",
+                 "--project PROJECT results go to PROJECT/NAME (default: runs/predict-pose) --name",
+                 "--view-img show results in a window --save-txt"):
+        assert said in text
