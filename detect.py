@@ -8,15 +8,13 @@ Usage:
 """
 
 from engine.options import DetectPredictOptions
-from utils.cli import add_nms_args, predict_parser
+from utils.cli import predict_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = predict_parser(DetectPredictOptions, "Run a YOLO detector", "runs/train/exp/weights/best.pt", 320,
-                       "runs/detect")
-    add_nms_args(p)
-    return p.parse_args(argv)
+    return predict_parser(DetectPredictOptions, "Run a YOLO detector", "runs/train/exp/weights/best.pt", 320,
+                          "runs/detect").parse_args(argv)
 
 
 def main(opt):

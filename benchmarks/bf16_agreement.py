@@ -18,13 +18,12 @@ from engine.options import DetectPredictOptions
 from engine.tasks.detect import DetectionPredictor, DetectionValidator
 from engine.validator import ValOptions
 from models.checkpoints import attempt_load
-from utils.cli import add_nms_args, predict_parser
+from utils.cli import predict_parser
 from utils.ops import box_iou
 
 
 def predictions(weights, source, imgsz, amp):
     parser = predict_parser(DetectPredictOptions, "detect.py's options", weights, imgsz, "runs/bf16_agreement")
-    add_nms_args(parser)
     opt = parser.parse_args(["--source", source, "--device", "cpu", "--nosave", "--amp", amp, "--exist-ok"])
     return DetectionPredictor(opt)()
 

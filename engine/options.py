@@ -16,7 +16,7 @@ import typing
 from types import SimpleNamespace
 from typing import Optional
 
-from utils.cli import OPTION_CHOICES, check_options
+from utils.cli import MODULES_ARG, MODULES_HELP, OPTION_CHOICES, check_options
 from utils.errors import BadCheckpoint, BadOption
 
 
@@ -261,23 +261,26 @@ class PredictOptions(Options):
     amp: str = _cli("--amp", choices=["off", "bf16"], default="off",
                     text=".pt models: bf16 = bfloat16 autocast (CPU or CUDA; faster on CPUs with AVX512-BF16 or AMX, "
                          "and boxes may differ slightly from the fp32 export's); off = fp32 (fp16 with --half)")
-    modules: list[str]  # utils/cli.add_modules_arg, as every script that loads a model
+    modules: list[str] = _cli("--modules", text=MODULES_HELP, **MODULES_ARG)
 
 
 @dataclasses.dataclass(frozen=True)
 class DetectPredictOptions(PredictOptions):
-    """detect.py and segment/predict.py: NMS and test-time augmentation (utils/cli.add_nms_args)."""
+    """detect.py and segment/predict.py: NMS and test-time augmentation."""
 
-    conf_thres: float
-    iou_thres: float
-    max_det: int
-    classes: Optional[list[int]]  # None: every class
-    agnostic_nms: bool
-    augment: bool
+    conf_thres: float = _cli("--conf-thres", default=0.25, text="confidence threshold")
+    iou_thres: float = _cli("--iou-thres", default=0.45, text="NMS IoU threshold")
+    max_det: int = _cli("--max-det", default=1000, text="maximum detections per image")
+    classes: Optional[list[int]] = _cli("--classes", nargs="+", type=int, text="keep only these class ids")  # None: all
+    agnostic_nms: bool = _cli("--agnostic-nms", text="class-agnostic NMS")
+    augment: bool = _cli("--augment", text="test-time augmentation: 3 scales, one flipped, one NMS")
 
 
 @dataclasses.dataclass(frozen=True)
 class PosePredictOptions(DetectPredictOptions):
     """pose/predict.py: the dataset YAML whose skeleton is drawn (None: COCO's for 17 keypoints)."""
 
-    data: Optional[str]
+    # default: the run's (utils/cli.inherited)
+    data: Optional[str] = _cli("--data", default=None,
+                               text="pose dataset YAML whose `skeleton` is drawn (default: the weights' training set "
+                                    "where its file still exists; COCO's for 17 keypoints)")

@@ -6,18 +6,14 @@ Usage:
 """
 
 from engine.options import PosePredictOptions
-from utils.cli import add_nms_args, inherited, predict_parser
+from utils.cli import inherited, predict_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
     p = predict_parser(PosePredictOptions, "Run a YOLO pose model", "runs/train-pose/exp/weights/best.pt", 320,
                        "runs/predict-pose")
-    add_nms_args(p)
-    inherited(p, data=None)
-    p.add_argument("--data", default=None, help="pose dataset YAML whose `skeleton` is drawn (default: the weights' "
-                                                "training set where its file still exists; COCO's for 17 keypoints)")
-    return p.parse_args(argv)
+    return inherited(p, data=None).parse_args(argv)
 
 
 def main(opt):

@@ -228,11 +228,14 @@ DATA_HELP = {
 }
 
 
+# --modules, on every script that builds or loads a model: the user's own blocks
+MODULES_ARG = {"nargs": "+", "action": "extend", "default": [], "metavar": "FILE.py"}
+MODULES_HELP = ("Python files of your own blocks: each torch.nn.Module subclass a file defines becomes a name model "
+                "YAML rows may use (docs/blocks.md); needed again to load what they trained")
+
+
 def add_modules_arg(p):
-    """--modules: the user's own blocks, on every script that builds or loads a model."""
-    p.add_argument("--modules", nargs="+", action="extend", default=[], metavar="FILE.py",
-                   help="Python files of your own blocks: each torch.nn.Module subclass a file defines becomes a name "
-                        "model YAML rows may use (docs/blocks.md); needed again to load what they trained")
+    p.add_argument("--modules", help=MODULES_HELP, **MODULES_ARG)
     return p
 
 
@@ -344,9 +347,8 @@ def add_option_fields(p, options, defaults, **words):
 
 def predict_parser(options, description, weights_default, imgsz_default, project):
     """The predict scripts' options, made from the fields of `options` (their task's engine.options.PredictOptions)."""
-    p = inherited(Parser(description), imgsz=imgsz_default)
-    add_option_fields(p, options, {"weights": weights_default}, imgsz=imgsz_default, project=project)
-    return add_modules_arg(p)
+    return add_option_fields(inherited(Parser(description), imgsz=imgsz_default), options,
+                             {"weights": weights_default}, imgsz=imgsz_default, project=project)
 
 
 def val_parser(description, data_default, project, defaults, boxes=True):
@@ -385,16 +387,6 @@ def val_parser(description, data_default, project, defaults, boxes=True):
         p.add_argument("--max-det", type=int, default=defaults.max_det, help="maximum detections per image")
         p.add_argument("--augment", action="store_true", help="test-time augmentation: 3 scales, one flipped, one NMS")
     return add_modules_arg(p)
-
-
-def add_nms_args(p, conf=0.25, iou=0.45, max_det=1000):
-    p.add_argument("--conf-thres", type=float, default=conf, help="confidence threshold")
-    p.add_argument("--iou-thres", type=float, default=iou, help="NMS IoU threshold")
-    p.add_argument("--max-det", type=int, default=max_det, help="maximum detections per image")
-    p.add_argument("--classes", nargs="+", type=int, help="keep only these class ids")
-    p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
-    p.add_argument("--augment", action="store_true", help="test-time augmentation: 3 scales, one flipped, one NMS")
-    return p
 
 
 EXPORT_FORMATS = ("onnx", "torchscript")
