@@ -8,13 +8,14 @@ Usage:
     $ python classify/train.py --resume runs/train-cls/exp/weights/last.pt
 """
 
+from engine.options import TrainOptions
 from utils.cli import DATA_HELP, options_from_kwargs, train_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = train_parser("Train a YOLO classifier", "yolov8n-cls.yaml", "data/shapes-cls", 96, "runs/train-cls",
-                     cfg_flags=("--model", "--cfg"), data_help=DATA_HELP["classify"])
+    p = train_parser(TrainOptions, "Train a YOLO classifier", "yolov8n-cls.yaml", "data/shapes-cls", 96,
+                     "runs/train-cls", cfg_flags=("--model", "--cfg"), data_help=DATA_HELP["classify"])
     return p.parse_args(argv)
 
 

@@ -1,6 +1,8 @@
 """Options, typed: `TrainOptions`, `ValOptions` and `PredictOptions` hold what every task's train, val and predict
 scripts take; a task's extras are the fields of its subclass (`DetectTrainOptions`, `SegmentValOptions`,
-`PosePredictOptions`, ...), which its trainer, validator or predictor names (`options`). What follows is of training.
+`PosePredictOptions`, ...), which its trainer, validator or predictor names (`options`). A train or predict option's
+field carries its flags, default and help (`_cli`), from which utils/cli makes the script's parser. What follows is of
+training.
 
 An options object is frozen. It is built once from the parsed command line (or a checkpoint's saved options, on
 --resume) by `from_values`; what set-up derives from it is a new field (`train_imgsz`, `loader_workers`), set with
@@ -16,8 +18,17 @@ import typing
 from types import SimpleNamespace
 from typing import Optional
 
-from utils.cli import MODULES_ARG, MODULES_HELP, OPTION_CHOICES, check_options
+from utils.cli import (
+    LOGGERS_HELP,
+    MODULES_ARG,
+    MODULES_HELP,
+    OPTION_CHOICES,
+    LoggersAction,
+    check_options,
+    str2bool_or_path,
+)
 from utils.errors import BadCheckpoint, BadOption
+from utils.loggers import DEFAULT_LOGGERS
 
 
 def _resume(rule):
@@ -35,11 +46,13 @@ def _planned(**default):
     return dataclasses.field(**(default or {"default": False}), metadata={"planned": True})
 
 
-def _cli(*flags, text, **settings):
+def _cli(*flags, text, resume=None, field_default=dataclasses.MISSING, **settings):
     """A field the command line gives: its flags, help `text` (formatted with the script's own words: `{imgsz}`,
-    `{project}`) and argparse `settings` beyond what its type says (utils/cli.add_option_fields reads them). Not a
-    dataclass default: every value comes from the parsed command line."""
-    return dataclasses.field(metadata={"flags": flags, "help": text, "argparse": settings})
+    `{project}`, `{data_help}`), what --resume may do with it (`resume`, see above) and argparse `settings` beyond
+    what its type says (utils/cli.add_option_fields reads them). `field_default`: the value of an options object
+    made without it (a checkpoint saved before the option existed); the command line's is `settings["default"]`."""
+    metadata = {"flags": flags, "help": text, "argparse": settings, **({"resume": resume} if resume else {})}
+    return dataclasses.field(default=field_default, metadata=metadata)
 
 
 def _conforms(v, hint):
@@ -75,43 +88,75 @@ class Options:
 
 @dataclasses.dataclass(frozen=True)
 class TrainOptions(Options):
-    """The options of classify/train.py, and of every train script (utils/cli.train_parser writes their defaults)."""
+    """The options of classify/train.py, and of every train script: their flags, defaults and help are the fields'
+    (utils/cli.train_parser makes the arguments from them, with the script's own model, dataset and size)."""
 
-    cfg: str  # model YAML or .pt
-    weights: str
-    data: str
-    hyp: Optional[str]
-    epochs: int = _resume("extend")
-    batch_size: int  # images per step over all ranks
-    imgsz: int  # as given; train_imgsz is what the run uses
-    resume: object = _resume("launch")  # False, True (the newest unfinished run) or a last.pt path
-    nosave: bool
-    noval: bool
-    noplots: bool
-    cache: Optional[str]
-    device: str = _resume("launch")
-    optimizer: str
-    sync_bn: bool
-    workers: Optional[int] = _resume("launch")  # as given (None: by device); loader_workers is what the run uses
-    project: Optional[str] = _resume("search")
-    name: str
-    exist_ok: bool
-    cos_lr: bool
-    patience: int
-    save_period: int
-    save_interval: str = _resume("given")
-    seed: int
-    deterministic: bool
-    amp: str
-    freeze: list[int]
-    multi_scale: bool
-    label_smoothing: Optional[float]
-    profile: bool = _resume("launch")
-    loggers: list[str] = _resume("given")  # names in utils.loggers.LOGGERS: results.csv, TensorBoard, trackers
-    log_model: bool = _resume("given")  # trackers receive best.pt at the end
-    local_rank: int = _resume("given")
+    cfg: str = _cli("--cfg", type=str,  # model YAML or .pt; classify/train.py also takes --model
+                    text="model YAML (name under models/ or a path), or a .pt whose model to train (with --weights "
+                         "and no --cfg: the weights' own model)")
+    weights: str = _cli("--weights", type=str, default="",
+                        text="initial weights, our .pt or an official one (default: none, train from scratch)")
+    data: str = _cli("--data", type=str, text="{data_help}")
+    hyp: Optional[str] = _cli("--hyp", type=str, default=None,
+                              text="hyperparameter YAML, may set only some keys (default: the file the model YAML "
+                                   "names)")
+    epochs: int = _cli("--epochs", default=30, resume="extend", text="epochs to train (with --resume: to train in all)")
+    batch_size: int = _cli("--batch-size", default=16, text="images per step, the total over all processes")
+    imgsz: int = _cli("--imgsz", "--img", "--img-size", text="train/val image size")  # train_imgsz: what the run uses
+    # False, True (the newest unfinished run) or a last.pt path
+    resume: object = _cli("--resume", nargs="?", const=True, default=False, type=str2bool_or_path, resume="launch",
+                          text="continue the newest unfinished run under --project, or the given last.pt; 'auto': "
+                               "continue --project/--name if it holds an unfinished run, else start it there")
+    nosave: bool = _cli("--nosave", text="only save the final checkpoint")
+    noval: bool = _cli("--noval", text="only validate the final epoch")
+    noplots: bool = _cli("--noplots", text="save no plots (results.png, labels.jpg, curves, ...)")
+    cache: Optional[str] = _cli("--cache", type=str, nargs="?", const="ram", default=None,
+                                choices=OPTION_CHOICES["cache"][1:],
+                                text="cache images in RAM (this rank's share only under DDP) or on disk")
+    device: str = _cli("--device", default="", resume="launch",
+                       text="GPUs 0 or 0,1,2,3, or cpu (default: GPU 0 if there is one, else cpu)")
+    optimizer: str = _cli("--optimizer", type=str, choices=OPTION_CHOICES["optimizer"], default="auto",
+                          text="auto: AdamW at a small lr for short runs, SGD at the hyp lr0 beyond 10k iterations")
+    sync_bn: bool = _cli("--sync-bn", text="SyncBatchNorm across ranks (DDP only)")
+    # as given (None: by device); loader_workers is what the run uses
+    workers: Optional[int] = _cli("--workers", default=None, resume="launch",
+                                  text="max dataloader workers per process (default: on a GPU, the process's share of "
+                                       "the cores less one, at most 8; on a CPU 2, or 0 where torch's threads fill the "
+                                       "cores)")
+    project: Optional[str] = _cli("--project", default=None, resume="search",
+                                  text="runs go to PROJECT/NAME (default: {project})")
+    name: str = _cli("--name", default="exp", text="run folder name; exp2, exp3, ... when taken")
+    exist_ok: bool = _cli("--exist-ok", text="write into PROJECT/NAME even if it exists (not over a run)")
+    cos_lr: bool = _cli("--cos-lr", text="cosine LR schedule")
+    patience: int = _cli("--patience", default=100, text="early stopping patience in epochs (0 = off)")
+    save_period: int = _cli("--save-period", default=-1, text="also keep weights/epochN.pt every N epochs (-1: off)")
+    save_interval: str = _cli("--save-interval", default="0", resume="given",
+                              text="also save last.pt inside epochs, every 10m / 90s / 2h or 500it (iterations); 0 = "
+                                   "off")
+    seed: int = _cli("--seed", default=0, text="global seed (each rank uses seed + 1 + RANK)")
+    deterministic: bool = _cli("--deterministic", text="deterministic algorithms (slower)")
+    amp: str = _cli("--amp", choices=OPTION_CHOICES["amp"], default="auto",
+                    text="mixed precision: auto = fp16 on CUDA, bf16 on CPUs that compute it natively (AVX512-BF16, "
+                         "AMX), else off")
+    freeze: list[int] = _cli("--freeze", nargs="+", type=int, default=[0],
+                             text="freeze layers: the first N (--freeze 10), or these indices (--freeze 0 1 2)")
+    multi_scale: bool = _cli("--multi-scale", text="each step at a random size in 0.5-1.5 x --imgsz (a multiple of "
+                                                   "the stride), same on all ranks")
+    label_smoothing: Optional[float] = _cli("--label-smoothing", default=None,
+                                            text="label smoothing epsilon, overrides the hyp's (v5/v7 and "
+                                                 "classification losses)")
+    profile: bool = _cli("--profile", resume="launch",
+                         text="print where the run's wall time went (start-up, set-up, data wait, forward/backward, "
+                              "...) and write profile.json; on CUDA, synchronizes at each timed region's ends")
+    # names in utils.loggers.LOGGERS: results.csv, TensorBoard, trackers
+    loggers: list[str] = _cli("--loggers", nargs="+", action=LoggersAction, default=list(DEFAULT_LOGGERS),
+                              metavar="NAME", resume="given", text=LOGGERS_HELP)
+    # trackers receive best.pt at the end
+    log_model: bool = _cli("--no-log-model", action="store_false", resume="given",
+                           text="trackers do not receive best.pt at the end (large models; by default they do)")
+    local_rank: int = _resume("given")  # utils/cli.Parser's --local-rank, set by a launcher
     # the user's block files: this launch's only, never the checkpoint's (a checkpoint names no file to import)
-    modules: list[str] = _resume("launch")
+    modules: list[str] = _cli("--modules", text=MODULES_HELP, resume="launch", **MODULES_ARG)
     # `cfg` is the checkpoint --weights names, trained as its own model (--weights without --cfg), not a model that
     # --weights seeds (engine/resume.weights_own_model)
     train_checkpoint_model: bool = _planned()
@@ -152,14 +197,22 @@ class TrainOptions(Options):
 
 @dataclasses.dataclass(frozen=True)
 class DetectTrainOptions(TrainOptions):
-    """train.py: the box tasks' extras (utils/cli.add_detect_train_args)."""
+    """train.py, pose/train.py: the box tasks' extras."""
 
-    rect: bool = False
-    skip_unknown_classes: bool = False  # skip images labelled with a class id >= nc, rather than refuse the dataset
-    noautoanchor: bool = False
-    single_cls: bool = False
-    image_weights: bool = False
-    evolve: Optional[int] = None
+    rect: bool = _cli("--rect", field_default=False, text="rectangular training batches (no mosaic)")
+    # skip images labelled with a class id >= nc, rather than refuse the dataset
+    skip_unknown_classes: bool = _cli("--skip-unknown-classes", field_default=False,
+                                      text="skip the images whose labels hold a class id the dataset YAML does not "
+                                           "name (by default such a label is an error: the YAML's names are often one "
+                                           "short)")
+    noautoanchor: bool = _cli("--noautoanchor", field_default=False,
+                              text="keep the YAML's anchors even when they fit poorly")
+    single_cls: bool = _cli("--single-cls", field_default=False, text="train every class as one class")
+    image_weights: bool = _cli("--image-weights", field_default=False,
+                               text="draw training images weighted by class rarity and the last validation's "
+                                    "per-class mAP")
+    evolve: Optional[int] = _cli("--evolve", type=int, nargs="?", const=300, default=None, field_default=None,
+                                 text="evolve hyperparameters for N generations (300 without N); single process only")
 
     def val_names_from(self):
         """The dataset file whose names count the classes (a label beyond them is an error), unless
@@ -171,7 +224,8 @@ class DetectTrainOptions(TrainOptions):
 class SegmentTrainOptions(DetectTrainOptions):
     """segment/train.py: masks as one map of overlapping instances, or one mask per instance."""
 
-    no_overlap: bool = False
+    no_overlap: bool = _cli("--no-overlap", field_default=False,
+                            text="one mask per instance instead of one overlap map")
 
 
 @dataclasses.dataclass

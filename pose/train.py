@@ -11,15 +11,14 @@ Usage:
 
 from functools import partial
 
-from utils.cli import add_detect_train_args, options_from_kwargs, train_parser
+from engine.options import DetectTrainOptions
+from utils.cli import options_from_kwargs, train_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = train_parser("Train a YOLO pose (keypoint) model", "yolov8n-pose.yaml", "data/shapes-pose.yaml", 320,
-                     "runs/train-pose")
-    add_detect_train_args(p)
-    return p.parse_args(argv)
+    return train_parser(DetectTrainOptions, "Train a YOLO pose (keypoint) model", "yolov8n-pose.yaml",
+                        "data/shapes-pose.yaml", 320, "runs/train-pose").parse_args(argv)
 
 
 def main(opt, callbacks=None):

@@ -11,16 +11,14 @@ Usage:
 
 from functools import partial
 
-from utils.cli import add_detect_train_args, options_from_kwargs, train_parser
+from engine.options import SegmentTrainOptions
+from utils.cli import options_from_kwargs, train_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = train_parser("Train a YOLO segmentation model", "yolov5n-seg.yaml", "data/shapes-seg.yaml", 320,
-                     "runs/train-seg")
-    add_detect_train_args(p)
-    p.add_argument("--no-overlap", action="store_true", help="one mask per instance instead of one overlap map")
-    return p.parse_args(argv)
+    return train_parser(SegmentTrainOptions, "Train a YOLO segmentation model", "yolov5n-seg.yaml",
+                        "data/shapes-seg.yaml", 320, "runs/train-seg").parse_args(argv)
 
 
 def main(opt, callbacks=None):

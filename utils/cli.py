@@ -9,7 +9,7 @@ import typing
 from pathlib import Path
 
 from utils.errors import BadOption
-from utils.loggers import DEFAULT_LOGGERS, LOGGER, LOGGERS, check_loggers
+from utils.loggers import LOGGER, LOGGERS, check_loggers
 
 
 def str2bool_or_path(v):
@@ -234,85 +234,23 @@ MODULES_HELP = ("Python files of your own blocks: each torch.nn.Module subclass 
                 "YAML rows may use (docs/blocks.md); needed again to load what they trained")
 
 
+LOGGERS_HELP = (f"what records the run besides results.csv (always written): names of "
+                f"{', '.join(n for n in LOGGERS if n != 'csv')} are added to the default, no-NAME drops one "
+                f"(no-tensorboard), none drops all; a comma list or the option repeated also work; trackers: "
+                f"README.md, Experiment tracking")
+
+
 def add_modules_arg(p):
     p.add_argument("--modules", help=MODULES_HELP, **MODULES_ARG)
     return p
 
 
-def train_parser(description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",),
+def train_parser(options, description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",),
                  data_help=DATA_HELP["boxes"]):
-    p = Parser(description, record_given=True)
-    p.add_argument(*cfg_flags, dest="cfg", type=str, default=cfg_default,
-                   help="model YAML (name under models/ or a path), or a .pt whose model to train (with --weights and "
-                        "no --cfg: the weights' own model)")
-    p.add_argument("--weights", type=str, default="",
-                   help="initial weights, our .pt or an official one (default: none, train from scratch)")
-    p.add_argument("--data", type=str, default=data_default, help=data_help)
-    p.add_argument("--hyp", type=str, default=None,
-                   help="hyperparameter YAML, may set only some keys (default: the file the model YAML names)")
-    p.add_argument("--epochs", type=int, default=30, help="epochs to train (with --resume: to train in all)")
-    p.add_argument("--batch-size", type=int, default=16, help="images per step, the total over all processes")
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=imgsz_default, help="train/val image size")
-    p.add_argument("--resume", nargs="?", const=True, default=False, type=str2bool_or_path,
-                   help="continue the newest unfinished run under --project, or the given last.pt; 'auto': "
-                        "continue --project/--name if it holds an unfinished run, else start it there")
-    p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
-    p.add_argument("--noval", action="store_true", help="only validate the final epoch")
-    p.add_argument("--noplots", action="store_true", help="save no plots (results.png, labels.jpg, curves, ...)")
-    p.add_argument("--cache", type=str, nargs="?", const="ram", default=None, choices=OPTION_CHOICES["cache"][1:],
-                   help="cache images in RAM (this rank's share only under DDP) or on disk")
-    p.add_argument("--device", default="", help="GPUs 0 or 0,1,2,3, or cpu (default: GPU 0 if there is one, else cpu)")
-    p.add_argument("--optimizer", type=str, choices=OPTION_CHOICES["optimizer"], default="auto",
-                   help="auto: AdamW at a small lr for short runs, SGD at the hyp lr0 beyond 10k iterations")
-    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (DDP only)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="max dataloader workers per process (default: on a GPU, the process's share of the cores "
-                        "less one, at most 8; on a CPU 2, or 0 where torch's threads fill the cores)")
-    p.add_argument("--project", default=None, help=f"runs go to PROJECT/NAME (default: {project})")
-    p.add_argument("--name", default="exp", help="run folder name; exp2, exp3, ... when taken")
-    p.add_argument("--exist-ok", action="store_true", help="write into PROJECT/NAME even if it exists (not over a run)")
-    p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
-    p.add_argument("--patience", type=int, default=100, help="early stopping patience in epochs (0 = off)")
-    p.add_argument("--save-period", type=int, default=-1, help="also keep weights/epochN.pt every N epochs (-1: off)")
-    p.add_argument("--save-interval", default="0",
-                   help="also save last.pt inside epochs, every 10m / 90s / 2h or 500it (iterations); 0 = off")
-    p.add_argument("--seed", type=int, default=0, help="global seed (each rank uses seed + 1 + RANK)")
-    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms (slower)")
-    p.add_argument("--amp", choices=OPTION_CHOICES["amp"], default="auto",
-                   help="mixed precision: auto = fp16 on CUDA, bf16 on CPUs that compute it natively (AVX512-BF16, "
-                        "AMX), else off")
-    p.add_argument("--freeze", nargs="+", type=int, default=[0],
-                   help="freeze layers: the first N (--freeze 10), or these indices (--freeze 0 1 2)")
-    p.add_argument("--multi-scale", action="store_true",
-                   help="each step at a random size in 0.5-1.5 x --imgsz (a multiple of the stride), same on all ranks")
-    p.add_argument("--label-smoothing", type=float, default=None,
-                   help="label smoothing epsilon, overrides the hyp's (v5/v7 and classification losses)")
-    p.add_argument("--profile", action="store_true",
-                   help="print where the run's wall time went (start-up, set-up, data wait, forward/backward, ...) "
-                        "and write profile.json; on CUDA, synchronizes at each timed region's ends")
-    p.add_argument("--loggers", nargs="+", action=LoggersAction, default=list(DEFAULT_LOGGERS), metavar="NAME",
-                   help=f"what records the run besides results.csv (always written): names of "
-                        f"{', '.join(n for n in LOGGERS if n != 'csv')} are added to the default, no-NAME drops one "
-                        f"(no-tensorboard), none drops all; a comma list or the option repeated also work; trackers: "
-                        f"README.md, Experiment tracking")
-    p.add_argument("--no-log-model", dest="log_model", action="store_false",
-                   help="trackers do not receive best.pt at the end (large models; by default they do)")
-    return add_modules_arg(p)
-
-
-def add_detect_train_args(p):
-    """Training options of the box tasks (detection, segmentation, pose)."""
-    p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic)")
-    p.add_argument("--skip-unknown-classes", action="store_true",
-                   help="skip the images whose labels hold a class id the dataset YAML does not name (by default "
-                        "such a label is an error: the YAML's names are often one short)")
-    p.add_argument("--noautoanchor", action="store_true", help="keep the YAML's anchors even when they fit poorly")
-    p.add_argument("--single-cls", action="store_true", help="train every class as one class")
-    p.add_argument("--image-weights", action="store_true",
-                   help="draw training images weighted by class rarity and the last validation's per-class mAP")
-    p.add_argument("--evolve", type=int, nargs="?", const=300, default=None,
-                   help="evolve hyperparameters for N generations (300 without N); single process only")
-    return p
+    """The train scripts' options, made from the fields of `options` (their task's engine.options.TrainOptions)."""
+    return add_option_fields(Parser(description, record_given=True), options,
+                             {"cfg": cfg_default, "data": data_default, "imgsz": imgsz_default}, {"cfg": cfg_flags},
+                             project=project, data_help=data_help)
 
 
 def inherited(p, **defaults):
@@ -328,20 +266,24 @@ def _value_type(hint):
     return types[0] if len(types) == 1 and types[0] in (int, float) else None
 
 
-def add_option_fields(p, options, defaults, **words):
+def add_option_fields(p, options, defaults, flags=None, **words):
     """One argument per field of the dataclass `options` whose metadata names its flags (engine/options._cli), in
-    field order: a bool field is an on-flag, an int or float one takes that type; the help text is formatted with
-    `words`, and `defaults` {field: value} are the script's own."""
+    field order: a bool field is an on-flag, an int or float one takes that type, unless its settings say otherwise;
+    the help text is formatted with `words`, and `defaults` {field: value} and `flags` {field: flags} are the
+    script's own."""
     hints = typing.get_type_hints(options)
     for f in dataclasses.fields(options):
         if "flags" not in f.metadata:
             continue
         settings = {**f.metadata["argparse"], **({"default": defaults[f.name]} if f.name in defaults else {})}
+        if isinstance(settings.get("default"), list):  # each parser its own list
+            settings["default"] = list(settings["default"])
         if hints[f.name] is bool:
-            settings["action"] = "store_true"
+            settings.setdefault("action", "store_true")
         elif _value_type(hints[f.name]):
-            settings["type"] = _value_type(hints[f.name])
-        p.add_argument(*f.metadata["flags"], dest=f.name, help=f.metadata["help"].format(**words), **settings)
+            settings.setdefault("type", _value_type(hints[f.name]))
+        p.add_argument(*(flags or {}).get(f.name, f.metadata["flags"]), dest=f.name,
+                       help=f.metadata["help"].format(**words), **settings)
     return p
 
 

@@ -49,3 +49,26 @@ def test_validation_in_training_names_the_dataset_file_unless_unknown_classes_ar
     assert dataclasses.replace(detect, data_path=None).val_names_from() == "the dataset dict"
     assert dataclasses.replace(detect, skip_unknown_classes=True).val_names_from() is None
     assert TrainOptions.from_values(cls_train.parse_opt([])).val_names_from() is None  # classes are its folders
+
+
+def test_the_train_arguments_made_from_the_fields_keep_the_script_s_defaults_flags_and_help(capsys, monkeypatch):
+    opt = cls_train.parse_opt(["--model", "m.yaml", "--no-log-model", "--cache", "--img", "64"])
+    assert (opt.cfg, opt.log_model, opt.cache, opt.imgsz, opt.data, opt.freeze, opt.resume, opt.workers) == \
+        ("m.yaml", False, "ram", 64, "data/shapes-cls", [0], False, None)
+    opt.freeze.append(3)  # each parse its own default list
+    seg = seg_train.parse_opt(["--no-overlap", "--evolve"])
+    assert (seg.no_overlap, seg.evolve, seg.cfg, seg.imgsz, seg.freeze, cls_train.parse_opt([]).freeze) == \
+        (True, 300, "yolov5n-seg.yaml", 320, [0], [0])
+    monkeypatch.setenv("COLUMNS", "300")  # no line broken inside a word (argparse breaks at hyphens)
+    with pytest.raises(SystemExit):
+        cls_train.parse_opt(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for said in ("--model CFG, --cfg CFG model YAML (name under models/ or a path), or a .pt whose model to train "
+                 "(with --weights and no --cfg: the weights' own model) (default: yolov8n-cls.yaml) --weights",
+                 "--data DATA dataset folder with train/ and val/ (or test/) holding one folder per class, or a YAML "
+                 "naming it (default: data/shapes-cls) --hyp",
+                 "--project PROJECT runs go to PROJECT/NAME (default: runs/train-cls) --name",
+                 "--no-log-model trackers do not receive best.pt at the end (large models; by default they do) "
+                 "--modules FILE.py [FILE.py ...]"):
+        assert said in text
+    assert "--rect" not in text and "--no-overlap" not in text  # the box tasks' and segmentation's only
