@@ -73,7 +73,7 @@ def _validate(case, data_path, save_dir):
     _, _, validator_cls, task, hyp = CASES[case]
     model = _model(case, torch.load(save_dir.parent / "state.pt", weights_only=True))
     criterion = model.init_criterion(yaml_load(find_file(hyp, "data/hyps")), imgsz=64)
-    options = ValOptions(imgsz=64, batch=2, workers=0, save_json=task != "classify", plots=False)
+    options = validator_cls.options(imgsz=64, batch=2, workers=0, save_json=task != "classify", plots=False)
     data = validator_cls.get_data(str(data_path), options)
     save_dir.mkdir(parents=True, exist_ok=True)
     validator = validator_cls(options, save_dir, data["names"], criterion=criterion)

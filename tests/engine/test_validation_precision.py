@@ -6,7 +6,7 @@ import torch
 
 import engine.trainer
 import train
-from engine.validator import BaseValidator, ValOptions
+from engine.validator import BaseValidator
 from tests.test_val_sharding import CASES, NAMES, _dataset, _model, _perturb
 from utils.files import find_file, yaml_load
 
@@ -14,7 +14,7 @@ from utils.files import find_file, yaml_load
 def _validate(case, model, data_path, save_dir, amp_dtype):
     _, _, validator_cls, _, hyp = CASES[case]
     criterion = model.init_criterion(yaml_load(find_file(hyp, "data/hyps")), imgsz=64)
-    options = ValOptions(imgsz=64, batch=4, workers=0, plots=False)
+    options = validator_cls.options(imgsz=64, batch=4, workers=0, plots=False)  # the task's own class
     data = validator_cls.get_data(str(data_path), options)
     validator = validator_cls(options, save_dir, data["names"], criterion=criterion)
     validator.build_dataloader(data["val"], int(max(model.stride)))

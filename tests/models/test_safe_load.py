@@ -26,6 +26,7 @@ import segment.predict
 import train
 import val
 from engine.checkpointer import strip_optimizer
+from engine.options import DetectTrainOptions
 from engine.resume import resume_opt
 from models.checkpoints import (
     BadCheckpoint,
@@ -284,7 +285,8 @@ def test_checkpoint_of_an_earlier_version_still_loads_resumes_and_strips(tmp_pat
         torch.testing.assert_close(attempt_load(path, fuse=False)(X)[0], model(X)[0], atol=0, rtol=0)
     ckpt = load_checkpoint(path)
     np.testing.assert_array_equal(ckpt["rng"]["numpy"][1], old["rng"]["numpy"][1])
-    opt, resume_from = resume_opt(train.parse_opt(["--resume", str(path), "--device", "cpu", "--workers", "0"]), "runs")
+    argv = ["--resume", str(path), "--device", "cpu", "--workers", "0"]
+    opt, resume_from = resume_opt(DetectTrainOptions.from_values(train.parse_opt(argv)), "runs")
     assert opt.epochs == 3 and resume_from == path
     strip_optimizer(path)
     stripped = torch.load(path, weights_only=True)
