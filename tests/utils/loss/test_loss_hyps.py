@@ -38,8 +38,9 @@ def test_v7_and_high_values():
 
 def test_v8_and_cls_values():
     v8, c = load("hyp.v8.yaml"), load("hyp.cls.yaml")
-    assert set(v8) == DETECT_KEYS | {"dfl", "pose", "kobj"}  # pose and kobj: the v8 pose criterion's gains
-    assert (v8["box"], v8["cls"], v8["dfl"], v8["close_mosaic"]) == (7.5, 0.5, 1.5, 10)
+    # pose and kobj: the v8 pose criterion's gains; lr_new_gain: the step of a fine-tuning's new tensors
+    assert set(v8) == DETECT_KEYS | {"dfl", "pose", "kobj", "lr_new_gain"}
+    assert (v8["box"], v8["cls"], v8["dfl"], v8["close_mosaic"], v8["lr_new_gain"]) == (7.5, 0.5, 1.5, 10, 10.0)
     assert (v8["pose"], v8["kobj"]) == (12.0, 1.0)
     assert set(c) == TRAIN_KEYS
     assert (c["label_smoothing"], 1 - c["scale"], c["fliplr"]) == (0.1, pytest.approx(0.08), 0.5)
