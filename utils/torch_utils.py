@@ -236,14 +236,14 @@ def freeze_layers(model, freeze):
     return frozen
 
 
-def param_groups(model, only=None):
+def param_groups(model, which=None):
     """Three groups as YOLOv5: weights with decay, BatchNorm weights without, biases without (and warmed up apart);
-    of the parameters named in `only` where given."""
+    of the parameters whose name `which` accepts where given."""
     decay, no_decay, biases = [], [], []
     norm_types = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance(v, type))
     for module_name, module in model.named_modules():
         for name, p in module.named_parameters(recurse=False):
-            if not p.requires_grad or (only is not None and f"{module_name}.{name}".lstrip(".") not in only):
+            if not p.requires_grad or (which is not None and not which(f"{module_name}.{name}".lstrip("."))):
                 continue
             if name == "bias":
                 biases.append(p)
@@ -261,8 +261,7 @@ def build_optimizer(model, name, lr, momentum, weight_decay, fused=False, new=()
     and under a GradScaler the step reads the overflow flag on the GPU instead of copying it to the host; a CPU keeps
     torch's default implementation."""
     new = set(new) if new_lr is not None and new_lr != lr else set()
-    names = {n for n, _ in model.named_parameters()}
-    decay, no_decay, biases = param_groups(model, only=names - new)
+    decay, no_decay, biases = param_groups(model, which=lambda n: n not in new)
     fused = fused or None  # False would forbid torch's foreach default, not only the fused kernels
     if name == "SGD":
         opt = torch.optim.SGD(no_decay, lr=lr, momentum=momentum, nesterov=True, fused=fused)
@@ -276,7 +275,7 @@ def build_optimizer(model, name, lr, momentum, weight_decay, fused=False, new=()
     opt.add_param_group({"params": biases, "weight_decay": 0.0})
     said = ""
     if new:
-        new_decay, new_no_decay, new_biases = param_groups(model, only=new)
+        new_decay, new_no_decay, new_biases = param_groups(model, which=new.__contains__)
         for params, wd in ((new_no_decay, 0.0), (new_decay, weight_decay), (new_biases, 0.0)):
             opt.add_param_group({"params": params, "weight_decay": wd, "lr": new_lr})
         count = len(new_no_decay) + len(new_decay) + len(new_biases)
