@@ -162,6 +162,9 @@ class TrainOptions(Options):
     train_checkpoint_model: bool = _planned()
     # the parameters --weights did not give (a new class layer): their own optimizer groups (utils/schedule.py)
     new_params: list[str] = _planned(default_factory=list)
+    # what --optimizer auto chose at the run's start (utils/schedule.py): a --resume whose --epochs would cross its
+    # iteration threshold keeps it, as the saved optimizer state is that optimizer's
+    chosen_optimizer: Optional[str] = _planned(default=None)
     train_imgsz: Optional[int] = _derived()  # imgsz rounded up to the model's largest stride
     loader_workers: Optional[int] = _derived()  # dataloader workers per rank, resolved for the device
     data_path: Optional[str] = _derived()  # the dataset YAML (or folder) --data named, absolute (engine/inherit.py)

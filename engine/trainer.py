@@ -248,8 +248,11 @@ class BaseTrainer:
         and the LR scheduler."""
         self.schedule = Schedule.plan(
             self.hyp, self.opt.optimizer, self.epochs, self.batch_size * self.world_size, len(self.train_set),
-            self.batches_per_epoch, self.nc, pretrained=bool(self.opt.weights), cos_lr=self.opt.cos_lr)
+            self.batches_per_epoch, self.nc, pretrained=bool(self.opt.weights), cos_lr=self.opt.cos_lr,
+            chosen=self.opt.chosen_optimizer)
         s = self.schedule
+        if self.opt.optimizer == "auto":  # kept in the run's options, so that a --resume builds the same optimizer
+            self.opt = dataclasses.replace(self.opt, chosen_optimizer=s.optimizer)
         self.optimizer = build_optimizer(self.model, s.optimizer, s.lr0, s.momentum, s.weight_decay,
                                          fused=self.device.type == "cuda", new=self.opt.new_params, new_lr=s.new_lr0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=s.lr_factor)

@@ -172,6 +172,29 @@ def test_a_new_class_layer_steps_faster_and_a_resume_rebuilds_its_groups(shapes_
     assert seen["groups"] == saved["optimizer"]["param_groups"]
 
 
+def test_a_resume_that_extends_the_run_keeps_the_optimizer_auto_chose(shapes_detect, tmp_path):
+    """--optimizer auto picks AdamW for a short run and SGD beyond 10k iterations; --resume --epochs that crosses the
+    threshold continues with the optimizer whose state last.pt holds (SGD loaded with AdamW's groups has no momentum:
+    a KeyError at its first step)."""
+    opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--cfg", "yolov5n.yaml"))
+    with pytest.raises(_Interrupt):
+        run(DetectionTrainer, opt, callbacks={"on_fit_epoch_end": [_interrupt_after_first_epoch]})
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    saved = torch.load(last, weights_only=True)
+    seen = {}
+
+    def capture(trainer):
+        seen["optimizer"], seen["groups"] = type(trainer.optimizer).__name__, trainer.optimizer.state_dict()
+        raise _Interrupt
+
+    resume = train.parse_opt(["--resume", str(last), "--epochs", "20000", "--device", "cpu", "--workers", "0"])
+    with pytest.raises(_Interrupt):
+        run(DetectionTrainer, resume, callbacks={"on_train_start": [capture]})
+    assert seen["optimizer"] == "AdamW"
+    assert [sorted(g) for g in seen["groups"]["param_groups"]] == [sorted(g) for g in
+                                                                   saved["optimizer"]["param_groups"]]
+
+
 def test_interrupted_save_keeps_last_checkpoint(tmp_path, monkeypatch):
     from utils.files import atomic_save
 

@@ -56,8 +56,10 @@ class Schedule:
     lr_factor: Callable  # epoch -> multiplier of lr0 (linear or cosine to lrf)
 
     @classmethod
-    def plan(cls, hyp, optimizer, epochs, total_batch, n_images, batches, nc, pretrained=False, cos_lr=False):
-        """`batches`: per epoch and rank; `n_images`: the training set's size; `pretrained`: fine-tuning, where
+    def plan(cls, hyp, optimizer, epochs, total_batch, n_images, batches, nc, pretrained=False, cos_lr=False,
+             chosen=None):
+        """`batches`: per epoch and rank; `n_images`: the training set's size; `chosen`: what `--optimizer auto` chose
+        when the run started (a resumed run's), kept whatever its length is now; `pretrained`: fine-tuning, where
         `--optimizer auto` keeps the Ultralytics fit (its larger step was measured from scratch, and would overwrite
         pretrained features) for the tensors --weights gave, and steps `lr_new_gain` times that for the others: at
         the fit's small lr a new class layer barely leaves its random start in a short run (docs/recipes.md, "Real
@@ -68,6 +70,8 @@ class Schedule:
         # weight decay is applied once per optimizer step: scale it to the images per step
         weight_decay = h["weight_decay"] * total_batch * accumulate / nbs
         iterations = math.ceil(n_images / max(total_batch, nbs)) * epochs
+        if optimizer == "auto" and chosen is not None:  # the long-run rule decided once, at the run's start
+            iterations = math.inf if chosen == "SGD" else 0
         gain = 1.0 if pretrained else h["lr_auto_gain"]
         name, lr0, momentum = resolve_optimizer(optimizer, h["lr0"], h["momentum"], nc, iterations, gain)
         warmup = warmup_iters(h["warmup_epochs"], epochs, batches, pretrained)

@@ -17,7 +17,8 @@ def test_every_option_of_a_train_script_is_a_field_of_its_class(script, options)
     parsed = script.parse_opt([])
     fields = {f.name for f in dataclasses.fields(options) if not f.metadata.get("derived")}
     planned = {f.name for f in dataclasses.fields(options) if f.metadata.get("planned")}
-    assert set(vars(parsed)) - {"given"} == fields - planned and planned == {"train_checkpoint_model", "new_params"}
+    assert set(vars(parsed)) - {"given"} == fields - planned
+    assert planned == {"train_checkpoint_model", "new_params", "chosen_optimizer"}
     opt = options.from_values(parsed)
     assert opt.train_imgsz is None and opt.loader_workers is None  # set-up derives them
     assert opt.train_checkpoint_model is False  # plan_run decides it
