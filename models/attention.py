@@ -1,10 +1,10 @@
 """Attention blocks: YOLOv5's transformer (C3TR), YOLO11's position-sensitive attention (C2PSA), and the attention
 series the YOLO research projects add to any layer (SE, CBAM, ECA, CoordAtt, SimAM).
 
-Declared for `models.yolo.parse_model` as the blocks of models/common.py are. The series keep the channels they are
-given: a row `[-1, 1, SE, [1024]]` names the width of the layer before it (scaled like every row), and a row whose
-width differs from its input's is refused, naming it. Attribute names of C3TR and C2PSA follow the official
-implementations, so official state_dicts load by key.
+Declared for `models.model_yaml.parse_model` as the blocks of models/common.py are. The series keep the channels
+they are given: a row `[-1, 1, SE, [1024]]` names the width of the layer before it (scaled like every row), and a
+row whose width differs from its input's is refused, naming it. Attribute names of C3TR and C2PSA follow the
+official implementations, so official state_dicts load by key.
 """
 
 import math

@@ -3,7 +3,7 @@
 Attribute names follow the official implementations so that official state_dicts load by key. Every BatchNorm uses
 the official eps=0.001, momentum=0.03.
 
-Blocks declare how `models.yolo.parse_model` builds them from a YAML row, as class attributes:
+Blocks declare how `models.model_yaml.parse_model` builds them from a YAML row, as class attributes:
 - `channel_rule`: "width" - args[0] is the output channel count, scaled by the width multiple and capped at
   max_channels; the input channel count is prepended. "fixed" - the same, unscaled (Classify). "concat" - the output
   has the inputs' channels summed. "add" - the output has the channels of its first input (inputs summed
