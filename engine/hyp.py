@@ -146,10 +146,18 @@ def _project_yamls():
     return tuple(out)
 
 
-def load_hyp(given, default):
+def load_hyp(given, default, saved=None):
     """The run's hyp dict: the file `given` (--hyp), completed from the model's `default` file for the keys it does
-    not set (listed in one line), or the default file itself."""
+    not set (listed in one line), or the default file itself; a resumed run's the dict its checkpoint records
+    (`saved`, checked as a file is; the files may have changed since), keys added to the project since from
+    `default`."""
     base = read_hyp(default)
+    if saved is not None:
+        known = known_keys()
+        for k, v in saved.items():
+            if k in known:  # a key the project no longer reads is left out
+                check_value(k, v, "the hyperparameters the run's checkpoint records")
+        return {**base, **{k: v for k, v in saved.items() if k in known}}
     if not given:
         return base
     hyp = read_hyp(given)

@@ -95,6 +95,15 @@ def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
     return options.from_values(saved), path
 
 
+def saved_hyp(path):
+    """The hyperparameters the run's checkpoint `path` records (the whole dict it trained with), which --resume and a
+    torchrun restart continue with."""
+    hyp = load_checkpoint(path).get("hyp")
+    if not isinstance(hyp, dict):
+        raise BadCheckpoint(f"--resume {path}: it records no hyperparameters")
+    return hyp
+
+
 def _launch_record():
     """`<tmp>/yolo-elastic/<host>-<agent pid>-<agent start>`, or None outside torchrun."""
     if du.launcher() != "torchrun":

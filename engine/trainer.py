@@ -26,7 +26,7 @@ from engine.inherit import dataset_file
 from engine.interrupt import StopRequests, ended_by_signals
 from engine.messages import SCRIPTS, RunETA, banner, next_commands, plural, position, resume_command, shown
 from engine.options import TrainOptions
-from engine.resume import AUTO, forget_run_dir, plan_run, run_dir
+from engine.resume import AUTO, forget_run_dir, plan_run, run_dir, saved_hyp
 from engine.run_lock import RunLock, busy
 from models.checkpoints import attempt_load
 from models.registry import use_modules
@@ -174,12 +174,15 @@ class BaseTrainer:
             raise busy(self.save_dir, held_by)
 
     def load_hyp(self, model):
-        """--hyp, completed from the model's default hyp file, or that file itself (engine/hyp.py); every key this run's
-        readers need (the schedule's, the criterion's) must be there. --label-smoothing wins over the files."""
+        """--hyp, completed from the model's default hyp file, or that file itself (engine/hyp.py); a resumed run's
+        own, as its checkpoint records them; every key this run's readers need (the schedule's, the criterion's) must
+        be there. --label-smoothing wins over the files."""
         default, why = default_hyp_file(model.yaml)
         given = f"--hyp {self.opt.hyp}; the model's default is " if self.opt.hyp else ""
-        LOGGER.info(f"hyperparameters: {given}{default} ({why})")
-        hyp = load_hyp(self.opt.hyp, default)
+        saved = du.on_main(saved_hyp, self.resume_from) if self.resume_from else None
+        LOGGER.info(f"hyperparameters: as {self.resume_from} records them" if saved else
+                    f"hyperparameters: {given}{default} ({why})")
+        hyp = load_hyp(self.opt.hyp, default, saved)
         require_keys(hyp, (SCHEDULE, Reader.of(criterion_class(model, hyp))), self.opt.hyp, default)
         if self.opt.label_smoothing is not None:  # a new dict: the files stay as read
             hyp = {**hyp, "label_smoothing": self.opt.label_smoothing}

@@ -195,6 +195,32 @@ def test_a_resume_that_extends_the_run_keeps_the_optimizer_auto_chose(shapes_det
                                                                    saved["optimizer"]["param_groups"]]
 
 
+def test_a_resume_trains_with_the_run_s_hyperparameters_not_the_file_s_new_ones(shapes_detect, tmp_path):
+    """--resume continues with the hyperparameters last.pt records, as it does with the options: a --hyp file edited
+    since (or a project default changed) does not change the run (with lr_new_gain, an optimizer of other groups
+    than last.pt's would not even load)."""
+    from engine.hyp import read_hyp
+
+    hyp = tmp_path / "mine.yaml"
+    hyp.write_text(yaml.safe_dump({**read_hyp("hyp.scratch-low.yaml"), "box": 0.05}))
+    opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--cfg", "yolov5n.yaml", "--hyp", str(hyp)))
+    with pytest.raises(_Interrupt):
+        run(DetectionTrainer, opt, callbacks={"on_fit_epoch_end": [_interrupt_after_first_epoch]})
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    saved = torch.load(last, weights_only=True)["hyp"]
+    hyp.write_text(yaml.safe_dump({**saved, "box": 0.5}))  # edited for another run
+    seen = {}
+
+    def capture(trainer):
+        seen["hyp"], seen["box_gain"] = trainer.hyp, trainer.criterion.box_gain
+        raise _Interrupt
+
+    resume = train.parse_opt(["--resume", str(last), "--device", "cpu", "--workers", "0"])
+    with pytest.raises(_Interrupt):
+        run(DetectionTrainer, resume, callbacks={"on_train_start": [capture]})
+    assert seen["hyp"] == saved and seen["box_gain"] == pytest.approx(0.05)  # 0.05 x 3 / 3 levels
+
+
 def test_interrupted_save_keeps_last_checkpoint(tmp_path, monkeypatch):
     from utils.files import atomic_save
 

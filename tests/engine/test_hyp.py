@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 import train
-from engine.hyp import READERS, SCHEDULE, Reader, default_hyp_file, known_keys, read_hyp, require_keys
+from engine.hyp import READERS, SCHEDULE, Reader, default_hyp_file, known_keys, load_hyp, read_hyp, require_keys
 from engine.trainer import BaseTrainer
 from models.yolo import DetectionModel, head_class, yaml_model_load
 from utils import loss as criteria
@@ -66,10 +66,20 @@ def test_a_classifier_hyp_for_a_detector_is_completed_not_a_traceback():
     come from its own default file, and the classifier's values where both have the key."""
     opt = SimpleNamespace(hyp="hyp.cls.yaml", label_smoothing=None)
     model = DetectionModel("yolov8n.yaml", nc=3)
-    hyp = BaseTrainer.load_hyp(SimpleNamespace(opt=opt), model)
+    hyp = BaseTrainer.load_hyp(SimpleNamespace(opt=opt, resume_from=None), model)
     v8, cls = read_hyp("hyp.v8.yaml"), read_hyp("hyp.cls.yaml")
     assert hyp == {**v8, **cls} and hyp["dfl"] == v8["dfl"] and hyp["lr_auto_gain"] == cls["lr_auto_gain"]
     model.init_criterion(hyp, imgsz=64)
+
+
+def test_a_resumed_run_s_recorded_hyp_is_checked_and_completed_as_a_file_is():
+    """--resume reads the hyperparameters the checkpoint records: a key the project added since comes from the default
+    file, one it no longer reads is left out, and a value no reader takes is a one-line error."""
+    v8 = read_hyp("hyp.v8.yaml")
+    saved = {k: v for k, v in v8.items() if k != "lr_new_gain"} | {"box": 5.0, "gone": 1}
+    assert load_hyp("ignored.yaml", "hyp.v8.yaml", saved) == {**v8, "box": 5.0}
+    with pytest.raises(BadOption, match="the run's checkpoint records: lr0 must be"):
+        load_hyp(None, "hyp.v8.yaml", {**v8, "lr0": -1.0})
 
 
 MODEL_YAMLS = sorted(p.name for p in (ROOT / "models").glob("*.yaml"))
