@@ -45,33 +45,22 @@ def _pycocotools(module):
         raise ImportError("COCO masks and evaluation need pycocotools: pip install pycocotools") from e
 
 
-def box_to_coco_json(predn, image_id, class_map=None, rles=None):
-    """Detections of one image as COCO result dicts.
+def box_to_coco_json(predn, image_id, class_map=None):
+    """Detections of one image as COCO result dicts (the fields of engine/fields.py add their own keys to them).
 
     predn: (n, 6) xyxy, conf, cls in original-image pixels. class_map: category id per class index (None: the
-    class index itself). rles: optional per-detection RLE dicts (see masks_to_rle) added as 'segmentation'.
+    class index itself).
     """
     predn = _numpy(predn)
     out = []
-    for k, (x1, y1, x2, y2, conf, c) in enumerate(predn[:, :6].tolist()):
+    for x1, y1, x2, y2, conf, c in predn[:, :6].tolist():
         d = {
             "image_id": image_id,
             "category_id": _category(class_map, int(c)),
             "bbox": [round(v, 3) for v in (x1, y1, x2 - x1, y2 - y1)],
             "score": round(conf, 5),
         }
-        if rles is not None:
-            d["segmentation"] = rles[k]
         out.append(d)
-    return out
-
-
-def keypoints_to_coco_json(predn, keypoints, image_id, class_map=None):
-    """Pose predictions of one image as COCO keypoint results: predn (n, 6) xyxy, conf, cls and keypoints (n, K, 2
-    or 3) in original-image pixels; each keypoint's score is its visibility probability (1 without one)."""
-    out = box_to_coco_json(predn, image_id, class_map)
-    for d, k in zip(out, coco_keypoints(keypoints)):
-        d["keypoints"] = k
     return out
 
 

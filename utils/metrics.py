@@ -303,19 +303,6 @@ class DetMetrics:
     def results_dict(self):
         return dict(zip(self.keys + ["fitness"], self.mean_results() + [self.fitness]))
 
-
-class SegmentMetrics(DetMetrics):
-    """Box and mask metrics of a segmentation validation run."""
-
-    parts = (("box", "B"), ("seg", "M"))
-
-
-class PoseMetrics(DetMetrics):
-    """Box and keypoint (OKS) metrics of a pose validation run."""
-
-    parts = (("box", "B"), ("pose", "P"))
-
-
 class ClassifyMetrics:
     """Top-1 / top-5 accuracy, overall and per class."""
 

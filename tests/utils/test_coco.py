@@ -30,9 +30,7 @@ def test_box_to_coco_json_by_hand():
     assert out[0] == {"image_id": 42, "category_id": 3, "bbox": [10.123, 20.5, 19.877, 39.75], "score": 0.87654}
     assert out[1]["category_id"] == 1 and out[1]["bbox"] == [0.0, 0.0, 5.0, 5.0]
     assert box_to_coco_json(predn, "img", class_map=None)[0]["category_id"] == 2
-    rles = masks_to_rle(np.ones((2, 4, 4), bool))
-    assert box_to_coco_json(predn, 1, rles=rles)[1]["segmentation"] is rles[1]
-    json.dumps(box_to_coco_json(predn, 1, rles=rles))  # all plain Python types
+    json.dumps(box_to_coco_json(predn, 1))  # all plain Python types
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pycocotools' decode under numpy 2
@@ -132,8 +130,8 @@ def test_eval_coco_json_segm():
     half = mask.copy()
     half[:, :, 50:] = False  # IoU 0.5 with the truth
     pred = np.array([[30, 10, 70, 20, 0.9, 1], [30, 10, 50, 20, 0.8, 1]], dtype=float)
-    res = box_to_coco_json(pred[:1], "x", rles=masks_to_rle(mask))
+    res = [{**box_to_coco_json(pred[:1], "x")[0], "segmentation": masks_to_rle(mask)[0]}]
     assert eval_coco_json(anno, res, iou_type="segm") == pytest.approx((1.0, 1.0))
-    res = box_to_coco_json(pred[1:], "x", rles=masks_to_rle(half))
+    res = [{**box_to_coco_json(pred[1:], "x")[0], "segmentation": masks_to_rle(half)[0]}]
     m, m50 = eval_coco_json(anno, res, iou_type="segm")
     assert m50 == pytest.approx(1.0) and m == pytest.approx(0.1)  # matched only at the 0.50 threshold

@@ -18,7 +18,6 @@ from utils.metrics import (
     ClassifyMetrics,
     ConfusionMatrix,
     DetMetrics,
-    SegmentMetrics,
     ap_per_class,
     compute_ap,
     iou_vector,
@@ -230,8 +229,9 @@ def _coco_map(images, with_masks):
         if with_masks:
             lb["masks"] = im["gt_masks"].numpy()
         labels.append(lb)
-        rles = masks_to_rle(im["pred_masks"]) if with_masks else None
-        results += box_to_coco_json(im["det"], i + 1, rles=rles)
+        rows = box_to_coco_json(im["det"], i + 1)
+        results += [{**r, "segmentation": s} for r, s in zip(rows, masks_to_rle(im["pred_masks"]))] if with_masks \
+            else rows
     anno = labels_to_coco_json(labels, ["a", "b", "c"])
     return eval_coco_json(anno, results, iou_type="segm" if with_masks else "bbox", max_dets=300)
 
@@ -283,7 +283,7 @@ def test_det_and_segment_metrics_containers():
     assert dm.fitness == pytest.approx(0.1 * ap[:, 0].mean() + 0.9 * ap.mean())
     assert dm.class_result(1)[2] == pytest.approx(ap[1, 0])
     np.testing.assert_allclose(dm.maps(3), [ap[0].mean(), ap[1].mean(), ap.mean()])
-    sm = SegmentMetrics()
+    sm = DetMetrics(parts=(("box", "B"), ("seg", "M")))
     sm.process(tp, np.zeros_like(tp), conf, pred_cls, target_cls)
     assert len(sm.keys) == 8 and sm.keys[4] == "metrics/precision(M)"
     assert sm.fitness == pytest.approx(dm.fitness)  # mask part is all zeros

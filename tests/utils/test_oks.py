@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from utils.coco import eval_coco_json, keypoints_to_coco_json, labels_to_coco_json
+from utils.coco import box_to_coco_json, coco_keypoints, eval_coco_json, labels_to_coco_json
 from utils.metrics import (
     OKS_AREA_SCALE,
-    PoseMetrics,
+    DetMetrics,
     ap_per_class,
     iou_vector,
     keypoint_oks,
@@ -92,7 +92,7 @@ def test_pose_map_agrees_with_pycocotools():
                           (xyxy[:, 2] - xyxy[:, 0]) / w, (xyxy[:, 3] - xyxy[:, 1]) / h], 1)
         labels.append({"im_file": im["im_file"], "shape": (h, w), "cls": np.zeros((len(gt), 1)), "bboxes": xywhn,
                        "keypoints": gt_k.numpy() / [w, h, 1]})
-        results += keypoints_to_coco_json(det, pred_k, i + 1)
+        results += [{**r, "keypoints": k} for r, k in zip(box_to_coco_json(det, i + 1), coco_keypoints(pred_k))]
     n_labels = sum(len(im["gts"]) for im in images)
     tp, conf = torch.cat(tp).numpy(), torch.cat(conf).numpy()
     _, _, _, ap, _ = ap_per_class(tp, conf, np.zeros(len(conf)), np.zeros(n_labels))
@@ -109,7 +109,7 @@ def test_pose_map_agrees_with_pycocotools():
 def test_pose_metrics_container():
     tp = np.array([[1], [0], [1]], dtype=bool).repeat(10, 1)
     conf, cls = np.array([0.9, 0.8, 0.7]), np.array([0, 0, 0])
-    m = PoseMetrics()
+    m = DetMetrics(parts=(("box", "B"), ("pose", "P")))
     m.process(tp, np.zeros_like(tp), conf, cls, np.array([0, 0]))
     assert m.keys[4:] == [f"metrics/{k}(P)" for k in ("precision", "recall", "mAP50", "mAP50-95")]
     assert m.pose.map == 0.0 and m.box.map > 0 and m.fitness == pytest.approx(m.box.fitness())
