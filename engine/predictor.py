@@ -1,8 +1,10 @@
 """BasePredictor: load weights (.pt, .onnx, .torchscript), read a source (image, folder, glob, video, URL, webcam,
 stream), run, draw and save results.
 
-Task subclasses implement `postprocess` (raw model output -> per-image results) and `write_result`
-(draw on the image, write the text file).
+Task subclasses declare what their model predicts (`declare_fields`: engine/fields.py) and implement `postprocess`
+(raw model output -> one `engine/fields.Predictions` record per image, in original-image pixels); the predictor walks
+the fields to draw each image, and asks the first one for its --save-txt lines (`lines`, in the task's label format),
+the crops and csv rows (`objects`) and the log line (`summary`). Each image's record is what the run returns.
 """
 
 import csv
@@ -49,6 +51,7 @@ class BasePredictor:
         self.half = self.model.fp16
         self.names = self.model.names
         self.check_args()
+        self.fields = self.declare_fields()
         self.stride = self.model.stride
         self.imgsz = self._input_size(opt.imgsz)
         self.dataset = self.load_source()  # a source that is missing or empty is refused before a run folder exists
@@ -65,6 +68,10 @@ class BasePredictor:
 
     def check_args(self):
         """Hook: refuse options the loaded model cannot honour (BadOption), before a run folder exists."""
+
+    def declare_fields(self):
+        """What the task's model predicts (engine/fields.py), the first field speaking for the whole image."""
+        raise NotImplementedError
 
     def _input_size(self, given):
         """--imgsz (`given`, else the weights' run's), or the one size a static export takes (h, w)."""
@@ -86,6 +93,7 @@ class BasePredictor:
         return im[None] if im.ndim == 3 else im
 
     def postprocess(self, preds, im, im0):
+        """The image's `Predictions` record in original-image pixels (im0's)."""
         raise NotImplementedError
 
     def annotator(self, im0):
@@ -97,27 +105,33 @@ class BasePredictor:
             return ""
         return self.names[c] if self.args.hide_conf else f"{self.names[c]} {conf:.2f}"
 
-    def boxes(self, result):
-        """(xyxy in original-image pixels, class, confidence) of each result, for --save-crop and --save-csv; a
-        classifier's result is one whole-image row."""
-        raise NotImplementedError
-
     def _csv(self, row):
         with open(self.csv_path, "a", newline="", errors="surrogateescape") as f:  # names as their bytes on disk
             csv.writer(f).writerow([escape_controls(v) if isinstance(v, str) else v for v in row])
 
-    def save_extras(self, result, imc, name):
-        """--save-crop (from the undrawn image imc) and --save-csv rows of one image or frame."""
-        for xyxy, c, conf in self.boxes(result):
+    def save_extras(self, image, imc, name):
+        """--save-crop (from the undrawn image imc) and --save-csv rows of one image or frame: the first field's
+        `objects`, (xyxy in original-image pixels, class, confidence); a classifier's is the whole image."""
+        for xyxy, c, conf in self.fields[0].objects(image):
             if self.args.save_crop and xyxy is not None:
                 save_one_box(xyxy, imc, self.save_dir / "crops" / self.names[c] / f"{Path(name).stem}.jpg")
             if self.args.save_csv:
                 coords = [f"{v:.1f}" for v in xyxy] if xyxy is not None else [""] * 4
                 self._csv([name, self.names[c], f"{conf:.4f}", *coords])
 
-    def write_result(self, result, im, im0, path, txt_path):
-        """Draw `result` on im0 (in place) and write its text line(s); return a summary string."""
-        raise NotImplementedError
+    def write_result(self, image, im0, txt_path):
+        """Draw each field of `image` on im0 (in place), the first on top; append the image's --save-txt lines to
+        txt_path (when given); return the log line's summary."""
+        annotator = self.annotator(im0)
+        for f in reversed(self.fields):
+            f.draw(annotator, image, self.label)
+        im0[:] = annotator.result()
+        first = self.fields[0]
+        lines = first.lines(self.fields, image, im0.shape[:2], self.args.save_conf) if txt_path is not None else []
+        if lines:
+            with open(txt_path, "a") as f:
+                f.writelines(lines)
+        return first.summary(image, self.names)
 
     @torch.no_grad()
     def __call__(self):
@@ -137,7 +151,7 @@ class BasePredictor:
             stem = p.stem if dataset.mode == "image" else f"{p.stem}_{dataset.frame}"
             txt_path = self.save_dir / "labels" / f"{stem}.txt" if self.args.save_txt else None
             imc = im0.copy() if self.args.save_crop else im0
-            summary = self.write_result(result, x, im0, path, txt_path)
+            summary = self.write_result(result, im0, txt_path)
             self.save_extras(result, imc, p.name if dataset.mode == "image" else f"{stem}{p.suffix or '.jpg'}")
             self.save(dataset, path, im0)
             if self.show:

@@ -132,7 +132,7 @@ def test_predict_prints_and_draws_top5(trained, shapes_classify, tmp_path):
     assert len(results) == len(files)
     _, pred = _independent_top1(best, shapes_classify / "val", 64)
     out = tmp_path / "exp"
-    for f, probs, p in zip(files, results, pred[: len(files)]):
+    for f, probs, p in zip(files, (r.probs for r in results), pred[: len(files)]):
         assert probs.shape == (3,) and torch.isclose(probs.sum(), torch.tensor(1.0), atol=1e-5)
         assert int(probs.argmax()) == int(p)  # predict and val see the same centre-crop transform
         lines = (out / "labels" / f"{f.stem}.txt").read_text().splitlines()

@@ -107,7 +107,7 @@ def test_val_json_agrees_with_pycocotools_and_predict_writes_keypoints(pose_run,
     results = pose_predict.main(pose_predict.parse_opt([
         "--weights", str(best), "--source", str(source), "--imgsz", "96", "--project", str(tmp_path / "pred"),
         "--device", "cpu", "--save-txt", "--conf-thres", "0.25", "--data", str(data)]))
-    assert all(r.shape[1] == 6 + 4 * 3 for r in results)
+    assert all(r.boxes.shape[1] == 6 + 4 * 3 for r in results)
     lines = [line.split() for f in sorted((tmp_path / "pred" / "exp" / "labels").glob("*.txt"))
              for line in f.read_text().splitlines()]
     assert lines and all(len(v) == 5 + 4 * 3 for v in lines)

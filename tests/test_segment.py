@@ -262,8 +262,8 @@ def test_v5_val_and_predict(v5_run, shapes_segment, tmp_path):
     source = shapes_segment.parent / "images" / "val"
     results = _predict(best, source, 64, tmp_path / "pred", 0.001)
     assert len(results) == len(list(source.glob("*.jpg")))
-    for det, masks in results:
-        assert len(det) == len(masks) and det.shape[1] == 6
+    for r in results:  # rows of xyxy, conf, cls and the 32 mask coefficients; masks at the image's size
+        assert len(r.boxes) == len(r.masks) and r.boxes.shape[1] == 6 + 32 and r.masks.dtype == torch.bool
     assert len(list((tmp_path / "pred" / "exp").glob("*.jpg"))) == len(results)
 
 

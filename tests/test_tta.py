@@ -111,8 +111,8 @@ def test_val_and_predict_run_with_augment(cfg, task, shapes_detect, shapes_segme
     assert all(0.0 <= v <= 1.0 for k, v in stats.items() if k.startswith("metrics/"))
     out = predict.main(predict.parse_opt([*common, "--source", str(ROOT / "data" / "images" / "shapes1.jpg"),
                                           "--conf-thres", "0.0001", "--project", str(tmp_path / "pred")]))
-    det = out[0] if task == "detect" else out[0][0]
-    assert det.shape[1] == 6 and len(det) > 0
+    det = out[0].boxes  # xyxy, conf, cls (and a segmentation model's mask coefficients, with a mask each)
+    assert len(det) > 0 and (det.shape[1] == 6 if task == "detect" else len(out[0].masks) == len(det))
 
 
 def test_keypoint_layouts_are_refused():

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from engine.fields import ClassScores, Predictions
 from engine.messages import check_task
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
@@ -126,9 +127,7 @@ class ClassificationValidator(BaseValidator):
         return ClassificationDataset(path, imgsz=self.args.imgsz, augment=False, prefix="val: ", names=self.names)
 
     def preprocess(self, batch, device, half):
-        batch["img"] = batch["img"].to(device, non_blocking=True)
-        batch["img"] = batch["img"].half() if half else batch["img"].float()
-        return labels_to(batch, device, ("cls",))
+        return ClassScores.to_device(batch, device, half)
 
     def description(self):
         return ("%22s" + "%11s" * 2) % ("classes", "top1_acc", "top5_acc")
@@ -149,13 +148,10 @@ class ClassificationValidator(BaseValidator):
 
     def update_metrics(self, probs, batch):
         self.seen += len(probs)
-        return {"pred": [probs.argsort(1, descending=True)[:, :5].cpu()], "target": [batch["cls"].cpu()]}
+        return ClassScores.match(probs, batch)
 
     def get_stats(self, records):
-        pred, targets = torch.cat(records["pred"]), torch.cat(records["target"])
-        self.confusion.process_cls_preds(pred, targets)
-        self.metrics.process(targets, pred)
-        return dict(self.metrics.results_dict)
+        return ClassScores.accumulate(records, self.metrics, self.confusion)
 
     def print_results(self, final=False):
         LOGGER.info(("%22s" + "%11.3g" * 2) % ("all", self.metrics.top1, self.metrics.top5))
@@ -198,20 +194,9 @@ class ClassificationPredictor(BasePredictor):
         im = im.half() if self.half else im.float()
         return im[None] if im.ndim == 3 else im
 
+    def declare_fields(self):
+        return (ClassScores(self.names),)
+
     def postprocess(self, preds, im, im0):
         probs = preds[0] if isinstance(preds, (list, tuple)) else preds
-        return probs[0]
-
-    def boxes(self, probs):
-        conf, c = probs.max(0)
-        return [(None, int(c), float(conf))]  # the whole image: no box to crop
-
-    def write_result(self, probs, im, im0, path, txt_path):
-        top5 = probs.argsort(0, descending=True)[:5].tolist()
-        lines = [f"{probs[j]:.2f} {self.names[j]}" for j in top5]
-        annotator = self.annotator(im0)
-        annotator.text((4 * annotator.lw, 4 * annotator.lw), "\n".join(lines))
-        im0[:] = annotator.result()
-        if txt_path is not None:
-            txt_path.write_text("\n".join(lines) + "\n")
-        return ", ".join(f"{self.names[j]} {probs[j]:.2f}" for j in top5)
+        return Predictions(probs=probs[0])

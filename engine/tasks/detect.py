@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.fields import MAX_PLOTTED_PREDS, Boxes, Predictions, txt_lines
+from engine.fields import MAX_PLOTTED_PREDS, Boxes, Letterbox, Predictions, txt_lines
 from engine.messages import SCRIPTS, check_task
 from engine.options import DetectPredictOptions, DetectTrainOptions
 from engine.predictor import BasePredictor
@@ -29,7 +29,7 @@ from utils.dist import get_rank, get_world_size
 from utils.errors import BadDataset, BadOption
 from utils.loggers import LOGGER
 from utils.metrics import ConfusionMatrix, DetMetrics, iou_vector
-from utils.plots import colors, plot_images
+from utils.plots import plot_images
 
 
 def prediction_targets(boxes):
@@ -229,11 +229,12 @@ class DetectionValidator(BaseValidator):
     def match_image(self, record, image, labels, batch, si):
         """Image si's matches and rows into `record`, where it has predictions: each field decodes on the device, the
         rows come to the CPU once, each field scales its columns back and matches."""
+        fit = Letterbox.of_batch(batch, si)
         for f in self.fields:
-            image = f.decode(image, batch)
+            image = f.decode(image, fit)
         native = image.boxes.cpu().clone()
         for f in self.fields:
-            f.scale(native, batch, si)
+            f.scale(native, fit)
         for f in self.fields:
             record[f.key].append(f.match(image, native, labels, batch, si, self.iouv) if len(labels)
                                  else torch.zeros((len(native), len(self.iouv)), dtype=torch.bool))
@@ -250,7 +251,7 @@ class DetectionValidator(BaseValidator):
         """Image si's --save-txt lines: cls, each field's values normalised to the image, conf."""
         file.parent.mkdir(parents=True, exist_ok=True)
         with open(file, "a") as f:
-            f.writelines(txt_lines(native, torch.cat([f.txt_columns(native, shape) for f in self.fields], 1)))
+            f.writelines(txt_lines(native, torch.cat([f.txt_columns(native, shape) for f in self.fields], 1).tolist()))
 
     def pred_to_json(self, image, native, batch, si):
         """COCO JSON rows of image si's predictions: each field adds its values (`native`: its rows in
@@ -360,30 +361,21 @@ class DetectionPredictor(BasePredictor):
             raise BadOption(f"--classes {' '.join(map(str, unknown))}: {self.args.weights} has classes "
                             f"0-{len(self.names) - 1} only")
 
+    def declare_fields(self):
+        return (Boxes(),)
+
     def postprocess(self, preds, im, im0):
-        det = ops.non_max_suppression(
-            preds, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
-            max_det=self.args.max_det, layout=self.model.output_layout,
+        """The image's record in original-image pixels: its NMS rows (xyxy, conf, cls, the columns after the class
+        scores) and what each field adds of its own (masks at the image's size)."""
+        layout = self.model.output_layout
+        det, protos = layout.split(preds)
+        rows = ops.non_max_suppression(
+            det, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
+            max_det=self.args.max_det, layout=layout,
         )[0]
-        ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
-        return det
-
-    def boxes(self, det):
-        return [(xyxy, int(c), conf) for *xyxy, conf, c in det[:, :6].tolist()]
-
-    def write_result(self, det, im, im0, path, txt_path):
-        annotator = self.annotator(im0)
-        counts = {}
-        for *xyxy, conf, c in reversed(det.tolist()):
-            c = int(c)
-            counts[c] = counts.get(c, 0) + 1
-            annotator.box_label(xyxy, self.label(c, conf), color=colors(c, True))
-            if txt_path is not None:
-                h, w = im0.shape[:2]
-                cx, cy, bw, bh = ((xyxy[0] + xyxy[2]) / 2 / w, (xyxy[1] + xyxy[3]) / 2 / h,
-                                  (xyxy[2] - xyxy[0]) / w, (xyxy[3] - xyxy[1]) / h)
-                line = f"{c} {cx:.6g} {cy:.6g} {bw:.6g} {bh:.6g}" + (f" {conf:.6g}" if self.args.save_conf else "")
-                with open(txt_path, "a") as f:
-                    f.write(line + "\n")
-        im0[:] = annotator.result()
-        return ", ".join(f"{n} {self.names[c]}" for c, n in counts.items()) or "(no detections)"
+        image, fit = Predictions(rows, proto=None if protos is None else protos[0]), Letterbox(im.shape[2:], im0.shape)
+        for f in self.fields:  # masks from the boxes in input pixels, before those are scaled
+            image = f.decode(image, fit)
+        for f in self.fields:
+            image = f.to_original(image, fit)
+        return image

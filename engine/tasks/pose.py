@@ -1,13 +1,10 @@
 """Pose task: the detection hooks plus keypoints (YOLOv8-pose). kpt_shape, flip_idx and skeleton come from the dataset
 YAML (utils/data/dataset_yaml.check_pose_dataset); the head declares its keypoint columns (OutputLayout.kpt_shape)."""
 
-import torch
-
-from engine.fields import Boxes, Keypoints, txt_lines
+from engine.fields import Boxes, Keypoints
 from engine.options import PosePredictOptions, PoseValOptions
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator, single_class
 from models.yolo import PoseModel
-from utils import ops
 from utils.data.dataset_yaml import check_pose_dataset, pose_skeleton
 from utils.data.label_formats import PoseLabels
 from utils.errors import BadCheckpoint
@@ -15,16 +12,6 @@ from utils.errors import BadCheckpoint
 # COCO's person skeleton (0-based keypoint pairs), drawn for 17 keypoints when the dataset gives none
 COCO_SKELETON = [[15, 13], [13, 11], [16, 14], [14, 12], [11, 12], [5, 11], [6, 12], [5, 6], [5, 7], [6, 8], [7, 9],
                  [8, 10], [1, 2], [0, 1], [0, 2], [1, 3], [2, 4], [3, 5], [4, 6]]
-
-
-def keypoint_txt_lines(det, kpts, shape, conf):
-    """--save-txt lines of detections `det` (n, 6+: xyxy, conf, cls in pixels of an image of `shape` (h, w)) and their
-    keypoints `kpts` (n, K, ndim): `cls cx cy w h` + K keypoints `x y [v]`, normalised, + conf when `conf`. The val
-    and predict scripts write the same lines (val with conf)."""
-    keypoints = Keypoints(kpts.shape[1:])
-    rows = torch.cat([det[:, :6], kpts.flatten(1)], 1)
-    columns = torch.cat([Boxes().txt_columns(rows, shape), keypoints.txt_columns(rows, shape)], 1)
-    return txt_lines(rows, columns, conf)
 
 
 def pose_data(data, options, autodownload=True):
@@ -93,39 +80,13 @@ class PosePredictor(DetectionPredictor):
     default_project = "runs/predict-pose"
     options = PosePredictOptions
 
-    def __init__(self, args):
-        super().__init__(args)
-        self.kpt_shape = tuple(self.model.output_layout.kpt_shape)
-        self.skeleton = self._skeleton(self.args.data)
+    def declare_fields(self):
+        kpt_shape = tuple(self.model.output_layout.kpt_shape)
+        return Boxes(), Keypoints(kpt_shape, self._skeleton(self.args.data, kpt_shape[0]))
 
-    def _skeleton(self, data):
-        skeleton = pose_skeleton(data, self.kpt_shape[0]) if data else None
-        if skeleton is None and self.kpt_shape[0] == 17:
+    @staticmethod
+    def _skeleton(data, k):
+        skeleton = pose_skeleton(data, k) if data else None
+        if skeleton is None and k == 17:
             return COCO_SKELETON
         return skeleton
-
-    def postprocess(self, preds, im, im0):
-        """(n, 6 + K * ndim) rows in im0 pixels: xyxy, conf, cls, keypoints."""
-        layout = self.model.output_layout
-        det = ops.non_max_suppression(
-            preds, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
-            max_det=self.args.max_det, layout=layout,
-        )[0]
-        kpts = layout.det_keypoints(det)
-        ops.scale_coords(im.shape[2:], kpts[..., :2], im0.shape)
-        ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
-        return torch.cat([det[:, :6], kpts.flatten(1)], 1)
-
-    def write_result(self, det, im, im0, path, txt_path):
-        k, ndim = self.kpt_shape
-        kpts = det[:, 6:].reshape(len(det), k, ndim)
-        if len(det):
-            annotator = self.annotator(im0)
-            for row in kpts:
-                annotator.keypoints(row, self.skeleton)
-            im0[:] = annotator.result()
-        summary = super().write_result(det[:, :6], im, im0, path, None)
-        if txt_path is not None and len(det):
-            with open(txt_path, "a") as f:
-                f.writelines(keypoint_txt_lines(det, kpts, im0.shape[:2], self.args.save_conf))
-        return summary

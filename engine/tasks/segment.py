@@ -1,14 +1,10 @@
 """Segmentation task: the detection hooks plus masks (YOLOv5-seg and YOLOv8-seg)."""
 
-import torch
-
 from engine.fields import Boxes, Masks
 from engine.options import SegmentTrainOptions, SegmentValOptions
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
 from models.yolo import SegmentationModel
-from utils import ops
 from utils.data.label_formats import SegmentLabels
-from utils.plots import colors
 
 
 class SegmentationTrainer(DetectionTrainer):
@@ -49,39 +45,10 @@ class SegmentationValidator(DetectionValidator):
 
 
 class SegmentationPredictor(DetectionPredictor):
+    """Boxes over their masks; --save-txt lines are polygons, as segmentation labels are."""
+
     tasks = ("segment",)
     default_project = "runs/predict-seg"
 
-    def postprocess(self, preds, im, im0):
-        layout = self.model.output_layout
-        det_out, protos = layout.split(preds)
-        det = ops.non_max_suppression(
-            det_out, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
-            max_det=self.args.max_det, layout=layout,
-        )[0]
-        if len(det):
-            masks = ops.process_mask(protos[0], det[:, 6:].float(), det[:, :4].float(), im.shape[2:], upsample=True)
-            masks = ops.scale_masks(masks, im0.shape[:2]).gt(0.5)
-        else:  # interpolate cannot resize an empty stack
-            masks = torch.zeros((0, *im0.shape[:2]), dtype=torch.bool, device=det.device)
-        ops.scale_boxes(im.shape[2:], det[:, :4], im0.shape)
-        return det[:, :6], masks
-
-    def boxes(self, result):
-        return super().boxes(result[0])
-
-    def write_result(self, result, im, im0, path, txt_path):
-        det, masks = result
-        if len(det):
-            annotator = self.annotator(im0)
-            annotator.masks(masks, [colors(int(c), True) for c in det[:, 5]])
-            im0[:] = annotator.result()
-        summary = super().write_result(det, im, im0, path, None)
-        if txt_path is not None and len(det):
-            h, w = im0.shape[:2]
-            with open(txt_path, "a") as f:
-                for seg, (*_, conf, c) in zip(ops.masks2segments(masks), det.tolist()):
-                    if len(seg):
-                        xy = " ".join(f"{x / w:.6g} {y / h:.6g}" for x, y in seg)
-                        f.write(f"{int(c)} {xy}" + (f" {conf:.6g}" if self.args.save_conf else "") + "\n")
-        return summary
+    def declare_fields(self):
+        return Boxes(), Masks()

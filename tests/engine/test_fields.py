@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.fields import Boxes, Field, Predictions
+from engine.fields import Boxes, Field, Keypoints, Predictions
 from engine.options import PoseValOptions, SegmentValOptions
 from engine.tasks.detect import DetectionValidator
 from engine.tasks.pose import PoseValidator
@@ -92,3 +92,15 @@ def test_metrics_refuse_matches_of_another_count_of_parts():
     m = DetMetrics(parts=(("box", "B"), ("seg", "M")))
     with pytest.raises(ValueError, match="1 match arrays for the 2 parts"):
         m.process(np.zeros((1, 10), bool), np.ones(1), np.zeros(1), np.zeros(1))
+
+
+def test_keypoint_lines():
+    """The --save-txt line of a pose detection, by hand: an image 200 wide and 100 high, box (20, 10)-(60, 50),
+    keypoints (40, 30) visible 0.8 and (100, 50) visible 1; with 2-value keypoints, without the confidence."""
+    rows = torch.tensor([[20.0, 10.0, 60.0, 50.0, 0.9, 2.0, 40.0, 30.0, 0.8, 100.0, 50.0, 1.0]])
+    fields = Boxes(), Keypoints((2, 3))
+    assert fields[0].lines(fields, Predictions(rows), (100, 200), True) == [
+        "2 0.2 0.3 0.2 0.4 0.2 0.3 0.8 0.5 0.5 1 0.9\n"]
+    fields = Boxes(), Keypoints((2, 2))
+    assert fields[0].lines(fields, Predictions(rows[:, [0, 1, 2, 3, 4, 5, 6, 7, 9, 10]]), (100, 200), False) == [
+        "2 0.2 0.3 0.2 0.4 0.2 0.3 0.5 0.5\n"]
