@@ -8,10 +8,11 @@ import numpy as np
 import torch
 
 import detect
-from engine.fields import Boxes, ClassScores, Keypoints, Masks, Predictions
+from engine.fields import Boxes, ClassScores, Field, Keypoints, Masks, Predictions
 from engine.options import DetectPredictOptions, PoseValOptions
 from engine.tasks.detect import DetectionPredictor
 from engine.tasks.pose import PoseValidator
+from utils import ops
 from utils.ops import OutputLayout
 from utils.plots import colors
 
@@ -98,3 +99,38 @@ def test_class_scores_lines_summary_and_the_whole_image_object():
     assert scores.objects(image) == [(None, 1, 0.5)]
     record = ClassScores.match(torch.tensor([[0.1, 0.2, 0.7], [0.6, 0.3, 0.1]]), {"cls": torch.tensor([2, 1])})
     assert record["pred"][0].tolist() == [[2, 1, 0], [0, 1, 2]]
+
+
+def test_a_mask_without_an_outline_has_no_line(tmp_path):
+    """Two objects, the second's mask coefficient negative (an empty mask): one line, the first object's."""
+    p = _segment()
+    pred = torch.tensor([[_row(16, 24, 16, 16, (0.2, 0.9), 1.0), _row(48, 24, 16, 16, (0.8, 0.1), -1.0)]])
+    image = p.postprocess((pred, torch.ones(1, 1, 12, 16)), INPUT, np.zeros(IM0, np.uint8))
+    assert image.masks.sum((1, 2)).tolist()[1] == 0
+    p.write_result(image, np.zeros(IM0, np.uint8), tmp_path / "x.txt")
+    assert [line.split()[0] for line in (tmp_path / "x.txt").read_text().splitlines()] == ["1"]
+
+
+class Centres(Field):
+    """A field of the test's own: one point per object (the rows' last two columns), scaled back, written after the
+    box and drawn as a dot, as a new task would add it, without a predictor of its own."""
+
+    def scale(self, native, fit):
+        ops.scale_coords(fit.input, native[:, -2:], fit.shape, ratio_pad=fit.ratio_pad)
+
+    def txt_columns(self, native, shape):
+        return native[:, -2:] / torch.tensor([shape[1], shape[0]])
+
+    def draw(self, annotator, image, label):
+        for xy in image.boxes[:, -2:]:
+            annotator.keypoints(xy[None])
+
+
+def test_a_field_of_one_s_own_plugs_into_the_predictor(tmp_path):
+    p = _predictor((Boxes(), Centres()), OutputLayout(2, kpt_shape=(1, 2)))
+    pred = torch.tensor([[_row(16, 24, 12.8, 12.8, (0.8, 0.1), 16, 24)]])
+    image = p.postprocess(pred, INPUT, np.zeros(IM0, np.uint8))
+    im0 = np.zeros(IM0, np.uint8)
+    p.write_result(image, im0, tmp_path / "x.txt")
+    assert (tmp_path / "x.txt").read_text() == "0 0.25 0.5 0.2 0.4 0.25 0.5\n"
+    assert tuple(im0[50, 50]) == colors(0, bgr=True)
