@@ -13,7 +13,7 @@ from utils.errors import run_cli
 
 def parse_opt(argv=None):
     return predict_parser(PredictOptions, "Run a YOLO classifier", "runs/train-cls/exp/weights/best.pt", 96,
-                          "runs/predict-cls").parse_args(argv)
+                          "runs/predict-cls", boxes=False).parse_args(argv)
 
 
 def main(opt):

@@ -46,12 +46,14 @@ def _planned(**default):
     return dataclasses.field(**(default or {"default": False}), metadata={"planned": True})
 
 
-def _cli(*flags, text, resume=None, field_default=dataclasses.MISSING, **settings):
+def _cli(*flags, text, resume=None, field_default=dataclasses.MISSING, boxes=False, **settings):
     """A field the command line gives: its flags, help `text` (formatted with the script's own words: `{imgsz}`,
     `{project}`, `{data_help}`), what --resume may do with it (`resume`, see above) and argparse `settings` beyond
     what its type says (utils/cli.add_option_fields reads them). `field_default`: the value of an options object
-    made without it (a checkpoint saved before the option existed); the command line's is `settings["default"]`."""
-    metadata = {"flags": flags, "help": text, "argparse": settings, **({"resume": resume} if resume else {})}
+    made without it (a checkpoint saved before the option existed); the command line's is `settings["default"]`.
+    `boxes`: a flag only the box tasks have (a classifier's parser leaves it out and gives the default)."""
+    metadata = {"flags": flags, "help": text, "argparse": settings, **({"resume": resume} if resume else {}),
+                **({"boxes": True} if boxes else {})}
     return dataclasses.field(default=field_default, metadata=metadata)
 
 
@@ -303,14 +305,14 @@ class PredictOptions(Options):
     device: str = _cli("--device", default="", text="GPU 0, or cpu (default: GPU 0 if there is one, else cpu)")
     view_img: bool = _cli("--view-img", text="show results in a window")
     save_txt: bool = _cli("--save-txt", text="save results to labels/*.txt")
-    save_conf: bool = _cli("--save-conf", text="add confidences to --save-txt lines")
+    save_conf: bool = _cli("--save-conf", text="add confidences to --save-txt lines", boxes=True)
     nosave: bool = _cli("--nosave", text="do not save images/videos")
-    save_crop: bool = _cli("--save-crop", text="save each box's crop to crops/<class>/ (detect, segment)")
+    save_crop: bool = _cli("--save-crop", text="save each box's crop to crops/<class>/", boxes=True)
     save_csv: bool = _cli("--save-csv", text="save every result to predictions.csv")
     line_thickness: Optional[int] = _cli("--line-thickness", default=None,
                                          text="box line width in pixels (default: by image size)")
-    hide_labels: bool = _cli("--hide-labels", text="draw boxes without class names")
-    hide_conf: bool = _cli("--hide-conf", text="draw class names without confidences")
+    hide_labels: bool = _cli("--hide-labels", text="draw boxes without class names", boxes=True)
+    hide_conf: bool = _cli("--hide-conf", text="draw class names without confidences", boxes=True)
     project: Optional[str] = _cli("--project", default=None, text="results go to PROJECT/NAME (default: {project})")
     name: str = _cli("--name", default="exp", text="results folder name; exp2, exp3, ... when taken")
     exist_ok: bool = _cli("--exist-ok", text="write into PROJECT/NAME even if it exists")

@@ -15,6 +15,7 @@ import detect
 from engine.predictor import BasePredictor
 from models.checkpoints import model_to_ckpt
 from models.yolo import ClassificationModel, DetectionModel
+from utils.errors import BadOption
 
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
 
@@ -200,3 +201,14 @@ def test_predict_runs_a_pt_in_fp32_unless_bf16_is_asked(script, tmp_path, monkey
             assert runs and all(r == expected for r in runs), (amp, runs)
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("flag", ["--save-crop", "--save-conf", "--hide-labels", "--hide-conf"])
+def test_a_classifier_refuses_the_box_flags_it_would_not_read(flag):
+    """A classifier's result is the whole image's top 5: no box to crop or label, no confidence column to add. Its
+    parser leaves those flags out (a user error: one line, exit 2), while the box tasks keep them."""
+    with pytest.raises(BadOption, match=f"unrecognized arguments: {flag}"):
+        cls_predict.parse_opt(["--weights", "x.pt", flag])
+    opt = cls_predict.parse_opt(["--weights", "x.pt"])
+    assert not (opt.save_crop or opt.save_conf or opt.hide_labels or opt.hide_conf)
+    assert getattr(detect.parse_opt(["--weights", "x.pt", flag]), flag[2:].replace("-", "_")) is True

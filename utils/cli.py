@@ -266,16 +266,19 @@ def _value_type(hint):
     return types[0] if len(types) == 1 and types[0] in (int, float) else None
 
 
-def add_option_fields(p, options, defaults, flags=None, **words):
+def add_option_fields(p, options, defaults, flags=None, boxes=True, **words):
     """One argument per field of the dataclass `options` whose metadata names its flags (engine/options._cli), in
     field order: a bool field is an on-flag, an int or float one takes that type, unless its settings say otherwise;
     the help text is formatted with `words`, and `defaults` {field: value} and `flags` {field: flags} are the
-    script's own."""
+    script's own. Without `boxes` the box tasks' flags are left out, their fields at their defaults."""
     hints = typing.get_type_hints(options)
     for f in dataclasses.fields(options):
         if "flags" not in f.metadata:
             continue
         settings = {**f.metadata["argparse"], **({"default": defaults[f.name]} if f.name in defaults else {})}
+        if f.metadata.get("boxes") and not boxes:
+            p.set_defaults(**{f.name: settings.get("default", False)})
+            continue
         if isinstance(settings.get("default"), list):  # each parser its own list
             settings["default"] = list(settings["default"])
         if hints[f.name] is bool:
@@ -287,10 +290,11 @@ def add_option_fields(p, options, defaults, flags=None, **words):
     return p
 
 
-def predict_parser(options, description, weights_default, imgsz_default, project):
-    """The predict scripts' options, made from the fields of `options` (their task's engine.options.PredictOptions)."""
+def predict_parser(options, description, weights_default, imgsz_default, project, boxes=True):
+    """The predict scripts' options, made from the fields of `options` (their task's engine.options.PredictOptions);
+    a classifier's (`boxes` False) has no box flags."""
     return add_option_fields(inherited(Parser(description), imgsz=imgsz_default), options,
-                             {"weights": weights_default}, imgsz=imgsz_default, project=project)
+                             {"weights": weights_default}, boxes=boxes, imgsz=imgsz_default, project=project)
 
 
 def val_parser(description, data_default, project, defaults, boxes=True):
