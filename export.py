@@ -11,12 +11,13 @@ Usage:
     $ python export.py --weights best.pt --include onnx --half --device 0               # FP16, CUDA only
 """
 
+from engine.options import ExportOptions
 from utils.cli import export_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    return export_parser("Export a YOLO model").parse_args(argv)
+    return export_parser(ExportOptions, "Export a YOLO model").parse_args(argv)
 
 
 def main(opt):

@@ -14,8 +14,7 @@ from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = val_parser("Validate a YOLO detector", "data/shapes.yaml", "runs/val", ValOptions(imgsz=320))
-    return p.parse_args(argv)
+    return val_parser(ValOptions, "Validate a YOLO detector", "data/shapes.yaml", 320, "runs/val").parse_args(argv)
 
 
 def main(opt):

@@ -12,9 +12,8 @@ from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = val_parser("Validate a YOLO classifier", "data/shapes-cls", "runs/val-cls", ValOptions(imgsz=96, batch=64),
-                   boxes=False)
-    return p.parse_args(argv)
+    return val_parser(ValOptions, "Validate a YOLO classifier", "data/shapes-cls", 96, "runs/val-cls",
+                      batch_default=64, boxes=False).parse_args(argv)
 
 
 def main(opt):

@@ -5,15 +5,16 @@ re-parameterised) and returns the tensors of `model.eval()`, flattened to a tupl
 task and image size go into the file's metadata so models/backend.py can run it as the `.pt`.
 """
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from torch.onnx import _constants as onnx_constants
 
-from engine.inherit import run_settings, with_run_settings
+from engine.inherit import run_settings, run_values
+from engine.options import ExportOptions
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
 from models.checkpoints import attempt_load
 from models.registry import use_modules
@@ -53,7 +54,9 @@ def _forget_symbolic_shapes(model):
 
 class Exporter:
     def __init__(self, opt):
-        self.opt = opt if isinstance(opt, SimpleNamespace) else SimpleNamespace(**vars(opt))
+        """`opt`: export.py's parsed command line (or a namespace naming some of its options), read once into
+        ExportOptions."""
+        self.opt = ExportOptions.from_values(opt)
         unknown = set(self.opt.include) - set(FORMATS)
         if unknown:
             raise BadOption(f"--include {' '.join(sorted(unknown))}: supported formats are {', '.join(FORMATS)}")
@@ -63,7 +66,7 @@ class Exporter:
 
     @torch.no_grad()
     def __call__(self):
-        use_modules(getattr(self.opt, "modules", None))
+        use_modules(self.opt.modules)
         device = du.select_device(self.opt.device)
         if self.opt.half and device.type != "cuda":
             raise BadOption("--half export needs a CUDA device (--device 0)")
@@ -74,7 +77,7 @@ class Exporter:
         """Write the formats of `model` (fused, on its device; fp16 with --half) beside --weights. The CLI refuses
         --half on a CPU, where fp16 runs slowly, yet the graph traced is the same on any device (tests use that)."""
         run = run_settings(self.opt.weights)  # the file is there now (an official name was fetched by attempt_load)
-        opt = with_run_settings(self.opt, known=run)
+        opt = dataclasses.replace(self.opt, **run_values(self.opt, known=run))
         device = next(model.parameters()).device
         fixed = sorted({type(m).__name__ for m in model.modules() if getattr(m, "dynamic_export", True) is False})
         if fixed and opt.dynamic:

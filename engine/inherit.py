@@ -10,7 +10,6 @@ would download.
 """
 
 from pathlib import Path
-from types import SimpleNamespace
 
 from utils.loggers import LOGGER
 
@@ -66,17 +65,12 @@ def run_settings(weights, backend=None):
     return export_settings(InferenceBackend(path).metadata)
 
 
-def with_run_settings(opt, backend=None, known=None):
-    """`opt` (a namespace) with the values `run_values` finds."""
-    values = run_values(opt, backend, known)
-    return SimpleNamespace(**{**vars(opt), **values}) if values else opt
-
-
 def run_values(opt, backend=None, known=None):
-    """{option: value} for each option of `opt.run_defaults` (a parsed namespace) that is None: the weights' run's
-    (`known`, else read by run_settings), else that default. Says in one line what came from the run, and which
-    dataset no longer exists."""
-    wanted = [k for k in getattr(opt, "run_defaults", {}) if getattr(opt, k, None) is None]
+    """{option: value} for each option of `opt.run_defaults` (a parsed namespace, or ExportOptions) that is None: the
+    weights' run's (`known`, else read by run_settings), else that default. Says in one line what came from the run,
+    and which dataset no longer exists."""
+    given = vars(opt)
+    wanted = [k for k in opt.run_defaults if given[k] is None]
     if not wanted:
         return {}
     known = run_settings(opt.weights, backend) if known is None else known

@@ -13,17 +13,21 @@ command line names them, "search" says where to look for the run, "extend" is th
 other option given with --resume is refused, since it would change the run.
 """
 
+import argparse
 import dataclasses
 import typing
 from types import SimpleNamespace
-from typing import Optional
+from typing import Optional, Union
 
 from utils.cli import (
+    DEFAULT_OPSET,
+    EXPORT_FORMATS,
     LOGGERS_HELP,
     MODULES_ARG,
     MODULES_HELP,
     OPTION_CHOICES,
     LoggersAction,
+    ValTaskAction,
     check_options,
     str2bool_or_path,
 )
@@ -54,7 +58,15 @@ def _cli(*flags, text, resume=None, field_default=dataclasses.MISSING, boxes=Fal
     `boxes`: a flag only the box tasks have (a classifier's parser leaves it out and gives the default)."""
     metadata = {"flags": flags, "help": text, "argparse": settings, **({"resume": resume} if resume else {}),
                 **({"boxes": True} if boxes else {})}
+    if isinstance(field_default, list):  # each object its own list
+        return dataclasses.field(default_factory=lambda: list(field_default), metadata=metadata)
     return dataclasses.field(default=field_default, metadata=metadata)
+
+
+def _opt(*flags, text, **settings):
+    """A `_cli` field whose value in an options object made in code (validation inside training, a test's
+    validator, an exporter given a namespace) is the command line's default, off for an on-flag."""
+    return _cli(*flags, text=text, field_default=settings.get("default", False), **settings)
 
 
 def _conforms(v, hint):
@@ -233,35 +245,58 @@ class SegmentTrainOptions(DetectTrainOptions):
                             text="one mask per instance instead of one overlap map")
 
 
-@dataclasses.dataclass
-class ValOptions:
-    """Everything a validator reads; a task's extras are the fields of its subclass, which its validator names
-    (`BaseValidator.options`). Built by `from_cli` (val scripts) or `from_train` (the trainer), nowhere else."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ValOptions(Options):
+    """The options of the val scripts and everything a validator reads; a task's extras are the fields of its
+    subclass, which its validator names (`BaseValidator.options`). The fields with flags make the val scripts'
+    arguments (utils/cli.val_parser, in field order; classify/val.py leaves out those marked `boxes`). Built by
+    `from_cli` (the val scripts, `BaseValidator.run_val`) or `from_train` (the trainer), or in code with the command
+    line's defaults."""
 
-    imgsz: int
-    batch: int = 32  # images per batch on each rank
-    workers: int = 2
-    conf: float = 0.001
-    iou: float = 0.6
-    max_det: int = 300
-    half: bool = False  # fp16 inference, CUDA only
-    save_json: bool = False
-    save_txt: bool = False
+    # None: the weights' run's dataset, else the script's (engine/inherit.py)
+    data: Optional[str] = _opt("--data", type=str, default=None,
+                               text="{data_help} (default: the weights' training set where its file still exists, "
+                                    "else {data})")
+    weights: Optional[str] = _cli("--weights", type=str, required=True, field_default=None,  # None: in training
+                                  text="model weights: .pt, or a .onnx/.torchscript made with export.py (not "
+                                       "--no-dynamic)")
+    batch: int = _opt("--batch-size", default=32, metavar="BATCH_SIZE", text="images per batch on each process")
+    imgsz: int = _cli("--imgsz", "--img", "--img-size", default=None,
+                      text="validation size, long side in pixels (default: the size the weights trained at, else "
+                           "{imgsz})")
+    # --task (the official scripts' name) is read into two options: this split and `speed`
+    split: str = _opt("--task", action=ValTaskAction, default="val", choices=["val", "test", "speed"],
+                      text="split to evaluate{speed_help}")
+    device: str = _opt("--device", default="",
+                       text="GPU 0, or cpu; under torchrun one GPU per process (default: GPU 0 if there is one, else "
+                            "cpu)")
+    workers: int = _opt("--workers", default=2, text="max dataloader workers per process")
+    half: bool = _opt("--half", text="FP16 inference (CUDA only)")
+    project: Optional[str] = _opt("--project", default=None, text="results go to PROJECT/NAME")  # the script's
+    name: str = _opt("--name", default="exp", text="results folder name; exp2, exp3, ... when taken")
+    exist_ok: bool = _opt("--exist-ok", text="write into PROJECT/NAME even if it exists")
+    save_txt: bool = _opt("--save-txt", boxes=True, text="save predictions to labels/*.txt")
+    save_json: bool = _opt("--save-json", boxes=True, text="save COCO-format predictions and run pycocotools")
+    single_cls: bool = _opt("--single-cls", boxes=True, text="evaluate every class as one (a --single-cls model)")
+    skip_unknown_classes: bool = _opt("--skip-unknown-classes", boxes=True,
+                                      text="skip the images whose labels hold a class id the dataset YAML does not "
+                                           "name (by default an error)")
+    conf: float = _opt("--conf-thres", default=0.001, boxes=True, metavar="CONF_THRES", text="confidence threshold")
+    iou: float = _opt("--iou-thres", default=0.6, boxes=True, metavar="IOU_THRES", text="NMS IoU threshold")
+    max_det: int = _opt("--max-det", default=300, boxes=True, text="maximum detections per image")
+    augment: bool = _opt("--augment", boxes=True, text="test-time augmentation: 3 scales, one flipped, one NMS")
+    modules: list[str] = _opt("--modules", text=MODULES_HELP, **MODULES_ARG)
+    speed: bool = False  # --task speed: the val split at deployment thresholds, for timing
     plots: bool = True  # val_batch images, curves and confusion matrices (final or stand-alone runs only)
-    single_cls: bool = False  # every class evaluated as one (a --single-cls model)
     # the dataset YAML whose names give nc: a label with a class id >= nc is then an error naming it; None: the
     # images holding one are skipped (--skip-unknown-classes; classification, whose classes are folders)
     names_from: Optional[str] = None
 
-    _CLI_NAMES = {"batch_size": "batch", "conf_thres": "conf", "iou_thres": "iou"}  # class attribute, not a field
-
     @classmethod
     def from_cli(cls, opt):
-        """From a `utils.cli.val_parser` namespace (which takes its defaults from this class)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        given = {cls._CLI_NAMES.get(k, k): v for k, v in vars(opt).items()}
-        options = cls(**{k: v for k, v in given.items() if k in fields})
-        if opt.speed:  # timing at deployment thresholds, no JSON
+        """From a val script's parsed command line, the weights' run's settings filled in (engine/inherit.py)."""
+        options = cls.from_values(opt)
+        if options.speed:  # timing at deployment thresholds, no JSON
             options = dataclasses.replace(options, conf=0.25, iou=0.45, save_json=False)
         return options
 
@@ -272,19 +307,28 @@ class ValOptions:
         return cls(imgsz=opt.train_imgsz, batch=batch, workers=opt.loader_workers, plots=not opt.noplots,
                    names_from=opt.val_names_from(), **task_options)
 
+    def for_dataset(self, data):
+        """These options for the dataset dict `data` a val script read: a label whose class the dataset YAML does not
+        name is an error naming the YAML, unless --skip-unknown-classes."""
+        return dataclasses.replace(self, names_from=None if self.skip_unknown_classes else
+                                   data.get("yaml_file") or "the dataset dict")
 
-@dataclasses.dataclass
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SegmentValOptions(ValOptions):
     """Segmentation validation: the form of the label masks, as the run trained with them."""
 
     no_overlap: bool = False  # one mask per instance instead of the overlap map
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PoseValOptions(ValOptions):
     """Pose validation: keypoints per instance and values per keypoint, the dataset's (its YAML's `kpt_shape`)."""
 
     kpt_shape: tuple[int, int] = (17, 3)
+
+    def for_dataset(self, data):
+        return dataclasses.replace(super().for_dataset(data), kpt_shape=tuple(data["kpt_shape"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,3 +387,31 @@ class PosePredictOptions(DetectPredictOptions):
     data: Optional[str] = _cli("--data", default=None,
                                text="pose dataset YAML whose `skeleton` is drawn (default: the weights' training set "
                                     "where its file still exists; COCO's for 17 keypoints)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExportOptions(Options):
+    """export.py's options: their flags, defaults and help are the fields' (utils/cli.export_parser makes the
+    arguments from them); `Exporter` builds them once, from the parsed command line or a namespace naming some."""
+
+    weights: str = _cli("--weights", type=str, required=True, text="our checkpoint or an official .pt")
+    include: list[str] = _opt("--include", nargs="+", default=["torchscript", "onnx"],
+                              text=f"formats: {', '.join(EXPORT_FORMATS)}")
+    # h [w] as given; None: the weights' run's size (an int), else 640 (engine/inherit.py)
+    imgsz: Union[list[int], int, None] = _opt("--imgsz", "--img", "--img-size", nargs="+", type=int, default=None,
+                                              text="example input size h [w]; with --no-dynamic the one size the file "
+                                                   "takes (default: the size the weights trained at, else 640)")
+    batch_size: int = _opt("--batch-size", "--batch", default=1,
+                           text="example input batch; with --no-dynamic the largest batch the file takes")
+    device: str = _opt("--device", default="cpu", text="device to export on: cpu, or GPU 0 (for --half)")
+    half: bool = _opt("--half", text="FP16 model (CUDA only)")
+    dynamic: bool = _opt("--dynamic", action=argparse.BooleanOptionalAction, default=True,
+                         text="any batch and image size, so results equal the .pt's at the same --img; --no-dynamic: "
+                              "only the example input's")
+    simplify: bool = _opt("--simplify", text="ONNX: simplify the graph with onnxslim")
+    opset: int = _opt("--opset", default=DEFAULT_OPSET,
+                      text="ONNX opset version; the versions this torch exports are checked before exporting")
+    modules: list[str] = _opt("--modules", text=MODULES_HELP, **MODULES_ARG)
+    # {option: the script's fallback} for the options left to the weights' run: utils/cli.inherited sets it on the
+    # parser, engine/inherit.run_values reads it
+    run_defaults: dict = dataclasses.field(default_factory=dict)

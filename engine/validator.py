@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
-from engine.inherit import with_run_settings
+from engine.inherit import run_values
 from engine.messages import check_task
 from engine.options import ValOptions
 from models.backend import validation_model
@@ -268,51 +268,46 @@ class BaseValidator:
         return data["test"] if split == "test" and data.get("test") else data["val"]
 
     @classmethod
-    def val_names(cls, data, model, opt):
+    def val_names(cls, data, model, options):
         """The names a val script reports under: the dataset's, which must count the model's classes."""
         if data["nc"] != model.nc:
-            raise BadCheckpoint(f"--weights {opt.weights} predicts {model.nc} classes but --data {opt.data} has "
-                                f"{data['nc']}")
+            raise BadCheckpoint(f"--weights {options.weights} predicts {model.nc} classes but --data {options.data} "
+                                f"has {data['nc']}")
         return data["names"]
 
-    @staticmethod
-    def data_options(data):
-        """The task's options (fields of `options`) that the val scripts take from the dataset dict (pose:
-        kpt_shape)."""
-        return {}
-
     @classmethod
-    def adapt_to_weights(cls, model, stride, options, opt):
+    def adapt_to_weights(cls, model, stride, options):
         """Hook for the val scripts: the model and options to validate with, given the loaded weights' stride."""
         return model, options
 
     @classmethod
     def run_val(cls, opt):
-        """Validate a weights file, as `val.py`, `segment/val.py`, `classify/val.py` and `pose/val.py` do; under
-        torchrun every rank validates its share."""
+        """Validate a weights file, as `val.py`, `segment/val.py`, `classify/val.py` and `pose/val.py` do (`opt`: the
+        script's parsed command line, read once into the task's options); under torchrun every rank validates its
+        share."""
         set_logging(du.get_rank())
-        use_modules(opt.modules)
-        opt = with_run_settings(opt)
-        device = du.select_device(opt.device)
+        options = cls.options.from_cli(opt)
+        use_modules(options.modules)
+        options = dataclasses.replace(options, **run_values(opt))
+        device = du.select_device(options.device)
         with du.session(device):
-            model, stride, task = validation_model(opt.weights, device, opt.imgsz)
-            check_task(task, cls.tasks, f"--weights {opt.weights}", "val")
-            model, options = cls.adapt_to_weights(model, stride, cls.options.from_cli(opt), opt)
+            model, stride, task = validation_model(options.weights, device, options.imgsz)
+            check_task(task, cls.tasks, f"--weights {options.weights}", "val")
+            model, options = cls.adapt_to_weights(model, stride, options)
             with du.torch_distributed_zero_first(du.get_local_rank()):
-                data = cls.get_data(opt.data, options)
-            options = dataclasses.replace(options, **cls.data_options(data))
-            if not getattr(opt, "skip_unknown_classes", False):
-                options = dataclasses.replace(options, names_from=data.get("yaml_file") or "the dataset dict")
-            names = cls.val_names(data, model, opt)
+                data = cls.get_data(options.data, options)
+            options = options.for_dataset(data)
+            names = cls.val_names(data, model, options)
             # every rank must agree on one folder; only rank 0 looks at the disk to choose it
             save_dir = None
             if du.is_main_process():
-                save_dir = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True))
+                save_dir = str(increment_path(Path(options.project) / options.name, exist_ok=options.exist_ok,
+                                              mkdir=True))
             validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_names=data.get("label_names"))
-            with problems_listed_on_failure(validator.save_dir, opt.split, write=du.is_main_process()):
-                dataset = validator.build_dataloader(cls.split_path(data, opt.split), stride).dataset
+            with problems_listed_on_failure(validator.save_dir, options.split, write=du.is_main_process()):
+                dataset = validator.build_dataloader(cls.split_path(data, options.split), stride).dataset
             if du.is_main_process():  # as training does
-                write_problems(validator.save_dir, {opt.split: dataset.problems})
+                write_problems(validator.save_dir, {options.split: dataset.problems})
             stats = validator(model, final=True)
             if du.is_main_process():
                 LOGGER.info(f"Results saved to {validator.save_dir}")

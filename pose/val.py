@@ -7,14 +7,14 @@ Usage:
     $ python -m torch.distributed.run --nproc_per_node 4 pose/val.py --weights best.pt --data coco-pose.yaml
 """
 
-from engine.options import ValOptions
+from engine.options import PoseValOptions
 from utils.cli import val_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = val_parser("Validate a YOLO pose model", "data/shapes-pose.yaml", "runs/val-pose", ValOptions(imgsz=320))
-    return p.parse_args(argv)
+    return val_parser(PoseValOptions, "Validate a YOLO pose model", "data/shapes-pose.yaml", 320,
+                      "runs/val-pose").parse_args(argv)
 
 
 def main(opt):

@@ -7,14 +7,14 @@ Usage:
     $ python -m torch.distributed.run --nproc_per_node 4 segment/val.py --weights best.pt --data coco-seg.yaml
 """
 
-from engine.options import ValOptions
+from engine.options import SegmentValOptions
 from utils.cli import val_parser
 from utils.errors import run_cli
 
 
 def parse_opt(argv=None):
-    p = val_parser("Validate a YOLO segmentation model", "data/shapes-seg.yaml", "runs/val-seg", ValOptions(imgsz=320))
-    return p.parse_args(argv)
+    return val_parser(SegmentValOptions, "Validate a YOLO segmentation model", "data/shapes-seg.yaml", 320,
+                      "runs/val-seg").parse_args(argv)
 
 
 def main(opt):

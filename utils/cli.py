@@ -24,6 +24,7 @@ OPTION_RANGES = {
     "patience": "[0, inf)", "save_period": "[-1, inf)", "seed": "[0, 2147483647]", "freeze": "[0, inf)",
     "label_smoothing": "[0, 1)", "evolve": "[1, inf)", "vid_stride": "[1, inf)", "line_thickness": "[1, inf)",
     "conf_thres": "[0, 1]", "iou_thres": "[0, 1]", "max_det": "[1, inf)", "classes": "[0, inf)",
+    "batch": "[1, inf)", "conf": "[0, 1]", "iou": "[0, 1]",  # the val scripts' --batch-size, --conf/--iou-thres
 }
 
 
@@ -39,19 +40,20 @@ def in_interval(value, interval):
     return above and (value < hi if interval[-1] == ")" else value <= hi)
 
 
-def check_options(opt):
-    """BadOption naming the first option whose value is outside OPTION_RANGES, or a --loggers name that is not a logger
-    (before the script does any work). --loggers' words (the command line's, or a Python caller's
-    `loggers="wandb,mlflow"`) become the run's list of loggers here, once."""
+def check_options(opt, flags=None):
+    """BadOption naming the first option whose value is outside OPTION_RANGES (by its flag: `flags` {dest: flag},
+    else the dest's own), or a --loggers name that is not a logger (before the script does any work). --loggers'
+    words (the command line's, or a Python caller's `loggers="wandb,mlflow"`) become the run's list of loggers here,
+    once."""
     if isinstance(getattr(opt, "loggers", None), LoggerWords):
         opt.loggers = check_loggers(opt.loggers)
     for dest, interval in OPTION_RANGES.items():
         values = getattr(opt, dest, None)
         for v in values if isinstance(values, list) else [values]:
             if v is not None and not (math.isfinite(v) and in_interval(v, interval)):
-                flag = "--" + dest.replace("_", "-")
-                hint = " (there is no automatic batch size: give the images per step)" if dest == "batch_size" and \
-                    v == -1 else ""
+                flag = (flags or {}).get(dest) or "--" + dest.replace("_", "-")
+                hint = " (there is no automatic batch size: give the images per step)" if flag == "--batch-size" \
+                    and v == -1 else ""
                 raise BadOption(f"{flag} {v}: must be in {interval}{hint}")
     _check_run_folder(opt)
 
@@ -146,7 +148,7 @@ class Parser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         args = self.expand_assignments(sys.argv[1:] if args is None else list(args))
         opt = super().parse_args(args, namespace)
-        check_options(opt)
+        check_options(opt, {a.dest: a.option_strings[0] for a in self._actions if a.option_strings})
         if getattr(opt, "local_rank", -1) >= 0:
             from utils import dist as du  # here: it imports torch, which --help does without
 
@@ -266,16 +268,18 @@ def _value_type(hint):
     return types[0] if len(types) == 1 and types[0] in (int, float) else None
 
 
-def add_option_fields(p, options, defaults, flags=None, boxes=True, **words):
+def add_option_fields(p, options, defaults, flags=None, boxes=True, overrides=None, **words):
     """One argument per field of the dataclass `options` whose metadata names its flags (engine/options._cli), in
     field order: a bool field is an on-flag, an int or float one takes that type, unless its settings say otherwise;
-    the help text is formatted with `words`, and `defaults` {field: value} and `flags` {field: flags} are the
-    script's own. Without `boxes` the box tasks' flags are left out, their fields at their defaults."""
+    the help text is formatted with `words`, and `defaults` {field: value}, `flags` {field: flags} and `overrides`
+    {field: argparse settings} are the script's own. Without `boxes` the box tasks' flags are left out, their
+    fields at their defaults."""
     hints = typing.get_type_hints(options)
     for f in dataclasses.fields(options):
         if "flags" not in f.metadata:
             continue
-        settings = {**f.metadata["argparse"], **({"default": defaults[f.name]} if f.name in defaults else {})}
+        settings = {**f.metadata["argparse"], **(overrides or {}).get(f.name, {}),
+                    **({"default": defaults[f.name]} if f.name in defaults else {})}
         if f.metadata.get("boxes") and not boxes:
             p.set_defaults(**{f.name: settings.get("default", False)})
             continue
@@ -297,68 +301,27 @@ def predict_parser(options, description, weights_default, imgsz_default, project
                              {"weights": weights_default}, boxes=boxes, imgsz=imgsz_default, project=project)
 
 
-def val_parser(description, data_default, project, defaults, boxes=True):
-    """Options of the three val scripts. `defaults` is the validator's options object (engine.validator.ValOptions),
-    the one place their default values are written; `boxes` adds the NMS and prediction-saving options."""
-    p = inherited(Parser(description), imgsz=defaults.imgsz, data=data_default)
-    p.add_argument("--data", type=str, default=None,
-                   help=f"{DATA_HELP['boxes' if boxes else 'classify']} (default: the weights' training set where "
-                        f"its file still exists, else {data_default})")
-    p.add_argument("--weights", type=str, required=True, help="model weights: .pt, or a .onnx/.torchscript made "
-                                                               "with export.py (not --no-dynamic)")
-    p.add_argument("--batch-size", type=int, default=defaults.batch, help="images per batch on each process")
-    p.add_argument("--imgsz", "--img", "--img-size", type=int, default=None,
-                   help=f"validation size, long side in pixels (default: the size the weights trained at, else "
-                        f"{defaults.imgsz})")
-    p.add_argument("--task", dest="split", action=ValTaskAction, default="val",
-                   choices=["val", "test", "speed"] if boxes else ["val", "test"],
-                   help="split to evaluate" + (", or speed: val at conf 0.25, IoU 0.45, no JSON" if boxes else ""))
-    p.set_defaults(speed=False)
-    p.add_argument("--device", default="", help="GPU 0, or cpu; under torchrun one GPU per process (default: GPU 0 "
-                                                "if there is one, else cpu)")
-    p.add_argument("--workers", type=int, default=defaults.workers, help="max dataloader workers per process")
-    p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
-    p.add_argument("--project", default=project, help="results go to PROJECT/NAME")
-    p.add_argument("--name", default="exp", help="results folder name; exp2, exp3, ... when taken")
-    p.add_argument("--exist-ok", action="store_true", help="write into PROJECT/NAME even if it exists")
-    if boxes:
-        p.add_argument("--save-txt", action="store_true", help="save predictions to labels/*.txt")
-        p.add_argument("--save-json", action="store_true", help="save COCO-format predictions and run pycocotools")
-        p.add_argument("--single-cls", action="store_true", help="evaluate every class as one (a --single-cls model)")
-        p.add_argument("--skip-unknown-classes", action="store_true",
-                       help="skip the images whose labels hold a class id the dataset YAML does not name (by default "
-                            "an error)")
-        p.add_argument("--conf-thres", type=float, default=defaults.conf, help="confidence threshold")
-        p.add_argument("--iou-thres", type=float, default=defaults.iou, help="NMS IoU threshold")
-        p.add_argument("--max-det", type=int, default=defaults.max_det, help="maximum detections per image")
-        p.add_argument("--augment", action="store_true", help="test-time augmentation: 3 scales, one flipped, one NMS")
-    return add_modules_arg(p)
+def val_parser(options, description, data_default, imgsz_default, project, batch_default=None, boxes=True):
+    """The val scripts' options, made from the fields of `options` (their task's engine.options.ValOptions): `boxes`
+    keeps the box tasks' options (NMS, saved predictions, --task speed), which a classifier has no use for."""
+    p = inherited(Parser(description), imgsz=imgsz_default, data=data_default)
+    p.set_defaults(speed=False)  # ValTaskAction sets it with --task
+    defaults = {"project": project, **({"batch": batch_default} if batch_default else {})}
+    speed = ", or speed: val at conf 0.25, IoU 0.45, no JSON" if boxes else ""
+    return add_option_fields(p, options, defaults, boxes=boxes,
+                             overrides={} if boxes else {"split": {"choices": ["val", "test"]}},
+                             data_help=DATA_HELP["boxes" if boxes else "classify"], data=data_default,
+                             imgsz=imgsz_default, speed_help=speed)
 
 
 EXPORT_FORMATS = ("onnx", "torchscript")
 DEFAULT_OPSET = 17  # every model of this project exports at it (tests/models/test_export.py)
 
 
-def export_parser(description):
-    """export.py's options; --img defaults to the size the weights trained at (engine/inherit.py)."""
-    p = inherited(Parser(description, launcher=False), imgsz=[640])
-    p.add_argument("--weights", type=str, required=True, help="our checkpoint or an official .pt")
-    p.add_argument("--include", nargs="+", default=["torchscript", "onnx"],
-                   help=f"formats: {', '.join(EXPORT_FORMATS)}")
-    p.add_argument("--imgsz", "--img", "--img-size", nargs="+", type=int, default=None,
-                   help="example input size h [w]; with --no-dynamic the one size the file takes (default: the size "
-                        "the weights trained at, else 640)")
-    p.add_argument("--batch-size", "--batch", type=int, default=1,
-                   help="example input batch; with --no-dynamic the largest batch the file takes")
-    p.add_argument("--device", default="cpu", help="device to export on: cpu, or GPU 0 (for --half)")
-    p.add_argument("--half", action="store_true", help="FP16 model (CUDA only)")
-    p.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True,
-                   help="any batch and image size, so results equal the .pt's at the same --img; --no-dynamic: "
-                        "only the example input's")
-    p.add_argument("--simplify", action="store_true", help="ONNX: simplify the graph with onnxslim")
-    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
-                   help="ONNX opset version; the versions this torch exports are checked before exporting")
-    return add_modules_arg(p)
+def export_parser(options, description):
+    """export.py's options, made from the fields of `options` (engine.options.ExportOptions); --img defaults to the
+    size the weights trained at (engine/inherit.py)."""
+    return add_option_fields(inherited(Parser(description, launcher=False), imgsz=[640]), options, {})
 
 
 def check_imgsz(imgsz, stride):

@@ -113,14 +113,14 @@ class ClassificationValidator(BaseValidator):
         return check_cls_dataset(data)
 
     @classmethod
-    def val_names(cls, data, model, opt):
+    def val_names(cls, data, model, options):
         """The checkpoint's class map (the ids the model predicts, by name): the val folders are matched to it by
         name, so a split lacking a class, or a dataset whose folders sort otherwise, is still scored correctly."""
         names = dict(model.names)
-        unknown = [f for f in class_folders(cls.split_path(data, opt.split)) if f not in names.values()]
+        unknown = [f for f in class_folders(cls.split_path(data, options.split)) if f not in names.values()]
         if unknown:
-            raise BadCheckpoint(f"--weights {opt.weights} knows no class {', '.join(map(repr, unknown))} of --data "
-                                f"{opt.data} (its classes: {', '.join(names.values())})")
+            raise BadCheckpoint(f"--weights {options.weights} knows no class {', '.join(map(repr, unknown))} of "
+                                f"--data {options.data} (its classes: {', '.join(names.values())})")
         return names
 
     def build_dataset(self, path, stride):

@@ -313,11 +313,11 @@ class DetectionValidator(BaseValidator):
                     self.names, overlap=False, **drawn)
 
     @classmethod
-    def adapt_to_weights(cls, model, stride, options, opt):
+    def adapt_to_weights(cls, model, stride, options):
         """--img rounded up to the stride; --augment wraps the model for test-time augmentation."""
-        if opt.augment:
+        if options.augment:
             if isinstance(model, InferenceBackend):
-                raise BadOption(f"--augment needs .pt weights: {opt.weights} takes one input size per pass")
+                raise BadOption(f"--augment needs .pt weights: {options.weights} takes one input size per pass")
             model = TTAModel(model)
         return model, dataclasses.replace(options, imgsz=check_imgsz(options.imgsz, stride))
 

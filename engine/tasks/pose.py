@@ -56,10 +56,6 @@ class PoseValidator(DetectionValidator):
     def get_data(data, options):
         return pose_data(data, options)
 
-    @staticmethod
-    def data_options(data):
-        return {"kpt_shape": tuple(data["kpt_shape"])}
-
     @classmethod
     def val_names(cls, data, model, opt):
         names = super().val_names(data, model, opt)
