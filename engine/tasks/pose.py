@@ -57,12 +57,12 @@ class PoseValidator(DetectionValidator):
         return pose_data(data, options)
 
     @classmethod
-    def val_names(cls, data, model, opt):
-        names = super().val_names(data, model, opt)
+    def val_names(cls, data, model, options):
+        names = super().val_names(data, model, options)
         shape = tuple(model.output_layout.kpt_shape)
         if shape != tuple(data["kpt_shape"]):
-            raise BadCheckpoint(f"--weights {opt.weights} predicts kpt_shape {list(shape)} but --data {opt.data} has "
-                                f"{data['kpt_shape']}")
+            raise BadCheckpoint(f"--weights {options.weights} predicts kpt_shape {list(shape)} but --data "
+                                f"{options.data} has {data['kpt_shape']}")
         return names
 
     def dataset_kwargs(self):
