@@ -1,8 +1,8 @@
 """BasePredictor: load weights (.pt, .onnx, .torchscript), read a source (image, folder, glob, video, URL, webcam,
 stream), run, draw and save results.
 
-Task subclasses declare what their model predicts (`declare_fields`: engine/fields.py) and implement `postprocess`
-(raw model output -> one `engine/fields.Predictions` record per image, in original-image pixels); the predictor walks
+Task subclasses declare what their model predicts (`declare_fields`: utils/fields.py) and implement `postprocess`
+(raw model output -> one `utils/fields.Predictions` record per image, in original-image pixels); the predictor walks
 the fields to draw each image, and asks the first one for its --save-txt lines (`lines`, in the task's label format),
 the crops and csv rows (`objects`) and the log line (`summary`). Each image's record is what the run returns.
 """
@@ -70,7 +70,7 @@ class BasePredictor:
         """Hook: refuse options the loaded model cannot honour (BadOption), before a run folder exists."""
 
     def declare_fields(self):
-        """What the task's model predicts (engine/fields.py), the first field speaking for the whole image."""
+        """What the task's model predicts (utils/fields.py), the first field speaking for the whole image."""
         raise NotImplementedError
 
     def _input_size(self, given):

@@ -22,6 +22,7 @@ from models.yolo import ClassificationModel
 from utils import ops
 from utils.data.augment import letterbox
 from utils.errors import BadFile
+from utils.fields import Boxes, Keypoints, Letterbox, Masks, in_original_pixels
 from utils.imageio import read_image
 
 
@@ -127,17 +128,10 @@ class HubModel(nn.Module):
         out, protos = layout.split(model(x))
         det = ops.non_max_suppression(out, self.conf, self.iou, self.classes, self.agnostic, max_det=self.max_det,
                                       layout=layout)[0]
-        mask = None
-        if protos is not None:
-            if len(det):
-                mask = ops.process_mask(protos[0], det[:, 6:], det[:, :4], x.shape[2:], upsample=True)
-                mask = ops.scale_masks(mask, im0.shape[:2]).gt(0.5).cpu()
-            else:
-                mask = torch.zeros((0, *im0.shape[:2]), dtype=torch.bool)
-        kpts = None
-        if layout.kpt_shape:
-            kpts = layout.det_keypoints(det)
-            ops.scale_coords(x.shape[2:], kpts[..., :2], im0.shape)
-            kpts = kpts.cpu()
-        ops.scale_boxes(x.shape[2:], det[:, :4], im0.shape)
-        return det[:, :6].cpu(), mask, kpts
+        fields = ((Boxes(),) + ((Masks(),) if protos is not None else ())
+                  + ((Keypoints(layout.kpt_shape),) if layout.kpt_shape else ()))
+        image = in_original_pixels(fields, det, None if protos is None else protos[0],
+                                   Letterbox(x.shape[2:], im0.shape))
+        mask = None if image.masks is None else image.masks.cpu()
+        kpts = layout.det_keypoints(image.boxes).float().cpu() if layout.kpt_shape else None
+        return image.boxes[:, :6].cpu(), mask, kpts

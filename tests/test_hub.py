@@ -44,12 +44,12 @@ def test_custom_matches_predictor_for_every_input_type(tmp_path, cfg):
     ref = detect.main(detect.parse_opt(["--weights", str(weights), "--source", str(IMAGE), "--imgsz", "96",
                                         "--device", "cpu", "--conf-thres", str(CONF), "--nosave",
                                         "--project", str(tmp_path / "det")]))[0]
-    torch.testing.assert_close(results.xyxy[0], ref[:, :6].cpu(), atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(results.xyxy[0], ref.boxes[:, :6].cpu(), atol=1e-3, rtol=1e-4)
     aug = model(str(IMAGE), size=96, augment=True).xyxy[0]
     ref = detect.main(detect.parse_opt(["--weights", str(weights), "--source", str(IMAGE), "--imgsz", "96",
                                         "--device", "cpu", "--conf-thres", str(CONF), "--nosave",
                                         "--augment", "--project", str(tmp_path / "det")]))[0]
-    torch.testing.assert_close(aug, ref[:, :6].cpu(), atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(aug, ref.boxes[:, :6].cpu(), atol=1e-3, rtol=1e-4)
     assert not torch.equal(aug, results.xyxy[0])
     rows = results.tolist()[0]
     assert {r["name"] for r in rows} <= set(NAMES.values()) and rows[0]["name"] == NAMES[rows[0]["class"]]

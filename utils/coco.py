@@ -46,7 +46,7 @@ def _pycocotools(module):
 
 
 def box_to_coco_json(predn, image_id, class_map=None):
-    """Detections of one image as COCO result dicts (the fields of engine/fields.py add their own keys to them).
+    """Detections of one image as COCO result dicts (the fields of utils/fields.py add their own keys to them).
 
     predn: (n, 6) xyxy, conf, cls in original-image pixels. class_map: category id per class index (None: the
     class index itself).

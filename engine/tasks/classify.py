@@ -5,7 +5,6 @@ from pathlib import Path
 
 import torch
 
-from engine.fields import ClassScores, Predictions
 from engine.messages import check_task
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
@@ -18,6 +17,7 @@ from utils.data.image_files import class_folders
 from utils.data.streams import open_source
 from utils.dist import get_rank, get_world_size
 from utils.errors import BadCheckpoint
+from utils.fields import ClassScores, Predictions
 from utils.loggers import LOGGER
 from utils.metrics import ClassifyMetrics, ConfusionMatrix
 from utils.plots import plot_images

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.fields import MAX_PLOTTED_PREDS, Boxes, Letterbox, Predictions, txt_lines
 from engine.messages import SCRIPTS, check_task
 from engine.options import DetectPredictOptions, DetectTrainOptions
 from engine.predictor import BasePredictor
@@ -27,6 +26,7 @@ from utils.data.detect_dataset import YOLODataset
 from utils.data.image_weights import ImageWeightSampler
 from utils.dist import get_rank, get_world_size
 from utils.errors import BadDataset, BadOption
+from utils.fields import MAX_PLOTTED_PREDS, Boxes, Letterbox, Predictions, in_original_pixels, txt_lines
 from utils.loggers import LOGGER
 from utils.metrics import ConfusionMatrix, DetMetrics, iou_vector
 from utils.plots import plot_images
@@ -152,7 +152,7 @@ class DetectionTrainer(BaseTrainer):
 
 class DetectionValidator(BaseValidator):
     """mAP50 and mAP50-95 with per-threshold matching, in original-image coordinates as the official validators, of
-    each field the task declares (`declare_fields`: boxes here; engine/fields.py)."""
+    each field the task declares (`declare_fields`: boxes here; utils/fields.py)."""
 
     postprocess_name = "NMS"
 
@@ -166,7 +166,7 @@ class DetectionValidator(BaseValidator):
         self.records, self.jdict, self.has_preds, self.nt_per_class = {}, [], False, None
 
     def declare_fields(self):
-        """What the task predicts of each object, boxes first (engine/fields.py)."""
+        """What the task predicts of each object, boxes first (utils/fields.py)."""
         return (Boxes(),)
 
     @staticmethod
@@ -194,7 +194,7 @@ class DetectionValidator(BaseValidator):
         return ("%22s" + "%11s" * (2 + len(columns))) % ("Class", "Images", "Instances", *columns)
 
     def postprocess(self, preds, batch):
-        """One record per image (engine/fields.Predictions): its NMS rows (n, 6 + nm + nk), xyxy input pixels, conf,
+        """One record per image (utils/fields.Predictions): its NMS rows (n, 6 + nm + nk), xyxy input pixels, conf,
         cls and the columns after the class scores; and its prototypes where the model has them."""
         det, protos = self.layout.split(preds)
         boxes = ops.non_max_suppression(
@@ -373,9 +373,5 @@ class DetectionPredictor(BasePredictor):
             det, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
             max_det=self.args.max_det, layout=layout,
         )[0]
-        image, fit = Predictions(rows, proto=None if protos is None else protos[0]), Letterbox(im.shape[2:], im0.shape)
-        for f in self.fields:  # masks from the boxes in input pixels, before those are scaled
-            image = f.decode(image, fit)
-        for f in self.fields:
-            image = f.to_original(image, fit)
-        return image
+        return in_original_pixels(self.fields, rows, None if protos is None else protos[0],
+                                  Letterbox(im.shape[2:], im0.shape))

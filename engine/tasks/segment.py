@@ -1,10 +1,10 @@
 """Segmentation task: the detection hooks plus masks (YOLOv5-seg and YOLOv8-seg)."""
 
-from engine.fields import Boxes, Masks
 from engine.options import SegmentTrainOptions, SegmentValOptions
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
 from models.yolo import SegmentationModel
 from utils.data.label_formats import SegmentLabels
+from utils.fields import Boxes, Masks
 
 
 class SegmentationTrainer(DetectionTrainer):
@@ -32,7 +32,7 @@ class SegmentationTrainer(DetectionTrainer):
 
 
 class SegmentationValidator(DetectionValidator):
-    """Box and mask mAP (engine/fields.Masks)."""
+    """Box and mask mAP (utils/fields.Masks)."""
 
     tasks = ("segment",)
     options = SegmentValOptions

@@ -1,4 +1,4 @@
-"""The predictor walks its task's fields (engine/fields.py): a made-up model output for an image 200 wide and 100 high
+"""The predictor walks its task's fields (utils/fields.py): a made-up model output for an image 200 wide and 100 high
 letterboxed to a 64 x 48 input (gain 0.32, 8 px of padding above and below), through `postprocess` and
 `write_result`, against coordinates, lines and pixels worked out by hand."""
 
@@ -8,11 +8,11 @@ import numpy as np
 import torch
 
 import detect
-from engine.fields import Boxes, ClassScores, Field, Keypoints, Masks, Predictions
 from engine.options import DetectPredictOptions, PoseValOptions
 from engine.tasks.detect import DetectionPredictor
 from engine.tasks.pose import PoseValidator
 from utils import ops
+from utils.fields import Boxes, ClassScores, Field, Keypoints, Masks, Predictions
 from utils.ops import OutputLayout
 from utils.plots import colors
 

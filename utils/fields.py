@@ -69,6 +69,18 @@ class Letterbox(NamedTuple):
         return cls(batch["img"].shape[2:], *batch["shapes"][si])
 
 
+def in_original_pixels(fields, rows, proto, fit):
+    """An image's record as the predictors (engine/predictor.py, the `YOLO` API) give it: from its NMS rows in input
+    pixels and its prototypes (or None), each field decodes (masks from the boxes still in input pixels), then brings
+    its part back to the original image (`fit`: a `Letterbox`)."""
+    image = Predictions(rows, proto=proto)
+    for f in fields:
+        image = f.decode(image, fit)
+    for f in fields:
+        image = f.to_original(image, fit)
+    return image
+
+
 def txt_lines(rows, values, conf=True):
     """--save-txt lines: `cls` then each row's `values` (normalised; a row whose values are None has no line), then
     the confidence when `conf`; rows (n, 6+) hold conf and cls in columns 4 and 5."""

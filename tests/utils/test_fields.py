@@ -1,4 +1,4 @@
-"""The validator walks the fields its task declares (engine/fields.py): a field of one's own plugs in without a
+"""The validator walks the fields its task declares (utils/fields.py): a field of one's own plugs in without a
 subclass hook, and a validation in which no image has a prediction reports zeros for every field."""
 
 import json
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.fields import Boxes, Field, Keypoints, Predictions
 from engine.options import PoseValOptions, SegmentValOptions
 from engine.tasks.detect import DetectionValidator
 from engine.tasks.pose import PoseValidator
 from engine.tasks.segment import SegmentationValidator
 from engine.validator import ValOptions
+from utils.fields import Boxes, Field, Keypoints, Predictions
 from utils.metrics import DetMetrics
 from utils.ops import OutputLayout
 
