@@ -116,5 +116,5 @@ def evolve(trainer_cls, opt, run):
 
 
 def _base_hyp(opt):
-    """The hyp the trainer would load (BaseTrainer.load_hyp): --hyp completed from the model's default hyp file."""
+    """The hyp the trainer would load (engine/hyp.run_hyp): --hyp completed from the model's default hyp file."""
     return load_hyp(opt.hyp, default_hyp_file(model_yaml(opt.cfg))[0])

@@ -168,6 +168,20 @@ def load_hyp(given, default, saved=None):
     return {**base, **hyp}
 
 
+def run_hyp(model, given, label_smoothing=None, saved=None, saved_from=None):
+    """A run's hyperparameters: --hyp `given`, completed from the model's default hyp file, or that file itself; a
+    resumed run's own (`saved`, as the checkpoint `saved_from` records them). Every key this run's readers need (the
+    schedule's, the criterion's) must be there; --label-smoothing wins over the files (a new dict: they stay as
+    read)."""
+    default, why = default_hyp_file(model.yaml)
+    named = f"--hyp {given}; the model's default is " if given else ""
+    LOGGER.info(f"hyperparameters: as {saved_from} records them" if saved else
+                f"hyperparameters: {named}{default} ({why})")
+    hyp = load_hyp(given, default, saved)
+    require_keys(hyp, (SCHEDULE, Reader.of(criteria.criterion_class(model, hyp))), given, default)
+    return hyp if label_smoothing is None else {**hyp, "label_smoothing": label_smoothing}
+
+
 def require_keys(hyp, readers, given, default):
     """BadOption naming the first key that one of `readers` (this run's) reads without a default and `hyp` (loaded
     from --hyp `given` and the `default` file) lacks."""

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from engine.callbacks import Callbacks
 from engine.checkpointer import AGREE_EVERY, Checkpointer, EMAWeights, LoopState, Weights, sigterm_deferred
-from engine.hyp import SCHEDULE, Reader, default_hyp_file, load_hyp, read_hyp, require_keys
+from engine.hyp import read_hyp, run_hyp
 from engine.inherit import dataset_file
 from engine.interrupt import StopRequests, ended_by_signals
 from engine.messages import SCRIPTS, RunETA, banner, next_commands, plural, position, resume_command, shown
@@ -39,7 +39,6 @@ from utils.data.loader import build_dataloader, default_workers, dropped_batch_w
 from utils.errors import BadOption, Interrupted
 from utils.files import yaml_save
 from utils.loggers import LOGGER, build_loggers, set_logging
-from utils.loss import criterion_class
 from utils.profiling import RunProfile
 from utils.schedule import Schedule
 from utils.torch_utils import (
@@ -173,21 +172,6 @@ class BaseTrainer:
         if held_by:
             raise busy(self.save_dir, held_by)
 
-    def load_hyp(self, model):
-        """--hyp, completed from the model's default hyp file, or that file itself (engine/hyp.py); a resumed run's
-        own, as its checkpoint records them; every key this run's readers need (the schedule's, the criterion's) must
-        be there. --label-smoothing wins over the files."""
-        default, why = default_hyp_file(model.yaml)
-        given = f"--hyp {self.opt.hyp}; the model's default is " if self.opt.hyp else ""
-        saved = du.on_main(saved_hyp, self.resume_from) if self.resume_from else None
-        LOGGER.info(f"hyperparameters: as {self.resume_from} records them" if saved else
-                    f"hyperparameters: {given}{default} ({why})")
-        hyp = load_hyp(self.opt.hyp, default, saved)
-        require_keys(hyp, (SCHEDULE, Reader.of(criterion_class(model, hyp))), self.opt.hyp, default)
-        if self.opt.label_smoothing is not None:  # a new dict: the files stay as read
-            hyp = {**hyp, "label_smoothing": self.opt.label_smoothing}
-        return hyp
-
     def _setup(self):
         """Build everything the loop needs, in dependency order."""
         init_seeds(self.opt.seed + 1 + max(self.rank, 0), deterministic=self.opt.deterministic)
@@ -223,7 +207,8 @@ class BaseTrainer:
         if given is not None:  # a resumed run keeps its own record
             self.opt = dataclasses.replace(self.opt, new_params=sorted(
                 n for n, _ in model.named_parameters() if n not in given))
-        self.hyp = self.load_hyp(model)
+        saved = du.on_main(saved_hyp, self.resume_from) if self.resume_from else None  # a resume trains with its own
+        self.hyp = run_hyp(model, self.opt.hyp, self.opt.label_smoothing, saved, self.resume_from)
         self.criterion = model.init_criterion(self.hyp, imgsz=self.opt.train_imgsz)
         freeze_layers(model, self.opt.freeze)  # before DDP wraps the model, which reduces only trainable parameters
         if self.is_main:

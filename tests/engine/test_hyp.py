@@ -8,8 +8,17 @@ import pytest
 import yaml
 
 import train
-from engine.hyp import READERS, SCHEDULE, Reader, default_hyp_file, known_keys, load_hyp, read_hyp, require_keys
-from engine.trainer import BaseTrainer
+from engine.hyp import (
+    READERS,
+    SCHEDULE,
+    Reader,
+    default_hyp_file,
+    known_keys,
+    load_hyp,
+    read_hyp,
+    require_keys,
+    run_hyp,
+)
 from models.yolo import DetectionModel, head_class, yaml_model_load
 from utils import loss as criteria
 from utils.errors import BadModelYaml, BadOption, run_cli
@@ -66,7 +75,7 @@ def test_a_classifier_hyp_for_a_detector_is_completed_not_a_traceback():
     come from its own default file, and the classifier's values where both have the key."""
     opt = SimpleNamespace(hyp="hyp.cls.yaml", label_smoothing=None)
     model = DetectionModel("yolov8n.yaml", nc=3)
-    hyp = BaseTrainer.load_hyp(SimpleNamespace(opt=opt, resume_from=None), model)
+    hyp = run_hyp(model, opt.hyp, opt.label_smoothing)
     v8, cls = read_hyp("hyp.v8.yaml"), read_hyp("hyp.cls.yaml")
     assert hyp == {**v8, **cls} and hyp["dfl"] == v8["dfl"] and hyp["lr_auto_gain"] == cls["lr_auto_gain"]
     model.init_criterion(hyp, imgsz=64)
