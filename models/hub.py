@@ -99,6 +99,9 @@ class HubModel(nn.Module):
         self.classify = self.layout is None
         self.stride = 32 if self.classify else int(torch.as_tensor(model.stride).max())
         self.static = None if getattr(model, "dynamic", True) else model.imgsz  # the one size an export takes
+        kpt_shape = None if self.classify else self.layout.kpt_shape
+        self.fields = () if self.classify else ((Boxes(),) + ((Masks(),) if self.layout.proto else ())
+                                                + ((Keypoints(kpt_shape),) if kpt_shape else ()))
 
     @torch.no_grad()
     def forward(self, ims, size=640, augment=False):
@@ -128,9 +131,7 @@ class HubModel(nn.Module):
         out, protos = layout.split(model(x))
         det = ops.non_max_suppression(out, self.conf, self.iou, self.classes, self.agnostic, max_det=self.max_det,
                                       layout=layout)[0]
-        fields = ((Boxes(),) + ((Masks(),) if protos is not None else ())
-                  + ((Keypoints(layout.kpt_shape),) if layout.kpt_shape else ()))
-        image = in_original_pixels(fields, det, None if protos is None else protos[0],
+        image = in_original_pixels(self.fields, det, None if protos is None else protos[0],
                                    Letterbox(x.shape[2:], im0.shape))
         mask = None if image.masks is None else image.masks.cpu()
         kpts = layout.det_keypoints(image.boxes).float().cpu() if layout.kpt_shape else None
