@@ -260,9 +260,10 @@ def _free_slurm_job_id():
 def test_two_srun_tasks_form_a_process_group(tmp_path):
     """Two processes with only SLURM's task variables (as srun sets them, torchrun's absent) join one gloo group at
     the node list's first host and the job id's port."""
-    code = ("import torch, torch.distributed as dist; from utils import dist as du; du.setup_ddp(torch.device('cpu'));"
-            " t = torch.tensor([du.get_rank() + 1.0]); dist.all_reduce(t);"
-            " print(du.get_rank(), du.get_world_size(), du.get_local_rank(), du.launcher(), int(t.item()))")
+    code = ("import torch, torch.distributed as dist; from utils import dist as du\n"
+            "with du.session(torch.device('cpu')):\n"
+            "    t = torch.tensor([du.get_rank() + 1.0]); dist.all_reduce(t)\n"
+            "    print(du.get_rank(), du.get_world_size(), du.get_local_rank(), du.launcher(), int(t.item()))")
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                                 "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
     slurm = {"SLURM_JOB_ID": str(_free_slurm_job_id()), "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "0",
