@@ -217,6 +217,43 @@ def test_voc_files_as_labelimg_and_cvat_write_them_read_as_worked_out_by_hand(tm
            "dataset (car, person)" in problems
 
 
+def test_a_cvat_voc_export_names_its_labelmap_classes_and_ids_in_sub_folders(tmp_path):
+    """CVAT's Pascal VOC 1.1 export: labelmap.txt lists the task's labels (after `background`, no object), so a class
+    only the val split holds is a class, not a reason to skip its image; an image id that names a sub-folder (an
+    uploaded archive's folders) is found in JPEGImages/ and Annotations/ alike. Float corners, as CVAT writes them."""
+    root = tmp_path / "cvat"
+    files = {("train", "batch1/a"): (80, 60, [voc_object("car", (10.5, 20.25, 50.5, 40.25))]),
+             ("val", "b"): (64, 48, [voc_object("zebra", (5, 5, 21, 29)), voc_object("car", (1, 1, 64, 48))])}
+    lists = {}
+    for (split, image_id), (w, h, objects) in files.items():
+        write_image(root / "JPEGImages" / f"{image_id}.jpg", np.zeros((h, w, 3), np.uint8))
+        (root / "Annotations" / image_id).parent.mkdir(parents=True, exist_ok=True)
+        (root / "Annotations" / f"{image_id}.xml").write_text(
+            f"<annotation><filename>{image_id.split('/')[-1]}.jpg</filename><size><width>{w}</width><height>{h}"
+            f"</height><depth></depth></size>{''.join(objects)}</annotation>")
+        lists.setdefault(split, []).append(image_id)
+    (root / "ImageSets" / "Main").mkdir(parents=True)
+    for split, ids in lists.items():
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("\n".join(ids) + "\n")
+    (root / "labelmap.txt").write_text("# label:color_rgb:parts:actions\nbackground:0,0,0::\nzebra:1,2,3::\n"
+                                       "bus:::\ncar:250,50,83::\n")
+    d = check_det_dataset(root)
+    assert d["names"] == {0: "zebra", 1: "bus", 2: "car"}  # labelmap.txt's order
+    got = {}
+    for split in ("train", "val"):
+        ds = YOLODataset(d[split], imgsz=64, nc=d["nc"], names=d["names"])
+        assert ds.stats["skipped"] == ds.stats["ignored"] == 0
+        got.update({name: sorted(zip(lb["cls"].reshape(-1).tolist(), lb["bboxes"].tolist()))
+                    for name, lb in records(ds).items()})
+    # centre (xmin + xmax) / 2 - 1, width xmax - xmin, over the image's size
+    want = {"a.jpg": [(2, [29.5 / 80, 29.25 / 60, 40 / 80, 20 / 60])],
+            "b.jpg": [(0, [12 / 64, 16 / 48, 16 / 64, 24 / 48]), (2, [31.5 / 64, 23.5 / 48, 63 / 64, 47 / 48])]}
+    assert sorted(got) == sorted(want)
+    for name, rows in want.items():
+        assert [c for c, _ in got[name]] == [c for c, _ in rows]
+        np.testing.assert_allclose([b for _, b in got[name]], [b for _, b in rows], atol=1e-6)
+
+
 def _problems(ds):
     return "\n".join(ds.problems)
 

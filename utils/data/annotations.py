@@ -30,7 +30,10 @@ ImageSets list), so the files are read once.
 (`annotations/instances_<split>.json`, or Roboflow's `<split>/_annotations.coco.json`), a VOC one (`Annotations/`,
 `ImageSets/Main/`, `JPEGImages/`) or Label Studio JSON exports (`label_studio.layout`), sought in that order. The class
 names are COCO's categories in id order (of the val split's file, the smaller one; COCO's files share them) or, for VOC,
-the object names of the training split's files in sorted order (for the 20 VOC classes, VOC's own order).
+those its labelmap.txt lists but `background` (CVAT and Datumaro write one: the project's labels, in its order), else
+the object names of the training split's files in sorted order (for the 20 VOC classes, VOC's own order). A VOC id
+may name a sub-folder (`batch1/0001`: JPEGImages/batch1/0001.jpg, Annotations/batch1/0001.xml), as CVAT writes the
+images of an archive that had folders.
 
 XML is parsed by the standard library's expat, which neither fetches external entities nor expands entities
 without bound; a file that declares a DOCTYPE or entities (no VOC file does), in whatever encoding, is refused before
@@ -197,7 +200,9 @@ class VocSource(AnnotationSource):
         """(image paths in list order, [(entry, reason)] for ids without an image)."""
         files, others = [], []
         folder = self.root / "JPEGImages"
-        suffixes = {p.stem: p for p in folder.iterdir()} if folder.is_dir() else {}
+        # an id may name a sub-folder (CVAT keeps an uploaded archive's folders: `batch1/0001`)
+        suffixes = {p.relative_to(folder).with_suffix("").as_posix(): p for p in folder.rglob("*")} \
+            if folder.is_dir() else {}
         for line in self.list_file.read_text(encoding="utf-8", errors="surrogateescape").splitlines():
             if not line.split():
                 continue
@@ -210,7 +215,8 @@ class VocSource(AnnotationSource):
         return files, others
 
     def label_files(self, im_files):
-        return [str(self.root / "Annotations" / f"{Path(f).stem}.xml") for f in im_files]
+        images = self.root / "JPEGImages"
+        return [str((self.root / "Annotations" / Path(f).relative_to(images)).with_suffix(".xml")) for f in im_files]
 
     def read(self, im_file, label_file, shape, names, fmt):
         if entry_problem(label_file) == MISSING:
@@ -372,13 +378,29 @@ def _voc_layout(folder):
     val = lists.get("val") or lists.get("test")
     if train is None or val is None:
         return None
-    names = set()
-    for f in VocSource(train).label_files(VocSource(train).images(None)[0]):
-        try:
-            names.update(name for name, _, _ in read_voc_xml(f)[0])
-        except (BadLine, OSError):
-            continue  # the scan names it
-    d = {"path": str(folder), "train": str(train), "val": str(val), "names": dict(enumerate(sorted(names)))}
+    names = _labelmap(folder / "labelmap.txt")
+    if not names:
+        found = set()
+        for f in VocSource(train).label_files(VocSource(train).images(None)[0]):
+            try:
+                found.update(name for name, _, _ in read_voc_xml(f)[0])
+            except (BadLine, OSError):
+                continue  # the scan names it
+        names = sorted(found)
+    d = {"path": str(folder), "train": str(train), "val": str(val), "names": dict(enumerate(names))}
     if "test" in lists and val != lists["test"]:
         d["test"] = str(lists["test"])
     return d
+
+
+def _labelmap(path):
+    """The object classes a VOC export's labelmap.txt lists (CVAT and Datumaro write it: `name:color:parts:actions`
+    lines, the first `background`, which is no object), in its order; [] without one."""
+    if not path.is_file():
+        return []
+    try:
+        text = read_label_bytes(path).decode("utf-8-sig", errors="replace")
+    except BadLine as e:
+        raise BadDataset(str(e)) from None
+    names = [line.split(":", 1)[0].strip() for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return list(dict.fromkeys(n for n in names if n and n != "background"))
