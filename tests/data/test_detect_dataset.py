@@ -235,3 +235,19 @@ def test_device_hsv_leaves_the_same_gains_to_the_device(shapes_det, shapes_seg, 
     none = YOLODataset(str(root / "images" / "train"), imgsz=96, augment=True, hyp=plain, nc=3, task=task,
                        device_hsv=True)
     assert "hsv" not in none.collate_fn(none.__getitems__(idx))
+
+
+def test_label_files_beside_their_images_are_not_stray_entries(tmp_path):
+    """CVAT's YOLO 1.1 export keeps each label beside its image (obj_train_data/x.jpg, x.txt: no /images/ folder, so
+    the label path is the image's with .txt): read as the labels, not listed as ignored entries; a text file that
+    labels no image still is."""
+    folder = tmp_path / "obj_train_data"
+    folder.mkdir()
+    for name in ("a", "b"):
+        cv2.imwrite(str(folder / f"{name}.jpg"), np.zeros((48, 64, 3), np.uint8))
+        (folder / f"{name}.txt").write_text("0 0.5 0.5 0.25 0.5\n")
+    (folder / "notes.txt").write_text("not a label\n")
+    ds = YOLODataset(str(folder), imgsz=64, nc=1)
+    assert ds.stats["images"] == 2 and ds.stats["backgrounds"] == 0
+    assert ds.stats["ignored"] == 1 and ds.problems == [f"{folder / 'notes.txt'}: ignored, suffix '.txt' is not an "
+                                                         "image format"]

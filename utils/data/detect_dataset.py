@@ -98,12 +98,14 @@ class YOLODataset(Dataset):
             im_files, others = source.images(img_path) if source is not None else scan_files(img_path)
         except FileNotFoundError as e:
             raise BadDataset(f"{prefix}{e}") from None
-        own = source.own_files() if source is not None else set()
+        label_files = source.label_files(im_files) if source is not None else img2label_paths(im_files)
+        # an image's own label file is no stray entry: without an /images/ folder in the path it lies beside the
+        # image (CVAT's YOLO 1.1 obj_<subset>_data/), where the scan meets it
+        own = (source.own_files() if source is not None else set()) | set(label_files)
         ignored = [f"{f}: ignored, {why}" for f, why in others if f not in own]
         if not im_files:
             raise NoUsableImages(f"{prefix}no supported files found in {img_path} (formats: "
                                  f"{', '.join(sorted(IMG_FORMATS))}; {len(others)} other files)", ignored)
-        label_files = source.label_files(im_files) if source is not None else img2label_paths(im_files)
         p = Path(img_path) if isinstance(img_path, (str, Path)) else None
         # a list file names its own cache; a folder, glob or single image uses its labels folder's, which lies beside
         # that folder: a cache named after an image would lie among the images, listed as ignored by later scans
