@@ -305,3 +305,23 @@ def test_a_folder_without_a_name_is_looked_into_not_taken_for_a_yaml(data, tmp_p
     with pytest.raises(BadDataset) as e:
         check_det_dataset(data)
     assert _one_line(e).startswith(f"{Path(data).resolve()} is a folder holding no dataset this project reads")
+
+
+def test_a_relative_path_found_only_beside_the_yaml_is_read_from_there(tmp_path, monkeypatch, yolo_log):
+    """CVAT's Ultralytics YOLO export: data.yaml says `path: ./` and lists train.txt, val.txt beside it; run from
+    another folder, the dataset is the YAML's folder (from the current directory its splits do not exist). Where
+    the current directory holds them, it stays the root."""
+    export = tmp_path / "export"
+    (export / "images" / "train").mkdir(parents=True)
+    for split in ("train", "val"):
+        (export / f"{split}.txt").write_text("images/train/x.jpg\n")
+    data = _write(export / "data.yaml", "path: ./\ntrain: train.txt\nval: val.txt\nnames:\n  0: car\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    d = check_det_dataset(data)
+    assert (d["path"], d["train"], d["val"]) == (str(export), str(export / "train.txt"), str(export / "val.txt"))
+    assert any("path ./ is read from the YAML's folder" in m for m in yolo_log)
+    for split in ("train", "val"):
+        (elsewhere / f"{split}.txt").write_text("x.jpg\n")
+    assert check_det_dataset(data)["train"] == str(elsewhere / "train.txt")

@@ -7,7 +7,8 @@ or lists of them, relative to `path`), `names` (list or {id: name}), optional `n
 Pose YAMLs add `kpt_shape`, `flip_idx` and `skeleton` (`check_pose_dataset`). Any other key (Roboflow's `roboflow:`
 block, Ultralytics' `channels`) is read by nothing here, and the log says so. A split entry `../x/images` that does
 not exist from the root but `x/images` does is read as that: Roboflow's data.yaml sits beside its train/ and valid/
-folders and names them so (Ultralytics resolves it the same way).
+folders and names them so (Ultralytics resolves it the same way). A relative `path` whose splits are found from the
+YAML's own folder only is read from there (CVAT's Ultralytics export writes `path: ./` in its data.yaml).
 
 A --data that is a folder is looked into (utils/data/annotations.find_layout): its data.yaml, else a COCO JSON or
 Pascal VOC XML layout, read natively (the label rule of utils/data/annotations.py).
@@ -328,6 +329,22 @@ def _up_one(d, root, label):
             d[k] = v[3:]
 
 
+def _beside_yaml(d, root, yaml_file, label):
+    """The root a relative `path` names from the YAML's own folder where the splits are found only there: CVAT's
+    Ultralytics export writes `path: ./` in its data.yaml, meaning that folder, which from the current directory
+    would be another one (module docstring)."""
+    p = d.get("path")
+    if yaml_file is None or not p or Path(p).expanduser().is_absolute():
+        return root
+    there = (Path(yaml_file).parent / Path(p).expanduser()).resolve()
+    splits = [k for k in ("train", "val") if d.get(k)]
+    if there == root or not _missing({k: _resolve(d[k], root) for k in splits}, splits) or \
+            _missing({k: _resolve(d[k], there) for k in splits}, splits):
+        return root
+    LOGGER.info(f"{label}: path {p} is read from the YAML's folder, {there}: its splits are not found from {root}")
+    return there
+
+
 def check_det_dataset(data, autodownload=True, keypoints=False):
     """Validate a detection/segmentation dataset YAML (path, dict, or a folder holding a dataset), get the data if
     missing, return a new dict with absolute `path`, `train`, `val`, `test` (str or list of str), `names` {int: str},
@@ -341,7 +358,7 @@ def check_det_dataset(data, autodownload=True, keypoints=False):
         if d.get(k):
             _check_paths(d[k], label, k)
     names = _names(d, label)
-    root = dataset_root(d, yaml_file)
+    root = _beside_yaml(d, dataset_root(d, yaml_file), yaml_file, label)
     _up_one(d, root, label)
     d.update(path=str(root), names=names, nc=len(names), yaml_file=str(yaml_file) if yaml_file else None)
     for k in ("train", "val", "test"):
