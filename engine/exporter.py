@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from torch.onnx import _constants as onnx_constants
 
-from engine.inherit import run_settings, run_values
+from engine.inherit import run_values
 from engine.options import ExportOptions
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
-from models.checkpoints import attempt_load
+from models.checkpoints import load_model
 from models.registry import use_modules
 from utils import dist as du
 from utils.cli import DEFAULT_OPSET
@@ -70,14 +70,14 @@ class Exporter:
         device = du.select_device(self.opt.device)
         if self.opt.half and device.type != "cuda":
             raise BadOption("--half export needs a CUDA device (--device 0)")
-        return self.export(attempt_load(self.opt.weights, device=device, fuse=True))
+        return self.export(*load_model(self.opt.weights, device=device, fuse=True))
 
     @torch.no_grad()
-    def export(self, model):
-        """Write the formats of `model` (fused, on its device; fp16 with --half) beside --weights. The CLI refuses
-        --half on a CPU, where fp16 runs slowly, yet the graph traced is the same on any device (tests use that)."""
-        run = run_settings(self.opt.weights)  # the file is there now (an official name was fetched by attempt_load)
-        opt = dataclasses.replace(self.opt, **run_values(self.opt, known=run))
+    def export(self, model, run):
+        """Write the formats of `model` (fused, on its device; fp16 with --half) beside --weights; `run`: what its
+        checkpoint says of its training run (models/checkpoints.load_model). The CLI refuses --half on a CPU, where
+        fp16 runs slowly, yet the graph traced is the same on any device (tests use that)."""
+        opt = dataclasses.replace(self.opt, **run_values(self.opt, run))
         device = next(model.parameters()).device
         fixed = sorted({type(m).__name__ for m in model.modules() if getattr(m, "dynamic_export", True) is False})
         if fixed and opt.dynamic:

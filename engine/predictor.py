@@ -46,7 +46,7 @@ class BasePredictor:
         half = opt.half and self.device.type == "cuda"
         bf16 = inference_bf16(self.device, opt.amp)
         self.model = InferenceBackend(opt.weights, device=self.device, half=half, bf16=bf16)
-        self.args = dataclasses.replace(opt, **run_values(args, self.model))
+        self.args = dataclasses.replace(opt, **run_values(args, self.model.run))
         check_task(self.model.task, self.tasks, f"--weights {opt.weights}", "predict")
         self.half = self.model.fp16
         self.names = self.model.names

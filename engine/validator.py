@@ -23,7 +23,7 @@ from tqdm import tqdm
 from engine.inherit import run_values
 from engine.messages import check_task
 from engine.options import ValOptions
-from models.backend import validation_model
+from models.backend import InferenceBackend, validation_model
 from models.registry import use_modules
 from utils import dist as du
 from utils.data.labels import problems_listed_on_failure, write_problems
@@ -288,10 +288,11 @@ class BaseValidator:
         set_logging(du.get_rank())
         options = cls.options.from_cli(opt)
         use_modules(options.modules)
-        options = dataclasses.replace(options, **run_values(opt))
         device = du.select_device(options.device)
         with du.session(device):
-            model, stride, task = validation_model(options.weights, device, options.imgsz)
+            backend = InferenceBackend(options.weights, device=device)
+            options = dataclasses.replace(options, **run_values(opt, backend.run))
+            model, stride, task = validation_model(backend, options.imgsz)
             check_task(task, cls.tasks, f"--weights {options.weights}", "val")
             model, options = cls.adapt_to_weights(model, stride, options)
             with du.torch_distributed_zero_first(du.get_local_rank()):

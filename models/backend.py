@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from models.checkpoints import attempt_load
+from models.checkpoints import image_size, load_model
 from models.graphs import onnx_dry_run, read_onnx
 from models.heads import TASKS
 from models.untrusted import UnsafeTorchScript, check_torchscript
@@ -148,7 +148,8 @@ class InferenceBackend(nn.Module):
 
     Attributes every format sets: format, task, stride, names, nc, output_layout (the head's declaration of
     its eval output, None for classifiers), dynamic (any batch and image size is
-    accepted), imgsz (the exported input size, for static exports), fp16 (inputs are cast to half), device.
+    accepted), imgsz (the exported input size, for static exports), fp16 (inputs are cast to half), device, run
+    ({'imgsz', 'data'} the weights say of the run that made them, read with the weights: engine/inherit.py).
     `model` is the nn.Module for .pt files (None otherwise); `metadata` an export's metadata (None for .pt files).
     """
 
@@ -172,7 +173,7 @@ class InferenceBackend(nn.Module):
 
     # ---------------------------------------------------------------- loading
     def _load_pytorch(self, fuse, half):
-        self.model = attempt_load(self.weights, device=self.device, fuse=fuse)
+        self.model, self.run = load_model(self.weights, device=self.device, fuse=fuse)
         self.fp16 = half and self.device.type == "cuda" and not self.bf16
         if self.fp16:
             self.model.half()
@@ -184,6 +185,8 @@ class InferenceBackend(nn.Module):
 
     def _set_metadata(self, meta):
         self.metadata = meta
+        run = {"imgsz": image_size(meta.get("imgsz")), "data": meta.get("data")}
+        self.run = {k: v for k, v in run.items() if v}
         self.task, self.stride, self.nc = meta["task"], meta["stride"], meta["nc"]
         if self.task != "classify" and not meta.get("layout"):
             raise BadFile(f"--weights {self.weights} has no output layout in its metadata: export it again")
@@ -371,15 +374,15 @@ class ExportWrapper(nn.Module):
         return flatten_outputs(self.model(x))[0]
 
 
-def validation_model(weights, device, imgsz):
-    """(model, largest stride, task) for a val script: the `.pt` module itself (summary printed by rank 0), or the
-    backend of a dynamic export (validation batches are letterboxed to each batch's own rectangle)."""
-    backend = InferenceBackend(weights, device=device)
+def validation_model(backend, imgsz):
+    """(model, largest stride, task) for a val script from its InferenceBackend: the `.pt` module itself (summary
+    printed by rank 0), or the backend of a dynamic export (validation batches are letterboxed to each batch's own
+    rectangle)."""
     if backend.model is not None:
         if is_main_process():
             backend.model.info(imgsz=imgsz)
         return backend.model, backend.stride, backend.task
     if not backend.dynamic:
-        raise BadOption(f"--weights {weights}: validation needs an export made with --dynamic (its batches are "
+        raise BadOption(f"--weights {backend.weights}: validation needs an export made with --dynamic (its batches are "
                         "rectangles of varying size)")
     return backend, backend.stride, backend.task

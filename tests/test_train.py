@@ -12,7 +12,7 @@ import train
 import val
 from engine.tasks.detect import DetectionTrainer, DetectionValidator
 from engine.trainer import run
-from models.backend import flatten_outputs, validation_model
+from models.backend import InferenceBackend, flatten_outputs, validation_model
 
 
 def _train_args(data, tmp_path, *extra):
@@ -77,7 +77,7 @@ def test_final_validation_is_of_the_model_val_py_loads(shapes_detect, tmp_path, 
     trainer, _ = train.main(train.parse_opt(_train_args(shapes_detect, tmp_path, "--cfg", "yolov5n.yaml",
                                                         "--epochs", "1")))
     final = validated[-1]
-    standalone, _, _ = validation_model(trainer.save_dir / "weights/best.pt", torch.device("cpu"), 96)
+    standalone, _, _ = validation_model(InferenceBackend(trainer.save_dir / "weights/best.pt"), 96)
     x = torch.rand(2, 3, 96, 96, generator=torch.Generator().manual_seed(0))
     x = x.contiguous(memory_format=torch.channels_last)  # the layout the validator gives its batches on a CPU
     with torch.no_grad():

@@ -4,6 +4,7 @@ from the run that made the weights (engine/inherit.py). Checked against the scri
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,7 +57,8 @@ def test_a_given_option_wins_and_a_vanished_dataset_falls_back_to_the_default(tm
     gone = run_checkpoint(tmp_path / "gone.pt", DetectionModel("yolov8n.yaml", nc=3), 64, tmp_path / "moved.yaml")
     from engine.inherit import run_values
 
-    assert run_values(val.parse_opt(["--weights", str(gone), "--img", "96"])) == {"data": "data/shapes.yaml"}
+    opt = val.parse_opt(["--weights", str(gone), "--img", "96"])
+    assert run_values(opt, InferenceBackend(gone).run) == {"data": "data/shapes.yaml"}
     assert yolo_log[-1] == f"its run's dataset {tmp_path / 'moved.yaml'} no longer exists, so --data data/shapes.yaml" \
                            " (give the option to choose another)"
 
@@ -84,6 +86,28 @@ def test_export_carries_the_runs_size_and_dataset_and_gives_the_pts_boxes(best, 
     exported, pt = YOLO(f).predict(rgb, conf=CONF), YOLO(weights).predict(rgb, conf=CONF)
     assert len(pt.xyxy[0]) > 0
     torch.testing.assert_close(exported.xyxy[0], pt.xyxy[0], atol=1e-3, rtol=1e-4)
+
+
+def test_each_command_reads_its_weights_once(best, tmp_path, monkeypatch):
+    """What the weights say of their run comes with them (InferenceBackend.run, checkpoints.load_model): val, export
+    and predict read a .pt once, and val builds one backend of an export (a second would repeat its dry run)."""
+    weights = tmp_path / "best.pt"
+    weights.write_bytes(best.read_bytes())
+    reads, backends = [], []
+    read, init = torch.load, InferenceBackend.__init__  # every .pt goes through the one loader, and it to torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append("pt") or read(*a, **k))
+    monkeypatch.setattr(InferenceBackend, "__init__",
+                        lambda self, w, *a, **k: backends.append(Path(w).name) or init(self, w, *a, **k))
+    pt = YOLO(weights)  # which task's scripts: a read of its own
+    reads.clear(), backends.clear()
+    pt.val(batch=4, workers=0, project=str(tmp_path))
+    f = pt.export(format="onnx", dynamic=True)
+    assert reads == ["pt"] * 2 and backends == ["best.pt"]
+    exported = YOLO(f)
+    backends.clear()
+    exported.val(batch=4, workers=0, project=str(tmp_path))
+    pt.predict(str(IMAGE), conf=CONF)
+    assert reads == ["pt"] * 3 and backends == ["best.onnx", "best.pt"]
 
 
 def test_the_model_says_its_task(tmp_path):

@@ -68,7 +68,6 @@ class YOLO:
         image, or a list of them. `imgsz` defaults to the size the weights trained at (engine/inherit.py), else 640."""
         import torch
 
-        from engine.inherit import run_settings
         from models.backend import InferenceBackend
         from models.hub import HubModel
 
@@ -78,7 +77,7 @@ class YOLO:
             from utils.errors import BadOption
 
             raise BadOption(f"augment=True needs .pt weights, not {self.model} (an export takes one input size)")
-        size = imgsz or run_settings(self.model, backend).get("imgsz") or 640
+        size = imgsz or backend.run.get("imgsz") or 640
         # a .pt model back in torch's default layout (the backend's channels_last changes float rounding): the
         # boxes torch.hub's model gives, to the bit
         model = backend.model.to(memory_format=torch.contiguous_format) if backend.model is not None else backend

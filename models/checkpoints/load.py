@@ -41,11 +41,36 @@ def attempt_load(weights, device="cpu", fuse=True):
     Returns the model in eval mode, float32, on `device`, fused if asked. A missing bare official name (e.g.
     'yolov8n.pt') is downloaded first; any other missing path raises FileNotFoundError.
     """
+    return load_model(weights, device, fuse)[0]
+
+
+def load_model(weights, device="cpu", fuse=True):
+    """(model, run): attempt_load's model, and `training_run` of the same checkpoint, read once."""
     path = resolve_weights(weights)
-    model = _model_entry(load_checkpoint(path), path).float()
+    ckpt = load_checkpoint(path)
+    model = _model_entry(ckpt, path).float()
     if fuse:
         model.fuse()
-    return model.eval().to(device)
+    return model.eval().to(device), training_run(ckpt)
+
+
+def image_size(value):
+    """An image size as the options hold it: an int (a [h, w] pair: its long side); None for anything else."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+        return max(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def training_run(ckpt):
+    """{'imgsz', 'data'} a checkpoint dict says of the run that trained it, where it says it: ours in `opt`
+    (`train_imgsz`, and `data_path`, the dataset the run read, absolute), an official YOLOv5 one in `opt` (`imgsz`),
+    an Ultralytics one in `train_args` (`imgsz`). The official ones name COCO, which a val script would download, so
+    only ours give a dataset (engine/inherit.py)."""
+    opt = ckpt.get("opt") if isinstance(ckpt.get("opt"), dict) else ckpt.get("train_args")
+    if not isinstance(opt, dict):
+        return {}
+    found = {"imgsz": image_size(opt.get("train_imgsz")) or image_size(opt.get("imgsz")), "data": opt.get("data_path")}
+    return {k: v for k, v in found.items() if v}
 
 
 def model_yaml(cfg):

@@ -14,7 +14,7 @@ from models_testutil import NAMES, assert_close_per_channel, save_checkpoint
 
 from engine.exporter import OPSETS, Exporter
 from models.backend import InferenceBackend, flatten_outputs
-from models.checkpoints import attempt_load
+from models.checkpoints import attempt_load, load_model
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils.errors import BadFile, BadOption
 
@@ -81,7 +81,7 @@ def test_half_onnx_exports_and_gives_the_fp32_boxes_to_fp16_rounding(cfg, tmp_pa
     weights = save_checkpoint(cfg, DetectionModel, tmp_path / "model.pt")
     opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=True,
                           dynamic=False, simplify=False, opset=17)
-    (f,) = Exporter(opt).export(attempt_load(weights, fuse=True))
+    (f,) = Exporter(opt).export(*load_model(weights, fuse=True))
     session = ort.InferenceSession(str(f), providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].type == "tensor(float16)"
     x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
