@@ -78,3 +78,19 @@ def test_a_recursive_glob_enters_each_real_folder_once(tmp_path):
     assert scan_files(f"{d}/**/*.jpg")[0] == [str(d / "sub" / "[q].jpg"), str(d / "sub" / "y.jpg"), str(d / "x.jpg")]
     assert scan_files(f"{d}/**/[!x].jpg")[0] == [str(d / "sub" / "y.jpg")]
     assert scan_files(f"{d}/*/[[]q].jpg")[0] == [str(d / "sub" / "[q].jpg")]
+
+
+def test_a_darknet_list_reads_its_data_prefix_as_the_lists_folder(tmp_path):
+    """CVAT's YOLO 1.1 export: train.txt beside obj_train_data/ lists `data/obj_train_data/x.jpg` (darknet reads it
+    from its own folder, the export being its data/): each entry is found without the prefix; an entry under a real
+    data/ folder beside the list stays as written."""
+    root = tmp_path / "export"
+    for rel in ("obj_train_data/a.jpg", "obj_train_data/b.jpg", "data/c.jpg"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"")
+    (root / "train.txt").write_text("data/obj_train_data/a.jpg\ndata/obj_train_data/b.jpg\ndata/c.jpg\n"
+                                    "data/obj_train_data/gone.jpg\n")
+    files, others = scan_files(str(root / "train.txt"))
+    assert files == [str(root / "obj_train_data" / "a.jpg"), str(root / "obj_train_data" / "b.jpg"),
+                     str(root / "data" / "c.jpg"), str(root / "data" / "obj_train_data" / "gone.jpg")]
+    assert others == []
