@@ -357,6 +357,14 @@ def test_layouts_are_found_and_nothing_else(tmp_path):
     with pytest.raises(BadDataset, match="2 YAML files found"):
         find_layout(tmp_path / "two")
     assert find_layout(roboflow_yolo(tmp_path / "rf")) == (None, tmp_path / "rf" / "data.yaml")
+    # CVAT's export of a task without subsets: one split, `default`; the error names the files found
+    for f in ("annotations/instances_default.json", "images/default/a.jpg", "Annotations/a.xml", "JPEGImages/a.jpg",
+              "ImageSets/Main/default.txt", "ImageSets/Main/car_default.txt"):
+        (tmp_path / "cvat" / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cvat" / f).write_text("{}")
+    with pytest.raises(BadDataset, match=r"holds annotations/instances_default\.json, ImageSets/Main/default\.txt, but "
+                                         "not a training and a validation split"):
+        find_layout(tmp_path / "cvat")
 
 
 def test_yolo_labels_win_over_an_annotation_file(tmp_path):

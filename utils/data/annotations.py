@@ -323,8 +323,21 @@ def find_layout(folder, keypoints=False):
         raise BadDataset(f"{folder} is a folder holding no dataset this project reads: looked for one data.yaml "
                          f"({len(yamls)} YAML files found), COCO's annotations/{prefix}_<split>.json, Roboflow's "
                          f"<split>/{ROBOFLOW_COCO}, VOC's Annotations/, ImageSets/Main/ and JPEGImages/, and "
-                         f"{label_studio.KIND} exports (a train and a val .json)")
+                         f"{label_studio.KIND} exports (a train and a val .json){_split_files(folder, prefix)}")
     return d, None
+
+
+def _split_files(folder, prefix):
+    """What the error of a folder holding no dataset adds where it holds a layout's split files, but no training
+    and validation pair among them (CVAT exports a task without subsets as one split, `default`)."""
+    main = folder / "ImageSets" / "Main"
+    found = [*sorted((folder / "annotations").glob(f"{prefix}_*.json")), *sorted(folder.glob(f"*/{ROBOFLOW_COCO}")),
+             *(sorted(f for f in main.glob("*.txt") if "_" not in f.stem) if (folder / "Annotations").is_dir() else [])]
+    if not found:
+        return ""
+    shown = ", ".join(f.relative_to(folder).as_posix() for f in found[:6])
+    return (f"; it holds {shown}, but not a training and a validation split, whose names must say train and val "
+            "(or valid, test): name the splits so (CVAT: the task's subsets), or write a dataset YAML naming them")
 
 
 def _coco_layout(folder, keypoints):
