@@ -4,6 +4,7 @@ shapes (utils/data/synthetic.render_sample), in each format's own conventions; t
 generator writes in YOLO format for the same images."""
 
 import json
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -252,6 +253,33 @@ def test_a_cvat_voc_export_names_its_labelmap_classes_and_ids_in_sub_folders(tmp
     for name, rows in want.items():
         assert [c for c, _ in got[name]] == [c for c, _ in rows]
         np.testing.assert_allclose([b for _, b in got[name]], [b for _, b in rows], atol=1e-6)
+
+
+def test_coco_images_of_one_name_in_sub_folders_get_their_own_boxes(tmp_path):
+    """CVAT keeps an uploaded archive's folders in `file_name` (a/0001.jpg, b/0001.jpg): each image gets the boxes of
+    the entry whose file_name ends its path (one name used to give both the last entry's boxes); two entries that
+    name one image alike (c/0001.jpg twice) skip it, named."""
+    root = tmp_path / "cvat"
+    entries = [("a/0001.jpg", [8, 6, 20, 30]), ("b/0001.jpg", [30, 12, 30, 24]), ("0002.jpg", [0, 0, 64, 48]),
+               ("c/0001.jpg", [1, 1, 10, 10]), ("c/0001.jpg", [2, 2, 10, 10])]
+    images, anns = [], []
+    for k, (name, bbox) in enumerate(entries, 1):
+        write_image(root / "images" / "train" / name, np.zeros((48, 64, 3), np.uint8))
+        images.append({"id": k, "file_name": name, "width": 64, "height": 48})
+        anns.append({"id": k, "image_id": k, "category_id": 1, "bbox": bbox, "iscrowd": 0, "segmentation": []})
+    (root / "annotations").mkdir()
+    (root / "annotations" / "instances_train.json").write_text(json.dumps(
+        {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "car"}]}))
+    ds = YOLODataset(str(root / "images" / "train"), imgsz=64, nc=1, names={0: "car"})
+    got = {str(Path(lb["im_file"]).relative_to(root / "images" / "train")): lb["bboxes"].tolist() for lb in ds.labels}
+    want = {"a/0001.jpg": [(8 + 10) / 64, (6 + 15) / 48, 20 / 64, 30 / 48],
+            "b/0001.jpg": [(30 + 15) / 64, (12 + 12) / 48, 30 / 64, 24 / 48], "0002.jpg": [0.5, 0.5, 1, 1]}
+    assert sorted(got) == sorted(want)
+    for name, box in want.items():
+        np.testing.assert_allclose(got[name], [box], atol=1e-6)
+    assert ds.stats["skipped"] == 1 and any(
+        p.startswith(f"{root / 'images' / 'train' / 'c' / '0001.jpg'}: skipped, ") and "5 images are named 0001.jpg"
+        in p for p in ds.problems)
 
 
 def _problems(ds):

@@ -9,7 +9,8 @@ The label rule of a split (`label_source`, asked by YOLODataset for every split)
 - a split that is a folder of images `<name>` with `annotations/<prefix>_<name>.json` in its parent or grandparent
   (COCO's `annotations/instances_val2017.json` beside `val2017/` or `images/val2017/`; the prefix is the label
   format's `coco_prefixes`: `instances` for boxes and outlines, `person_keypoints` for keypoints), or with Roboflow's
-  `_annotations.coco.json` inside it, is COCO: each image's annotations are found by its file name;
+  `_annotations.coco.json` inside it, is COCO: each image's annotations are found by its file name (of several images
+  of one name in sub-folders, by the `file_name` that ends its path in the most folders; none or a tie skips it);
 - a split that is a .json file holding a list is a Label Studio JSON export (utils/data/label_studio.py).
 
 Either is converted, image by image, into the label lines the task's format reads (its `line`), which then pass
@@ -99,11 +100,34 @@ class CocoSource(JsonSource):
             if not isinstance(a, dict) or a.get("image_id") not in by_id:
                 continue  # an annotation of no listed image labels nothing here
             by_id[a["image_id"]][1].append(a)
-        return {file_name(img.get("file_name", "")): (img, anns) for img, anns in by_id.values()}, cats
+        images = {}
+        for img, anns in by_id.values():
+            images.setdefault(file_name(img.get("file_name", "")), []).append((img, anns))
+        return images, cats
+
+    def entry(self, im_file):
+        """(image entry, its annotations) that names `im_file`, None where none does. Of several entries of its file
+        name (CVAT keeps an uploaded archive's folders: a/0001.jpg, b/0001.jpg), the one whose `file_name` ends the
+        image's path in the most folders; BadLine where that is not one."""
+        entries = self.index[0].get(file_name(im_file))
+        if not entries or len(entries) == 1:
+            return entries[0] if entries else None
+        path = "/" + Path(im_file).as_posix().lstrip("/")
+        depth = {}
+        for e in entries:
+            listed = "/" + str(e[0].get("file_name", "")).replace("\\", "/").removeprefix("./").lstrip("/")
+            if path.endswith(listed):
+                depth.setdefault(listed.count("/"), []).append(e)
+        best = depth[max(depth)] if depth else []
+        if len(best) != 1:
+            shown = ", ".join(str(e[0].get("file_name"))[:60] for e in entries[:3])
+            raise BadLine(f"{self.file}: {len(entries)} images are named {file_name(im_file)} ({shown}); which one "
+                          "this is cannot be told from their file_name")
+        return best[0]
 
     def read(self, im_file, label_file, shape, names, fmt):
-        images, cats = self.index
-        entry = images.get(file_name(im_file))
+        cats = self.index[1]
+        entry = self.entry(im_file)
         if entry is None:
             return None, [], {}  # not listed: a background, as an image without a label file
         img, anns = entry
