@@ -282,6 +282,36 @@ def test_coco_images_of_one_name_in_sub_folders_get_their_own_boxes(tmp_path):
         in p for p in ds.problems)
 
 
+def test_a_box_reaching_past_the_image_by_more_than_1_percent_skips_it(tmp_path):
+    """The 1 % rule judges a converted box's corners: x 40..70 on a 64 px image has cx, w in [0, 1] and was clipped
+    to 40..64, now it skips the image (COCO and VOC); 0.5 px past the edge is clipped and counted; CVAT's 0-based
+    VOC corners 0..64 are inside."""
+    root = tmp_path / "coco"
+    boxes = {"far.jpg": [40, 12, 30, 24], "near.jpg": [40, 12, 24.5, 24]}
+    for name in boxes:
+        write_image(root / "images" / "train" / name, np.zeros((48, 64, 3), np.uint8))
+    (root / "annotations").mkdir()
+    (root / "annotations" / "instances_train.json").write_text(json.dumps({
+        "images": [{"id": k, "file_name": n, "width": 64, "height": 48} for k, n in enumerate(boxes)],
+        "annotations": [{"id": k, "image_id": k, "category_id": 1, "bbox": b, "iscrowd": 0}
+                        for k, b in enumerate(boxes.values())], "categories": [{"id": 1, "name": "car"}]}))
+    ds = YOLODataset(str(root / "images" / "train"), imgsz=64, nc=1, names={0: "car"})
+    assert [Path(lb["im_file"]).name for lb in ds.labels] == ["near.jpg"] and ds.stats["clipped"] == 1
+    assert any("far.jpg: skipped, " in p and "annotation 0: box corners outside [0, 1] (0.25..1.09 of the image)" in p
+               for p in ds.problems)
+    voc = tmp_path / "voc"
+    for image_id, corners in {"far": (40, 5, 70, 20), "cvat": (0, 0, 64, 48)}.items():
+        write_image(voc / "JPEGImages" / f"{image_id}.jpg", np.zeros((48, 64, 3), np.uint8))
+        (voc / "Annotations").mkdir(exist_ok=True)
+        (voc / "Annotations" / f"{image_id}.xml").write_text(
+            f"<annotation><size><width>64</width><height>48</height></size>{voc_object('car', corners)}</annotation>")
+    (voc / "ImageSets" / "Main").mkdir(parents=True)
+    (voc / "ImageSets" / "Main" / "val.txt").write_text("far\ncvat\n")
+    ds = YOLODataset(str(voc / "ImageSets" / "Main" / "val.txt"), imgsz=64, nc=1, names={0: "car"})
+    assert [Path(lb["im_file"]).name for lb in ds.labels] == ["cvat.jpg"]
+    assert any("far.xml object 1: box corners outside [0, 1]" in p for p in ds.problems)
+
+
 def _problems(ds):
     return "\n".join(ds.problems)
 
@@ -304,7 +334,7 @@ def test_coco_bad_input_policy(tmp_path):
     ds = YOLODataset(str(root / "val"), imgsz=64, nc=3, names=names)
     problems = _problems(ds)
     assert ds.stats["skipped"] == 3 and ds.stats["left_out"] == 1 and ds.stats["unlabelled"] == 1
-    assert "00000.jpg: skipped, " in problems and "coordinates outside [0, 1]" in problems
+    assert "00000.jpg: skipped, " in problems and "box corners outside [0, 1]" in problems
     assert "00002.jpg: skipped, " in problems and "class 'hexagon' is not a class of this dataset" in problems
     assert "00003.jpg: skipped, " in problems and "its boxes would be misplaced" in problems
     assert "00001.jpg: kept, 1 crowd annotations left out" in problems
@@ -486,8 +516,8 @@ def test_coco_exports_of_annotation_tools_read_as_worked_out_by_hand(tmp_path, t
     assert {k: ds.stats[k] for k in ("images", "backgrounds", "skipped", "left_out")} == {
         "images": 3, "backgrounds": 1, "skipped": 1, "left_out": crowd}
     problems = _problems(ds)
-    assert f"d.jpg: skipped, {tmp_path / 'annotations' / 'instances_val.json'} (d.jpg) annotation 1: " \
-           "coordinates outside [0, 1]" in problems
+    assert f"d.jpg: skipped, {tmp_path / 'annotations' / 'instances_val.json'} annotation {4 + crowd}: " \
+           "box corners outside [0, 1] (0.104..1.41 of the image)" in problems  # its id: after a.jpg's crowd mask
     assert ("a.jpg: kept, 1 crowd annotations left out" in problems) == crowd
 
 
@@ -507,8 +537,8 @@ def test_training_on_a_cvat_export_names_what_it_left_out(tmp_path):
     expected = []
     for split in ("train", "val"):
         images, json_file = tmp_path / "cvat" / "images" / split, tmp_path / "cvat" / "annotations"
-        expected += [f"{split}: {images / 'd.jpg'}: skipped, {json_file / f'instances_{split}.json'} (d.jpg) "
-                     "annotation 1: coordinates outside [0, 1]",
+        expected += [f"{split}: {images / 'd.jpg'}: skipped, {json_file / f'instances_{split}.json'} "
+                     "annotation 5: box corners outside [0, 1]",
                      f"{split}: {images / 'a.jpg'}: kept, 1 crowd annotations left out"]
     assert len(problems) == 4 and all(any(p.startswith(e) for p in problems) for e in expected), problems
 

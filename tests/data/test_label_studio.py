@@ -62,7 +62,7 @@ def val_export(root):
                          "i.jpg": (64, 48), "j.jpg": (64, 48), "k.jpg": (64, 48), "l.jpg": (64, 48),
                          "m.jpg": (64, 48), "n.png": (64, 48), "sub/n.png": (64, 48),
                          "o.jpg": (64, 48), "p.jpg": (64, 48), "q.jpg": (64, 48),
-                         "r.jpg": (64, 48)}.items():
+                         "r.jpg": (64, 48), "s.jpg": (64, 48)}.items():
         image(val / name, w, h)
     tasks = [
         # the latest annotation not cancelled is read: not the older one, not the newer cancelled one
@@ -91,6 +91,7 @@ def val_export(root):
         task(19, "/data/upload/3/q.jpg", {"id": 1, "result": {"x": 1}}),
         task(20, "/data/local-files/?d=photos%5Csub%5Cn.png", ann([PERSON])),  # the n.png in sub/ (Windows path)
         task(21, "/data/upload/3/r.jpg", ann([CAR, "car"])),
+        task(22, "/data/upload/3/s.jpg", ann([rect("car", 85, 10, 20, 20)])),  # x 85..105 %: cx, w in [0, 1]
     ]
     export(val / "project-3-at-2024-05-01-10-00-5e6f7a8b.json", tasks)
     return val
@@ -130,12 +131,13 @@ def test_an_export_reads_as_worked_out_by_hand(tmp_path, task_name):
     else:
         assert outline is None
     assert {k: ds.stats[k] for k in ("images", "backgrounds", "skipped", "clipped", "ignored")} == {
-        "images": 6, "backgrounds": 1, "skipped": 8, "clipped": 1, "ignored": 6}
+        "images": 6, "backgrounds": 1, "skipped": 9, "clipped": 1, "ignored": 6}
     problems = "\n".join(ds.problems)
     file = next(val.glob("*.json"))
     for case in [
         "a.jpg: kept, 2 other annotations of task 1 not read (the latest one not cancelled is)",
-        f"d.jpg: skipped, {file} (d.jpg) region 1: coordinates outside [0, 1]",
+        f"d.jpg: skipped, {file}: task 4 result 1: box corners outside [0, 1] (0.1..1.15 of the image)",
+        f"s.jpg: skipped, {file}: task 22 result 1: box corners outside [0, 1] (0.1..1.05 of the image)",
         f"f.jpg: skipped, {file}: task 6 result 1: a box rotated 30 degrees",
         f"g.jpg: skipped, {file}: task 7 result 1: class 'bicycle' is not a class of this dataset (car, person)",
         f"{file}: task 8 (h.jpg): ignored, not annotated",

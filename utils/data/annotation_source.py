@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from utils.data.image_files import scan_files
-from utils.data.label_formats import BadLine
+from utils.data.label_formats import COORD_TOL, BadLine
 from utils.errors import BadDataset
 
 MAX_ANNOTATION_BYTES = 4 << 30  # a JSON file larger than this is refused before it is read (COCO's own: 450 MB)
@@ -84,6 +84,17 @@ def number(x, what):
     if not np.isfinite(v):
         raise BadLine(f"{what} is not finite")
     return v
+
+
+def inside_image(box, where):
+    """`box` (cx cy w h, normalised) of an annotation, or BadLine where a corner lies outside the image by more than
+    COORD_TOL: the checks of label lines judge the values cx cy w h, which stay in [0, 1] for a box reaching far
+    past an edge (a box of x 40..70 on a 64 px image), and would clip it instead of skipping the image."""
+    cx, cy, w, h = box
+    lo, hi = min(cx - w / 2, cy - h / 2), max(cx + w / 2, cy + h / 2)
+    if lo < -COORD_TOL or hi > 1 + COORD_TOL:
+        raise BadLine(f"{where}: box corners outside [0, 1] ({lo:.3g}..{hi:.3g} of the image)")
+    return box
 
 
 def line_text(values):

@@ -53,6 +53,7 @@ from utils.data.annotation_source import (
     JsonSource,
     class_of,
     file_name,
+    inside_image,
     line_text,
     number,
     read_json,
@@ -160,7 +161,7 @@ def _coco_geometry(a, w, h, where):
     if not isinstance(bbox, list) or len(bbox) != 4:
         raise BadLine(f"{where}: bbox must be [x, y, width, height], got {str(bbox)[:60]}")
     x, y, bw, bh = (number(v, "bbox value") for v in bbox)
-    box = [(x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h]
+    box = inside_image([(x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h], where)
     seg = a.get("segmentation")
     polygon = None
     if isinstance(seg, list) and seg:
@@ -255,6 +256,8 @@ class VocSource(AnnotationSource):
                 difficult += 1
                 continue
             c = class_of(name, names, f"{label_file} object {i}")
+            inside_image([(x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h],
+                         f"{label_file} object {i}")  # the corners as written: 0 (CVAT's) or 1 is the first pixel
             box = [((x1 + x2) / 2 - 1) / w, ((y1 + y2) / 2 - 1) / h, (x2 - x1) / w, (y2 - y1) / h]
             lines.append(f"{c} {line_text(fmt.line(box, None, None))}")
         notes = [f"{difficult} difficult objects left out (VOC's evaluation ignores them)"] * bool(difficult)

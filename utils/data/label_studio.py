@@ -42,7 +42,16 @@ from pathlib import Path
 
 import numpy as np
 
-from utils.data.annotation_source import JsonSource, class_of, file_name, line_text, number, read_json, split_roles
+from utils.data.annotation_source import (
+    JsonSource,
+    class_of,
+    file_name,
+    inside_image,
+    line_text,
+    number,
+    read_json,
+    split_roles,
+)
 from utils.data.image_files import IMG_FORMATS, scan_files, suffix
 from utils.data.label_formats import BadLine
 from utils.errors import BadDataset
@@ -228,6 +237,7 @@ class LabelStudioSource(JsonSource):
             check_frame(r, w, h, where)
             c = class_of(region_label(value, kind, where), names, where)
             box, outline = region_geometry(value, kind, where)
+            inside_image(box, where)
             lines.append(f"{c} {line_text(fmt.line(box, outline, None))}")
         notes = [f"{others} other annotations of task {tid} not read (the latest one not cancelled is)"] * bool(
             others) + [f"{points} key points not read (points, not objects)"] * bool(points)
