@@ -312,6 +312,22 @@ def test_a_box_reaching_past_the_image_by_more_than_1_percent_skips_it(tmp_path)
     assert any("far.xml object 1: box corners outside [0, 1]" in p for p in ds.problems)
 
 
+def test_annotated_images_the_split_lacks_are_named(tmp_path):
+    """A COCO file listing an annotated image that is not in the images folder (an export without its images, a
+    copy cut short): its objects are trained nowhere, so it is named and counted as ignored, from the cache too; a
+    listed image without annotations missing is no loss."""
+    root = tmp_path / "coco"
+    d = coco_split(root, "val", 3, seed=5, edit=lambda d: d["images"].append(
+        {"id": 999, "file_name": "background.jpg", "width": 64, "height": 64}))
+    (root / "val" / "00001.jpg").unlink()
+    for cached in (False, True):
+        ds = YOLODataset(str(root / "val"), imgsz=64, nc=3, names=dict(enumerate(CLASS_NAMES)))
+        assert (ds.stats["cached"], ds.stats["images"], ds.stats["ignored"]) == (cached, 2, 1)
+        n = sum(a["image_id"] == 101 for a in d["annotations"])
+        assert ds.problems == [f"{root / 'annotations' / 'instances_val.json'}: image 00001.jpg: ignored, listed "
+                               f"with {n} annotations, but the split holds no image of that name"]
+
+
 def _problems(ds):
     return "\n".join(ds.problems)
 

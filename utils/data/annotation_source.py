@@ -35,6 +35,11 @@ class AnnotationSource:
         """The file each image's labels come from (the label cache is rebuilt when one changes)."""
         raise NotImplementedError
 
+    def absent(self, im_files):
+        """[(entry, reason)] for each image the annotations label that is not among `im_files` (its objects are
+        trained nowhere): asked when the split's labels are converted, and kept with them."""
+        return []
+
     def own_files(self):
         """Files of this source that lie among the images (not images, and not worth a note)."""
         return set()

@@ -106,6 +106,12 @@ class CocoSource(JsonSource):
             images.setdefault(file_name(img.get("file_name", "")), []).append((img, anns))
         return images, cats
 
+    def absent(self, im_files):
+        held = {file_name(f) for f in im_files}
+        return [(f"{self.file}: image {str(img.get('file_name'))[:200]}", f"listed with {len(anns)} annotations, but "
+                 f"the split holds no image of that name") for name, entries in self.index[0].items()
+                if name not in held for img, anns in entries if anns]
+
     def entry(self, im_file):
         """(image entry, its annotations) that names `im_file`, None where none does. Of several entries of its file
         name (CVAT keeps an uploaded archive's folders: a/0001.jpg, b/0001.jpg), the one whose `file_name` ends the

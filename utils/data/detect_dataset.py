@@ -118,7 +118,7 @@ class YOLODataset(Dataset):
             raise UnknownClasses(f"{prefix}{self.stats['unknown_class']} label files hold a class id >= nc {nc}, the "
                                  f"classes {names_from} names; the first: {self.stats['first_unknown_class']}; correct "
                                  f"its names (or the labels), or give --skip-unknown-classes to skip those images")
-        self.stats["ignored"] = len(ignored)
+        self.stats["ignored"] = len(ignored) + self.stats["absent"]
         if ignored:
             LOGGER.warning(f"{prefix}WARNING: {len(ignored)} entries ignored, e.g. {ignored[0]}")
         if not labels:

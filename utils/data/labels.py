@@ -22,14 +22,15 @@ from utils.imageio import read_image
 from utils.loggers import LOGGER
 from utils.text import escape_controls
 
-CACHE_VERSION = "yolo-labels-4"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons;
-# 4: images skipped for a class id >= nc counted apart (`unknown_class`)
+CACHE_VERSION = "yolo-labels-5"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons;
+# 4: images skipped for a class id >= nc counted apart (`unknown_class`); 5: annotated images not found (`absent`)
 MAX_WARNINGS = 10  # problems printed per scan; all of them are in the dataset's `problems` (and the run folder)
 MAX_LINES = 3  # bad lines named per skipped image
 MIN_SIDE = 10  # pixels
 # left_out: objects the annotation format itself says to leave out (COCO crowd, VOC difficult: utils/data/annotations)
+# absent: images an annotation file lists that the split does not hold (AnnotationSource.absent)
 STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated", "unlabelled", "left_out",
-             "unknown_class")
+             "unknown_class", "absent")
 # Python's float() also reads '1_000', '٣' (other scripts' digits) and surrounding text forms: a label value must be
 # plain decimal notation, and a class id decimal digits, optionally with a zero fraction ('1', '1.0')
 DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
@@ -207,6 +208,9 @@ def _build(im_files, label_files, nc, workers, fmt, source, names):
         records = [verify_image_label(f, lb, nc, fmt, source, names) for f, lb in zip(im_files, label_files)]
     stats = {**{k: 0 for k in STAT_KEYS}, "first_unknown_class": ""}
     labels, skipped, notes = [], [], []
+    if source is not None:
+        notes = [f"{entry}: ignored, {why}" for entry, why in source.absent(im_files)]
+        stats["absent"] = len(notes)
     for r in records:
         if r["skipped"]:
             stats["skipped"] += 1
