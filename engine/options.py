@@ -413,5 +413,5 @@ class ExportOptions(Options):
                       text="ONNX opset version; the versions this torch exports are checked before exporting")
     modules: list[str] = _opt("--modules", text=MODULES_HELP, **MODULES_ARG)
     # {option: the script's fallback} for the options left to the weights' run: utils/cli.inherited sets it on the
-    # parser, engine/inherit.run_values reads it
-    run_defaults: dict = dataclasses.field(default_factory=dict)
+    # parser, engine/inherit.run_values reads it; a namespace made in code that leaves out --img gets export.py's
+    run_defaults: dict = dataclasses.field(default_factory=lambda: {"imgsz": [640]})

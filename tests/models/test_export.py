@@ -109,6 +109,18 @@ def test_an_opset_the_exporter_lacks_is_refused_before_the_model_is_loaded(opset
         Exporter(opt)
 
 
+def test_a_namespace_without_imgsz_exports_at_the_run_s_size_else_640(tmp_path):
+    """The exporter takes a namespace naming some of export.py's options; an --img it does not name is the weights'
+    run's, else 640, as on the command line (not None reaching the example input)."""
+    weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
+    (f,) = Exporter(SimpleNamespace(weights=str(weights), include=["torchscript"]))()
+    assert InferenceBackend(f).imgsz == (640, 640)
+    ckpt = torch.load(weights, weights_only=False)
+    torch.save({**ckpt, "opt": {"train_imgsz": 64}}, weights)
+    (f,) = Exporter(SimpleNamespace(weights=str(weights), include=["torchscript"], dynamic=False))()
+    assert InferenceBackend(f).imgsz == (64, 64)
+
+
 def test_an_opset_that_cannot_express_the_model_is_one_error_naming_it(tmp_path):
     weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8n.pt")
     opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=False,
