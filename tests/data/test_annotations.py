@@ -221,10 +221,11 @@ def test_voc_files_as_labelimg_and_cvat_write_them_read_as_worked_out_by_hand(tm
 def test_a_cvat_voc_export_names_its_labelmap_classes_and_ids_in_sub_folders(tmp_path):
     """CVAT's Pascal VOC 1.1 export: labelmap.txt lists the task's labels (after `background`, no object), so a class
     only the val split holds is a class, not a reason to skip its image; an image id that names a sub-folder (an
-    uploaded archive's folders) is found in JPEGImages/ and Annotations/ alike. Float corners, as CVAT writes them."""
+    uploaded archive's folders) is found in JPEGImages/ and Annotations/ alike; the subsets Train and Validation are
+    the splits (car_Train.txt: a per-class list). Float corners, as CVAT writes them."""
     root = tmp_path / "cvat"
     files = {("train", "batch1/a"): (80, 60, [voc_object("car", (10.5, 20.25, 50.5, 40.25))]),
-             ("val", "b"): (64, 48, [voc_object("zebra", (5, 5, 21, 29)), voc_object("car", (1, 1, 64, 48))])}
+             ("validation", "b"): (64, 48, [voc_object("zebra", (5, 5, 21, 29)), voc_object("car", (1, 1, 64, 48))])}
     lists = {}
     for (split, image_id), (w, h, objects) in files.items():
         write_image(root / "JPEGImages" / f"{image_id}.jpg", np.zeros((h, w, 3), np.uint8))
@@ -234,8 +235,9 @@ def test_a_cvat_voc_export_names_its_labelmap_classes_and_ids_in_sub_folders(tmp
             f"</height><depth></depth></size>{''.join(objects)}</annotation>")
         lists.setdefault(split, []).append(image_id)
     (root / "ImageSets" / "Main").mkdir(parents=True)
-    for split, ids in lists.items():
-        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("\n".join(ids) + "\n")
+    for split, ids in lists.items():  # CVAT's subsets as its UI names them, and their per-class lists
+        (root / "ImageSets" / "Main" / f"{split.title()}.txt").write_text("\n".join(ids) + "\n")
+        (root / "ImageSets" / "Main" / f"car_{split.title()}.txt").write_text("".join(f"{i} 1\n" for i in ids))
     (root / "labelmap.txt").write_text("# label:color_rgb:parts:actions\nbackground:0,0,0::\nzebra:1,2,3::\n"
                                        "bus:::\ncar:250,50,83::\n")
     d = check_det_dataset(root)

@@ -29,12 +29,13 @@ ImageSets list), so the files are read once.
 
 `find_layout(folder)`: a --data that is a folder holding a dataset: its data.yaml (a Roboflow export), a COCO layout
 (`annotations/instances_<split>.json`, or Roboflow's `<split>/_annotations.coco.json`), a VOC one (`Annotations/`,
-`ImageSets/Main/`, `JPEGImages/`) or Label Studio JSON exports (`label_studio.layout`), sought in that order. The class
-names are COCO's categories in id order (of the val split's file, the smaller one; COCO's files share them) or, for VOC,
-those its labelmap.txt lists but `background` (CVAT and Datumaro write one: the project's labels, in its order), else
-the object names of the training split's files in sorted order (for the 20 VOC classes, VOC's own order). A VOC id
-may name a sub-folder (`batch1/0001`: JPEGImages/batch1/0001.jpg, Annotations/batch1/0001.xml), as CVAT writes the
-images of an archive that had folders.
+`ImageSets/Main/`, `JPEGImages/`; the lists train or trainval, val or test, else those whose names say train and val,
+as CVAT's subsets `Train`, `Validation`) or Label Studio JSON exports (`label_studio.layout`), sought in that order.
+The class names are COCO's categories in id order (of the val split's file, the smaller one; COCO's files share
+them) or, for VOC, those its labelmap.txt lists but `background` (CVAT and Datumaro write one: the project's labels, in
+its order), else the object names of the training split's files in sorted order (for the 20 VOC classes, VOC's own
+order). A VOC id may name a sub-folder (`batch1/0001`: JPEGImages/batch1/0001.jpg, Annotations/batch1/0001.xml), as
+CVAT writes the images of an archive that had folders.
 
 XML is parsed by the standard library's expat, which neither fetches external entities nor expands entities
 without bound; a file that declares a DOCTYPE or entities (no VOC file does), in whatever encoding, is refused before
@@ -419,9 +420,12 @@ def _voc_layout(folder):
     main = folder / "ImageSets" / "Main"
     if not ((folder / "Annotations").is_dir() and (folder / "JPEGImages").is_dir() and main.is_dir()):
         return None
-    lists = {f.stem: f for f in main.glob("*.txt") if f.stem in ("train", "trainval", "val", "test")}
-    train = lists.get("train") or lists.get("trainval")
-    val = lists.get("val") or lists.get("test")
+    found = {f.stem: f for f in main.glob("*.txt")}
+    # `<class>_<split>.txt` are per-class lists of a split; trainval is no validation split
+    lists = {k: f for k, f in found.items() if not any(k.endswith(f"_{other}") for other in found)}
+    roles = split_roles({k: f for k, f in lists.items() if k.lower() != "trainval"})
+    train = lists.get("train") or lists.get("trainval") or roles.get("train")
+    val = lists.get("val") or lists.get("test") or roles.get("val") or roles.get("test")
     if train is None or val is None:
         return None
     names = _labelmap(folder / "labelmap.txt")
@@ -434,8 +438,9 @@ def _voc_layout(folder):
                 continue  # the scan names it
         names = sorted(found)
     d = {"path": str(folder), "train": str(train), "val": str(val), "names": dict(enumerate(names))}
-    if "test" in lists and val != lists["test"]:
-        d["test"] = str(lists["test"])
+    test = lists.get("test") or roles.get("test")
+    if test is not None and val != test:
+        d["test"] = str(test)
     return d
 
 
