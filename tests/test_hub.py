@@ -91,3 +91,15 @@ def test_pose_entry_points_build_offline_with_keypoints():
     h, w = Image.open(IMAGE).size[::-1]
     xy = r.keypoints[0][..., :2]
     assert (xy[..., 0] >= 0).all() and (xy[..., 0] <= w).all() and (xy[..., 1] <= h).all()
+
+
+@pytest.mark.parametrize("hw", [(1, 200), (200, 1)])
+def test_an_image_a_pixel_thin_gives_boxes_and_masks_of_its_size(hw):
+    """letterbox keeps a row (column) of a 1 x 200 image at 64 px, where its side rounds to 0 (an OpenCV assertion
+    before), and the masks come back to the image through that one row."""
+    model = hub_load("yolov8n_seg", pretrained=False, classes=3, device="cpu")
+    model.conf = CONF
+    r = model(np.full((*hw, 3), 128, np.uint8), size=64)
+    boxes, masks = r.xyxy[0], r.masks[0]
+    assert len(boxes) > 0 and masks.shape == (len(boxes), *hw)
+    assert (boxes[:, [0, 2]] <= hw[1]).all() and (boxes[:, [1, 3]] <= hw[0]).all() and (boxes[:, :4] >= 0).all()

@@ -450,7 +450,8 @@ def scale_masks(masks, shape, ratio_pad=None):
         pad_w, pad_h = ratio_pad[1]
     top, left = int(round(pad_h - 0.1)), int(round(pad_w - 0.1))
     bottom, right = int(round(mh - pad_h + 0.1)), int(round(mw - pad_w + 0.1))
-    masks = masks[:, top:bottom, left:right]
+    # at least a row and a column: letterbox keeps one of an image a pixel thin, whose side rounds to 0 here
+    masks = masks[:, top : max(bottom, top + 1), left : max(right, left + 1)]
     if not masks.shape[0]:
         return torch.zeros((0, *shape), dtype=masks.dtype, device=masks.device)
     return F.interpolate(masks[None].float(), shape, mode="bilinear", align_corners=False)[0]

@@ -121,7 +121,7 @@ def letterbox(im, new_shape=(640, 640), color=(PAD_VALUE,) * 3, auto=True, scale
     r = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
     if not scaleup:  # only shrink: better val mAP, as upscaling small images adds nothing
         r = min(r, 1.0)
-    new_unpad = int(round(shape[1] * r)), int(round(shape[0] * r))
+    new_unpad = max(1, int(round(shape[1] * r))), max(1, int(round(shape[0] * r)))  # a 1 x 2000 image keeps a row
     dw, dh = new_shape[1] - new_unpad[0], new_shape[0] - new_unpad[1]
     if auto:  # minimum rectangle: pad only up to the stride
         dw, dh = dw % stride, dh % stride
