@@ -325,3 +325,15 @@ def test_a_relative_path_found_only_beside_the_yaml_is_read_from_there(tmp_path,
     for split in ("train", "val"):
         (elsewhere / f"{split}.txt").write_text("x.jpg\n")
     assert check_det_dataset(data)["train"] == str(elsewhere / "train.txt")
+
+
+@pytest.mark.parametrize("name", ["roboflow-export.zip", "instances_val.json", "project-1.JSON"])
+def test_an_export_archive_or_annotation_file_as_data_is_named(tmp_path, name):
+    """What an annotation tool hands out, given as --data itself: one line saying what to give instead (it was read
+    as YAML: 'not UTF-8 text', or 'missing required key(s)' of a COCO file)."""
+    (tmp_path / name).write_bytes(b"PK\x03\x04\xa4" if name.endswith(".zip") else b'{"images": []}')
+    with pytest.raises(DatasetError) as e:
+        check_det_dataset(tmp_path / name)
+    what = "an archive" if name.endswith(".zip") else "an annotation file"
+    assert _one_line(e).endswith(f"is {what}, not a dataset YAML: give the folder of the dataset (unpacked), or its "
+                                 "data.yaml, as --data")

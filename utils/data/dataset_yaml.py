@@ -309,6 +309,10 @@ def _load_source(data, keypoints=False):
             return d, None, str(data)
     else:
         yaml_file = find_dataset_yaml(data)
+        if is_archive(yaml_file) or yaml_file.suffix.lower() == ".json":  # what annotation tools hand out
+            what = "an archive" if is_archive(yaml_file) else "an annotation file"
+            raise DatasetError(f"{data} is {what}, not a dataset YAML: give the folder of the dataset (unpacked), or "
+                               "its data.yaml, as --data")
     return _load(yaml_file), yaml_file, str(yaml_file)
 
 
