@@ -391,10 +391,12 @@ def test_roboflow_coco_export_drops_its_supercategory(tmp_path):
     for split in ("train", "valid"):
         d = coco_split(root, split, 2, seed=9)
         d["categories"].append({"id": 0, "name": "shape", "supercategory": "none"})
+        # as COCO's `person`: its own supercategory, a class even where this file annotates none
+        d["categories"].append({"id": 50, "name": "hexagon", "supercategory": "hexagon"})
         (root / split / "_annotations.coco.json").write_text(json.dumps(d))
         (root / "annotations" / f"instances_{split}.json").unlink()
     d = check_det_dataset(root)
-    assert d["names"] == dict(enumerate(ID_ORDER)) and d["val"] == str(root / "valid")
+    assert d["names"] == dict(enumerate([*ID_ORDER, "hexagon"])) and d["val"] == str(root / "valid")
     ds = YOLODataset(d["val"], imgsz=64, nc=d["nc"], names=d["names"])
     assert ds.stats["images"] == 2 and ds.stats["skipped"] == 0
     assert not any("_annotations" in p for p in ds.problems)  # the label file and its cache are no strays

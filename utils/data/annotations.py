@@ -203,7 +203,8 @@ def category_names(d, path):
     """{category id: name} of a COCO dict. A category that no annotation uses and that is only the supercategory
     of the others is left out: Roboflow's COCO exports add one (id 0, the project's name) above the real classes."""
     used = {a.get("category_id") for a in d["annotations"] if isinstance(a, dict)}
-    supers = {str(c.get("supercategory")) for c in d["categories"]}
+    # supercategories of other categories: COCO's own `person` is its own supercategory, and a class still
+    supers = {str(c.get("supercategory")) for c in d["categories"] if c.get("supercategory") != c.get("name")}
     cats = {}
     for c in d["categories"]:
         name = str(c.get("name", "")).strip()
