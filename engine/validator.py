@@ -269,10 +269,18 @@ class BaseValidator:
 
     @classmethod
     def val_names(cls, data, model, options):
-        """The names a val script reports under: the dataset's, which must count the model's classes."""
+        """The names a val script reports under: the dataset's, which must count the model's classes and name none
+        of them under another id (ids are scored, so such a class would be scored against another)."""
         if data["nc"] != model.nc:
             raise BadCheckpoint(f"--weights {options.weights} predicts {model.nc} classes but --data {options.data} "
                                 f"has {data['nc']}")
+        ids = {n: k for k, n in data["names"].items()}
+        moved = [(k, n) for k, n in dict(model.names).items() if ids.get(n, k) != k]
+        if moved:
+            k, n = moved[0]
+            raise BadCheckpoint(f"--weights {options.weights} predicts {n!r} as class {k}, --data {options.data} "
+                                f"labels it {ids[n]} ({len(moved)} classes in another order); validate on data whose "
+                                f"names follow the weights': {', '.join(list(model.names.values())[:10])}")
         return data["names"]
 
     @classmethod

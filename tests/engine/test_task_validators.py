@@ -1,9 +1,13 @@
 """Pieces of the task hooks (engine/tasks/) checked on their own, without a model or a dataset."""
 
+import types
+
+import pytest
 import torch
 
 from engine.tasks.detect import DetectionValidator
 from engine.validator import ValOptions
+from utils.errors import BadCheckpoint
 
 
 def test_json_category_ids_are_class_indices_past_a_thousand(tmp_path):
@@ -14,3 +18,17 @@ def test_json_category_ids_are_class_indices_past_a_thousand(tmp_path):
     rows = validator.pred_to_json(None, predn, {"paths": ["images/val/7.jpg"]}, 0)
     assert [(r["image_id"], r["category_id"], r["bbox"]) for r in rows] == [(7, 1100, [1.0, 2.0, 10.0, 10.0]),
                                                                           (7, 3, [0.0, 0.0, 4.0, 4.0])]
+
+
+def test_val_refuses_data_naming_the_weights_classes_in_another_order():
+    """The same classes in another order (a dataset folder whose class order another version or tool gives): each
+    predicted id would be scored against another class's labels; refused, naming the first. The same order, or
+    names the weights do not know, pass under the dataset's names."""
+    model = types.SimpleNamespace(nc=3, names={0: "car", 1: "person", 2: "dog"})
+    options = types.SimpleNamespace(weights="best.pt", data="voc")
+    with pytest.raises(BadCheckpoint, match=r"predicts 'car' as class 0, --data voc labels it 1 \(2 classes in "
+                                            r"another order\); validate on data whose names follow the weights': car, "
+                                            "person, dog"):
+        DetectionValidator.val_names({"nc": 3, "names": {0: "person", 1: "car", 2: "dog"}}, model, options)
+    for names in ({0: "car", 1: "person", 2: "dog"}, {0: "car", 1: "bus", 2: "cat"}):
+        assert DetectionValidator.val_names({"nc": 3, "names": names}, model, options) == names
