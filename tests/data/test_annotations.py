@@ -435,6 +435,11 @@ def test_layouts_are_found_and_nothing_else(tmp_path):
     with pytest.raises(BadDataset, match="2 YAML files found"):
         find_layout(tmp_path / "two")
     assert find_layout(roboflow_yolo(tmp_path / "rf")) == (None, tmp_path / "rf" / "data.yaml")
+    (tmp_path / "unzipped").mkdir()  # a Roboflow archive unpacked into a folder of its own
+    roboflow_yolo(tmp_path / "unzipped" / "Shapes.v3i.yolov8")
+    with pytest.raises(BadDataset, match=r"; it holds Shapes\.v3i\.yolov8/data\.yaml: give that file, or its folder, "
+                                         "as --data"):
+        find_layout(tmp_path / "unzipped")
     # CVAT's export of a task without subsets: one split, `default`; the error names the files found
     for f in ("annotations/instances_default.json", "images/default/a.jpg", "Annotations/a.xml", "JPEGImages/a.jpg",
               "ImageSets/Main/default.txt", "ImageSets/Main/car_default.txt"):

@@ -363,8 +363,12 @@ def find_layout(folder, keypoints=False):
 
 
 def _split_files(folder, prefix):
-    """What the error of a folder holding no dataset adds where it holds a layout's split files, but no training
-    and validation pair among them (CVAT exports a task without subsets as one split, `default`)."""
+    """What the error of a folder holding no dataset adds where a child folder holds a data.yaml, or it holds a
+    layout's split files but no training and validation pair among them (CVAT exports a task without subsets as one
+    split, `default`)."""
+    nested = sorted([*folder.glob("*/data.yaml"), *folder.glob("*/data.yml")])
+    if nested:  # an archive unpacked into a folder of its own
+        return f"; it holds {nested[0].relative_to(folder).as_posix()}: give that file, or its folder, as --data"
     main = folder / "ImageSets" / "Main"
     found = [*sorted((folder / "annotations").glob(f"{prefix}_*.json")), *sorted(folder.glob(f"*/{ROBOFLOW_COCO}")),
              *(sorted(f for f in main.glob("*.txt") if "_" not in f.stem) if (folder / "Annotations").is_dir() else [])]
