@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine.messages import check_task
 from engine.options import TrainOptions
-from models.checkpoints import load_checkpoint
+from models.checkpoints import attempt_load, check_class_ids, load_checkpoint
 from models.yolo import head_task, yaml_model_load
 from utils import dist as du
 from utils.errors import BadCheckpoint, BadFile, BadOption
@@ -34,6 +34,17 @@ from utils.loggers import LOGGER
 
 AUTO = "auto"  # --resume auto
 RUN_FILES = ("results.csv", "weights/last.pt", "weights/best.pt")  # a folder holding any of these is a run
+
+
+def run_model_yaml(path, names, data):
+    """The YAML of the model a resumed run trains: its checkpoint's own. Refused where the dataset (`names`, read
+    from --data `data`) counts other classes, or names the run's under other ids: its labels are class ids."""
+    model = attempt_load(path, device="cpu", fuse=False)
+    if model.nc != len(names):
+        raise BadCheckpoint(f"--resume {path} trains {model.nc} classes, --data {data} has {len(names)}: resume on "
+                            f"the run's dataset, or start a new run with --weights {path}")
+    check_class_ids(model.names, names, f"--resume {path}", f"--data {data}", "resume on data")
+    return model.yaml
 
 
 def is_unfinished(ckpt):

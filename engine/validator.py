@@ -24,6 +24,7 @@ from engine.inherit import run_values
 from engine.messages import check_task
 from engine.options import ValOptions
 from models.backend import InferenceBackend, validation_model
+from models.checkpoints import check_class_ids
 from models.registry import use_modules
 from utils import dist as du
 from utils.data.labels import problems_listed_on_failure, write_problems
@@ -274,13 +275,8 @@ class BaseValidator:
         if data["nc"] != model.nc:
             raise BadCheckpoint(f"--weights {options.weights} predicts {model.nc} classes but --data {options.data} "
                                 f"has {data['nc']}")
-        ids = {n: k for k, n in data["names"].items()}
-        moved = [(k, n) for k, n in dict(model.names).items() if ids.get(n, k) != k]
-        if moved:
-            k, n = moved[0]
-            raise BadCheckpoint(f"--weights {options.weights} predicts {n!r} as class {k}, --data {options.data} "
-                                f"labels it {ids[n]} ({len(moved)} classes in another order); validate on data whose "
-                                f"names follow the weights': {', '.join(list(model.names.values())[:10])}")
+        check_class_ids(model.names, data["names"], f"--weights {options.weights}", f"--data {options.data}",
+                        "validate on data")
         return data["names"]
 
     @classmethod

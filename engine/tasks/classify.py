@@ -7,9 +7,10 @@ import torch
 
 from engine.messages import check_task
 from engine.predictor import BasePredictor
+from engine.resume import run_model_yaml
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
-from models.checkpoints import attempt_load, load_pretrained, model_yaml, transfer_weights
+from models.checkpoints import attempt_load, load_pretrained, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel, head_task, yaml_model_load
 from utils.data.classify_dataset import ClassificationDataset, classify_val_transforms
 from utils.data.dataset_yaml import check_cls_dataset
@@ -73,7 +74,7 @@ class ClassificationTrainer(BaseTrainer):
 
     def build_model(self, nc, names):
         if self.resume_from:  # the run's own model, whose weights restore() puts back: nothing the file names is read
-            model = ClassificationModel(model_yaml(self.resume_from), nc=nc)
+            model = ClassificationModel(run_model_yaml(self.resume_from, names, self.opt.data), nc=nc)
             model.names = dict(names)
             return model, None
         model, given = build_classifier(self.opt.cfg, nc, names)

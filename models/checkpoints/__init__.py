@@ -15,13 +15,20 @@ the names here are the same objects, and replacing one here changes nothing the 
 """
 
 from models.checkpoints.load import attempt_load, image_size, load_model, model_yaml
-from models.checkpoints.ours import from_safe, model_from_ckpt, model_to_ckpt, save_checkpoint, to_safe
+from models.checkpoints.ours import (
+    check_class_ids,
+    from_safe,
+    model_from_ckpt,
+    model_to_ckpt,
+    save_checkpoint,
+    to_safe,
+)
 from models.checkpoints.releases import official_url
 from models.checkpoints.safe import BadCheckpoint, UnsafeCheckpoint, allowed_global, load_checkpoint
 from models.checkpoints.transfer import load_pretrained, transfer_weights
 
 __all__ = [
-    "BadCheckpoint", "UnsafeCheckpoint", "allowed_global", "attempt_load", "from_safe", "image_size",
+    "BadCheckpoint", "UnsafeCheckpoint", "allowed_global", "attempt_load", "check_class_ids", "from_safe", "image_size",
     "load_checkpoint", "load_model", "load_pretrained", "model_from_ckpt", "model_to_ckpt", "model_yaml",
     "official_url", "save_checkpoint", "to_safe", "transfer_weights",
 ]

@@ -25,6 +25,7 @@ from models.yolo import (
     yaml_model_load,
 )
 from utils.dist import de_parallel
+from utils.errors import BadCheckpoint
 from utils.files import atomic_save
 from utils.text import escape_controls, has_controls
 
@@ -124,6 +125,19 @@ def from_safe(x):
     if isinstance(x, (list, tuple)):
         return type(x)(from_safe(v) for v in x)
     return x
+
+
+def check_class_ids(predicted, labelled, weights, data, instead):
+    """Refuse (BadCheckpoint) weights that predict a class `labelled` ({id: name}, a dataset's) names under another
+    id: labels and scores are class ids, so such a class would be trained or scored on another's boxes. `weights`,
+    `data`: how the message names them; `instead`: what to do, ending in the data to give."""
+    ids = {n: k for k, n in labelled.items()}
+    moved = [(k, n) for k, n in dict(predicted).items() if ids.get(n, k) != k]
+    if moved:
+        k, n = moved[0]
+        raise BadCheckpoint(f"{weights} predicts {n!r} as class {k}, {data} labels it {ids[n]} ({len(moved)} classes "
+                            f"in another order); {instead} whose names follow the weights': "
+                            f"{', '.join(list(dict(predicted).values())[:10])}")
 
 
 def class_names(names, nc):

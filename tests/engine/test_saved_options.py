@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+import yaml
 
 import train
 from engine.options import DetectTrainOptions
@@ -117,3 +118,20 @@ def test_a_resumed_run_fetches_none_of_the_weights_it_names(interrupted, tmp_pat
         run(DetectionTrainer, train.parse_opt(["--resume", str(path), "--device", "cpu", "--workers", "0"]),
             callbacks={"on_train_start": [capture]})
     assert seen["model"].endswith("yolov5n.yaml") and seen["epoch"] == 1 and not requested
+
+
+@pytest.mark.parametrize("names,words", [
+    (["triangle", "circle", "rectangle"], "--resume .*last.pt predicts 'circle' as class 0, --data .* labels it 1 "
+                                          r"\(3 classes in another order\)"),
+    (["circle", "rectangle", "triangle", "star"], r"--resume .*last.pt trains 3 classes, --data .* has 4"),
+])
+def test_a_resume_on_data_naming_the_runs_classes_otherwise_is_refused(interrupted, tmp_path, names, words):
+    """The run's labels are class ids: a dataset that now names the run's classes in another order (a reader that
+    changed, a names list edited) or counts others would train every moved class on another's boxes."""
+    ckpt = torch.load(interrupted, weights_only=True)
+    data = tmp_path / "reordered.yaml"
+    spec = yaml.safe_load(open(ckpt["opt"]["data"]))
+    data.write_text(yaml.safe_dump({**spec, "names": names}))
+    last = _edited(interrupted, tmp_path, data=str(data))
+    with pytest.raises(BadCheckpoint, match=words):
+        run(DetectionTrainer, train.parse_opt(["--resume", str(last), "--device", "cpu"]))
