@@ -1,10 +1,10 @@
 """BaseTrainer: the one training loop shared by detection, segmentation, classification and pose.
 
-Task subclasses (engine/tasks/*.py) override a few hooks: `get_data`, `build_model(nc, names)`, `build_dataset(path,
-mode, stride)`, `build_validator()`, `preprocess_batch`, and optionally `plot_training_batch`, `train_sampler`,
-`fit_model_to_data` and `predict_source`. Hooks get what they need as arguments or from attributes `_setup` assigned
-before calling them (opt, hyp, nc, names, batch_size, save_dir). The loop itself knows nothing about tasks or YOLO
-versions: the model brings its criterion (`model.init_criterion`). Checkpoints are the Checkpointer's
+Task subclasses (engine/tasks/*.py) override a few hooks: `get_data`, `build_model(nc, names, resumed)`,
+`build_dataset(path, mode, stride)`, `build_validator()`, `preprocess_batch`, and optionally `plot_training_batch`,
+`train_sampler`, `fit_model_to_data` and `predict_source`. Hooks get what they need as arguments or from attributes
+`_setup` assigned before calling them (opt, hyp, nc, names, batch_size, save_dir). The loop itself knows nothing about
+tasks or YOLO versions: the model brings its criterion (`model.init_criterion`). Checkpoints are the Checkpointer's
 (engine/checkpointer.py), logging and plots are listeners of the loop's events (engine/callbacks.py).
 """
 
@@ -26,7 +26,7 @@ from engine.inherit import dataset_file
 from engine.interrupt import StopRequests, ended_by_signals
 from engine.messages import SCRIPTS, RunETA, banner, next_commands, plural, position, resume_command, shown
 from engine.options import TrainOptions
-from engine.resume import AUTO, forget_run_dir, plan_run, run_dir, saved_hyp
+from engine.resume import AUTO, forget_run_dir, plan_run, run_dir, run_model_yaml, saved_hyp
 from engine.run_lock import RunLock, busy
 from models.checkpoints import attempt_load
 from models.registry import use_modules
@@ -109,9 +109,10 @@ class BaseTrainer:
         """Return the dataset dict (train/val paths, names, nc)."""
         raise NotImplementedError
 
-    def build_model(self, nc, names):
+    def build_model(self, nc, names, resumed=None):
         """(model, given): the model to train for `nc` classes `names`, and the state-dict keys --weights gave it
-        (None where no --weights seeded it: from scratch, or resumed, where the checkpoint restores everything)."""
+        (None where no --weights seeded it: from scratch, or resumed, where the checkpoint restores everything).
+        `resumed`: a resumed run's model YAML (engine/resume.run_model_yaml), built as it is; nothing else is read."""
         raise NotImplementedError
 
     def build_dataset(self, path, mode, stride):
@@ -200,8 +201,10 @@ class BaseTrainer:
         with du.torch_distributed_zero_first(self.local_rank):
             self.data = self.get_data()  # may download or generate; rank 0 of each machine goes first
         self.nc, self.names = self.data["nc"], self.data["names"]
+        # a resume trains the checkpoint's own model: global rank 0 reads it, as it alone reads the run folder
+        resumed = du.on_main(run_model_yaml, self.resume_from, self.names, self.opt.data) if self.resume_from else None
         with du.torch_distributed_zero_first(self.local_rank):
-            model, given = self.build_model(self.nc, self.names)  # may download official weights: one per machine
+            model, given = self.build_model(self.nc, self.names, resumed)  # may download weights: one per machine
         self.opt = dataclasses.replace(self.opt, train_imgsz=check_imgsz(self.opt.imgsz, int(max(model.stride))),
                                        data_path=dataset_file(self.data, self.opt.data))
         if given is not None:  # a resumed run keeps its own record

@@ -21,10 +21,11 @@ pytestmark = pytest.mark.ddp  # every test here starts a process group
 DRIVER = Path(__file__).with_name("ddp_driver.py")
 
 
-def torchrun(script_args, cwd, timeout=420):
+def torchrun(script_args, cwd, timeout=420, path=()):
+    """`path`: folders put before the project on the workers' PYTHONPATH."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
            str(free_port()), *script_args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(map(str, [*path, ROOT]))}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -54,6 +55,21 @@ def plain_hyp(tmp_path, base):
 def _common(data, project, hyp, epochs):
     return ["--data", str(data), "--imgsz", "64", "--batch-size", "2", "--epochs", str(epochs), "--workers", "0",
             "--device", "cpu", "--project", str(project), "--name", "exp", "--hyp", str(hyp)]
+
+
+SECOND_RANK_CANNOT_READ_LAST = """import os
+import pathlib
+
+if os.environ.get("RANK", "0") != "0":  # a machine that does not mount the run folder
+    _read_bytes = pathlib.Path.read_bytes
+
+    def _refuse_last(self):
+        if self.name == "last.pt":
+            raise PermissionError(f"rank {os.environ['RANK']} reads {self}")
+        return _read_bytes(self)
+
+    pathlib.Path.read_bytes = _refuse_last
+"""
 
 
 @pytest.mark.parametrize("cfg,base_hyp", [("yolov5n.yaml", "hyp.scratch-low.yaml"), ("yolov8n.yaml", "hyp.v8.yaml"),
@@ -96,7 +112,12 @@ def test_torchrun_killed_run_resumes(tmp_path):
     last = project / "exp" / "weights" / "last.pt"
     done = torch.load(last, weights_only=True)["epoch"]
     assert done < 5
-    r = torchrun([str(ROOT / "train.py"), "--resume", str(last), "--device", "cpu", "--workers", "0"], ROOT)
+    # global rank 0 alone reads the run folder's last.pt (docs/distributed.md): the other rank's reads of it fail
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SECOND_RANK_CANNOT_READ_LAST)
+    r = torchrun([str(ROOT / "train.py"), "--resume", str(last), "--device", "cpu", "--workers", "0"], ROOT,
+                 path=[site])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader(open(results)))
     epochs = [int(row["epoch"]) for row in rows]

@@ -7,7 +7,6 @@ import torch
 
 from engine.messages import check_task
 from engine.predictor import BasePredictor
-from engine.resume import run_model_yaml
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights
@@ -72,9 +71,9 @@ class ClassificationTrainer(BaseTrainer):
         """The validation images, which sit in class folders: a glob, since --source reads a folder itself only."""
         return shlex.quote(str(Path(self.data["val"]) / "*" / "*"))
 
-    def build_model(self, nc, names):
-        if self.resume_from:  # the run's own model, whose weights restore() puts back: nothing the file names is read
-            model = ClassificationModel(run_model_yaml(self.resume_from, names, self.opt.data), nc=nc)
+    def build_model(self, nc, names, resumed=None):
+        if resumed is not None:  # the run's own model, whose weights restore() puts back
+            model = ClassificationModel(resumed, nc=nc)
             model.names = dict(names)
             return model, None
         model, given = build_classifier(self.opt.cfg, nc, names)

@@ -10,7 +10,6 @@ import torch
 from engine.messages import SCRIPTS, check_task
 from engine.options import DetectPredictOptions, DetectTrainOptions
 from engine.predictor import BasePredictor
-from engine.resume import run_model_yaml
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.backend import InferenceBackend
@@ -72,11 +71,11 @@ class DetectionTrainer(BaseTrainer):
         """What the model class takes from the dataset besides nc (pose: kpt_shape)."""
         return {}
 
-    def build_model(self, nc, names):
+    def build_model(self, nc, names, resumed=None):
         """--cfg's model (a YAML, or a .pt's own model: what --weights without --cfg trains, engine/resume.py), seeded
         from --weights by key and shape."""
-        if self.resume_from:  # the run's own model, whose weights restore() puts back: nothing the file names is read
-            src, own, cfg = None, False, run_model_yaml(self.resume_from, names, self.opt.data)
+        if resumed is not None:  # the run's own model, whose weights restore() puts back
+            src, own, cfg = None, False, resumed
         else:
             src = attempt_load(self.opt.weights, device="cpu", fuse=False) if self.opt.weights else None
             own = self.opt.train_checkpoint_model
