@@ -130,8 +130,10 @@ def from_safe(x):
 def check_class_ids(predicted, labelled, weights, data, instead):
     """Refuse (BadCheckpoint) weights that predict a class `labelled` ({id: name}, a dataset's) names under another
     id: labels and scores are class ids, so such a class would be trained or scored on another's boxes. `weights`,
-    `data`: how the message names them; `instead`: what to do, ending in the data to give."""
-    ids = {n: k for k, n in labelled.items()}
+    `data`: how the message names them; `instead`: what to do, ending in the data to give. A name `labelled` gives
+    several classes (a dataset may) tells no id: it is not judged."""
+    given = list(labelled.values())
+    ids = {n: k for k, n in labelled.items() if given.count(n) == 1}
     moved = [(k, n) for k, n in dict(predicted).items() if ids.get(n, k) != k]
     if moved:
         k, n = moved[0]

@@ -32,3 +32,9 @@ def test_val_refuses_data_naming_the_weights_classes_in_another_order():
         DetectionValidator.val_names({"nc": 3, "names": {0: "person", 1: "car", 2: "dog"}}, model, options)
     for names in ({0: "car", 1: "person", 2: "dog"}, {0: "car", 1: "bus", 2: "cat"}):
         assert DetectionValidator.val_names({"nc": 3, "names": names}, model, options) == names
+    twice = {0: "car", 1: "car", 2: "dog"}  # a name given twice tells no id: the run that made the weights read it so
+    assert DetectionValidator.val_names({"nc": 3, "names": twice}, types.SimpleNamespace(nc=3, names=twice),
+                                        options) == twice
+    with pytest.raises(BadCheckpoint, match="predicts 'dog' as class 2, --data voc labels it 0"):
+        DetectionValidator.val_names({"nc": 3, "names": {0: "dog", 1: "car", 2: "car"}},
+                                     types.SimpleNamespace(nc=3, names=twice), options)
