@@ -58,6 +58,24 @@ class UnknownClasses(BadDataset):
     """Labels with class ids the dataset YAML does not name (YOLODataset's `names_from`)."""
 
 
+def _listed_files(img_path, source, prefix):
+    """(image files, their label files, '<entry>: ignored, <why>' for every other entry) of a split, read from its
+    annotation `source` (None: YOLO text files); NoUsableImages where it holds no image."""
+    try:
+        im_files, others = source.images(img_path) if source is not None else scan_files(img_path)
+    except FileNotFoundError as e:
+        raise BadDataset(f"{prefix}{e}") from None
+    label_files = source.label_files(im_files) if source is not None else img2label_paths(im_files)
+    # an image's own label file is no stray entry: without an /images/ folder in the path it lies beside the image
+    # (CVAT's YOLO 1.1 obj_<subset>_data/), where the scan meets it
+    own = (source.own_files() if source is not None else set()) | set(label_files)
+    ignored = [f"{f}: ignored, {why}" for f, why in others if f not in own]
+    if not im_files:
+        raise NoUsableImages(f"{prefix}no supported files found in {img_path} (formats: "
+                             f"{', '.join(sorted(IMG_FORMATS))}; {len(others)} other files)", ignored)
+    return im_files, label_files, ignored
+
+
 class YOLODataset(Dataset):
     """Images + YOLO label files. `dataset[i]` is a dict (img uint8 (3, H, W) RGB, cls (n, 1), bboxes (n, 4)
     normalised xywh, path, shape, and what the label format adds, e.g. masks); `collate_fn` makes the batch of
@@ -94,18 +112,7 @@ class YOLODataset(Dataset):
         self.device_hsv = device_hsv
         self.rng = SampleRNG(seed)
         source = label_source(img_path, self.format)  # COCO JSON or VOC XML labels; None: YOLO text files
-        try:
-            im_files, others = source.images(img_path) if source is not None else scan_files(img_path)
-        except FileNotFoundError as e:
-            raise BadDataset(f"{prefix}{e}") from None
-        label_files = source.label_files(im_files) if source is not None else img2label_paths(im_files)
-        # an image's own label file is no stray entry: without an /images/ folder in the path it lies beside the
-        # image (CVAT's YOLO 1.1 obj_<subset>_data/), where the scan meets it
-        own = (source.own_files() if source is not None else set()) | set(label_files)
-        ignored = [f"{f}: ignored, {why}" for f, why in others if f not in own]
-        if not im_files:
-            raise NoUsableImages(f"{prefix}no supported files found in {img_path} (formats: "
-                                 f"{', '.join(sorted(IMG_FORMATS))}; {len(others)} other files)", ignored)
+        im_files, label_files, ignored = _listed_files(img_path, source, prefix)
         p = Path(img_path) if isinstance(img_path, (str, Path)) else None
         # a list file names its own cache; a folder, glob or single image uses its labels folder's, which lies beside
         # that folder: a cache named after an image would lie among the images, listed as ignored by later scans
