@@ -20,6 +20,7 @@ from utils.errors import BadOption
 from utils.files import ROOT
 from yolo import YOLO
 from yolo.cli import main as yolo_main
+from yolo.cli import run as yolo_run
 from yolo.cli import split_words
 
 IMAGE = ROOT / "data" / "images" / "shapes1.jpg"
@@ -122,11 +123,13 @@ def test_the_model_says_its_task(tmp_path):
 
 
 def test_yolo_command_runs_the_script_with_key_value_words_beside_flags(best, shapes_detect, tmp_path):
-    stats = yolo_main(["val", f"model={best}", "batch=4", "--workers", "0", "--project",
-                       str(tmp_path)])
+    words = ["val", f"model={best}", "batch=4", "--workers", "0", "--project", str(tmp_path)]
+    stats = yolo_run(words)
     ref = val.main(val.parse_opt(["--weights", str(best), "--data", str(shapes_detect), "--img", "64",
                                   "--batch-size", "4", "--workers", "0", "--project", str(tmp_path)]))
     assert stats == ref
+    # The console script exits with main()'s value: the metrics there would print and exit with status 1.
+    assert yolo_main(words) == 0
 
 
 def test_yolo_command_mistakes_are_one_error_line(tmp_path):

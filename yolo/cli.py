@@ -46,11 +46,11 @@ def split_words(argv):
     return task, mode, words
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
+def run(argv):
+    """What the script of `argv`'s task and mode returns (metrics, results or files), or None for the help."""
     if not argv or argv[0] in ("help", "-h", "--help"):
         print("usage: " + USAGE.strip())
-        return 0
+        return None
 
     def parse():
         task, mode, args = split_words(argv)
@@ -58,3 +58,10 @@ def main(argv=None):
         return module, module.parse_opt(args)
 
     return run_cli(lambda parsed: parsed[0].main(parsed[1]), parse)
+
+
+def main(argv=None):
+    """The command's exit status: 0 once the script has run (its errors exit 2 inside run_cli). Returning the
+    script's result would hand it to sys.exit, which prints it and exits with status 1."""
+    run(sys.argv[1:] if argv is None else list(argv))
+    return 0
