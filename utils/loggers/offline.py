@@ -29,8 +29,11 @@ def read_wandb(folder):
     for record in map(json.loads, r.stdout.splitlines()):
         if record.get("type") == "history":
             step = int(record["history"]["step"].get("num", 0))
-            for k, v in record["history"]["item"].items():
-                if not k.startswith("_") and isinstance(v, (int, float)):
+            item = record["history"]["item"]
+            # a picture or table comes flattened as `name._type`, `name.height`, `name.size`...: not metrics
+            media = {k.rpartition(".")[0] for k in item if k.endswith("._type")}
+            for k, v in item.items():
+                if not k.startswith("_") and k.rpartition(".")[0] not in media and isinstance(v, (int, float)):
                     metrics.setdefault(k, {})[step] = float(v)
     return metrics
 
