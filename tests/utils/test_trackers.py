@@ -391,11 +391,31 @@ def test_the_offline_view_shows_every_epoch_with_no_login(tracked_run, tmp_path)
                        env=env, cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     shown = [block.splitlines() for block in r.stdout.split("# ")[1:]]
+    columns = set(next(iter(rows.values()))) - {"epoch"}
     for lines, name in zip(shown, (str, lambda c: f"{tracked_run.save_dir.name}/{mlflow_name(c)}")):
         header = lines[1].split(",")
         by_step = {line.split(",")[0]: dict(zip(header, line.split(","))) for line in lines[2:]}
+        if name is str:  # W&B: the pictures' sizes and the per-class table's shape are no columns, nor their steps
+            assert set(header[1:]) == columns and set(by_step) == {str(e) for e in rows}, (header, list(by_step))
         for epoch, row in rows.items():
             values = by_step[str(epoch)]
             for column, value in row.items():
                 if column != "epoch":
                     assert float(values[name(column)]) == pytest.approx(float(value), rel=1e-4), (column, epoch)
+
+
+def test_an_offline_wandb_run_is_named_by_its_folder_without_asking_its_url(tmp_path):
+    """wandb warns "URL not available in offline run" when an offline run's url is read: where() must not read it."""
+    from utils.loggers.wandb import WandbTracker
+
+    class OfflineRun:
+        offline = True
+        dir = str(tmp_path / "offline-run-x" / "files")
+
+        @property
+        def url(self):
+            raise AssertionError("an offline run's url was read")
+
+    tracker = WandbTracker()
+    tracker.run = OfflineRun()
+    assert tracker.where() == f" offline in {tmp_path / 'offline-run-x'} (wandb sync it to upload)"

@@ -33,7 +33,8 @@ class WandbTracker(Tracker):
         return self.run.id
 
     def where(self):
-        if self.run.url:
+        # an offline run's url warns "URL not available in offline run" on the console
+        if not self.run.offline and self.run.url:
             return f": {self.run.url}"
         return f" offline in {Path(self.run.dir).parent} (wandb sync it to upload)"
 
