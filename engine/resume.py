@@ -80,7 +80,8 @@ def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("opt"), dict):
         raise BadCheckpoint(f"--resume {path}: not a checkpoint of a training run of this project (no options)")
     if not is_unfinished(ckpt):
-        raise BadCheckpoint(f"--resume {path}: the run has finished (no optimizer state): nothing to resume")
+        raise BadCheckpoint(f"--resume {path}: the run has finished (no optimizer state): nothing to resume; to "
+                            f"train it further, start a new run with --weights {path} --epochs N")
     options.check_saved(ckpt["opt"], f"--resume {path}")  # typed and checked as the command line is
     refused = sorted(set(given) - set(rules))
     if refused:

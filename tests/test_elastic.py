@@ -294,7 +294,7 @@ def _typed(argv):
 
 def test_bare_resume_picks_the_newest_unfinished_run(tmp_path):
     from engine.resume import resume_opt
-    from utils.errors import BadOption
+    from utils.errors import BadCheckpoint, BadOption
 
     project = tmp_path / "runs"
     old = _fake_run(project, "exp", finished=False, mtime=time.time() - 100)
@@ -307,6 +307,9 @@ def test_bare_resume_picks_the_newest_unfinished_run(tmp_path):
     _fake_run(done, "exp", finished=True)
     with pytest.raises(BadOption, match="every run under .* has finished"):
         resume_opt(_typed(["--resume", "--project", str(done)]), "runs/train")
+    finished = done / "exp" / "weights" / "last.pt"
+    with pytest.raises(BadCheckpoint, match=f"has finished .* start a new run with --weights {finished} --epochs N"):
+        resume_opt(_typed(["--resume", str(finished)]), "runs/train")
 
 
 def test_resume_auto_starts_a_run_continues_it_and_refuses_what_cannot_continue(tmp_path):
