@@ -94,3 +94,18 @@ def test_a_darknet_list_reads_its_data_prefix_as_the_lists_folder(tmp_path):
     assert files == [str(root / "obj_train_data" / "a.jpg"), str(root / "obj_train_data" / "b.jpg"),
                      str(root / "data" / "c.jpg"), str(root / "data" / "obj_train_data" / "gone.jpg")]
     assert others == []
+
+
+def test_a_list_entry_found_only_from_the_working_folder_is_read_from_there(tmp_path, monkeypatch):
+    """`--source list.txt` naming files as the command line would (relative to where the command runs): an entry
+    missing from the list's folder but present from the working folder is read; the list's folder comes first."""
+    work, lists = tmp_path / "work", tmp_path / "lists"
+    for f in (work / "images" / "a.jpg", work / "images" / "b.jpg", lists / "images" / "b.jpg"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"")
+    (lists / "list.txt").write_text("images/a.jpg\nimages/b.jpg\nimages/gone.jpg\n")
+    monkeypatch.chdir(work)
+    files, others = scan_files(str(lists / "list.txt"))
+    assert files == [str(work / "images" / "a.jpg"), str(lists / "images" / "b.jpg"),
+                     str(lists / "images" / "gone.jpg")]
+    assert others == []

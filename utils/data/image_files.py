@@ -52,15 +52,19 @@ def _read_list_file(path):
     lines are file names, so bytes that are not UTF-8 are kept as the names they are (surrogate escapes). A darknet
     list names its files from darknet's folder, in whose data/ the dataset lies (CVAT's YOLO 1.1 export:
     `data/obj_train_data/x.jpg` in train.txt beside obj_train_data/): an entry `data/...` that is not found from the
-    list's folder but is without that prefix is read so."""
+    list's folder but is without that prefix is read so. An entry found from neither but from the working folder is
+    read from there: a list written for `--source` names files as the command line does (Ultralytics reads both)."""
     parent = path.parent
     out = []
     for line in os.fsdecode(path.read_bytes()).splitlines():
         line = line.strip()
         if line:
             p = Path(line)
-            if line.startswith("data/") and not (parent / p).exists() and (parent / line[5:]).exists():
-                p = Path(line[5:])
+            if not p.is_absolute() and not (parent / p).exists():
+                if line.startswith("data/") and (parent / line[5:]).exists():
+                    p = Path(line[5:])
+                elif p.exists():
+                    p = p.resolve()
             out.append(str(p if p.is_absolute() else (parent / p).resolve()))
     return out
 
