@@ -115,7 +115,7 @@ def test_a_namespace_without_imgsz_exports_at_the_run_s_size_else_640(tmp_path):
     weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
     (f,) = Exporter(SimpleNamespace(weights=str(weights), include=["torchscript"]))()
     assert InferenceBackend(f).imgsz == (640, 640)
-    ckpt = torch.load(weights, weights_only=False)
+    ckpt = torch.load(weights, weights_only=True)
     torch.save({**ckpt, "opt": {"train_imgsz": 64}}, weights)
     (f,) = Exporter(SimpleNamespace(weights=str(weights), include=["torchscript"], dynamic=False))()
     assert InferenceBackend(f).imgsz == (64, 64)
