@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from models.checkpoints import image_size, load_model
+from models.checkpoints import load_model, run_record
 from models.graphs import onnx_dry_run, read_onnx
 from models.heads import TASKS
 from models.untrusted import UnsafeTorchScript, check_torchscript
@@ -185,8 +185,7 @@ class InferenceBackend(nn.Module):
 
     def _set_metadata(self, meta):
         self.metadata = meta
-        run = {"imgsz": image_size(meta.get("imgsz")), "data": meta.get("data")}
-        self.run = {k: v for k, v in run.items() if v}
+        self.run = run_record(meta.get("imgsz"), meta.get("data"))
         self.task, self.stride, self.nc = meta["task"], meta["stride"], meta["nc"]
         if self.task != "classify" and not meta.get("layout"):
             raise BadFile(f"--weights {self.weights} has no output layout in its metadata: export it again")

@@ -14,7 +14,7 @@ A test that replaces a module global patches the module that reads it (`releases
 the names here are the same objects, and replacing one here changes nothing the modules call.
 """
 
-from models.checkpoints.load import attempt_load, image_size, load_model, model_yaml
+from models.checkpoints.load import attempt_load, load_model, model_yaml, run_record
 from models.checkpoints.ours import (
     check_class_ids,
     from_safe,
@@ -28,7 +28,7 @@ from models.checkpoints.safe import BadCheckpoint, UnsafeCheckpoint, allowed_glo
 from models.checkpoints.transfer import load_pretrained, transfer_weights
 
 __all__ = [
-    "BadCheckpoint", "UnsafeCheckpoint", "allowed_global", "attempt_load", "check_class_ids", "from_safe", "image_size",
+    "BadCheckpoint", "UnsafeCheckpoint", "allowed_global", "attempt_load", "check_class_ids", "from_safe",
     "load_checkpoint", "load_model", "load_pretrained", "model_from_ckpt", "model_to_ckpt", "model_yaml",
-    "official_url", "save_checkpoint", "to_safe", "transfer_weights",
+    "official_url", "run_record", "save_checkpoint", "to_safe", "transfer_weights",
 ]

@@ -69,7 +69,13 @@ def training_run(ckpt):
     opt = ckpt.get("opt") if isinstance(ckpt.get("opt"), dict) else ckpt.get("train_args")
     if not isinstance(opt, dict):
         return {}
-    found = {"imgsz": image_size(opt.get("train_imgsz")) or image_size(opt.get("imgsz")), "data": opt.get("data_path")}
+    return run_record(image_size(opt.get("train_imgsz")) or opt.get("imgsz"), opt.get("data_path"))
+
+
+def run_record(imgsz, data):
+    """{'imgsz', 'data'} of a run, each where known (`imgsz` as `image_size` reads it): what a checkpoint
+    (`training_run`) or an export's metadata (models/backend.InferenceBackend.run) says of the run that made it."""
+    found = {"imgsz": image_size(imgsz), "data": data}
     return {k: v for k, v in found.items() if v}
 
 
