@@ -6,19 +6,23 @@ skipped, kept or fixed is in `verify_image_label`.
 """
 
 import contextlib
+import multiprocessing
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
+import sys
 from pathlib import Path
 
+import cv2
 import numpy as np
+from tqdm import tqdm
 
 from utils.budget import MAX_LABEL_BYTES
 from utils.data.image_files import MISSING, entry_problem, files_hash
+from utils.data.jpeg_header import plain_jpeg_size
 from utils.data.label_cache import SUFFIX, load_cache, save_cache
-from utils.data.label_formats import BadLine, get_format
+from utils.data.label_formats import BadLine, DetectLabels, get_format
 from utils.errors import BadDataset
-from utils.imageio import read_image
+from utils.imageio import check_pixels, read_image
 from utils.loggers import LOGGER
 from utils.text import escape_controls
 
@@ -27,6 +31,8 @@ CACHE_VERSION = "yolo-labels-5"  # 3: label paths that are not files, BOMs, stri
 MAX_WARNINGS = 10  # problems printed per scan; all of them are in the dataset's `problems` (and the run folder)
 MAX_LINES = 3  # bad lines named per skipped image
 MIN_SIDE = 10  # pixels
+CHUNK = 64  # images a scanning process checks per task: ~10 ms of work against ~0.1 ms to hand it on
+BAR = "{l_bar}{bar:10}{r_bar}"
 # left_out: objects the annotation format itself says to leave out (COCO crowd, VOC difficult: utils/data/annotations)
 # absent: images an annotation file lists that the split does not hold (AnnotationSource.absent)
 STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "truncated", "unlabelled", "left_out",
@@ -35,22 +41,37 @@ STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "trunc
 # plain decimal notation, and a class id decimal digits, optionally with a zero fraction ('1', '1.0')
 DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 CLASS_ID = re.compile(r"\d+(\.0*)?", re.ASCII)
+PLAIN_TEXT = re.compile(r"[0-9eE.+\-\s]*")  # the characters of label text that `_plain_boxes` reads at once
 
 
 def verify_image(path):
     """(h, w) of a readable image, or raise ValueError saying what is wrong."""
+    return _image_shape(path)[0]
+
+
+def _image_shape(path):
+    """((h, w), whole?) of a readable image, or raise ValueError saying what is wrong. whole: a JPEG read from its
+    header and tail (utils/data/jpeg_header.py), known to hold its end-of-image marker; False for an image decoded."""
     why = entry_problem(path)
     if why:
         raise ValueError("image file missing" if why == MISSING else f"image path {why}")
     if os.path.getsize(path) == 0:
         raise ValueError("image file is empty (0 bytes)")
-    im = read_image(path)
-    if im is None:
-        raise ValueError("not a readable image (cannot be decoded)")
-    h, w = im.shape[:2]
+    try:
+        shape, whole = plain_jpeg_size(path), True
+    except OSError:  # the decoder's path below names it as before
+        shape = None
+    if shape is not None:
+        check_pixels(shape[1], shape[0])  # the limit read_image applies before decoding
+    else:
+        im, whole = read_image(path), False
+        if im is None:
+            raise ValueError("not a readable image (cannot be decoded)")
+        shape = im.shape[:2]
+    h, w = shape
     if h < MIN_SIDE or w < MIN_SIDE:
         raise ValueError(f"image size {w}x{h} is under {MIN_SIDE} pixels")
-    return h, w
+    return (h, w), whole
 
 
 def jpeg_truncated(path):
@@ -115,6 +136,35 @@ def read_label_text(lb_file):
         raise BadLine(f"{lb_file}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
+def _plain_boxes(text, nc, fmt):
+    """The record fields of a label text whose every line is an ordinary box (`cls cx cy w h` in plain decimals,
+    class < nc, box inside the image, no two rows alike), parsed for all lines at once; None for any other text,
+    which `parse_label_file` then reads line by line as before (and names what is wrong). Every value is converted
+    by float() as there, and the boxes come out of the same float64 operations, so the results are bit-identical.
+    Over ASCII digits, '.', '+', '-', 'e' and 'E', float() accepts exactly the DECIMAL notation."""
+    if type(fmt).parse is not DetectLabels.parse or not PLAIN_TEXT.fullmatch(text):
+        return None
+    rows = [r for r in (line.split() for line in text.splitlines()) if r]
+    if not rows or any(len(r) != 5 or not CLASS_ID.fullmatch(r[0]) for r in rows):
+        return None
+    try:
+        v = np.array([[float(x) for x in r] for r in rows], dtype=np.float64)
+    except ValueError:
+        return None
+    cx, cy, w, h = v[:, 1], v[:, 2], v[:, 3], v[:, 4]
+    x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+    corners = np.stack([x1, y1, x2, y2])
+    if not (np.isfinite(v).all() and (nc is None or v[:, 0].max() < nc) and (v[:, 1:] >= 0).all()
+            and (v[:, 1:] <= 1).all() and (w > 0).all() and (h > 0).all() and (corners >= 0).all()
+            and (corners <= 1).all() and (x2 > x1).all() and (y2 > y1).all()):
+        return None
+    boxes = np.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], 1).astype(np.float32)
+    classes = v[:, 0].astype(int)
+    if len(set(zip(classes.tolist(), map(tuple, np.round(boxes, 6).tolist())))) < len(rows):
+        return None  # duplicate rows: removed and noted line by line
+    return {"cls": classes.astype(np.float32).reshape(-1, 1), "bboxes": boxes, fmt.extra_key: [None] * len(rows)}
+
+
 def parse_label_file(lb_file, nc, fmt, converted=None):
     """Parse one label file -> (record fields, counts, notes). Raises BadLine naming the bad line(s), UnknownClass
     where a class id >= nc is among them. converted: the (text, where, row) of labels converted from annotations
@@ -122,6 +172,9 @@ def parse_label_file(lb_file, nc, fmt, converted=None):
     classes, boxes, extras, notes, seen, bad, unknown = [], [], [], [], set(), [], False
     text, where, row = converted if converted else (read_label_text(lb_file), lb_file, "line")
     counts = {"duplicates": 0, "clipped": 0, "unlabelled": int(text is None)}
+    fields = None if converted or not text else _plain_boxes(text, nc, fmt)
+    if fields is not None:
+        return fields, counts, notes
     for i, line in enumerate((text or "").splitlines(), 1):
         values = line.split()
         if not values:
@@ -175,7 +228,7 @@ def verify_image_label(im_file, lb_file, nc=None, fmt="detect", source=None, nam
     rec = {"im_file": im_file, "shape": None, "skipped": "", "duplicates": 0, "clipped": 0, "truncated": 0,
            "unlabelled": 0, "left_out": 0, "unknown_class": 0, "msg": ""}
     try:
-        rec["shape"] = verify_image(im_file)
+        rec["shape"], whole = _image_shape(im_file)
         converted, left = None, ([], {})
         if source is not None:
             text, *left = source.read(im_file, lb_file, rec["shape"], names, fmt)
@@ -186,7 +239,7 @@ def verify_image_label(im_file, lb_file, nc=None, fmt="detect", source=None, nam
         return rec
     notes += left[0]
     counts.update(left[1])
-    if jpeg_truncated(im_file):
+    if not whole and jpeg_truncated(im_file):
         rec["truncated"] = 1
         notes.insert(0, "truncated JPEG, kept as decoded")
     rec.update(counts, **fields)
@@ -196,16 +249,51 @@ def verify_image_label(im_file, lb_file, nc=None, fmt="detect", source=None, nam
     return rec
 
 
-def _build(im_files, label_files, nc, workers, fmt, source, names):
-    n = len(im_files)
+_job = None  # (nc, fmt, source, names) of the scan a forked scanning process serves
+
+
+def _scan_chunk(pairs):
+    """In a scanning process: the records of a chunk of (image, label file) pairs."""
+    nc, fmt, source, names = _job
+    return [verify_image_label(im, lb, nc, fmt, source, names) for im, lb in pairs]
+
+
+def _forked_pool(workers):
+    """A pool of `workers` processes forked from this one (they inherit the scan's arguments, never pickled), or
+    None where forking is not how processes start here or this process may not have children (a loader worker)."""
+    if workers < 2 or sys.platform != "linux" or multiprocessing.current_process().daemon:
+        return None
+    return multiprocessing.get_context("fork").Pool(workers, initializer=cv2.setNumThreads, initargs=(0,))
+
+
+def _records(im_files, label_files, nc, workers, fmt, source, names, desc):
+    """verify_image_label's record of every image, in order: in `workers` forked processes for a large split (the
+    checks are Python and hold the GIL; a decode fallback is OpenCV at one thread each), with a progress bar and its
+    rate. Each process takes chunks of CHUNK images, so the cost per image does not depend on the split's size."""
+    global _job
+    pairs = list(zip(im_files, label_files))
+    _job = nc, fmt, source, names  # before the fork: the processes inherit it
+    pool = _forked_pool(workers) if len(pairs) >= 2 * CHUNK else None
+    if pool is None:
+        _job = None
+        return [verify_image_label(im, lb, nc, fmt, source, names) for im, lb in pairs]
+    try:
+        chunks = pool.imap(_scan_chunk, (pairs[i:i + CHUNK] for i in range(0, len(pairs), CHUNK)))
+        records = []
+        with tqdm(total=len(pairs), desc=desc, unit="img", mininterval=1.0, bar_format=BAR) as bar:
+            for chunk in chunks:
+                records += chunk
+                bar.update(len(chunk))
+        return records
+    finally:
+        _job = None
+        pool.terminate()
+
+
+def _build(im_files, label_files, nc, workers, fmt, source, names, desc=""):
     if source is not None:
         source.prepare()
-    if n >= 64 and workers > 1:
-        with ThreadPoolExecutor(workers) as pool:  # OpenCV decodes outside the GIL
-            records = list(pool.map(verify_image_label, im_files, label_files, [nc] * n, [fmt] * n, [source] * n,
-                                    [names] * n))
-    else:
-        records = [verify_image_label(f, lb, nc, fmt, source, names) for f, lb in zip(im_files, label_files)]
+    records = _records(im_files, label_files, nc, workers, fmt, source, names, desc)
     stats = {**{k: 0 for k in STAT_KEYS}, "first_unknown_class": ""}
     labels, skipped, notes = [], [], []
     if source is not None:
@@ -247,7 +335,8 @@ def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=
                        valid=lambda d: all(isinstance(lb, dict) and lb.get("im_file") in members for lb in d["labels"]))
     cached = cache is not None
     if not cached:
-        labels, stats, msgs = _build(im_files, label_files, nc, min(workers, os.cpu_count() or 1), fmt, source, names)
+        labels, stats, msgs = _build(im_files, label_files, nc, min(workers, os.cpu_count() or 1), fmt, source, names,
+                                     f"{prefix}Scanning {str(cache_path).removesuffix(SUFFIX)}")
         cache = {"version": CACHE_VERSION, "hash": hash_, "labels": labels, "stats": stats, "msgs": msgs}
         save_cache(cache_path, cache, hash_, prefix)
     s, msgs = cache["stats"], cache["msgs"]
