@@ -37,6 +37,7 @@ from utils.data.image_files import (
 )
 from utils.data.label_cache import cache_path
 from utils.data.label_formats import get_format
+from utils.data.label_store import LabelStore
 from utils.data.labels import NoUsableImages, cache_labels, read_image
 from utils.data.loader import rank_indices
 from utils.errors import BadDataset, BadFile
@@ -131,13 +132,15 @@ class YOLODataset(Dataset):
         if not labels:
             raise NoUsableImages(f"{prefix}no usable images in {img_path} ({self.stats['skipped']} skipped)",
                                  self.problems)
-        self.labels = [self.format.finish(lb) for lb in labels]
+        # packed: forked loader workers share them instead of copying them as they read (utils/data/label_store.py)
+        self.labels = LabelStore([self.format.finish(lb) for lb in labels], self.format.extra_key)
+        del labels
         if single_cls:
-            self.labels = [dict(lb, cls=np.zeros_like(lb["cls"])) for lb in self.labels]
-        if augment and self.hyp["copy_paste"] and all(lb["segments"] is None for lb in self.labels):
+            self.labels = self.labels.single_class()
+        if augment and self.hyp["copy_paste"] and not self.labels.has_segments.any():
             LOGGER.warning(f"{prefix}WARNING: copy_paste {self.hyp['copy_paste']} has no effect: it pastes outlines, "
                            "and these labels have none (segment labels, or a polygon on every detection line)")
-        self.im_files = [lb["im_file"] for lb in self.labels]
+        self.im_files = self.labels.im_files
         if rect:
             self._set_rect_shapes(batch_size, stride, pad)
         n = len(self.labels)
@@ -146,16 +149,13 @@ class YOLODataset(Dataset):
         self.pool = np.arange(n) if cache_indices is None else np.unique(np.asarray(cache_indices, dtype=np.int64))
         self.ims = [None] * n
         self.disk_cache = cache == "disk"
-        self.npy_files = [disk_cache_path(f) for f in self.im_files]
         self.gone = set()  # images found missing after the scan (warned about once)
         if cache:
             self._cache_images(cache)
 
     def label_arrays(self):
         """(classes (n,), normalised xywh boxes (n, 4)) of every label, for the labels plot."""
-        cls = np.concatenate([lb["cls"].reshape(-1) for lb in self.labels]) if self.labels else np.zeros(0)
-        boxes = np.concatenate([lb["bboxes"].reshape(-1, 4) for lb in self.labels]) if self.labels else np.zeros((0, 4))
-        return cls, boxes
+        return self.labels.cls.reshape(-1).copy(), self.labels.bboxes.copy()
 
     def __len__(self):
         return len(self.labels)
@@ -168,11 +168,11 @@ class YOLODataset(Dataset):
     # ------------------------------------------------------------------ images
     def _set_rect_shapes(self, batch_size, stride, pad):
         """Sort images by aspect ratio and give each batch the smallest stride-multiple shape that fits them."""
-        hw = np.array([lb["shape"] for lb in self.labels], dtype=np.float64)
+        hw = self.labels.shapes.astype(np.float64)
         ar = hw[:, 0] / hw[:, 1]
         order = ar.argsort(kind="stable")
-        self.labels = [self.labels[i] for i in order]
-        self.im_files = [self.im_files[i] for i in order]
+        self.labels = self.labels.reordered(order)
+        self.im_files = self.labels.im_files
         ar = ar[order]
         self.batch_index = np.arange(len(ar)) // batch_size
         shapes = []
@@ -183,7 +183,7 @@ class YOLODataset(Dataset):
         self.batch_shapes = np.ceil(np.array(shapes) * self.imgsz / stride + pad).astype(int) * stride
 
     def _read(self, i):
-        im = read_disk_cache(self.npy_files[i], self.im_files[i]) if self.disk_cache else None
+        im = read_disk_cache(disk_cache_path(self.im_files[i]), self.im_files[i]) if self.disk_cache else None
         return self._decode(i) if im is None else im
 
     def _decode(self, i):
@@ -210,8 +210,9 @@ class YOLODataset(Dataset):
         return im, (h0, w0), im.shape[:2]
 
     def _save_npy(self, i):
-        if read_disk_cache(self.npy_files[i], self.im_files[i], mmap_mode="r") is None:
-            write_disk_cache(self.npy_files[i], self._decode(i))
+        npy = disk_cache_path(self.im_files[i])  # made when used: a list of them would be copied by every worker
+        if read_disk_cache(npy, self.im_files[i], mmap_mode="r") is None:
+            write_disk_cache(npy, self._decode(i))
 
     def _cache_images(self, mode):
         idx = self.pool.tolist()

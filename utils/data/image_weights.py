@@ -24,9 +24,12 @@ def class_weights(labels_cls, nc):
     return w / w.sum()
 
 
-def image_weights(counts, cw, maps):
-    """(n,) image weights from per-image class counts (n, nc), class weights (nc,) and per-class mAP (nc,)."""
-    return counts @ (cw * (1 - maps) ** 2 / len(cw))
+def image_weights(image_of, classes, n, cw, maps):
+    """(n,) image weights: the sum over each image's labels of its class's weight (class weights (nc,) times
+    (1 - per-class mAP (nc,))^2 / nc). The labels are given as two (M,) arrays, their image and their class: an
+    N x nc count matrix would be 2.6 GB per rank for Objects365 (1.7M images, 365 classes)."""
+    w = cw * (1 - maps) ** 2 / len(cw)
+    return np.bincount(image_of, weights=w[classes], minlength=n)
 
 
 class ImageWeightSampler(Sampler):
@@ -39,17 +42,22 @@ class ImageWeightSampler(Sampler):
     reads_validation = True  # an epoch's weights come from the validation before it
 
     def __init__(self, labels_cls, nc, num_replicas=1, rank=-1, seed=0, maps_fn=None):
-        self.counts = np.stack([np.bincount(c.reshape(-1).astype(int), minlength=nc)[:nc] for c in labels_cls])
+        classes = [c.reshape(-1).astype(np.int64) for c in labels_cls]
+        image_of = np.repeat(np.arange(len(classes)), [len(c) for c in classes])
+        classes = np.concatenate(classes) if classes else np.zeros(0, np.int64)
+        known = classes < nc  # as a count matrix of nc columns, which has no place for others
+        self.n, self.image_of, self.classes = len(labels_cls), image_of[known], classes[known]
         self.cw = class_weights(labels_cls, nc)
         self.num_replicas, self.rank, self.seed = num_replicas, max(rank, 0), seed
         self.maps_fn = maps_fn or (lambda: np.zeros(nc))
-        self.num_samples = math.ceil(len(self.counts) / num_replicas)
+        self.num_samples = math.ceil(self.n / num_replicas)
         self.epoch, self.skip, self.weights = 0, 0, None
 
     def set_epoch(self, epoch, skip=0):
         """`skip`: samples of the epoch already done (a run resumed inside the epoch)."""
         self.epoch, self.skip = epoch, min(skip, self.num_samples)
-        w = image_weights(self.counts, self.cw, np.asarray(self.maps_fn())) if du.is_main_process() else None
+        maps = np.asarray(self.maps_fn()) if du.is_main_process() else None
+        w = image_weights(self.image_of, self.classes, self.n, self.cw, maps) if maps is not None else None
         self.weights = du.broadcast_object(w)
 
     def __len__(self):
