@@ -9,12 +9,9 @@ the crops and csv rows (`objects`) and the log line (`summary`). Each image's re
 
 import csv
 import dataclasses
-import os
-import sys
 from pathlib import Path
 
 import cv2
-import numpy as np
 import torch
 
 from engine.inherit import run_values
@@ -29,6 +26,7 @@ from utils.files import increment_path
 from utils.imageio import printable, write_image
 from utils.loggers import LOGGER
 from utils.plots import Annotator, save_one_box
+from utils.results import Results, window_problem
 from utils.text import escape_controls
 from utils.torch_utils import inference_bf16, time_sync
 
@@ -133,44 +131,54 @@ class BasePredictor:
                 f.writelines(lines)
         return first.summary(image, self.names)
 
-    @torch.no_grad()
     def __call__(self):
-        dataset = self.dataset
-        results, dt, n = [], [0.0, 0.0, 0.0], 0
-        for path, im, im0, desc in dataset:
-            t0 = time_sync()
-            x = self.preprocess(im)
-            t1 = time_sync()
-            preds = self.model(x)
-            t2 = time_sync()
-            result = self.postprocess(preds, x, im0)
-            t3 = time_sync()
-            dt = [dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2]
-            n += 1
-            p = Path(path)
-            stem = p.stem if dataset.mode == "image" else f"{p.stem}_{dataset.frame}"
-            txt_path = self.save_dir / "labels" / f"{stem}.txt" if self.args.save_txt else None
-            imc = im0.copy() if self.args.save_crop else im0
-            summary = self.write_result(result, im0, txt_path)
-            self.save_extras(result, imc, p.name if dataset.mode == "image" else f"{stem}{p.suffix or '.jpg'}")
-            self.save(dataset, path, im0)
-            if self.show:
-                cv2.imshow(printable(p), im0)
-                cv2.waitKey(1)
-            LOGGER.info(f"{desc}{summary}, {(t2 - t1) * 1e3:.1f}ms")
-            results.append(result)
+        """Every image's record (`utils/fields.Predictions`, original-image pixels), in the source's order."""
+        return [r.record for r in self.stream(keep_original=False)]
+
+    def stream(self, keep_original=True):
+        """Yields each image's or frame's `utils/results.Results` as soon as it is predicted, drawn, written and
+        saved as the options say; nothing is kept between frames, so a long video takes the memory of one. With
+        `keep_original` a Results' `orig_img` is the image as read, else the drawn one (no copy)."""
+        dataset, dt, n = self.dataset, [0.0, 0.0, 0.0], 0
+        with torch.no_grad():
+            for path, im, im0, desc in dataset:
+                t0 = time_sync()
+                x = self.preprocess(im)
+                t1 = time_sync()
+                preds = self.model(x)
+                t2 = time_sync()
+                result = self.postprocess(preds, x, im0)
+                t3 = time_sync()
+                dt, n = [dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2], n + 1
+                orig = im0.copy() if keep_original or self.args.save_crop else im0
+                summary = self._write(dataset, path, result, im0, orig)
+                LOGGER.info(f"{desc}{summary}, {(t2 - t1) * 1e3:.1f}ms")
+                speed = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3, "postprocess": (t3 - t2) * 1e3}
+                yield Results(orig, path, self.names, self.fields, result, speed)
         for w in self.writers.values():
             w.release()
-        shape = (1, 3, *im.shape[-2:]) if n else None
         if n:
             LOGGER.info(
                 f"Speed: {dt[0] * 1e3 / n:.1f}ms pre-process, {dt[1] * 1e3 / n:.1f}ms inference, "
-                f"{dt[2] * 1e3 / n:.1f}ms post-process per image at shape {shape}"
+                f"{dt[2] * 1e3 / n:.1f}ms post-process per image at shape {(1, 3, *x.shape[-2:])}"
             )
         a = self.args
         if not a.nosave or a.save_txt or a.save_csv or a.save_crop:
             LOGGER.info(f"Results saved to {self.save_dir}")
-        return results
+
+    def _write(self, dataset, path, result, im0, imc):
+        """Draw `result` on im0, write its label lines, crops and csv rows (crops from imc, undrawn), save and show
+        the drawn image; returns the log line's summary."""
+        p = Path(path)
+        stem = p.stem if dataset.mode == "image" else f"{p.stem}_{dataset.frame}"
+        txt_path = self.save_dir / "labels" / f"{stem}.txt" if self.args.save_txt else None
+        summary = self.write_result(result, im0, txt_path)
+        self.save_extras(result, imc, p.name if dataset.mode == "image" else f"{stem}{p.suffix or '.jpg'}")
+        self.save(dataset, path, im0)
+        if self.show:
+            cv2.imshow(printable(p), im0)
+            cv2.waitKey(1)
+        return summary
 
     def save(self, dataset, path, im0):
         if self.args.nosave:
@@ -193,15 +201,4 @@ class BasePredictor:
 
 def can_show_windows():
     """Whether cv2.imshow can open a window here; warns once (per run) when it cannot, instead of failing later."""
-    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        reason = "no display (DISPLAY is not set)"
-    else:
-        try:
-            cv2.imshow("test", np.zeros((8, 8, 3), dtype=np.uint8))
-            cv2.waitKey(1)
-            cv2.destroyAllWindows()
-            return True
-        except cv2.error:
-            reason = "this OpenCV build cannot open windows (opencv-python-headless: pip install opencv-python)"
-    LOGGER.warning(f"WARNING: --view-img: {reason}; results are saved but not shown")
-    return False
+    return window_problem("--view-img") is None

@@ -10,6 +10,8 @@ returns results that carry the class names.
                          # 'keypoints' (K, 2 or 3) in the image's pixels for pose models)
 """
 
+import dataclasses
+import time
 from pathlib import Path
 
 import cv2
@@ -22,8 +24,9 @@ from models.yolo import ClassificationModel
 from utils import ops
 from utils.data.augment import letterbox
 from utils.errors import BadFile
-from utils.fields import Boxes, Keypoints, Letterbox, Masks, in_original_pixels
+from utils.fields import Boxes, ClassScores, Keypoints, Letterbox, Masks, Predictions, in_original_pixels
 from utils.imageio import read_image
+from utils.results import Results, nms_iou
 
 
 def _to_bgr(im, i=0):
@@ -46,49 +49,61 @@ def _to_bgr(im, i=0):
     return name, np.ascontiguousarray(im[..., ::-1]).astype(np.uint8)
 
 
-class Results:
-    """Per-image results: `xyxy` (detections, original pixels) and `masks` (segmenters) or `keypoints` (pose models,
-    (n, K, 2 or 3) original pixels), or `probs` (classifiers)."""
+class ResultsList(list):
+    """One `utils.results.Results` per image, in the call's order, as Ultralytics' `predict` returns them; also what
+    torch.hub's YOLOv5 models give: `files`, `xyxy` (per image (n, 6): x1, y1, x2, y2, conf, class), `masks`,
+    `keypoints` or `probs`, and `tolist()`."""
 
-    def __init__(self, names, files, xyxy=None, masks=None, probs=None, keypoints=None):
-        self.names, self.files, self.xyxy, self.masks, self.probs = names, files, xyxy, masks, probs
-        self.keypoints = keypoints
+    def __init__(self, results, names):
+        super().__init__(results)
+        self.names = names
 
-    def __len__(self):
-        return len(self.files)
+    @property
+    def files(self):
+        return tuple(Path(r.path).name for r in self)
+
+    @property
+    def xyxy(self):
+        return [r.boxes.data for r in self]
+
+    @property
+    def masks(self):
+        return [r.masks.data for r in self] if self and self[0].masks is not None else None
+
+    @property
+    def keypoints(self):
+        return [r.keypoints.data for r in self] if self and self[0].keypoints is not None else None
+
+    @property
+    def probs(self):
+        return torch.stack([r.probs.data for r in self]) if self and self[0].probs is not None else None
 
     def tolist(self):
-        if self.probs is not None:
-            return [[{"class": int(i), "name": self.names[int(i)], "conf": float(p[i])} for i in p.argsort(0, True)[:5]]
-                    for p in self.probs]
+        """Per image: the five most probable classes {'class', 'name', 'conf'} of a classifier, else a dict per
+        object {'box', 'conf', 'class', 'name'}, with 'mask' (h, w) and 'keypoints' (K, 2 or 3) where the model has
+        them."""
         out = []
-        for k, det in enumerate(self.xyxy):
+        for r in self:
+            if r.probs is not None:
+                out.append([{"class": c, "name": self.names[c], "conf": float(r.probs.data[c])} for c in r.probs.top5])
+                continue
             rows = [{"box": d[:4].tolist(), "conf": float(d[4]), "class": int(d[5]), "name": self.names[int(d[5])]}
-                    for d in det]
-            if self.masks is not None:
-                for row, m in zip(rows, self.masks[k]):
-                    row["mask"] = m
-            if self.keypoints is not None:
-                for row, kp in zip(rows, self.keypoints[k]):
-                    row["keypoints"] = kp
+                    for d in r.boxes.data]
+            for key, view in (("mask", r.masks), ("keypoints", r.keypoints)):
+                for row, v in zip(rows, view.data if view is not None else ()):
+                    row[key] = v
             out.append(rows)
         return out
 
     def __repr__(self):
-        lines = []
-        for f, rows in zip(self.files, self.tolist()):
-            counts = {}
-            for r in rows if self.probs is None else rows[:1]:
-                counts[r["name"]] = counts.get(r["name"], 0) + 1
-            lines.append(f"{f}: " + (", ".join(f"{n} {k}" for k, n in counts.items()) or "(no detections)"))
-        return "\n".join(lines)
+        return "\n".join(f"{Path(r.path).name}: {r.verbose()}" for r in self)
 
 
 class HubModel(nn.Module):
     """Inference wrapper: letterbox (or resize for classifiers), forward in eval mode, NMS, back to the image's
-    pixels. `conf`, `iou`, `classes`, `max_det` are NMS settings the caller may change."""
+    pixels. `conf`, `iou`, `classes`, `max_det` are NMS settings the caller may change; returns a ResultsList."""
 
-    conf, iou, classes, agnostic, max_det = 0.25, 0.45, None, False, 1000
+    conf, iou, classes, agnostic, max_det = 0.25, None, None, False, 1000  # iou None: the family's (nms_iou)
 
     def __init__(self, model):
         """`model`: a model of ours (nn.Module), or a models.backend.InferenceBackend of an export."""
@@ -100,39 +115,43 @@ class HubModel(nn.Module):
         self.stride = 32 if self.classify else int(torch.as_tensor(model.stride).max())
         self.static = None if getattr(model, "dynamic", True) else model.imgsz  # the one size an export takes
         kpt_shape = None if self.classify else self.layout.kpt_shape
-        self.fields = () if self.classify else ((Boxes(),) + ((Masks(),) if self.layout.proto else ())
-                                                + ((Keypoints(kpt_shape),) if kpt_shape else ()))
+        self.fields = (ClassScores(self.names),) if self.classify else (
+            (Boxes(),) + ((Masks(),) if self.layout.proto else ()) + ((Keypoints(kpt_shape),) if kpt_shape else ()))
 
     @torch.no_grad()
     def forward(self, ims, size=640, augment=False):
         """`augment`: test-time augmentation (models/tta.py) for detectors and segmenters."""
         ims = ims if isinstance(ims, (list, tuple)) else [ims]
-        files, im0s = zip(*(_to_bgr(im, i) for i, im in enumerate(ims)))
+        return ResultsList([self.one(im, i, size, augment) for i, im in enumerate(ims)], self.names)
+
+    def one(self, im, i=0, size=640, augment=False):
+        """The `Results` of one image (what `forward` takes; `i` its place in the call, which names an array);
+        one at a time: each image keeps its own minimum letterbox, as detect.py does."""
+        t0 = time.perf_counter()
+        file, im0 = _to_bgr(im, i)
         p = next(self.model.parameters())
         if self.classify:
             h, w = self.static or (size, size)
-            x = np.stack([cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)[..., ::-1] for im in im0s])
-            x = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(p.device, p.dtype) / 255
-            return Results(self.names, files, probs=self.model(x).cpu())
-        xyxy, masks, kpts = [], [], []
-        for im0 in im0s:  # one at a time: each image keeps its own minimum letterbox, as detect.py does
-            det, mask, kpt = self._one(im0, size, p, augment)
-            xyxy.append(det)
-            masks.append(mask)
-            kpts.append(kpt)
-        return Results(self.names, files, xyxy=xyxy, masks=masks if self.layout.proto else None,
-                       keypoints=kpts if self.layout.kpt_shape else None)
-
-    def _one(self, im0, size, p, augment=False):
-        im = letterbox(im0, self.static or size, stride=self.stride, auto=self.static is None)[0]
-        x = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1)[::-1])).to(p.device, p.dtype)[None] / 255
+            x = cv2.resize(im0, (w, h), interpolation=cv2.INTER_LINEAR)[..., ::-1]
+        else:
+            x = letterbox(im0, self.static or size, stride=self.stride, auto=self.static is None)[0][..., ::-1]
+        x = torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1))).to(p.device, p.dtype)[None] / 255
+        t1 = time.perf_counter()
         model = TTAModel(self.model) if augment else self.model
-        layout = model.output_layout
-        out, protos = layout.split(model(x))
-        det = ops.non_max_suppression(out, self.conf, self.iou, self.classes, self.agnostic, max_det=self.max_det,
-                                      layout=layout)[0]
-        image = in_original_pixels(self.fields, det, None if protos is None else protos[0],
-                                   Letterbox(x.shape[2:], im0.shape))
-        mask = None if image.masks is None else image.masks.cpu()
-        kpts = layout.det_keypoints(image.boxes).float().cpu() if layout.kpt_shape else None
-        return image.boxes[:, :6].cpu(), mask, kpts
+        out = model(x)
+        t2 = time.perf_counter()
+        if self.classify:
+            record = Predictions(probs=out[0].float().cpu())
+        else:
+            layout = model.output_layout
+            out, protos = layout.split(out)
+            iou = nms_iou(layout) if self.iou is None else self.iou
+            det = ops.non_max_suppression(out, self.conf, iou, self.classes, self.agnostic, max_det=self.max_det,
+                                          layout=layout)[0]
+            record = in_original_pixels(self.fields, det, None if protos is None else protos[0],
+                                        Letterbox.placed(x.shape[2:], im0.shape))
+            record = dataclasses.replace(record, boxes=record.boxes.float().cpu(),
+                                         masks=None if record.masks is None else record.masks.cpu())
+        speed = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3,
+                 "postprocess": (time.perf_counter() - t2) * 1e3}
+        return Results(im0, file, self.names, self.fields, record, speed)

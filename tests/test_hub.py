@@ -11,6 +11,7 @@ import hubconf
 from models.checkpoints import model_to_ckpt
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils.files import ROOT
+from utils.results import Results
 
 IMAGE = ROOT / "data" / "images" / "shapes1.jpg"
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
@@ -37,6 +38,8 @@ def test_custom_matches_predictor_for_every_input_type(tmp_path, cfg):
     rgb = np.asarray(Image.open(IMAGE).convert("RGB"))
     results = model([str(IMAGE), rgb, Image.open(IMAGE), Image.fromarray(rgb)], size=96)
     assert len(results) == 4 and len(results.xyxy[0]) > 0
+    assert all(isinstance(r, Results) for r in results)  # a list of Results, as Ultralytics' predict returns
+    assert torch.equal(results[0].boxes.data, results.xyxy[0]) and results[3].path == "image3"
     assert results.files == (IMAGE.name, "array1", IMAGE.name, "image3")  # what print(results) names them
     for det in results.xyxy[1:]:
         torch.testing.assert_close(det, results.xyxy[0], atol=0.05, rtol=0)  # JPEG decoders may differ slightly

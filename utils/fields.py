@@ -64,6 +64,18 @@ class Letterbox(NamedTuple):
     ratio_pad: tuple | None = None
 
     @classmethod
+    def placed(cls, input, shape):
+        """An image of `shape` letterboxed into `input` (h, w) by utils/data/augment.letterbox, with the ratio and pad
+        that placed it: the resized sides rounded to whole pixels, the pad's odd pixel at the bottom and right. The
+        pad computed from the two shapes alone would be half a pixel off on the padded axis (yolov5's scale_boxes);
+        this is where the pixels are, and what Ultralytics' predict maps back through."""
+        h, w = input[:2]
+        r = min(h / shape[0], w / shape[1])
+        new_w, new_h = max(1, int(round(shape[1] * r))), max(1, int(round(shape[0] * r)))
+        pad = (int(round((w - new_w) / 2 - 0.1)), int(round((h - new_h) / 2 - 0.1)))
+        return cls(tuple(input[:2]), shape, ((new_h / shape[0], new_w / shape[1]), pad))
+
+    @classmethod
     def of_batch(cls, batch, si):
         """Image si of a validation batch, whose `shapes` hold each image's original shape and (ratio, pad)."""
         return cls(batch["img"].shape[2:], *batch["shapes"][si])

@@ -30,6 +30,7 @@ from utils.fields import MAX_PLOTTED_PREDS, Boxes, Letterbox, Predictions, in_or
 from utils.loggers import LOGGER
 from utils.metrics import ConfusionMatrix, DetMetrics, iou_vector
 from utils.plots import plot_images
+from utils.results import nms_iou
 
 
 def prediction_targets(boxes):
@@ -369,9 +370,10 @@ class DetectionPredictor(BasePredictor):
         scores) and what each field adds of its own (masks at the image's size)."""
         layout = self.model.output_layout
         det, protos = layout.split(preds)
+        iou = nms_iou(layout) if self.args.iou_thres is None else self.args.iou_thres  # None: the family's
         rows = ops.non_max_suppression(
-            det, self.args.conf_thres, self.args.iou_thres, self.args.classes, self.args.agnostic_nms,
+            det, self.args.conf_thres, iou, self.args.classes, self.args.agnostic_nms,
             max_det=self.args.max_det, layout=layout,
         )[0]
         return in_original_pixels(self.fields, rows, None if protos is None else protos[0],
-                                  Letterbox(im.shape[2:], im0.shape))
+                                  Letterbox.placed(im.shape[2:], im0.shape))
