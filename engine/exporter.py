@@ -1,4 +1,5 @@
-"""Exporter: a checkpoint (ours or official) -> ONNX and/or TorchScript files that run without this code.
+"""Exporter: a checkpoint (ours or official) -> ONNX and/or TorchScript files, an OpenVINO folder (fp32, or INT8
+calibrated on the run's training images) or a TensorRT engine (engine/export_targets.py), that run without this code.
 
 The exported graph is the fused inference model (BatchNorm folded, YOLOv7 RepConv and implicit layers
 re-parameterised) and returns the tensors of `model.eval()`, flattened to a tuple; the nesting, stride, names,
@@ -13,6 +14,14 @@ from pathlib import Path
 import torch
 from torch.onnx import _constants as onnx_constants
 
+from engine.calibration import calibration_images
+from engine.export_targets import (
+    build_engine,
+    check_engine_onnx,
+    export_openvino,
+    openvino_folder,
+    tensorrt_missing,
+)
 from engine.inherit import run_values
 from engine.options import ExportOptions
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
@@ -63,6 +72,10 @@ class Exporter:
         if "onnx" in self.opt.include and self.opt.opset not in OPSETS:
             raise BadOption(f"--opset {self.opt.opset}: torch {torch.__version__} exports ONNX opsets "
                             f"{OPSETS.start}..{OPSETS.stop - 1}")
+        if self.opt.int8 and not {"openvino", "engine"} & set(self.opt.include):
+            raise BadOption("--int8 quantises the openvino and engine formats: add --include openvino or engine")
+        if self.opt.half and "openvino" in self.opt.include:
+            raise BadOption("--half: an OpenVINO export runs on the CPU in fp32 (--int8 makes it smaller and faster)")
 
     @torch.no_grad()
     def __call__(self):
@@ -95,25 +108,51 @@ class Exporter:
         LOGGER.info(f"Exporting {opt.weights} with input {tuple(im.shape)} and {len(flat)} outputs "
                     f"{[tuple(y.shape) for y in flat]}")
         wrapper = ExportWrapper(model).eval()
+        calib = calibration_images(opt.data, meta["task"], imgsz, opt.calib_images) if opt.int8 else None
         files = []
         for fmt in dict.fromkeys(opt.include):  # each format once, in the order given
             f = Path(opt.weights).with_suffix(f".{fmt}")
+            f = openvino_folder(opt.weights, opt.int8) if fmt == "openvino" else f
             with warnings.catch_warnings():
                 # the tracer's notes on Python ints taken from shapes, the deprecation notices of both exporters
                 warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
                 warnings.simplefilter("ignore", category=DeprecationWarning)
                 warnings.simplefilter("ignore", category=FutureWarning)  # torch.jit.trace: we chose TorchScript
-                (self.export_onnx if fmt == "onnx" else self.export_torchscript)(wrapper, im, f, meta, len(flat))
-            LOGGER.info(f"{fmt}: saved {f} ({f.stat().st_size / 1e6:.1f} MB)")
+                getattr(self, f"export_{fmt}")(wrapper, im, f, meta, len(flat), calib)
+            size = sum(p.stat().st_size for p in f.iterdir()) if f.is_dir() else f.stat().st_size
+            LOGGER.info(f"{fmt}: saved {f} ({size / 1e6:.1f} MB)")
             files.append(f)
         LOGGER.info(f"Results saved to {Path(opt.weights).parent}")
         return files
 
-    def export_torchscript(self, wrapper, im, f, meta, n_out):
+    def export_openvino(self, wrapper, im, f, meta, n_out, calib):
+        export_openvino(wrapper, im, f, meta, self.opt.dynamic, calib)
+
+    def export_engine(self, wrapper, im, f, meta, n_out, calib):
+        """The ONNX graph (dynamic batch and size, at the default opset) is written and checked here on any machine;
+        the engine is built where TensorRT and a GPU are."""
+        onnx_file = f.with_suffix(".onnx")
+        opset, dynamic = self.opt.opset, self.opt.dynamic
+        self.opt = dataclasses.replace(self.opt, dynamic=True)
+        try:
+            self.export_onnx(wrapper, im, onnx_file, meta, n_out)
+        finally:
+            self.opt = dataclasses.replace(self.opt, dynamic=dynamic)
+        import onnx
+
+        check_engine_onnx(onnx.load(str(onnx_file)), opset)
+        LOGGER.info(f"engine: {onnx_file} checked: opset {opset}, dynamic batch, no NMS in the graph")
+        missing = tensorrt_missing()
+        if missing:
+            raise BadOption(f"--include engine needs {missing} here; {onnx_file} is ready to build it where they are")
+        max_batch = max(self.opt.batch_size, 32)  # a validation batch fits
+        build_engine(onnx_file, f, {**meta, "dynamic": True}, tuple(im.shape[2:]), max_batch, calib)
+
+    def export_torchscript(self, wrapper, im, f, meta, n_out, calib=None):
         ts = torch.jit.trace(wrapper, im, strict=False)
         ts.save(str(f), _extra_files={METADATA_KEY: json.dumps(meta)})
 
-    def export_onnx(self, wrapper, im, f, meta, n_out):
+    def export_onnx(self, wrapper, im, f, meta, n_out, calib=None):
         try:
             import onnx
         except ImportError as e:

@@ -411,7 +411,14 @@ class ExportOptions(Options):
     simplify: bool = _opt("--simplify", text="ONNX: simplify the graph with onnxslim")
     opset: int = _opt("--opset", default=DEFAULT_OPSET,
                       text="ONNX opset version; the versions this torch exports are checked before exporting")
+    int8: bool = _opt("--int8", text="openvino, engine: INT8 post-training quantisation, calibrated on --data's "
+                                     "training images")
+    data: Optional[str] = _opt("--data", type=str, default=None,
+                               text="--int8's calibration images: a dataset YAML, whose train split is read (default: "
+                                    "the weights' training set where its file still exists)")
+    calib_images: int = _opt("--calib-images", default=300, text="--int8: how many training images calibrate it "
+                                                                 "(at least 32; fewer where the split has fewer)")
     modules: list[str] = _opt("--modules", text=MODULES_HELP, **MODULES_ARG)
     # {option: the script's fallback} for the options left to the weights' run: utils/cli.inherited sets it on the
     # parser, engine/inherit.run_values reads it; a namespace made in code that leaves out --img gets export.py's
-    run_defaults: dict = dataclasses.field(default_factory=lambda: {"imgsz": [640]})
+    run_defaults: dict = dataclasses.field(default_factory=lambda: {"imgsz": [640], "data": None})

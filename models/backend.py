@@ -1,4 +1,5 @@
-"""One way to run a model file, whatever its format: our/official `.pt`, an exported `.onnx` or `.torchscript`.
+"""One way to run a model file, whatever its format: our/official `.pt`, an exported `.onnx` or `.torchscript`, an
+OpenVINO folder (`*_openvino_model/` or its `.xml`) or a TensorRT `.engine` (models/runtimes.py).
 
 The predictors and validators call `InferenceBackend(weights, device)(im)` and get back the same nested tensors that
 `model.eval()` gives, so NMS and mask assembly never ask where the model came from. Exported files carry what the
@@ -21,6 +22,7 @@ import torch.nn as nn
 from models.checkpoints import load_model, run_record
 from models.graphs import onnx_dry_run, read_onnx
 from models.heads import TASKS
+from models.runtimes import OpenVINORunner, TensorRTRunner
 from models.untrusted import UnsafeTorchScript, check_torchscript
 from utils.budget import MAX_CLASSES, MAX_EXPORT_BATCH, MAX_EXPORT_INPUT, MAX_EXPORT_SIDE
 from utils.dist import is_main_process
@@ -30,7 +32,7 @@ from utils.ops import OutputLayout
 from utils.text import has_controls
 from utils.torch_utils import memory_format, to_float32
 
-FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript"}
+FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript", ".xml": "openvino", ".engine": "engine"}
 METADATA_KEY = "yolo"  # ONNX metadata_props key / TorchScript extra-file name holding the JSON metadata
 
 
@@ -131,6 +133,8 @@ def _onnx_reason(e):
 
 
 def _weights_format(weights):
+    if Path(weights).is_dir():  # export.py's OpenVINO folder; models/runtimes.openvino_xml checks what it holds
+        return "openvino"
     suffix = Path(weights).suffix.lower()
     if suffix not in FORMATS:
         raise BadFile(f"--weights {weights}: unsupported format '{suffix}', expected one of {sorted(FORMATS)}")
@@ -142,7 +146,8 @@ class InferenceBackend(nn.Module):
 
     A module, so the validators take it where they take a model (eval(), half(), its device from its parameters).
     Exported files keep the precision they were exported with: half() and float() change only a `.pt` model.
-    `bf16`: a `.pt` model runs under bfloat16 autocast (CPU or CUDA) and returns fp32 outputs. A `.pt` model takes
+    `bf16`: a `.pt` model runs under bfloat16 autocast (CPU or CUDA) and returns fp32 outputs, an OpenVINO model
+    in OpenVINO's bf16 precision (else fp32, even where the CPU has bf16 units). A `.pt` model takes
     utils.torch_utils.memory_format (channels_last on CPU: fused yolov8n at 640 px 75 -> 58 ms, yolov5n 50 -> 39 ms
     on a 2-core AVX512 CPU, the same results to float rounding).
 
@@ -159,16 +164,17 @@ class InferenceBackend(nn.Module):
         self.format = _weights_format(weights)
         self.model = self.metadata = None
         self.limits = {}  # input shape -> wall-clock seconds a run may take, set by its dry run (exported files)
-        self.bf16 = bf16 and self.format == "pytorch"
+        self.bf16 = bf16 and self.format in ("pytorch", "openvino")
         if self.format == "pytorch":
             self._load_pytorch(fuse, half)
         else:
-            if not Path(weights).is_file():
+            if self.format != "openvino" and not Path(weights).is_file():
                 raise BadFile(f"--weights {weights}: file not found")
             # an empty parameter on the device: `next(model.parameters()).device` works for an ONNX session too
             self.device_anchor = nn.Parameter(torch.empty(0, device=self.device), requires_grad=False)
-            meta = self._load_onnx() if self.format == "onnx" else self._load_torchscript()
-            self._set_metadata(meta)
+            load = {"onnx": self._load_onnx, "torchscript": self._load_torchscript, "openvino": self._load_openvino,
+                    "engine": self._load_engine}[self.format]
+            self._set_metadata(load())
         self.eval()  # for inference only; also what a validator restores when it is done
 
     # ---------------------------------------------------------------- loading
@@ -247,6 +253,30 @@ class InferenceBackend(nn.Module):
         self._dry_run((meta["batch"], 3, *meta["imgsz"]), meta)
         return meta
 
+    def _load_openvino(self):
+        """An IR folder: its metadata and its outputs' shapes at the exported input size (shape inference, nothing
+        runs) are checked before OpenVINO compiles it."""
+        self.runner = OpenVINORunner(self.weights)
+        meta = self._runner_metadata()
+        self.runner.compile(self.bf16)
+        return meta
+
+    def _load_engine(self):
+        self.runner = TensorRTRunner(self.weights, self.device)
+        return self._runner_metadata()
+
+    def _runner_metadata(self):
+        """The metadata of an OpenVINO or TensorRT runner, checked against the outputs it declares."""
+        if not self.runner.metadata_text:
+            raise BadFile(f"--weights {self.weights} has no '{METADATA_KEY}' metadata: export it with export.py")
+        meta = _parse_metadata(self.runner.metadata_text, self.weights)
+        shape = (meta["batch"], 3, *meta["imgsz"])
+        flat = [torch.empty(s, device="meta") for s in self.runner.output_shapes(shape)]
+        why = _outputs_problem(flat, meta, shape[0])
+        if why:
+            raise BadFile(f"--weights {self.weights}: {why}, unlike its metadata: export it again with export.py")
+        return meta
+
     def _dry_run(self, shape, meta=None):
         """Before the graph first runs on an input of `shape`: a dry run (utils/dry_run.py) within the budget, whose
         outputs must be what the metadata declares; its work sets the wall-clock limit of a run at that size.
@@ -281,6 +311,8 @@ class InferenceBackend(nn.Module):
         if not self.dynamic:
             im = self._fit_static(im)
         im = im.half() if self.fp16 else im.float()
+        if self.format in ("openvino", "engine"):  # each runner bounds its own runs (models/runtimes.py)
+            return unflatten_outputs([y[:n] for y in self.runner(im)], self.structure)
         if tuple(im.shape) not in self.limits:
             self._dry_run(tuple(im.shape))
         seconds = self.limits[tuple(im.shape)]

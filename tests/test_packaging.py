@@ -1,6 +1,6 @@
 """The install the README shows: `pip install -e .` for the core (no tracker, exporter or test package), the extras
-[trackers], [export] and [dev] (everything the tests need), the `yolo` command; the quick start is two commands
-(install + train, install + test) and .ci/run runs that test command. The slow test installs the clone into a
+[trackers], [export], [openvino] and [dev] (everything the tests need), the `yolo` command; the quick start is two
+commands (install + train, install + test) and .ci/run runs that test command. The slow test installs the clone into a
 fresh virtual environment (over this one's packages, offline) and runs the command and the API from elsewhere."""
 
 import os
@@ -26,10 +26,13 @@ def _list(name):
 def test_the_core_leaves_out_trackers_exporters_and_test_tools():
     core = _list("dependencies")
     assert {"torch", "torchvision", "numpy", "opencv-python-headless"} <= set(core)
-    assert not set(core) & {"wandb", "mlflow", "clearml", "comet_ml", "onnx", "onnxruntime", "pytest"}
+    assert not set(core) & {"wandb", "mlflow", "clearml", "comet_ml", "onnx", "onnxruntime", "pytest", "openvino",
+                            "nncf", "motmetrics"}
     assert _list("trackers") == ["wandb", "mlflow", "clearml", "comet_ml"]
     assert _list("export") == ["onnx", "onnxruntime"]
-    assert _list("dev") == ["pytest", "yolo-engine"] and '"yolo-engine[export,trackers]"' in PYPROJECT
+    assert _list("openvino") == ["openvino", "nncf"]
+    assert _list("dev") == ["pytest", "motmetrics", "yolo-engine"]
+    assert '"yolo-engine[export,trackers,openvino]"' in PYPROJECT
     assert re.search(r'^yolo = "yolo.cli:main"$', PYPROJECT, re.M)
 
 

@@ -314,14 +314,14 @@ def val_parser(options, description, data_default, imgsz_default, project, batch
                              imgsz=imgsz_default, speed_help=speed)
 
 
-EXPORT_FORMATS = ("onnx", "torchscript")
+EXPORT_FORMATS = ("onnx", "torchscript", "openvino", "engine")
 DEFAULT_OPSET = 17  # every model of this project exports at it (tests/models/test_export.py)
 
 
 def export_parser(options, description):
     """export.py's options, made from the fields of `options` (engine.options.ExportOptions); --img defaults to the
     size the weights trained at (engine/inherit.py)."""
-    return add_option_fields(inherited(Parser(description, launcher=False), imgsz=[640]), options, {})
+    return add_option_fields(inherited(Parser(description, launcher=False), imgsz=[640], data=None), options, {})
 
 
 def check_imgsz(imgsz, stride):

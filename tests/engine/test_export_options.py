@@ -13,7 +13,8 @@ from engine.options import ExportOptions
 def test_every_export_argument_is_a_field_with_the_command_line_s_default():
     parsed = export.parse_opt(["--weights", "w.pt"])
     assert set(vars(parsed)) == {f.name for f in dataclasses.fields(ExportOptions)}
-    assert ExportOptions.from_values(parsed) == ExportOptions(weights="w.pt", run_defaults={"imgsz": [640]})
+    defaults = {"imgsz": [640], "data": None}  # --data: --int8's calibration images, else the weights' run's
+    assert ExportOptions.from_values(parsed) == ExportOptions(weights="w.pt", run_defaults=defaults)
     opt = ExportOptions.from_values(export.parse_opt(["--weights", "w.pt", "--no-dynamic", "--img", "320", "192",
                                                       "--batch", "4", "format=onnx", "--opset", "12"]))
     assert (opt.dynamic, opt.imgsz, opt.batch_size, opt.include, opt.opset) == (False, [320, 192], 4, ["onnx"], 12)
@@ -36,11 +37,12 @@ def test_the_export_arguments_made_from_the_fields_keep_their_order_and_help(cap
     out = capsys.readouterr().out
     flags = [w.split()[0].rstrip(",") for w in out.splitlines() if w.startswith("  --")]
     assert flags == ["--weights", "--include", "--imgsz", "--batch-size", "--device", "--half", "--dynamic",
-                     "--simplify", "--opset", "--modules"]
+                     "--simplify", "--opset", "--int8", "--data", "--calib-images", "--modules"]
     text = " ".join(out.split())
-    for said in ("--include INCLUDE [INCLUDE ...] formats: onnx, torchscript (default: torchscript onnx) --imgsz",
+    for said in ("--include INCLUDE [INCLUDE ...] formats: onnx, torchscript, openvino, engine (default: torchscript "
+                 "onnx) --imgsz",
                  "--batch-size BATCH_SIZE, --batch BATCH_SIZE example input batch; with --no-dynamic the largest batch "
                  "the file takes (default: 1) --device", "--dynamic, --no-dynamic any batch and image size",
                  "only the example input's (default: True) --simplify", "--opset OPSET ONNX opset version; the "
-                 "versions this torch exports are checked before exporting (default: 17) --modules"):
+                 "versions this torch exports are checked before exporting (default: 17) --int8"):
         assert said in text

@@ -26,7 +26,11 @@ MISSING = "missing"  # entry_problem's answer for a path that does not exist (an
 
 
 def suffix(path):
-    return Path(path).suffix[1:].lower()
+    """Path(path).suffix without its dot, lower case; as pathlib finds it (a last '.' neither first nor last in the
+    name), without building a Path: a split's listing asks it twice per file."""
+    name = os.path.basename(os.fspath(path).rstrip("/"))
+    i = name.rfind(".")
+    return name[i + 1:].lower() if 0 < i < len(name) - 1 else ""
 
 
 def entry_problem(path):
