@@ -68,8 +68,8 @@ def test_a_planted_label_cache_does_not_replace_the_labels(det_copy, yolo_log, m
     cache = det_copy / "labels" / "train.yolo-engine.cache"
     mac, _, text = cache.read_text().partition("\n")
     doc = json.loads(text)
-    for rec in doc["data"]["labels"]:  # every object becomes class 2
-        rec["cls"] = label_cache._encode(np.full((len(honest.labels[0]["cls"]), 1), 2.0, np.float32))
+    packed = doc["data"]["labels"]  # every object becomes class 2
+    packed["cls"] = label_cache._encode(np.full((len(honest.labels.cls), 1), 2.0, np.float32))
 
     other_key = tmp_path / "elsewhere"
     monkeypatch.setenv(label_cache.KEY_ENV, str(other_key))
@@ -78,7 +78,7 @@ def test_a_planted_label_cache_does_not_replace_the_labels(det_copy, yolo_log, m
     monkeypatch.undo()
     _check_rebuilt(det_copy, honest, yolo_log, "not written with this user's key")
 
-    doc["data"]["labels"][0]["im_file"] = "/etc/passwd"
+    doc["data"]["labels"]["im_files"][0] = "/etc/passwd"
     outside = json.dumps(json.loads(cache.read_text().partition("\n")[2]) | {"data": doc["data"]})
     cache.write_text(f"{label_cache._mac(label_cache.cache_key(), outside)}\n{outside}")
     _check_rebuilt(det_copy, honest, yolo_log, "its entries name files outside the dataset")

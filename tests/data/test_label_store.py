@@ -11,7 +11,8 @@ import pytest
 
 from utils.data.detect_dataset import YOLODataset
 from utils.data.image_weights import ImageWeightSampler
-from utils.data.label_store import LabelStore, PathList
+from utils.data.label_formats import DetectLabels, PoseLabels, SegmentLabels
+from utils.data.label_store import LabelStore, PathList, check_packed, pack_records
 
 
 def _records(n, kind, seed=0):
@@ -35,7 +36,7 @@ def _records(n, kind, seed=0):
 @pytest.mark.parametrize("kind", ["detect", "segment", "pose"])
 def test_store_gives_the_records_back(kind):
     recs = _records(300, kind)
-    store = LabelStore(recs, "keypoints" if kind == "pose" else "segments")
+    store = LabelStore.from_records(recs, "keypoints" if kind == "pose" else "segments")
     assert len(store) == 300
     for r, got in zip(recs, store):
         assert got["im_file"] == r["im_file"] and got["shape"] == r["shape"] and set(got) == set(r)
@@ -52,6 +53,46 @@ def test_store_gives_the_records_back(kind):
     order = np.arange(300)[::-1]
     assert [lb["im_file"] for lb in store.reordered(order)] == [r["im_file"] for r in recs[::-1]]
     assert not store.single_class().cls.any() and store.cls.any()
+
+
+def _scan_records(n, seed=1):
+    """Records as the scan makes them: each instance's polygon may be None (a box line)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        k = int(rng.integers(0, 4))
+        mode = i % 3  # 0: all polygons, 1: none, 2: mixed
+        segs = [None if mode == 1 or (mode == 2 and j == 0) else rng.random((int(rng.integers(3, 7)), 2))
+                for j in range(k)]
+        out.append({"im_file": f"{i}.jpg", "shape": (9 + i, 20), "cls": np.full((k, 1), i % 5, np.float32),
+                    "bboxes": rng.uniform(0.2, 0.4, (k, 4)).astype(np.float32), "segments": segs})
+    return out
+
+
+def test_formats_finish_a_packed_scan():
+    """detect keeps an image's polygons only when every instance has one; segment gives a box line its rectangle
+    (corners from cx cy w h); pose keeps the keypoints."""
+    recs = _scan_records(60)
+    packed = pack_records(recs, "segments", 2)
+    check_packed(packed, 2)
+    det, seg = LabelStore.from_scan(packed, DetectLabels()), LabelStore.from_scan(packed, SegmentLabels())
+    for r, d, g in zip(recs, det, seg):
+        full = bool(r["segments"]) and all(x is not None for x in r["segments"])
+        assert (d["segments"] is not None) == full
+        assert len(g["segments"]) == len(r["segments"])
+        for x, got, (cx, cy, w, h) in zip(r["segments"], g["segments"], r["bboxes"].tolist()):
+            x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+            want = np.float32(x) if x is not None else np.float32([[x1, y1], [x2, y1], [x2, y2], [x1, y2]])
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
+        if full:
+            assert all(np.array_equal(a, np.float32(b)) for a, b in zip(d["segments"], r["segments"]))
+    kp = [dict(r, keypoints=[np.full((2, 3), i, np.float32)] * len(r["cls"])) for i, r in enumerate(recs)]
+    pose = LabelStore.from_scan(pack_records(kp, "keypoints", 3), PoseLabels((2, 3)))
+    assert [lb["keypoints"].shape for lb in pose] == [(len(r["cls"]), 2, 3) for r in recs]
+    assert all((lb["keypoints"] == i).all() and lb["segments"] is None for i, lb in enumerate(pose))
+    packed["inst"] = np.append(packed["inst"][:-1], packed["inst"][-1] + 1)  # arrays that disagree: refused
+    with pytest.raises(ValueError, match="do not fit"):
+        check_packed(packed, 2)
 
 
 def test_path_list_keeps_names_as_they_are():
@@ -94,7 +135,7 @@ def test_forked_reader_copies_no_labels(kind):
     """40,000 images: under 1 MB copied from the store; the same records as a list of dicts cost over 10 MB."""
     recs = _records(40_000, kind)
     as_list = _copied_by_forked_reader(recs)
-    store = LabelStore(recs, "segments")
+    store = LabelStore.from_records(recs, "segments")
     del recs
     packed = _copied_by_forked_reader(store)
     assert packed < 1024 and as_list > 10 * 1024, (packed, as_list)

@@ -129,11 +129,11 @@ class YOLODataset(Dataset):
         self.stats["ignored"] = len(ignored) + self.stats["absent"]
         if ignored:
             LOGGER.warning(f"{prefix}WARNING: {len(ignored)} entries ignored, e.g. {ignored[0]}")
-        if not labels:
+        if not len(labels["im_files"]):
             raise NoUsableImages(f"{prefix}no usable images in {img_path} ({self.stats['skipped']} skipped)",
                                  self.problems)
         # packed: forked loader workers share them instead of copying them as they read (utils/data/label_store.py)
-        self.labels = LabelStore([self.format.finish(lb) for lb in labels], self.format.extra_key)
+        self.labels = LabelStore.from_scan(labels, self.format)
         del labels
         if single_cls:
             self.labels = self.labels.single_class()

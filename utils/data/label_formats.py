@@ -96,10 +96,20 @@ class DetectLabels:
             raise BadLine(f"{len(xy) + 1} values, expected 5 (cls cx cy w h) or cls + >= 3 x y pairs")
         return parse_polygon(xy)
 
-    def finish(self, lb):
-        """Keep outlines only when every instance has one: they then give better boxes under random perspective."""
-        segs = lb["segments"]
-        return dict(lb, segments=None if not segs or any(s is None for s in segs) else segs)
+    extra_width = 2  # values per row of one instance's extra: polygon points (x, y)
+
+    def finish_packed(self, packed):
+        """The LabelStore fields this format makes of a packed scan (utils/data/label_store.pack_records). Here:
+        an image keeps its outlines only when every one of its instances has one (they then give better boxes under
+        random perspective); the others have none."""
+        counts = np.diff(packed["inst"])
+        has = packed["has_extra"]
+        outlined = np.bincount(np.repeat(np.arange(len(counts)), counts), weights=has, minlength=len(counts))
+        keep_image = (outlined == counts) & (counts > 0)
+        keep = np.repeat(keep_image, counts) & has
+        lengths = np.where(keep, np.diff(packed["extra_ends"]), 0)
+        return {"has_segments": keep_image, "seg_ends": _offsets(lengths),
+                "points": packed["extra"][np.repeat(keep, np.diff(packed["extra_ends"]))]}
 
     def add_to_sample(self, sample, inst, shape):
         """Add this task's targets to `sample` for the augmented Instances `inst` of an image of `shape` (h, w);
@@ -123,9 +133,16 @@ class SegmentLabels(DetectLabels):
         """Its outline where it has one, else its box (its mask is then the box)."""
         return box if polygon is None else np.asarray(polygon).reshape(-1)
 
-    def finish(self, lb):
-        segs = [s if s is not None else _box_polygon(b) for s, b in zip(lb["segments"], lb["bboxes"])]
-        return dict(lb, segments=segs)
+    def finish_packed(self, packed):
+        """Every image has outlines: an instance without one gets its box's rectangle."""
+        has = packed["has_extra"]
+        lengths = np.where(has, np.diff(packed["extra_ends"]), 4)
+        points = np.empty((lengths.sum(), 2), np.float32)
+        own = np.repeat(has, lengths)
+        points[own] = packed["extra"]
+        points[~own] = _box_polygons(packed["bboxes"][~has]).reshape(-1, 2)
+        return {"has_segments": np.ones(len(packed["inst"]) - 1, bool), "seg_ends": _offsets(lengths),
+                "points": points}
 
     def add_to_sample(self, sample, inst, shape):
         masks, order = polygons_to_masks(inst.segments, shape, self.mask_ratio, self.overlap)
@@ -144,11 +161,19 @@ class SegmentLabels(DetectLabels):
             out["masks"] = torch.cat(masks, 0)
 
 
-def _box_polygon(box):
-    """The rectangle of a normalised xywh box as a polygon: the mask of a label that has no outline."""
-    cx, cy, w, h = box
+def _box_polygons(boxes):
+    """(n, 4, 2) the rectangles of normalised xywh boxes (n, 4) float32 as polygons: the masks of labels that have
+    no outline."""
+    cx, cy, w, h = boxes.T
     x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
-    return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32)
+    return np.stack([np.stack([x1, y1], 1), np.stack([x2, y1], 1), np.stack([x2, y2], 1), np.stack([x1, y2], 1)],
+                    1).astype(np.float32)
+
+
+def _offsets(lengths):
+    out = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
 
 
 class PoseLabels(DetectLabels):
@@ -194,10 +219,14 @@ class PoseLabels(DetectLabels):
             raise BadLine(f"{0 if keypoints is None else len(keypoints)} keypoints; the dataset's kpt_shape has {k}")
         return [*box, *np.asarray(keypoints)[:, :ndim].reshape(-1)]
 
-    def finish(self, lb):
-        kpts = lb["keypoints"]
-        arr = np.stack(kpts).astype(np.float32) if kpts else np.zeros((0, self.kpt_shape[0], 3), np.float32)
-        return dict(lb, keypoints=arr, segments=None)
+    extra_width = 3  # x, y, visibility of each keypoint
+
+    def finish_packed(self, packed):
+        """No outlines; the keypoints (M, K, 3)."""
+        m = len(packed["cls"])
+        return {"has_segments": np.zeros(len(packed["inst"]) - 1, bool), "seg_ends": np.zeros(m + 1, np.int64),
+                "points": np.zeros((0, 2), np.float32),
+                "keypoints": packed["extra"].reshape(m, self.kpt_shape[0], 3)}
 
     def add_to_sample(self, sample, inst, shape):
         h, w = shape

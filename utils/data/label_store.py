@@ -49,29 +49,76 @@ class PathList(Sequence):
     __hash__ = None
 
 
-class LabelStore(Sequence):
-    """The records of `utils.data.label_formats` `finish`, packed (see the module's docstring)."""
+def pack_records(records, extra_key, extra_width):
+    """The scan's records (utils/data/labels.verify_image_label: im_file, shape, cls, bboxes and under `extra_key`
+    a list of the format's per-instance extras, None or a (k, extra_width) array each) as a dict of a few arrays:
+    what the label cache stores (saved and read in time independent of the number of objects) and
+    `LabelStore.from_scan` reads."""
+    extras = [e for r in records for e in r[extra_key]]
+    has = np.array([e is not None for e in extras], bool)
+    rows = [np.asarray(e, np.float32).reshape(-1, extra_width) for e in extras if e is not None]
+    lengths = np.zeros(len(extras), np.int64)
+    lengths[has] = [len(r) for r in rows]
+    return {"im_files": [r["im_file"] for r in records],
+            "shapes": np.array([r["shape"] for r in records], np.int64).reshape(-1, 2),
+            "inst": _offsets([len(r["cls"]) for r in records]),
+            "cls": np.concatenate([r["cls"].reshape(-1, 1) for r in records] + [np.zeros((0, 1), np.float32)]),
+            "bboxes": np.concatenate([r["bboxes"].reshape(-1, 4) for r in records] + [np.zeros((0, 4), np.float32)]),
+            "has_extra": has, "extra_ends": _offsets(lengths),
+            "extra": np.concatenate(rows + [np.zeros((0, extra_width), np.float32)])}
 
-    def __init__(self, records, extra_key="segments"):
+
+def check_packed(packed, extra_width):
+    """ValueError unless the arrays of a packed scan fit together (a cache read back is trusted only so far)."""
+    n, inst, ends = len(packed["im_files"]), packed["inst"], packed["extra_ends"]
+    m = len(packed["cls"])
+    ok = (packed["shapes"].shape == (n, 2) and inst.shape == (n + 1,) and inst[0] == 0 and inst[-1] == m
+          and (np.diff(inst) >= 0).all() and packed["cls"].shape == (m, 1) and packed["bboxes"].shape == (m, 4)
+          and packed["has_extra"].shape == (m,) and ends.shape == (m + 1,) and ends[0] == 0
+          and (np.diff(ends) >= 0).all() and packed["extra"].shape == (ends[-1], extra_width)
+          and all(isinstance(f, str) for f in packed["im_files"]))
+    if not ok:
+        raise ValueError("its label arrays do not fit together")
+
+
+class LabelStore(Sequence):
+    """A split's labels as the label format finished them (see the module's docstring): im_files, shapes (N, 2),
+    inst (N + 1) where each image's instances start, cls (M, 1), bboxes (M, 4), has_segments (N,) whether an image
+    has polygons, seg_ends (M + 1) where each instance's points start in points (P, 2), keypoints (M, K, 3) or
+    None."""
+
+    def __init__(self, im_files, shapes, inst, cls, bboxes, has_segments, seg_ends, points, keypoints=None,
+                 extra_key="segments"):
         self.extra_key = extra_key
-        self.im_files = PathList([r["im_file"] for r in records])
-        self.shapes = _frozen(np.array([r["shape"] for r in records], np.int64).reshape(-1, 2))
-        counts = [len(r["cls"]) for r in records]
-        self.inst = _frozen(_offsets(counts))
-        self.cls = _frozen(np.concatenate([r["cls"].reshape(-1, 1) for r in records] or [np.zeros((0, 1))])
-                           .astype(np.float32))
-        self.bboxes = _frozen(np.concatenate([r["bboxes"].reshape(-1, 4) for r in records] or [np.zeros((0, 4))])
-                              .astype(np.float32))
-        # polygons: an image holds a list (one per instance) or None
-        self.has_segments = _frozen(np.array([r["segments"] is not None for r in records], bool))
+        self.im_files = im_files if isinstance(im_files, PathList) else PathList(im_files)
+        self.shapes, self.inst, self.cls, self.bboxes = (_frozen(np.ascontiguousarray(a, t)) for a, t in
+                                                         ((shapes, np.int64), (inst, np.int64), (cls, np.float32),
+                                                          (bboxes, np.float32)))
+        self.has_segments = _frozen(np.asarray(has_segments, bool))
+        self.seg_ends = _frozen(np.asarray(seg_ends, np.int64))
+        self.points = _frozen(np.ascontiguousarray(points, np.float32).reshape(-1, 2))
+        self.keypoints = None if keypoints is None else _frozen(np.ascontiguousarray(keypoints, np.float32))
+
+    @classmethod
+    def from_scan(cls, packed, fmt):
+        """The store of a packed scan (`pack_records`) finished by label format `fmt` (its `finish_packed`)."""
+        return cls(packed["im_files"], packed["shapes"], packed["inst"], packed["cls"], packed["bboxes"],
+                   **fmt.finish_packed(packed), extra_key=fmt.extra_key)
+
+    @classmethod
+    def from_records(cls, records, extra_key="segments"):
+        """The store of finished records (dicts as `store[i]` gives them)."""
         segs = [s for r in records if r["segments"] is not None for s in r["segments"]]
-        lengths = np.zeros(len(self.cls), np.int64)  # points per instance, 0 where its image has no polygons
-        lengths[np.repeat(self.has_segments, counts)] = [len(s) for s in segs]
-        self.seg_ends = _frozen(_offsets(lengths))
-        self.points = _frozen(np.concatenate([np.asarray(s, np.float32).reshape(-1, 2) for s in segs] or
-                                             [np.zeros((0, 2), np.float32)]))
+        has = np.array([r["segments"] is not None for r in records], bool)
+        counts = [len(r["cls"]) for r in records]
+        lengths = np.zeros(sum(counts), np.int64)  # points per instance, 0 where its image has no polygons
+        lengths[np.repeat(has, counts)] = [len(s) for s in segs]
         kpts = [r["keypoints"] for r in records] if extra_key == "keypoints" else None
-        self.keypoints = None if kpts is None else _frozen(np.concatenate(kpts).astype(np.float32))
+        return cls([r["im_file"] for r in records], np.array([r["shape"] for r in records]).reshape(-1, 2),
+                   _offsets(counts), np.concatenate([r["cls"].reshape(-1, 1) for r in records] + [np.zeros((0, 1))]),
+                   np.concatenate([r["bboxes"].reshape(-1, 4) for r in records] + [np.zeros((0, 4))]), has,
+                   _offsets(lengths), np.concatenate([np.reshape(s, (-1, 2)) for s in segs] + [np.zeros((0, 2))]),
+                   None if kpts is None else np.concatenate(kpts), extra_key)
 
     def __len__(self):
         return len(self.shapes)
@@ -95,7 +142,7 @@ class LabelStore(Sequence):
 
     def reordered(self, order):
         """A new store with the images in `order` (indices)."""
-        return LabelStore([self[int(i)] for i in order], self.extra_key)
+        return LabelStore.from_records([self[int(i)] for i in order], self.extra_key)
 
     def single_class(self):
         """This store with every class 0 (a new store sharing the other buffers)."""

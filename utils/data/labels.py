@@ -21,13 +21,15 @@ from utils.data.image_files import MISSING, entry_problem, files_hash
 from utils.data.jpeg_header import plain_jpeg_size
 from utils.data.label_cache import SUFFIX, load_cache, save_cache
 from utils.data.label_formats import BadLine, DetectLabels, get_format
+from utils.data.label_store import check_packed, pack_records
 from utils.errors import BadDataset
 from utils.imageio import check_pixels, read_image
 from utils.loggers import LOGGER
 from utils.text import escape_controls
 
-CACHE_VERSION = "yolo-labels-5"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons;
-# 4: images skipped for a class id >= nc counted apart (`unknown_class`); 5: annotated images not found (`absent`)
+CACHE_VERSION = "yolo-labels-6"  # 3: label paths that are not files, BOMs, strict numbers, zero-area polygons;
+# 4: images skipped for a class id >= nc counted apart (`unknown_class`); 5: annotated images not found (`absent`);
+# 6: the labels packed in a few arrays (utils/data/label_store.pack_records)
 MAX_WARNINGS = 10  # problems printed per scan; all of them are in the dataset's `problems` (and the run folder)
 MAX_LINES = 3  # bad lines named per skipped image
 MIN_SIDE = 10  # pixels
@@ -313,8 +315,8 @@ def _build(im_files, label_files, nc, workers, fmt, source, names, desc=""):
             notes.append(r["msg"])
         stats["images"] += 1
         stats["backgrounds"] += len(r["cls"]) == 0
-        labels.append({k: r[k] for k in ("im_file", "shape", "cls", "bboxes", fmt.extra_key)})
-    return labels, stats, skipped + notes
+        labels.append(r)
+    return pack_records(labels, fmt.extra_key, fmt.extra_width), stats, skipped + notes
 
 
 def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=8, fmt="detect", source=None,
@@ -322,8 +324,9 @@ def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=
     """Load the label cache or rebuild it; log one summary line plus the first problems. Returns (labels, stats).
     source, names: as verify_image_label's (the converted labels depend on the format and the names too).
 
-    `labels` is one dict per kept image: im_file, shape (h, w), cls (n, 1), bboxes (n, 4) xywhn and the label
-    format's per-instance extras (segments: n polygons (k, 2) normalised, None for box-only lines).
+    `labels` holds the kept images packed (utils/data/label_store.pack_records): their im_files, shapes (h, w),
+    classes (M, 1), boxes (M, 4) xywhn and the label format's per-instance extras (segments: polygons (k, 2)
+    normalised, none for box-only lines), which `LabelStore.from_scan` turns into the dataset's labels.
     `stats` counts STAT_KEYS, says whether the cache was used, and lists every problem (`problems`).
     """
     fmt = get_format(fmt)
@@ -331,8 +334,12 @@ def cache_labels(im_files, label_files, cache_path, nc=None, prefix="", workers=
     files = [*im_files, *dict.fromkeys(label_files)] if source is not None else [*im_files, *label_files]
     hash_ = files_hash(files, extra=f"{CACHE_VERSION} nc={nc} {fmt.line_format}{converted}")
     members = set(im_files)
-    cache = load_cache(cache_path, hash_, prefix,
-                       valid=lambda d: all(isinstance(lb, dict) and lb.get("im_file") in members for lb in d["labels"]))
+
+    def valid(data):
+        check_packed(data["labels"], fmt.extra_width)
+        return all(f in members for f in data["labels"]["im_files"])
+
+    cache = load_cache(cache_path, hash_, prefix, valid=valid)
     cached = cache is not None
     if not cached:
         labels, stats, msgs = _build(im_files, label_files, nc, min(workers, os.cpu_count() or 1), fmt, source, names,
