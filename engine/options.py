@@ -372,7 +372,10 @@ class DetectPredictOptions(PredictOptions):
     """detect.py and segment/predict.py: NMS and test-time augmentation."""
 
     conf_thres: float = _cli("--conf-thres", default=0.25, text="confidence threshold")
-    iou_thres: float = _cli("--iou-thres", default=0.45, text="NMS IoU threshold")
+    # None: the family's (utils/results.nms_iou), so a checkpoint gives the boxes its own tool's predict gives
+    iou_thres: Optional[float] = _cli("--iou-thres", default=None,
+                                      text="NMS IoU threshold (default: 0.7 for anchor-free models, YOLOv8, YOLO11 and "
+                                           "YOLOv5u, as Ultralytics; 0.45 for YOLOv5 and YOLOv7, as yolov5)")
     max_det: int = _cli("--max-det", default=1000, text="maximum detections per image")
     classes: Optional[list[int]] = _cli("--classes", nargs="+", type=int, text="keep only these class ids")  # None: all
     agnostic_nms: bool = _cli("--agnostic-nms", text="class-agnostic NMS")

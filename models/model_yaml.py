@@ -8,7 +8,6 @@ or `scales: {n: [depth, width, max_channels], ...}` (v8, one file for all sizes)
 
 import ast
 import dataclasses
-import difflib
 import math
 import re
 from copy import deepcopy
@@ -20,6 +19,7 @@ import yaml
 from models.common import model_activation
 from models.registry import ACTIVATIONS, is_user_block, known_names, resolve
 from utils.budget import MAX_CLASSES
+from utils.cli import did_you_mean
 from utils.errors import BadModelYaml
 from utils.files import ConfigError, parse_yaml, yaml_text
 
@@ -45,9 +45,8 @@ def _find_yaml(cfg):
             if not re.search(r"^scales:", candidate.read_text(), re.M):  # one size only: the name's would be ignored
                 raise BadModelYaml(f"model YAML '{cfg}' not found; {candidate.name} has one size, not scales")
             return candidate, match.group(1)
-    close = difflib.get_close_matches(path.name, _model_names(), n=1, cutoff=0.8)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    raise BadModelYaml(f"model YAML '{cfg}' not found (also looked in {MODELS_DIR}){hint}")
+    raise BadModelYaml(f"model YAML '{cfg}' not found (also looked in {MODELS_DIR})"
+                       f"{did_you_mean(path.name, _model_names())}")
 
 
 def _model_names():

@@ -2,6 +2,7 @@
 and mode, with Ultralytics' `key=value` words or the flags; val, predict and export take the image size and dataset
 from the run that made the weights (engine/inherit.py). Checked against the scripts and the hub wrapper themselves."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,26 @@ def test_predict_returns_the_hub_wrappers_results_at_the_runs_size(best):
     folder = YOLO(best)(str(IMAGE.parent), conf=CONF)  # a folder: its images, in order
     assert len(folder) == len(list(IMAGE.parent.glob("*.jpg"))) and folder.files[0] == sorted(
         p.name for p in IMAGE.parent.glob("*.jpg"))[0]
+
+
+COCO128 = Path("/work/datasets/coco128/images/train2017")
+PEER = json.loads((ROOT / "tests" / "models" / "fixtures" / "ultralytics-predict-defaults.json").read_text())
+
+
+@pytest.mark.skipif(not COCO128.is_dir(), reason=f"COCO128 not found at {COCO128}")
+def test_predict_at_defaults_gives_ultralytics_boxes_at_its_defaults():
+    """An Ultralytics-trained checkpoint on COCO128 photos, every option left out: Ultralytics 8.4's predict gives
+    these boxes (conf 0.25, IoU 0.7, the checkpoint's size; tests/models/fixtures/make_predict_defaults.py); on four
+    of the photos NMS at yolov5's IoU 0.45 keeps fewer. The predictor (a path) and the hub wrapper (a list) agree."""
+    model = YOLO(ROOT / "tests" / "models" / "fixtures" / "ultralytics-v8t-shapes.pt")
+    files = [str(COCO128 / name) for name in PEER["images"]]
+    listed = model.predict(files)
+    assert sum(len(r.boxes) for r in listed) == 9
+    for f, r in zip(files, listed):
+        one = model.predict(f)[0]
+        expected = torch.tensor(PEER["images"][Path(f).name]).reshape(-1, 6)
+        torch.testing.assert_close(one.boxes.data, expected, atol=1e-4, rtol=1e-6)
+        torch.testing.assert_close(r.boxes.data, expected, atol=1e-4, rtol=1e-6)
 
 
 def test_export_carries_the_runs_size_and_dataset_and_gives_the_pts_boxes(best, shapes_detect, tmp_path):

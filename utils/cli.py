@@ -2,14 +2,41 @@
 
 import argparse
 import dataclasses
+import difflib
 import math
 import re
 import sys
 import typing
 from pathlib import Path
 
+from utils.budget import MAX_IMGSZ
 from utils.errors import BadOption
 from utils.loggers import LOGGER, LOGGERS, check_loggers
+
+
+def _edits(a, b):
+    """Levenshtein distance: the insertions, deletions and substitutions that turn a into b."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def close_match(word, choices):
+    """The choice closest to `word` (difflib's candidates, the fewest edits first, then the same length: a typo of
+    one letter names the word of that letter, `yolov8q.yaml` -> `yolov8n.yaml`, not `yolov8.yaml`; then the first in
+    `choices`), or None."""
+    word, choices = str(word), [str(c) for c in choices]
+    found = difflib.get_close_matches(word, choices, n=8, cutoff=0.6)
+    return min(found, key=lambda c: (_edits(word, c), abs(len(c) - len(word)), choices.index(c))) if found else None
+
+
+def did_you_mean(word, choices, show=str):
+    """'; did you mean X?' for the choice closest to `word` (`show` writes it as the user would type it), else ''."""
+    found = close_match(word, choices)
+    return f"; did you mean {show(found)}?" if found is not None else ""
 
 
 def str2bool_or_path(v):
@@ -20,7 +47,7 @@ def str2bool_or_path(v):
 # The values each numeric option can take (whichever of them a script has), brackets as in mathematics. There is no
 # automatic batch size (YOLOv5's --batch-size -1): a batch is a number of images.
 OPTION_RANGES = {
-    "epochs": "[1, inf)", "batch_size": "[1, inf)", "imgsz": "[1, inf)", "workers": "[0, inf)",
+    "epochs": "[1, inf)", "batch_size": "[1, inf)", "imgsz": f"[1, {MAX_IMGSZ}]", "workers": "[0, inf)",
     "patience": "[0, inf)", "save_period": "[-1, inf)", "seed": "[0, 2147483647]", "freeze": "[0, inf)",
     "label_smoothing": "[0, 1)", "evolve": "[1, inf)", "vid_stride": "[1, inf)", "line_thickness": "[1, inf)",
     "conf_thres": "[0, 1]", "iou_thres": "[0, 1]", "max_det": "[1, inf)", "classes": "[0, inf)",
@@ -143,7 +170,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         """argparse's own complaints (an unknown option, `--epochs ten`) end as every user error does: one
         `error:` line and exit status 2 (utils/errors.run_cli), not a usage dump."""
-        raise BadOption(f"{message} (see --help)")
+        unknown = re.match(r"unrecognized arguments: (\S+)", message)
+        hint = ""
+        if unknown and unknown.group(1).startswith("--"):
+            flag = unknown.group(1).split("=", 1)[0]
+            hint = did_you_mean(flag, [s for s in self._option_string_actions if s.startswith("--")])
+        raise BadOption(f"{message}{hint} (see --help)")
 
     def parse_args(self, args=None, namespace=None):
         args = self.expand_assignments(sys.argv[1:] if args is None else list(args))
@@ -179,8 +211,16 @@ class Parser(argparse.ArgumentParser):
             name = "model" if "--model" in acts else "cfg" if str(value).endswith((".yaml", ".yml")) and \
                 "--cfg" in acts else "weights"
         action = acts.get(f"--{name}") or next((a for a in acts.values() if a.dest == name.replace("-", "_")), None)
+        if action is None and key == "save" and "--nosave" in acts:  # Ultralytics' save=False is our --nosave
+            on = _truth(value)
+            if on is None:
+                raise BadOption(f"{key}={value}: save is on or off (true or false)")
+            return [] if on else ["--nosave"]
         if action is None:
-            raise BadOption(f"{key}={value}: no option --{name} (see --help)")
+            keys = {a.dest for a in acts.values()} | {k for k, v in KEY_ALIASES.items() if v in
+                                                      {a.dest for a in acts.values()}}
+            raise BadOption(f"{key}={value}: no option --{name}{did_you_mean(key, keys, lambda k: k + '=')} "
+                            "(see --help)")
         flag = action.option_strings[0]
         if action.nargs == 0 or (action.nargs == "?" and _truth(value) is not None):  # on/off (--resume alone)
             on = _truth(value)
@@ -209,7 +249,9 @@ class Parser(argparse.ArgumentParser):
         return sorted(names)
 
 
-KEY_ALIASES = {"batch": "batch_size", "conf": "conf_thres", "iou": "iou_thres", "format": "include", "img": "imgsz"}
+# Ultralytics' names of the scripts' options (save=False is --nosave: Parser.assignment_flags)
+KEY_ALIASES = {"batch": "batch_size", "conf": "conf_thres", "iou": "iou_thres", "format": "include", "img": "imgsz",
+               "show": "view_img", "line_width": "line_thickness"}
 
 
 def _truth(value):

@@ -3,33 +3,51 @@
     from yolo import YOLO
     model = YOLO("yolov8n.yaml")                      # a model YAML to train, or weights: .pt, .onnx, .torchscript
     model.train(data="data/shapes.yaml", epochs=3, imgsz=160, batch=8)   # then `model` is the run's best.pt
-    metrics = model.val()                             # the run's dataset and image size unless given
-    results = model.predict("data/images")            # models.hub.Results, as torch.hub's models return
-    results.xyxy[0], results.tolist()
+    metrics = model.val()                             # metrics.box.map, .map50, .maps; the run's dataset and size
+    for r in model.predict("data/images", stream=True):   # utils.results.Results, one per image or frame
+        r.boxes.xyxy, r.boxes.conf, r.boxes.cls
     path = model.export(format="onnx")                # the exported file
 
 Each method runs the script of the model's task and mode (yolo/scripts.py), with keyword arguments named as the
-script's flags or as Ultralytics names them (batch, conf, iou, format), checked as a command line is; a mistake is a
-utils.errors.UserError naming the option. `predict` runs the hub wrapper (models/hub.py) on images, arrays or PIL
-images, a folder or a glob; the predict scripts (or `yolo predict`) also take videos and streams and save pictures.
+script's flags or as Ultralytics names them (batch, conf, iou, format, save, show, line_width), checked as a command
+line is; a mistake is a utils.errors.UserError naming the option, with the closest known one.
 """
 
+import logging
 from pathlib import Path
 
-from yolo.scripts import check_words, load_script, model_task
+from yolo.metrics import ValMetrics
+from yolo.scripts import check_model, check_words, load_script, model_task
+
+# the task's predictor and validator classes (engine/tasks/), which the predict and val scripts run
+ENGINE = {"detect": ("engine.tasks.detect", "DetectionPredictor", "DetectionValidator"),
+          "segment": ("engine.tasks.segment", "SegmentationPredictor", "SegmentationValidator"),
+          "pose": ("engine.tasks.pose", "PosePredictor", "PoseValidator"),
+          "classify": ("engine.tasks.classify", "ClassificationPredictor", "ClassificationValidator")}
+
+
+def _engine_class(task, kind):
+    import importlib
+
+    module, predictor, validator = ENGINE[task]
+    return getattr(importlib.import_module(module), predictor if kind == "predict" else validator)
 
 
 class YOLO:
-    """A model YAML or weights file, and the task its head serves (`task` to say it where the name does not)."""
+    """A model YAML or weights file, and the task its head serves (`task` to say it where the name does not). A
+    name that is neither a model YAML nor a file nor official weights is refused here, with the closest name."""
 
     def __init__(self, model="yolov8n.yaml", task=None):
         from utils.versions import check_torch_pair
 
         check_torch_pair()  # as every script does at start
         self.model = str(model)
+        check_model(self.model)
         self.task = task or model_task(self.model)
         check_words(self.task, "train")
         self.trainer = self.metrics = None
+        self.callbacks = {}
+        self._backend = None
 
     def __repr__(self):
         return f"YOLO({self.model!r}, task={self.task!r})"
@@ -40,19 +58,83 @@ class YOLO:
         words = [f"{k}={v}" for k, v in {"model": self.model, **options}.items() if v is not None]
         return module, module.parse_opt(words)
 
+    def _net(self):
+        """The model as the predictors load it (models/backend.py), once per weights file; a YAML builds its
+        model."""
+        if self._backend is None or self._backend[0] != self.model:
+            if self.model.endswith((".yaml", ".yml")):
+                from models import yolo as models
+
+                kind = {"segment": models.SegmentationModel, "pose": models.PoseModel,
+                        "classify": models.ClassificationModel}.get(self.task, models.DetectionModel)
+                net = kind(self.model)
+            else:
+                from models.backend import InferenceBackend
+
+                net = InferenceBackend(self.model, device="cpu")
+            self._backend = (self.model, net)
+        return self._backend[1]
+
+    @property
+    def names(self):
+        """{class id: name} of the model."""
+        return dict(self._net().names)
+
+    def info(self, verbose=False, imgsz=640):
+        """Logs and returns (layers, parameters, gradients, GFLOPs at imgsz) of a .pt or YAML model; `verbose`: a
+        line per layer too."""
+        net = getattr(self._net(), "model", None) or self._net()
+        if not hasattr(net, "info"):
+            from utils.errors import BadOption
+
+            raise BadOption(f"info(): {self.model} is an export; its graph has no layers to count")
+        return net.info(verbose=verbose, imgsz=imgsz)
+
+    def fuse(self):
+        """Folds each BatchNorm into its convolution (as exports and the predictors do); returns self."""
+        net = getattr(self._net(), "model", None) or self._net()
+        if hasattr(net, "fuse"):
+            net.fuse()
+        return self
+
+    def add_callback(self, event, fn):
+        """`fn(trainer)` runs at `event` (engine/callbacks.EVENTS) of the next `train`; a misspelled event is
+        refused here."""
+        from engine.callbacks import EVENTS
+        from utils.cli import did_you_mean
+        from utils.errors import BadOption
+
+        if event not in EVENTS:
+            raise BadOption(f"add_callback: no event {event!r}{did_you_mean(event, EVENTS)}; events: "
+                            f"{', '.join(EVENTS)}")
+        self.callbacks.setdefault(event, []).append(fn)
+
     def train(self, callbacks=None, **options):
-        """Train (train.run's options; `callbacks` as it takes them); afterwards this object is the run's best.pt
-        (last.pt where no epoch validated). Returns the final metrics."""
+        """Train (train.run's options; `callbacks` as it takes them, beside add_callback's); afterwards this object
+        is the run's best.pt (last.pt where no epoch validated). Returns the final metrics (ValMetrics)."""
         module, opt = self._opt("train", options)
-        self.trainer, self.metrics = module.main(opt, callbacks)
+        listeners = [self.callbacks] if self.callbacks else []
+        listeners += callbacks if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []
+        self.trainer, stats = module.main(opt, listeners or None)
         ck = self.trainer.checkpointer
         self.model = str(ck.best if ck.best.is_file() else ck.last)
+        validator = getattr(self.trainer, "validator", None)
+        self.metrics = ValMetrics(stats or {}, validator, getattr(self.trainer, "save_dir", None))
         return self.metrics
 
     def val(self, **options):
-        """Validate (the val script's options); returns its results dict."""
-        module, opt = self._opt("val", options)
-        self.metrics = module.main(opt)
+        """Validate (the val script's options); returns its metrics (ValMetrics: `metrics.box.map`, ..., and the
+        results dict itself)."""
+        _, opt = self._opt("val", options)
+        seen = []
+
+        class Kept(_engine_class(self.task, "val")):  # run_val as the script runs it, keeping the validator
+            def __call__(self, *args, **kwargs):
+                seen.append(self)
+                return super().__call__(*args, **kwargs)
+
+        stats = Kept.run_val(opt)
+        self.metrics = ValMetrics(stats, seen[-1] if seen else None, seen[-1].save_dir if seen else None)
         return self.metrics
 
     def export(self, **options):
@@ -62,46 +144,51 @@ class YOLO:
         files = [str(f) for f in module.main(opt)]
         return files[0] if len(files) == 1 else files
 
-    def predict(self, source, imgsz=None, conf=0.25, iou=0.45, classes=None, max_det=1000, augment=False,
-                device=None):
-        """models.hub.Results of `source`: an image path, a folder or a glob of images, a numpy HWC RGB array, a PIL
-        image, or a list of them. `imgsz` defaults to the size the weights trained at (engine/inherit.py), else 640."""
-        import torch
+    def predict(self, source="data/images", stream=False, **options):
+        """One `utils.results.Results` per image or frame of `source`: a list (models.hub.ResultsList), or with
+        `stream` a generator that holds one frame at a time. `source`: what the predict scripts read (an image, a
+        folder, a glob, a video, a stream, ...), with their options as keywords (conf, iou, imgsz, classes, max_det,
+        half, device, save, save_txt, save_conf, save_crop, show, line_width, ...); or numpy HWC RGB arrays, PIL
+        images and lists of them or of paths (the hub wrapper, models/hub.py, with conf, iou, imgsz, classes,
+        max_det, augment, device and the save options). Nothing is saved unless asked (save=True); `verbose=False`
+        keeps the log to warnings."""
+        from models.hub import ResultsList
 
-        from models.backend import InferenceBackend
-        from models.hub import HubModel
+        verbose = options.pop("verbose", True)
+        if isinstance(source, (str, Path)):
+            gen = self._script_predict(source, options)
+        else:
+            from yolo.inmemory import hub_predict
 
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        backend = InferenceBackend(self.model, device=device)
-        if augment and backend.model is None:
-            from utils.errors import BadOption
-
-            raise BadOption(f"augment=True needs .pt weights, not {self.model} (an export takes one input size)")
-        size = imgsz or backend.run.get("imgsz") or 640
-        # a .pt model back in torch's default layout (the backend's channels_last changes float rounding): the
-        # boxes torch.hub's model gives, to the bit
-        model = backend.model.to(memory_format=torch.contiguous_format) if backend.model is not None else backend
-        hub = HubModel(model)
-        hub.conf, hub.iou, hub.classes, hub.max_det = conf, iou, classes, max_det
-        return hub(_images(source), size=size, augment=augment)
+            gen = hub_predict(self, source, options)
+        if str(verbose).lower() in ("false", "0", "no", "off"):
+            gen = _quiet(gen)
+        if stream:
+            return gen
+        results = list(gen)
+        return ResultsList(results, results[0].names if results else {})
 
     __call__ = predict
 
+    def _script_predict(self, source, options):
+        """The task's predictor over `source`, its Results one at a time."""
+        _, opt = self._opt("predict", {"save": False, **options, "source": str(source)})
+        yield from _engine_class(self.task, "predict")(opt).stream()
 
-def _images(source):
-    """A folder or glob (text naming no file) as its image files; anything else as it is."""
-    items = source if isinstance(source, (list, tuple)) else [source]
-    out = []
-    for item in items:
-        if isinstance(item, (str, Path)) and not Path(item).is_file():
-            from utils.data.image_files import scan_files
 
-            try:
-                out += scan_files(str(item), recursive=False)[0]
-            except FileNotFoundError as e:
-                from utils.errors import BadFile
+def _quiet(gen):
+    """`gen`'s items, with the `yolo` logger at warnings while it runs."""
+    log = logging.getLogger("yolo")
+    it = iter(gen)
+    while True:
+        level = log.level
+        log.setLevel(logging.WARNING)
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        finally:
+            log.setLevel(level)
+        yield item
 
-                raise BadFile(f"source {item}: {e}") from None
-        else:
-            out.append(item)
-    return out
+

@@ -58,6 +58,33 @@ def model_task(model):
     return "detect"
 
 
+def check_model(model):
+    """BadModelYaml or BadFile, naming the closest known name, for a model that is neither a model YAML we have
+    (`yolov8q.yaml`), nor a file, nor official weights the scripts would download (`yolov8q.pt`): what `YOLO(...)`
+    refuses at once, where the scripts would refuse it only when they run."""
+    path = Path(str(model))
+    if path.is_file():
+        return
+    if path.suffix.lower() in (".yaml", ".yml"):
+        from models.model_yaml import yaml_model_load
+
+        yaml_model_load(str(model))
+        return
+    from models.checkpoints.releases import official_url
+    from utils.cli import did_you_mean
+    from utils.errors import BadFile
+
+    if path.suffix.lower() == ".pt" and path.name == str(model) and official_url(path.name):
+        return
+    official = [n for n in (f"{f}{s}{t}.pt" for f in ("yolov8", "yolo11", "yolov5") for s in "nslmx"
+                            for t in ("", "-seg", "-cls", "-pose", "u")) if official_url(n)]
+    official += ["yolov7.pt", "yolov7x.pt", "yolov7-tiny.pt"]
+    near = [p.name for p in path.parent.glob("*") if p.suffix in (".pt", ".onnx", ".torchscript", ".yaml")] \
+        if path.parent.is_dir() else []
+    hint = did_you_mean(path.name, near + official, lambda n: str(path.with_name(n)))
+    raise BadFile(f"model {model}: no such file, model YAML or official weights{hint}")
+
+
 def check_words(task, mode):
     if task not in TASKS:
         raise BadOption(f"{task!r} is not a task: {', '.join(TASKS)}")
