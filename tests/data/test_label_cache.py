@@ -170,3 +170,18 @@ def test_training_runs_on_read_only_data_with_corrupt_and_foreign_caches(read_on
     ignored = [m for m in yolo_log if "ignoring label cache" in m]
     assert any("train.yolo-engine.cache" in m for m in ignored) and any("val.yolo-engine.cache" in m for m in ignored)
     assert len([m for m in yolo_log if "not writeable" in m]) == 1  # one folder, one warning
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_machines_of_one_job_accept_each_others_cache(tmp_path):
+    """Two ranks as the local rank 0s of two machines with different configuration folders: both sign with global
+    rank 0's key, so the cache one writes in a shared folder is read by the other."""
+    from tests.data.label_cache_worker import two_machines
+    from tests.ddp_utils import spawn
+
+    spawn(two_machines, 2, str(tmp_path))
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["own_key"] != r1["own_key"]  # two machines' keys
+    assert r0["job_key"] == r1["job_key"] == r0["own_key"]
+    assert r0["read"] == r1["read"] == [0, 1, 2]

@@ -13,12 +13,16 @@ it, or written by anyone else) does not verify, whatever hash it claims, and the
 names a file of the dataset (`valid`). A cache that does not verify, in another format (an official pickled cache),
 of another version, corrupt or unreadable is ignored with one warning and rebuilt; one whose hash differs (the files
 changed) is rebuilt silently. Machines that share a dataset folder but not a home folder each rebuild the other's
-caches: point YOLO_ENGINE_CONFIG_DIR at one shared folder to share the key. Only local rank 0 writes it (the others
+caches: point YOLO_ENGINE_CONFIG_DIR at one shared folder to share the key. Under DDP every rank signs and checks
+with global rank 0's key (`cache_key`), handed on through the process group's store, so the machines of one job
+accept each other's caches whatever their folders (the key then travels over the job's store connection, as
+everything else the ranks exchange). Only local rank 0 writes it (the others
 read what it wrote), atomically (utils.files.publish); a folder that cannot be written costs one warning and a rescan
 next time, never a crash.
 """
 
 import base64
+import datetime
 import errno
 import hmac
 import json
@@ -27,6 +31,7 @@ import secrets
 from pathlib import Path
 
 import numpy as np
+import torch.distributed as dist
 
 from utils import dist as du
 from utils.files import publish
@@ -38,6 +43,9 @@ FORMAT = "yolo-engine label cache"
 SUFFIX = ".yolo-engine.cache"
 VERSION = 3  # 1 was the pickled .npy cache, 2 had no MAC
 KEY_ENV = "YOLO_ENGINE_CONFIG_DIR"
+JOB_KEY = "yolo-engine/label-cache-key"  # where global rank 0 leaves its key in the process group's store
+JOB_KEY_WAIT = 600  # seconds a rank waits for it (rank 0 asks for it before it scans, after listing the split)
+_job = {}  # the job's key, once read
 _warned_dirs = set()  # one "not writeable" warning per folder and process
 
 
@@ -88,6 +96,34 @@ def key_path():
 
 
 def cache_key():
+    """The key label caches are signed and checked with: this user's (`own_key`); under DDP, global rank 0's for
+    every rank of the job (`_job_key`), so that machines whose configuration folders differ accept each other's
+    caches on a shared dataset folder instead of each rescanning and overwriting the other's every run."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return _job_key()
+    return own_key()
+
+
+def _job_key():
+    """Global rank 0's key, handed to the others through the process group's store (no collective: the ranks ask
+    for it at different times, some while others scan). A rank that waits for it longer than JOB_KEY_WAIT (rank 0
+    stuck before its own scan) uses its own, as before, with one warning. Read once per process."""
+    if "key" not in _job:
+        store = dist.distributed_c10d._get_default_store()
+        if dist.get_rank() == 0:
+            key = own_key()
+            store.set(JOB_KEY, key.hex() if key else "")
+        try:
+            store.wait([JOB_KEY], datetime.timedelta(seconds=JOB_KEY_WAIT))
+            value = store.get(JOB_KEY).decode()
+            _job["key"] = bytes.fromhex(value) if value else None
+        except (RuntimeError, ValueError) as e:  # DistStoreError is a RuntimeError
+            _warn("", f"label caches signed with this machine's key, not the job's ({e})")
+            _job["key"] = own_key()
+    return _job["key"]
+
+
+def own_key():
     """This user's secret key for label caches (32 random bytes, hex), made on first use, readable by the user only;
     None where the folder cannot be written (caches are then neither trusted nor written). Processes making it at
     once agree: each links its own draft to the name, and the first link wins."""
