@@ -281,25 +281,65 @@ def session(device):
     cleanup_ddp()
 
 
+_first_blocks = []  # the store keys of the torch_distributed_zero_first block this process is in
+_first_count = [0]  # blocks entered so far: every rank enters the same ones in the same order
+POLL_S = 2.0  # how often a waiting rank reads the store
+
+
 @contextlib.contextmanager
 def torch_distributed_zero_first(local_rank):
     """Let local rank 0 go first (download, scan labels, write caches); the others wait, then reuse its work.
 
-    Keyed on the local rank because caches and downloads live on each machine's own disk.
+    Keyed on the local rank because caches and downloads live on each machine's own disk. The waiting is not a
+    barrier, which would end the job after DDP_TIMEOUT whatever the scan's size: every rank counts itself done in
+    the process group's store (the others at once, local rank 0 after its work) and waits until all are, for as
+    long as some rank's work reports progress (`progress`) at least once per DDP_TIMEOUT.
     """
     initialized = dist.is_available() and dist.is_initialized()
-    if initialized and local_rank not in (-1, 0):
-        barrier()
+    if not initialized:
+        yield
+        return
+    _first_count[0] += 1
+    keys = f"yolo/first/{_first_count[0]}/done", f"yolo/first/{_first_count[0]}/progress"
+    if local_rank not in (-1, 0):
+        _wait_first(*keys)
+    _first_blocks.append(keys)
     try:
         yield
     except UserError:
         # release the waiting ranks before leaving: they then meet the same mistake and report it themselves,
-        # instead of failing inside the barrier when this process exits
-        if initialized and local_rank == 0:
-            barrier()
+        # instead of failing inside the wait when this process exits
+        if local_rank == 0:
+            _wait_first(*keys)
         raise
-    if initialized and local_rank == 0:
-        barrier()
+    finally:
+        _first_blocks.pop()
+    if local_rank == 0:
+        _wait_first(*keys)
+
+
+def progress(n=1):
+    """Inside torch_distributed_zero_first: tell the waiting ranks that this rank's work goes on (n more items)."""
+    if _first_blocks:
+        dist.distributed_c10d._get_default_store().add(_first_blocks[-1][1], n)
+
+
+def _wait_first(done, beats):
+    """Count this rank done, wait for every rank to be, then meet them in a barrier (which no longer waits)."""
+    store = dist.distributed_c10d._get_default_store()
+    store.add(done, 1)
+    limit = DDP_TIMEOUT.total_seconds()
+    seen, deadline, pause = None, time.monotonic() + limit, 0.01
+    while store.add(done, 0) < get_world_size():
+        beat = store.add(beats, 0)
+        if beat != seen:
+            seen, deadline = beat, time.monotonic() + limit
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"DDP: no rank's work went on for {limit / 60:g} minutes (YOLO_DDP_TIMEOUT) while "
+                               f"{get_world_size() - store.add(done, 0)} of them had not finished it")
+        time.sleep(pause)
+        pause = min(2 * pause, POLL_S)  # quick blocks cost the waiting ranks little, long ones few reads
+    barrier()
 
 
 def convert_sync_bn(model, device):

@@ -16,6 +16,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
+from utils import dist as du
 from utils.budget import MAX_LABEL_BYTES
 from utils.data.image_files import MISSING, entry_problem, files_hash
 from utils.data.jpeg_header import plain_jpeg_size
@@ -286,6 +287,7 @@ def _records(im_files, label_files, nc, workers, fmt, source, names, desc):
             for chunk in chunks:
                 records += chunk
                 bar.update(len(chunk))
+                du.progress(len(chunk))  # keeps the ranks waiting for this scan waiting (utils/dist.py)
         return records
     finally:
         _job = None
