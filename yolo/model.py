@@ -75,6 +75,13 @@ class YOLO:
             self._backend = (self.model, net)
         return self._backend[1]
 
+    def _module(self):
+        """The torch model (a YAML's, or a .pt's), None for an export."""
+        from models.backend import InferenceBackend
+
+        net = self._net()
+        return net.model if isinstance(net, InferenceBackend) else net
+
     @property
     def names(self):
         """{class id: name} of the model."""
@@ -83,8 +90,8 @@ class YOLO:
     def info(self, verbose=False, imgsz=640):
         """Logs and returns (layers, parameters, gradients, GFLOPs at imgsz) of a .pt or YAML model; `verbose`: a
         line per layer too."""
-        net = getattr(self._net(), "model", None) or self._net()
-        if not hasattr(net, "info"):
+        net = self._module()
+        if net is None:
             from utils.errors import BadOption
 
             raise BadOption(f"info(): {self.model} is an export; its graph has no layers to count")
@@ -92,8 +99,8 @@ class YOLO:
 
     def fuse(self):
         """Folds each BatchNorm into its convolution (as exports and the predictors do); returns self."""
-        net = getattr(self._net(), "model", None) or self._net()
-        if hasattr(net, "fuse"):
+        net = self._module()
+        if net is not None:
             net.fuse()
         return self
 
