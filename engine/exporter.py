@@ -156,7 +156,8 @@ class Exporter:
         try:
             import onnx
         except ImportError as e:
-            raise BadOption("--include onnx needs the onnx package: pip install onnx") from e
+            raise BadOption('--include onnx needs the onnx package: pip install -e ".[export]" in this clone (onnx, '
+                            'and onnxruntime to run the file)') from e
         outputs = [f"output{i}" for i in range(n_out)]
         dynamic = None
         if self.opt.dynamic:  # batch, height and width of the input; every output follows the batch
