@@ -1,0 +1,233 @@
+"""Datasets at scale (issue 60), ours against Ultralytics: the training dataset's first open (label scan, cache
+written) and cached open, and the loader workers' private memory over batches. Each measurement is one whole
+process per side and run, the sides alternated, medians reported. The data are COCO128's real training photos and
+labels hard-linked N/128 times into a scratch folder (`make`; never commit it), so N images cost no disk.
+
+    python -m benchmarks.scale make --n 12800 --out /tmp/scale/d12800
+    python -m benchmarks.scale open --root /tmp/scale/d12800 --repeats 3
+    python -m benchmarks.scale memory --root /tmp/scale/d12800 --batches 200 --workers 2
+
+`open` times the dataset as each trainer builds it (ours: YOLODataset as engine/tasks/detect.py asks; theirs:
+ultralytics.data.build_yolo_dataset in train mode), first with its label cache deleted, then with it in place, and
+reports each side's peak RSS (the process, and its largest child: our scan forks processes). `memory` starts each
+side's training loader (ours: build_dataloader with its GroupedLoader; theirs: its build_dataloader) and reads every
+worker's private memory (USS: Private_Clean + Private_Dirty of /proc/PID/smaps_rollup) at every batch of the first
+and the last tenth of --batches, and reports each window's highest (a worker's USS rises and falls with the group of
+images it holds, so one reading says more about where in its group the worker was than about growth). Without the
+peers' venv (../shared/peers/setup.sh) only ours runs.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+COCO128 = Path(__file__).resolve().parents[1] / "../datasets/coco128"
+PEERS = Path(os.environ.get("TMPDIR", "/tmp")) / "peers-venv"
+SIDES = ["ours", "ultralytics"]
+
+
+def make(n, out, src=COCO128):
+    """N images (COCO128's train photos, hard-linked in turn) with their labels, and a dataset YAML, under `out`."""
+    src = Path(src).resolve()
+    ims = sorted((src / "images" / "train2017").glob("*.jpg"))
+    out = Path(out)
+    (out / "images" / "train").mkdir(parents=True, exist_ok=True)
+    (out / "labels" / "train").mkdir(parents=True, exist_ok=True)
+    for k in range(n):
+        im = ims[k % len(ims)]
+        name = f"{im.stem}_{k // len(ims):05d}"
+        dst = out / "images" / "train" / f"{name}.jpg"
+        if not dst.exists():
+            os.link(im, dst)
+        lb = src / "labels" / "train2017" / f"{im.stem}.txt"
+        if lb.exists() and not (out / "labels" / "train" / f"{name}.txt").exists():
+            os.link(lb, out / "labels" / "train" / f"{name}.txt")
+    names = (Path(__file__).resolve().parents[1] / "data" / "coco128.yaml").read_text().split("names:", 1)[1]
+    (out / "data.yaml").write_text(f"path: {out.resolve()}\ntrain: images/train\nval: images/train\nnames:{names}")
+    return out
+
+
+def _uss_kb(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean", "Private_Dirty")))
+
+
+def _peak_mb():
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return round(own), round(children)
+
+
+def _ours(root, img, augment=True, warm=False):
+    from utils.data.dataset_yaml import check_det_dataset
+    from utils.data.detect_dataset import YOLODataset
+    from utils.files import find_file, yaml_load
+    from utils.heap import keep_freed_memory
+
+    keep_freed_memory()  # as every script of ours does first (run_cli)
+    d = check_det_dataset(str(Path(root) / "data.yaml"))
+    hyp = yaml_load(find_file("hyp.v8.yaml", "data/hyps"))
+    if warm:
+        return None, 0.0
+    t = time.perf_counter()
+    ds = YOLODataset(d["train"], imgsz=img, batch_size=16, augment=augment, hyp=hyp, prefix="train: ", nc=d["nc"],
+                     names=d["names"])
+    return ds, time.perf_counter() - t
+
+
+def _theirs(root, img, warm=False):
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    d = check_det_dataset(str(Path(root) / "data.yaml"))
+    cfg = get_cfg(overrides={"imgsz": img})
+    if warm:
+        return None, 0.0
+    t = time.perf_counter()
+    ds = build_yolo_dataset(cfg, d["train"], 16, d, mode="train", stride=32)
+    return ds, time.perf_counter() - t
+
+
+def _cpu_s():
+    """CPU seconds of this process and its waited-for children (our scan's processes), user and system."""
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+
+
+def child_open(side, root, img):
+    (_theirs if side == "ultralytics" else _ours)(root, img, warm=True)  # imports, as a trainer has them
+    cpu = _cpu_s()
+    _, seconds = (_theirs if side == "ultralytics" else _ours)(root, img)
+    own, children = _peak_mb()
+    return {"seconds": seconds, "cpu_s": _cpu_s() - cpu, "peak_mb": own, "child_peak_mb": children}
+
+
+def child_memory(side, root, img, workers, batches):
+    """USS of each loader worker after the first batch and after `batches` (MB), and the loader's pace."""
+    import psutil
+    import torch
+
+    torch.set_num_threads(1)
+    if side == "ultralytics":
+        from ultralytics.data import build_dataloader
+
+        ds, _ = _theirs(root, img)
+        loader = build_dataloader(ds, 16, workers, shuffle=True, rank=-1, pin_memory=False, device="cpu")
+    else:
+        from utils.data.loader import build_dataloader, set_loader_epoch
+
+        ds, _ = _ours(root, img)
+        loader = build_dataloader(ds, 16, workers, shuffle=True, seed=0)
+        set_loader_epoch(loader, 0)
+    me = psutil.Process()
+    window = max(1, batches // 10)  # a worker's USS rises and falls with the group (of images) it holds
+    seen, t = {}, time.perf_counter()
+    for k, _ in enumerate(loader, 1):
+        if k == 1:
+            t = time.perf_counter()
+        if k <= window or k > batches - window:
+            for p in me.children():
+                seen.setdefault(p.pid, [[], []])[k > window].append(_uss_kb(p.pid) / 1024)
+        if k == batches:
+            break
+    rate = (batches - 1) * 16 / (time.perf_counter() - t)
+    pids = sorted(p for p, (a, b) in seen.items() if a and b)
+    return {"first_mb": [round(max(seen[p][0])) for p in pids], "last_mb": [round(max(seen[p][1])) for p in pids],
+            "window": window, "main_uss_mb": round(_uss_kb(os.getpid()) / 1024), "img_per_s": round(rate, 1)}
+
+
+def _peer_env():
+    env = dict(os.environ)
+    script = PEERS / "peer-env.sh"
+    for line in script.read_text().splitlines() if script.exists() else []:
+        for word in line.removeprefix("export ").split():
+            k, _, v = word.partition("=")
+            env[k] = v
+    return env
+
+
+def run_child(side, *args):
+    python = str(PEERS / "bin" / "python") if side == "ultralytics" else sys.executable
+    env = _peer_env() if side == "ultralytics" else dict(os.environ)
+    out = subprocess.run([python, "-m", __spec__.name, "_child", side, *map(str, args)], capture_output=True,
+                         text=True, env=env, timeout=3600)
+    if out.returncode:
+        raise SystemExit(f"error: the {side} run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _caches(root):
+    """Both tools' label caches of the split (ours .yolo-engine.cache, theirs .cache)."""
+    return [Path(root) / "labels" / "train.yolo-engine.cache", Path(root) / "labels" / "train.cache"]
+
+
+def bench_open(root, img, repeats, sides):
+    runs = {(s, k): [] for s in sides for k in ("first", "cached")}
+    for _ in range(repeats):
+        for s in sides:
+            for c in _caches(root):
+                c.unlink(missing_ok=True)
+            runs[s, "first"].append(run_child(s, "open", root, img))
+            runs[s, "cached"].append(run_child(s, "open", root, img))
+    n = len(list((Path(root) / "images" / "train").iterdir()))
+    for (s, k), v in runs.items():
+        sec = statistics.median(r["seconds"] for r in v)
+        cpu = statistics.median(r["cpu_s"] for r in v)
+        peak = max(r["peak_mb"] for r in v)
+        child = max(r["child_peak_mb"] for r in v)
+        each = " ".join(f"{r['seconds']:.2f}" for r in v)
+        print(f"{s:<12} {k:<7} {n:>7} images {sec:8.3f} s ({sec / n * 1e3:.3f} ms/img; runs {each}), CPU {cpu:.2f} s "
+              f"({cpu / n * 1e3:.3f} ms/img); peak RSS {peak} MB, largest child {child} MB")
+    if len(sides) == 2:
+        for k in ("first", "cached"):
+            a, b = (statistics.median(r["seconds"] for r in runs[s, k]) for s in sides)
+            ca, cb = (statistics.median(r["cpu_s"] for r in runs[s, k]) for s in sides)
+            print(f"ours / ultralytics {k}: {a / b:.2f}x wall, {ca / cb:.2f}x CPU")
+
+
+def bench_memory(root, img, workers, batches, sides):
+    for s in sides:
+        r = run_child(s, "memory", root, img, workers, batches)
+        growth = [b / a - 1 for a, b in zip(r["first_mb"], r["last_mb"])]
+        w = r["window"]
+        print(f"{s:<12} workers' highest USS over batches 1-{w}: {r['first_mb']} MB, over batches {batches - w + 1}-"
+              f"{batches}: {r['last_mb']} MB ({max(growth) * 100:+.0f} % at most); main process USS "
+              f"{r['main_uss_mb']} MB; {r['img_per_s']} img/s")
+
+
+def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "_child":
+        side, what, *args = sys.argv[2:]
+        if what == "open":
+            print(json.dumps(child_open(side, args[0], int(args[1]))))
+        else:
+            print(json.dumps(child_memory(side, args[0], int(args[1]), int(args[2]), int(args[3]))))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["make", "open", "memory"])
+    p.add_argument("--n", type=int, default=12800, help="make: images")
+    p.add_argument("--out", "--root", dest="root", default="/tmp/scale/d12800")
+    p.add_argument("--img", type=int, default=320)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batches", type=int, default=200)
+    p.add_argument("--sides", nargs="+", choices=SIDES, default=None)
+    opt = p.parse_args()
+    sides = opt.sides or (SIDES if (PEERS / "bin" / "python").exists() else SIDES[:1])
+    if opt.what == "make":
+        print(make(opt.n, opt.root))
+    elif opt.what == "open":
+        bench_open(opt.root, opt.img, opt.repeats, sides)
+    else:
+        bench_memory(opt.root, opt.img, opt.workers, opt.batches, sides)
+
+
+if __name__ == "__main__":
+    main()
