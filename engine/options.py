@@ -115,7 +115,9 @@ class TrainOptions(Options):
                               text="hyperparameter YAML, may set only some keys (default: the file the model YAML "
                                    "names)")
     epochs: int = _cli("--epochs", default=30, resume="extend", text="epochs to train (with --resume: to train in all)")
-    batch_size: int = _cli("--batch-size", default=16, text="images per step, the total over all processes")
+    batch_size: int = _cli("--batch-size", default=16, text="images per step, the total over all processes; -1: "
+                                                            "AutoBatch, the largest that fits 60%% of a GPU's free "
+                                                            "memory (one GPU; on a CPU 16)")
     imgsz: int = _cli("--imgsz", "--img", "--img-size", text="train/val image size")  # train_imgsz: what the run uses
     # False, True (the newest unfinished run) or a last.pt path
     resume: object = _cli("--resume", nargs="?", const=True, default=False, type=str2bool_or_path, resume="launch",

@@ -31,6 +31,7 @@ from engine.run_lock import RunLock, busy
 from models.checkpoints import attempt_load
 from models.registry import use_modules
 from utils import dist as du
+from utils.autobatch import cpu_batch, cuda_auto_batch
 from utils.charts import RunPlots
 from utils.cli import check_imgsz
 from utils.data.augment import apply_hsv_batch, multi_scale
@@ -76,6 +77,8 @@ class BaseTrainer:
         self.rank, self.local_rank, self.world_size = du.get_rank(), du.get_local_rank(), du.get_world_size()
         self.is_main = self.rank in (-1, 0)
         self.epochs = self.opt.epochs
+        if self.opt.batch_size == -1 and self.world_size > 1:
+            raise BadOption("--batch-size -1 (AutoBatch) sizes one GPU's batch: give the total batch under torchrun")
         if self.opt.batch_size % self.world_size:
             raise BadOption(f"--batch-size {self.opt.batch_size} must be a multiple of WORLD_SIZE {self.world_size}")
         self.batch_size = self.opt.batch_size // self.world_size  # per rank
@@ -177,6 +180,10 @@ class BaseTrainer:
         """Build everything the loop needs, in dependency order."""
         init_seeds(self.opt.seed + 1 + max(self.rank, 0), deterministic=self.opt.deterministic)
         self._setup_model()
+        if self.opt.batch_size == -1:  # AutoBatch: a batch that fits the device, decided before the loader is built
+            total = cuda_auto_batch(self.train_model, self.opt.train_imgsz, self.device) \
+                if self.device.type == "cuda" else cpu_batch()
+            self.opt, self.batch_size = dataclasses.replace(self.opt, batch_size=total), total
         self._setup_data()
         self._setup_optimizer()
         self.ema = ModelEMA(self.model)  # on every rank, which all validate with it

@@ -126,8 +126,7 @@ def _train(data, tmp_path, *extra):
 
 @pytest.mark.parametrize("argv, error", [
     (["--batch-size", "0"], "error: --batch-size 0: must be in [1, inf)"),
-    (["--batch-size", "-1"], "error: --batch-size -1: must be in [1, inf) (there is no automatic batch size: give "
-                             "the images per step)"),
+    (["--batch-size", "-2"], "error: --batch-size -2: must be in [1, inf)"),  # -1 is AutoBatch
     (["--epochs", "0"], "error: --epochs 0: must be in [1, inf)"),
     (["--epochs", "-1"], "error: --epochs -1: must be in [1, inf)"),
     (["--workers", "-1"], "error: --workers -1: must be in [0, inf)"),

@@ -44,8 +44,8 @@ def str2bool_or_path(v):
     return True if v in (None, "", "True", "true") else v
 
 
-# The values each numeric option can take (whichever of them a script has), brackets as in mathematics. There is no
-# automatic batch size (YOLOv5's --batch-size -1): a batch is a number of images.
+# The values each numeric option can take (whichever of them a script has), brackets as in mathematics; and a train
+# script's --batch-size -1, AutoBatch (utils/autobatch.py).
 OPTION_RANGES = {
     "epochs": "[1, inf)", "batch_size": "[1, inf)", "imgsz": f"[1, {MAX_IMGSZ}]", "workers": "[0, inf)",
     "patience": "[0, inf)", "save_period": "[-1, inf)", "seed": "[0, 2147483647]", "freeze": "[0, inf)",
@@ -77,11 +77,11 @@ def check_options(opt, flags=None):
     for dest, interval in OPTION_RANGES.items():
         values = getattr(opt, dest, None)
         for v in values if isinstance(values, list) else [values]:
+            if dest == "batch_size" and v == -1 and hasattr(opt, "epochs"):  # training's AutoBatch (utils/autobatch)
+                continue
             if v is not None and not (math.isfinite(v) and in_interval(v, interval)):
                 flag = (flags or {}).get(dest) or "--" + dest.replace("_", "-")
-                hint = " (there is no automatic batch size: give the images per step)" if flag == "--batch-size" \
-                    and v == -1 else ""
-                raise BadOption(f"{flag} {v}: must be in {interval}{hint}")
+                raise BadOption(f"{flag} {v}: must be in {interval}")
     _check_run_folder(opt)
 
 
