@@ -63,6 +63,11 @@ def shown(path):
     return shlex.quote(str(p))
 
 
+# the task of the `yolo` command running this script (yolo/cli.py sets it; None under `python`): where it is set, what
+# to run next and how to resume are said as `yolo` lines
+YOLO_TASK = None
+
+
 def resume_command(last, auto=False):
     """The command line that continues from `last`: this script, under the launcher it was started by; with `auto`
     (--resume auto), the command that was run."""
@@ -72,7 +77,7 @@ def resume_command(last, auto=False):
     if du.launcher() == "srun":
         return f"srun python {script} --resume {path} (in an allocation of {du.get_world_size()} tasks)"
     if not du.is_distributed():
-        return f"python {script} --resume {path}"
+        return f"yolo {YOLO_TASK} train resume model={path}" if YOLO_TASK else f"python {script} --resume {path}"
     nodes = "" if du.get_world_size() == du.get_local_world_size() else " --nnodes ... (on every machine)"
     return f"python -m torch.distributed.run --nproc_per_node {du.get_local_world_size()}{nodes} {script} " \
            f"--resume {path}"
@@ -85,6 +90,10 @@ def next_commands(scripts, weights, data, source, imgsz, half=False):
     val, predict = (shown(ROOT / s) for s in scripts)
     w, img = shown(weights), f"--img {imgsz}"
     data = shown(data) if Path(data).exists() else shlex.quote(str(data))  # else a name found under data/
+    if YOLO_TASK:
+        return [f"yolo {YOLO_TASK} val model={w} data={data} imgsz={imgsz}{' half=True' if half else ''}",
+                f"yolo {YOLO_TASK} predict model={w} source={source} imgsz={imgsz}",
+                f"yolo export model={w} format=onnx imgsz={imgsz}"]
     return [f"python {val} --weights {w} --data {data} {img}{' --half' if half else ''}",
             f"python {predict} --weights {w} --source {source} {img}",
             f"python {shown(ROOT / 'export.py')} --weights {w} --include onnx {img}"]

@@ -9,13 +9,17 @@ script for that task and mode with ARGS, given as `key=value` words, as the scri
 TASK: detect (the default when the model does not say), segment, classify, pose. MODE: train, val, predict,
 export. `yolo TASK MODE --help` lists the script's options; each `key=value` is the flag of that name (utils/cli.py
 `Parser.expand_assignments`: batch, conf, iou, format and model stand for --batch-size, --conf-thres, --iou-thres,
---include, and --cfg / --weights). torchrun launches the scripts themselves (README.md).
+--include, and --cfg / --weights; save=False, show and line_width for --nosave, --view-img, --line-thickness). Also
+Ultralytics' `yolo train resume model=last.pt` and `yolo train model=last.pt resume=True` (--resume last.pt),
+`verbose=False` and `stream=True` (`habit_words`); a misspelt key, flag or model name is refused with the closest one.
+After a run, what to run next is said as `yolo` lines. torchrun launches the scripts themselves (README.md).
 """
 
+import logging
 import sys
 
 from utils.errors import BadOption, run_cli
-from yolo.scripts import MODES, TASKS, check_words, load_script, model_task
+from yolo.scripts import MODES, TASKS, check_model, check_words, load_script, model_task
 
 USAGE = "yolo [TASK] MODE [key=value ...] [--flag value ...]\n\n" + __doc__.split("\n\n", 1)[1]
 
@@ -29,6 +33,34 @@ def model_argument(args):
         if flag in ("--weights", "--cfg", "--model"):
             return value if eq else (args[i + 1] if i + 1 < len(args) else None)
     return None
+
+
+def _on(word):
+    """True / False / None (not an on-off word) of `key=value`'s value, or True for the bare key."""
+    value = word.partition("=")[2] if "=" in word else "true"
+    return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(value.lower())
+
+
+def habit_words(mode, words):
+    """(the script's words, verbose) from Ultralytics' words that are not the scripts' options: its two resume forms
+    (`resume model=last.pt` and `model=last.pt resume=True`: --resume last.pt; `resume` alone: the newest run),
+    `verbose=False` (the log at warnings) and `stream=True` (the predict scripts read every source a frame at a
+    time already)."""
+    out, verbose, resume = [], True, None
+    for w in words:
+        key = w.partition("=")[0]
+        if key == "verbose" and _on(w) is not None:
+            verbose = _on(w)
+        elif key == "stream" and mode == "predict" and _on(w) is not None:
+            continue
+        elif key == "resume" and mode == "train" and _on(w) is not None:
+            resume = _on(w)
+        else:
+            out.append(w)
+    if resume:
+        model = next((w for w in out if w.startswith("model=")), None)
+        out = [w for w in out if w != model] + ["--resume", *([model.partition("=")[2]] if model else [])]
+    return out, verbose
 
 
 def split_words(argv):
@@ -46,6 +78,13 @@ def split_words(argv):
     return task, mode, words
 
 
+class _Warnings(logging.Filter):
+    """verbose=False: the `yolo` logger's warnings and errors only (the scripts set its level themselves)."""
+
+    def filter(self, record):
+        return record.levelno >= logging.WARNING
+
+
 def run(argv):
     """What the script of `argv`'s task and mode returns (metrics, results or files), or None for the help."""
     if not argv or argv[0] in ("help", "-h", "--help"):
@@ -54,10 +93,29 @@ def run(argv):
 
     def parse():
         task, mode, args = split_words(argv)
+        args, verbose = habit_words(mode, args)
+        model = model_argument(args)
+        if model:  # a misspelt name is refused now, with the closest, not once the run has set up
+            check_model(model)
         module = load_script(task, mode)
-        return module, module.parse_opt(args)
+        return task, module, module.parse_opt(args), verbose
 
-    return run_cli(lambda parsed: parsed[0].main(parsed[1]), parse)
+    def main(parsed):
+        task, module, opt, verbose = parsed
+        from engine import messages
+
+        messages.YOLO_TASK = task  # what the run says to run next (and to resume it) are `yolo` lines
+        quiet = None if verbose else _Warnings()
+        if quiet:
+            logging.getLogger("yolo").addFilter(quiet)
+        try:
+            return module.main(opt)
+        finally:
+            messages.YOLO_TASK = None
+            if quiet:
+                logging.getLogger("yolo").removeFilter(quiet)
+
+    return run_cli(main, parse)
 
 
 def main(argv=None):

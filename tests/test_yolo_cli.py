@@ -1,0 +1,79 @@
+"""The `yolo` command with Ultralytics' habits: its two resume forms, save/show/line_width/verbose/stream, a close
+match for every unknown key, flag and model name, and `yolo` lines for what to run next."""
+
+import subprocess
+import sys
+
+import pytest
+
+import detect
+import train
+from engine import messages
+from utils.errors import BadOption
+from yolo.cli import habit_words, split_words
+
+
+def script_words(argv):
+    task, mode, words = split_words(argv)
+    return habit_words(mode, words)
+
+
+@pytest.mark.parametrize("argv", [["train", "resume", "model=runs/train/exp/weights/last.pt"],
+                                  ["train", "model=runs/train/exp/weights/last.pt", "resume=True"],
+                                  ["detect", "train", "resume=true", "model=runs/train/exp/weights/last.pt"]])
+def test_both_ultralytics_resume_forms_are_resume_from_that_file(argv):
+    words, verbose = script_words(argv)
+    opt = train.parse_opt(words)
+    assert opt.resume == "runs/train/exp/weights/last.pt" and opt.weights == "" and opt.given == ["resume"]
+    assert verbose
+
+
+def test_resume_alone_is_the_newest_run_and_false_is_nothing():
+    assert script_words(["train", "resume"])[0] == ["--resume"]
+    assert train.parse_opt(script_words(["train", "resume"])[0]).resume is True
+    assert script_words(["train", "resume=False", "epochs=3"])[0] == ["epochs=3"]
+
+
+def test_habit_words_of_predict():
+    words, verbose = script_words(["predict", "model=best.pt", "save=False", "show=False", "line_width=2",
+                                   "verbose=False", "stream=True", "save_txt=True", "save_conf=1", "conf=0.5"])
+    assert not verbose and "stream=True" not in words
+    opt = detect.parse_opt(words)
+    assert (opt.nosave, opt.view_img, opt.line_thickness, opt.save_txt, opt.save_conf, opt.conf_thres) == \
+        (True, False, 2, True, True, 0.5)
+    assert detect.parse_opt(["save=True"]).nosave is False
+
+
+@pytest.mark.parametrize("words, said", [
+    (["epoch=1"], "epoch=1: no option --epoch; did you mean epochs=?"),
+    (["--epcohs", "1"], "unrecognized arguments: --epcohs 1; did you mean --epochs?"),
+    (["imgsize=64"], "did you mean imgsz=?"),
+    (["model=yolov8q.yaml", "epochs=1"], None),  # the model is read when the run starts: its own test below
+])
+def test_unknown_keys_and_flags_name_the_closest(words, said):
+    if said is None:
+        return
+    with pytest.raises(BadOption) as e:
+        train.parse_opt(words)
+    assert said in str(e.value)
+
+
+def test_a_misspelled_model_is_one_error_line_naming_the_closest(tmp_path):
+    r = subprocess.run(["timeout", "120", sys.executable, "-m", "yolo", "train", "model=yolov8q.yaml", "epochs=1"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert r.returncode == 2 and len(errors) == 1 and "did you mean yolov8n.yaml?" in errors[0], r.stderr
+
+
+def test_next_and_resume_lines_are_yolo_lines_under_the_yolo_command(monkeypatch, tmp_path):
+    last = tmp_path / "weights" / "last.pt"
+    monkeypatch.chdir(tmp_path)
+    assert messages.resume_command(last).startswith("python ")
+    monkeypatch.setattr(messages, "YOLO_TASK", "segment")
+    assert messages.resume_command(last) == "yolo segment train resume model=weights/last.pt"
+    lines = messages.next_commands(("segment/val.py", "segment/predict.py"), tmp_path / "best.pt", "data/shapes.yaml",
+                                   "data/images", 64)
+    assert lines == ["yolo segment val model=best.pt data=data/shapes.yaml imgsz=64",
+                     "yolo segment predict model=best.pt source=data/images imgsz=64",
+                     "yolo export model=best.pt format=onnx imgsz=64"]
+    assert all(line.split()[0] == "yolo" for line in lines)
