@@ -163,3 +163,20 @@ def test_dataset_labels_are_packed(shapes_det):
     ds = YOLODataset(str(shapes_det / "images" / "train"), imgsz=64, nc=3)
     assert isinstance(ds.labels, LabelStore) and isinstance(ds.im_files, PathList)
     assert not hasattr(ds, "npy_files")  # made per image when --cache disk reads one
+
+
+def test_rect_shapes_per_batch_from_sorted_ratios():
+    """--rect's batch shapes (the official rule: the batch's widest or tallest ratio sets its shape), computed
+    without a pass over all images per batch, agree with each batch's own min and max."""
+    from types import SimpleNamespace
+
+    recs = _records(1001, "detect")
+    stub = SimpleNamespace(labels=LabelStore.from_records(recs), imgsz=640)
+    YOLODataset._set_rect_shapes(stub, 16, 32, 0.5)
+    ar = np.sort([r["shape"][0] / r["shape"][1] for r in recs], kind="stable")
+    assert len(stub.batch_shapes) == 63
+    for b, shape in enumerate(stub.batch_shapes):
+        lo, hi = ar[16 * b : 16 * b + 16].min(), ar[16 * b : 16 * b + 16].max()
+        want = [hi, 1] if hi < 1 else [1, 1 / lo] if lo > 1 else [1, 1]
+        assert shape.tolist() == (np.ceil(np.array(want) * 640 / 32 + 0.5).astype(int) * 32).tolist()
+    assert [lb["shape"][0] / lb["shape"][1] for lb in stub.labels] == ar.tolist()

@@ -3,7 +3,6 @@ copy-paste, random perspective, mixup, HSV, flips, letterbox/rect shapes, polygo
 collate of docs/design.md."""
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
@@ -26,15 +25,8 @@ from utils.data.augment import (
     mixup,
     random_perspective,
 )
-from utils.data.image_files import (
-    IMG_FORMATS,
-    disk_cache_path,
-    img2label_paths,
-    read_disk_cache,
-    scan_files,
-    suffix,
-    write_disk_cache,
-)
+from utils.data.image_cache import DiskCopies, fill_disk, fill_memory, resized_shape
+from utils.data.image_files import IMG_FORMATS, img2label_paths, read_disk_cache, scan_files, suffix
 from utils.data.label_cache import cache_path
 from utils.data.label_formats import get_format
 from utils.data.label_store import LabelStore
@@ -118,7 +110,8 @@ class YOLODataset(Dataset):
         # a list file names its own cache; a folder, glob or single image uses its labels folder's, which lies beside
         # that folder: a cache named after an image would lie among the images, listed as ignored by later scans
         split = p if p is not None and p.is_file() and suffix(p) == "txt" else Path(label_files[0]).parent
-        labels, self.stats = cache_labels(im_files, label_files, source.cache_file if source else cache_path(split),
+        label_cache = source.cache_file if source else cache_path(split)
+        labels, self.stats = cache_labels(im_files, label_files, label_cache,
                                           nc, prefix, fmt=self.format, source=source,
                                           names=names or {i: f"class{i}" for i in range(nc or 0)})
         self.problems = self.stats.pop("problems") + ignored
@@ -149,6 +142,7 @@ class YOLODataset(Dataset):
         self.pool = np.arange(n) if cache_indices is None else np.unique(np.asarray(cache_indices, dtype=np.int64))
         self.ims = [None] * n
         self.disk_cache = cache == "disk"
+        self.copies = DiskCopies(img_path, label_cache) if self.disk_cache else None  # where each .npy lies
         self.gone = set()  # images found missing after the scan (warned about once)
         if cache:
             self._cache_images(cache)
@@ -175,15 +169,15 @@ class YOLODataset(Dataset):
         self.im_files = self.labels.im_files
         ar = ar[order]
         self.batch_index = np.arange(len(ar)) // batch_size
-        shapes = []
-        for b in range(self.batch_index[-1] + 1):
-            ari = ar[self.batch_index == b]
-            lo, hi = ari.min(), ari.max()
-            shapes.append([hi, 1] if hi < 1 else [1, 1 / lo] if lo > 1 else [1, 1])
-        self.batch_shapes = np.ceil(np.array(shapes) * self.imgsz / stride + pad).astype(int) * stride
+        # the ratios are sorted: a batch's lowest is its first, its highest its last (no scan of all per batch)
+        lo, hi = ar[::batch_size], ar[np.minimum(np.arange(batch_size - 1, len(ar) + batch_size - 1, batch_size),
+                                                 len(ar) - 1)]
+        shapes = np.where((hi < 1)[:, None], np.stack([hi, np.ones_like(hi)], 1),
+                          np.where((lo > 1)[:, None], np.stack([np.ones_like(lo), 1 / lo], 1), 1.0))
+        self.batch_shapes = np.ceil(shapes * self.imgsz / stride + pad).astype(int) * stride
 
     def _read(self, i):
-        im = read_disk_cache(disk_cache_path(self.im_files[i]), self.im_files[i]) if self.disk_cache else None
+        im = read_disk_cache(self.copies(self.im_files[i]), self.im_files[i]) if self.disk_cache else None
         return self._decode(i) if im is None else im
 
     def _decode(self, i):
@@ -209,22 +203,19 @@ class YOLODataset(Dataset):
             im = cv2.resize(im, size, interpolation=interp)
         return im, (h0, w0), im.shape[:2]
 
-    def _save_npy(self, i):
-        npy = disk_cache_path(self.im_files[i])  # made when used: a list of them would be copied by every worker
-        if read_disk_cache(npy, self.im_files[i], mmap_mode="r") is None:
-            write_disk_cache(npy, self._decode(i))
-
     def _cache_images(self, mode):
+        """This rank's share, judged against the budget before the first is decoded (utils/data/image_cache.py)."""
         idx = self.pool.tolist()
-        with ThreadPoolExecutor(8) as pool:
-            if mode == "disk":
-                list(pool.map(self._save_npy, idx))
-                LOGGER.info(f"{self.prefix}Cached {len(idx)} images to disk as .npy")
-                return
-            for i, x in zip(idx, pool.map(self.load_image, idx)):
-                self.ims[i] = x
-        gb = sum(self.ims[i][0].nbytes for i in idx) / 1e9
-        LOGGER.info(f"{self.prefix}Cached {len(idx)}/{len(self.ims)} images in RAM ({gb:.2f} GB)")
+        files, shapes = [self.im_files[i] for i in idx], [tuple(self.labels.shapes[i].tolist()) for i in idx]
+        if mode == "disk":
+            n = fill_disk(files, shapes, self.copies, lambda k: self._decode(idx[k]), self.prefix)
+            LOGGER.info(f"{self.prefix}Cached {n} images to disk as .npy")
+            return
+        kept = [resized_shape(s, self.imgsz) for s in shapes]
+        for i, x in zip(idx, fill_memory(files, shapes, lambda k: self.load_image(idx[k]), kept, self.prefix)):
+            self.ims[i] = x
+        cached = [self.ims[i][0].nbytes for i in idx if self.ims[i] is not None]
+        LOGGER.info(f"{self.prefix}Cached {len(cached)}/{len(self.ims)} images in RAM ({sum(cached) / 1e9:.2f} GB)")
 
     # ------------------------------------------------------------------ samples
     def _instances(self, i, w, h, padw=0.0, padh=0.0):
