@@ -4,11 +4,14 @@ by a Python caller) wins; one that neither gives falls back to the script's own 
 parsers in utils/cli.py set). One log line says what was taken and from where.
 
 What is known of a run is read with the weights, once: a checkpoint's by models/checkpoints.training_run (ours, an
-official YOLOv5 or Ultralytics one), an export's from its metadata (`imgsz`, `data`), as InferenceBackend.run.
+official YOLOv5 or Ultralytics one), an export's from its metadata (`imgsz`, `data`), as InferenceBackend.run. A file
+is input like a command line (docs/safety.md): its image size is checked as --img is (models/checkpoints.run_record),
+and the dataset it names is read where it is, never downloaded (utils/data/dataset_yaml.NamedByFile).
 """
 
 from pathlib import Path
 
+from utils.data.dataset_yaml import NamedByFile
 from utils.loggers import LOGGER
 
 FLAGS = {"imgsz": "--img", "data": "--data"}
@@ -37,6 +40,8 @@ def run_values(opt, known):
             value = opt.run_defaults[k]
         else:
             taken.append(f"{FLAGS[k]} {value}")
+            if k == "data":  # read where it is, never fetched (its download: could name any URL)
+                value = NamedByFile(value, f"the run record of {opt.weights}")
         values[k] = value
     said = []
     if taken:

@@ -191,7 +191,7 @@ class InferenceBackend(nn.Module):
 
     def _set_metadata(self, meta):
         self.metadata = meta
-        self.run = run_record(meta.get("imgsz"), meta.get("data"))
+        self.run = run_record(meta.get("imgsz"), meta.get("data"), self.weights)
         self.task, self.stride, self.nc = meta["task"], meta["stride"], meta["nc"]
         if self.task != "classify" and not meta.get("layout"):
             raise BadFile(f"--weights {self.weights} has no output layout in its metadata: export it again")

@@ -28,6 +28,9 @@ MAX_GRAPH_NODES = 100_000  # operators of an ONNX graph, each dry-run in Python 
 # the input an exported file declares, which a static export is padded to: at most 2^27 values, 512 MiB of float32
 # (batch 32 at 1152 px; batch 16 at 1600)
 MAX_EXPORT_BATCH, MAX_EXPORT_SIDE, MAX_EXPORT_INPUT = 1024, 8192, 1 << 27
+# an image size: --img, and one read from a file (a checkpoint's run record, an export's metadata, resumed options),
+# checked alike; one image at it is 192 MiB as the network's float32 input (official models train at 640 and 1280)
+MAX_IMGSZ = 4096
 ARCHIVE_RATIO = 100  # what an archive unpacks to, per byte it has (JPEG datasets: 1; label text: 5-10)
 ARCHIVE_FLOOR = 64 << 20  # ... or at least this much, whatever its size
 DISK_MARGIN = 1 << 30  # a download or unpacking leaves this much of its disk free

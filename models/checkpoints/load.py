@@ -8,6 +8,7 @@ from models.checkpoints.ours import MODEL_CLASSES, model_from_ckpt
 from models.checkpoints.releases import resolve_weights
 from models.checkpoints.safe import load_checkpoint
 from models.yolo import yaml_model_load
+from utils.budget import MAX_IMGSZ
 from utils.errors import BadCheckpoint, UserError
 
 
@@ -51,31 +52,45 @@ def load_model(weights, device="cpu", fuse=True):
     model = _model_entry(ckpt, path).float()
     if fuse:
         model.fuse()
-    return model.eval().to(device), training_run(ckpt)
+    return model.eval().to(device), training_run(ckpt, path)
 
 
 def image_size(value):
-    """An image size as the options hold it: an int (a [h, w] pair: its long side); None for anything else."""
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
-        return max(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    """An image size as the options hold it: an int (a [h, w] pair: its long side); None for anything else, a size
+    under 1 pixel included."""
+    sizes = value if isinstance(value, (list, tuple)) and value else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
+        return None
+    return max(sizes) if min(sizes) > 0 else None
 
 
-def training_run(ckpt):
+def training_run(ckpt, source=None):
     """{'imgsz', 'data'} a checkpoint dict says of the run that trained it, where it says it: ours in `opt`
     (`train_imgsz`, and `data_path`, the dataset the run read, absolute), an official YOLOv5 one in `opt` (`imgsz`),
     an Ultralytics one in `train_args` (`imgsz`). The official ones name COCO, which a val script would download, so
-    only ours give a dataset (engine/inherit.py)."""
+    only ours give a dataset (engine/inherit.py). `source` names the file in a refusal (`run_record`)."""
     opt = ckpt.get("opt") if isinstance(ckpt.get("opt"), dict) else ckpt.get("train_args")
     if not isinstance(opt, dict):
         return {}
-    return run_record(image_size(opt.get("train_imgsz")) or opt.get("imgsz"), opt.get("data_path"))
+    return run_record(opt.get("train_imgsz") if image_size(opt.get("train_imgsz")) else opt.get("imgsz"),
+                      opt.get("data_path"), source)
 
 
-def run_record(imgsz, data):
+def run_record(imgsz, data, source=None):
     """{'imgsz', 'data'} of a run, each where known (`imgsz` as `image_size` reads it): what a checkpoint
-    (`training_run`) or an export's metadata (models/backend.InferenceBackend.run) says of the run that made it."""
-    found = {"imgsz": image_size(imgsz), "data": data}
+    (`training_run`) or an export's metadata (models/backend.InferenceBackend.run) says of the run that made it.
+
+    What a file says is input like a command line, and checked as one (docs/safety.md): an image size beyond the
+    MAX_IMGSZ that --img takes, or a dataset that is not a path, is refused (BadCheckpoint naming `source`, the
+    file). A size in another form than a command writes (text, a float) says no size, as before."""
+    where = f"{source}: its" if source else "its"
+    size = image_size(imgsz)
+    if size is not None and size > MAX_IMGSZ:
+        raise BadCheckpoint(f"{where} run record gives image size {size}, larger than the {MAX_IMGSZ} that --img "
+                            "takes (docs/safety.md)")
+    if data is not None and not isinstance(data, str):
+        raise BadCheckpoint(f"{where} run record's dataset is {type(data).__name__} {data!r:.60}, not a path")
+    found = {"imgsz": size, "data": data}
     return {k: v for k, v in found.items() if v}
 
 

@@ -56,6 +56,17 @@ class DatasetNotFoundError(DatasetError, FileNotFoundError):
     """A dataset YAML or the data it points to is missing and cannot be obtained."""
 
 
+class NamedByFile(str):
+    """A dataset path a file named (a checkpoint's run record, an export's metadata: engine/inherit.py), not this
+    command: read as any --data is, but what it lacks is never downloaded (its `download:` may name any URL), and
+    the refusal says how to fetch it. `source` says which file named it."""
+
+    def __new__(cls, path, source):
+        self = super().__new__(cls, path)
+        self.source = source
+        return self
+
+
 def _check_given(data):
     """Refuse an empty --data (`--data $DATA` with DATA unset): Path('') is the current folder, which it does not
     mean."""
@@ -268,8 +279,9 @@ def run_download(spec, label, root):
     LOGGER.info(f"Dataset download finished in {time.time() - t:.1f}s: {root}")
 
 
-def _obtain(d, label, root, missing, autodownload):
-    """Make a missing dataset exist: generate it (synthetic) or download it, else raise."""
+def _obtain(d, label, root, missing, autodownload, named_by=None):
+    """Make a missing dataset exist: generate it (synthetic) or download it, else raise. `named_by`: the file that
+    named this dataset (NamedByFile), whose download is refused."""
     if d.get("synthetic"):
         spec = dict(d["synthetic"])
         unknown = set(spec) - SYNTHETIC_KEYS
@@ -289,6 +301,9 @@ def _obtain(d, label, root, missing, autodownload):
                 return  # another node published it between our check and the generation: use that copy
             lacks = ", ".join(missing)
             raise DatasetError(f"{label}: {root} exists but lacks {lacks}; remove it to regenerate") from None
+    elif d.get("download") and named_by:
+        raise DatasetNotFoundError(f"{label}: dataset not found, missing {', '.join(missing)}; {named_by} names it, "
+                                   f"and what a file names is not downloaded: give --data {label} to download it")
     elif d.get("download") and autodownload:
         LOGGER.info(f"{label}: dataset not found (missing {', '.join(missing)}), downloading...")
         run_download(d["download"], label, root)
@@ -370,7 +385,7 @@ def check_det_dataset(data, autodownload=True, keypoints=False):
             d[k] = _resolve(d[k], root)
     missing = _missing(d, ["val"])
     if missing:
-        _obtain(d, label, root, missing, autodownload)
+        _obtain(d, label, root, missing, autodownload, getattr(data, "source", None))
     missing = _missing(d, ["train", "val"])
     if missing:
         raise DatasetNotFoundError(f"{label}: dataset not found, missing {', '.join(missing)}")
@@ -429,7 +444,7 @@ def check_cls_dataset(data, autodownload=True):
     val = root / d["val"] if d.get("val") else (root / "val" if (root / "val").is_dir() else root / "test")
     missing = [str(p) for p in (train, val) if not p.is_dir()]
     if missing and (yaml_file is not None or isinstance(data, dict)):  # a bare folder has no recipe to build it
-        _obtain(d, label, root, missing, autodownload)
+        _obtain(d, label, root, missing, autodownload, getattr(data, "source", None))
         missing = [str(p) for p in (train, val) if not p.is_dir()]
     if missing:
         wanted = f" (the validation split is {root / 'val'}, else {root / 'test'})" if str(val) in missing and \

@@ -1,0 +1,139 @@
+"""Bounded cost, round 2 (issue 61; docs/safety.md, the budget): what a file says of its run is input like a command
+line, and no small file costs gigabytes, minutes or the network. Each attack is built here, small, and ends in one
+`error:` line (exit status 2, no traceback) or a named skip; the heavy ones run in a process whose memory is capped.
+"""
+
+import importlib
+import json
+
+import onnx
+import pytest
+import yaml
+
+from models.checkpoints import model_to_ckpt, save_checkpoint
+from models.yolo import DetectionModel, yaml_model_load
+from tests.capped import refused_once, run_capped
+from utils.budget import MAX_IMGSZ
+from utils.data import dataset_yaml
+from utils.errors import run_cli
+from utils.files import ROOT
+
+
+def cli(argv, capsys):
+    """(exit status, the `error:` lines) of a script run as `python <argv>` would, in this process."""
+    script = importlib.import_module(argv[0].removesuffix(".py").replace("/", "."))
+    capsys.readouterr()
+    try:
+        run_cli(script.main, lambda: script.parse_opt(argv[1:]))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return code, [line for line in captured.err.splitlines() if line.startswith("error:")]
+
+
+def tiny_checkpoint(path, **opt):
+    """A 120 KB detector (11 k weights) whose run record (`opt`) says what the attack wants."""
+    d = yaml_model_load("yolov5n.yaml")
+    d.pop("yaml_file")
+    model = DetectionModel({**d, "width_multiple": 0.01, "depth_multiple": 0.01, "nc": 80})
+    model.names = {i: f"c{i}" for i in range(80)}
+    save_checkpoint({"model": model_to_ckpt(model), "ema": None, "opt": opt}, path)
+    return path
+
+
+@pytest.fixture
+def no_download(monkeypatch):
+    """Any dataset download fails the test."""
+    monkeypatch.setattr(dataset_yaml, "run_download", lambda *a, **k: pytest.fail("a download was started"))
+
+
+# ---------------------------------------------------------------- the run record: network and image size
+def test_a_checkpoint_naming_a_dataset_with_a_download_fetches_nothing(tmp_path, capsys, monkeypatch, no_download):
+    """The project's own data/coco.yaml named by a relative path (found from the working folder): val.py without
+    --data refused it, naming the --data that downloads it; nothing was fetched or made."""
+    monkeypatch.chdir(ROOT)
+    weights = tiny_checkpoint(tmp_path / "coco.pt", train_imgsz=64, data_path="data/coco.yaml")
+    code, errors = cli(["val.py", "--weights", str(weights), "--device", "cpu", "--project", str(tmp_path / "v")],
+                       capsys)
+    coco = yaml.safe_load((ROOT / "data" / "coco.yaml").read_text())
+    root = (ROOT / coco["path"]).resolve()
+    assert code == 2 and errors == [
+        f"error: data/coco.yaml: dataset not found, missing {root / coco['val']}; the run record of {weights} names "
+        "it, and what a file names is not downloaded: give --data data/coco.yaml to download it"]
+    assert not root.exists() and not (tmp_path / "v").exists()
+
+
+def test_the_same_dataset_given_on_the_command_line_is_downloaded(tmp_path, capsys, monkeypatch):
+    """The user's own --data still downloads (the fetch itself replaced here: no network in tests)."""
+    asked = []
+    monkeypatch.setattr(dataset_yaml, "run_download", lambda spec, label, root: asked.append(label))
+    f = tmp_path / "d.yaml"
+    f.write_text(yaml.safe_dump({"path": str(tmp_path / "gone"), "train": "images", "val": "images", "names": ["a"],
+                                 "download": "https://example.com/d.zip"}))
+    with pytest.raises(dataset_yaml.DatasetNotFoundError):
+        dataset_yaml.check_det_dataset(str(f))
+    assert asked == [str(f)]
+    with pytest.raises(dataset_yaml.DatasetNotFoundError, match="names it, and what a file names is not downloaded"):
+        dataset_yaml.check_det_dataset(dataset_yaml.NamedByFile(str(f), "the run record of x.pt"))
+    assert asked == [str(f)]
+
+
+def test_an_export_naming_a_dataset_with_a_download_fetches_nothing(tmp_path, capsys, monkeypatch, no_download):
+    monkeypatch.chdir(ROOT)
+    weights = tiny_checkpoint(tmp_path / "coco.pt", train_imgsz=64, data_path="data/coco.yaml")
+    code, errors = cli(["export.py", "--weights", str(weights), "--include", "onnx"], capsys)
+    onnx_file = weights.with_suffix(".onnx")
+    assert code == 0 and json.loads(onnx.load(str(onnx_file)).metadata_props[0].value)["data"] == "data/coco.yaml"
+    code, errors = cli(["val.py", "--weights", str(onnx_file), "--device", "cpu", "--project", str(tmp_path / "v")],
+                       capsys)
+    assert code == 2 and len(errors) == 1 and f"the run record of {onnx_file} names it" in errors[0]
+
+
+def _with_metadata(onnx_file, out, **changes):
+    model = onnx.load(str(onnx_file))
+    prop = next(p for p in model.metadata_props if p.key == "yolo")
+    prop.value = json.dumps({**json.loads(prop.value), **changes})
+    onnx.save(model, str(out))
+    return out
+
+
+@pytest.mark.parametrize("script", ["val.py", "detect.py"])
+def test_an_image_size_from_a_checkpoint_is_bounded_as_img_is(tmp_path, script):
+    """train_imgsz 12000 in a checkpoint: detect took 2.27 GB and val 2.73 GB before running out of memory. Now one
+    line, in a process whose memory is capped, far under it."""
+    weights = tiny_checkpoint(tmp_path / "big.pt", train_imgsz=12000)
+    r = run_capped([script, "--weights", str(weights), "--device", "cpu", "--project", str(tmp_path / "r")])
+    assert refused_once(r, f"{weights}: its run record gives image size 12000, larger than the {MAX_IMGSZ} that "
+                           "--img takes"), r.stderr[-2000:]
+    assert r.peak < 1 << 30
+
+
+def test_an_image_size_from_an_export_is_bounded_as_img_is(tmp_path, capsys):
+    weights = tiny_checkpoint(tmp_path / "ok.pt", train_imgsz=64)
+    assert cli(["export.py", "--weights", str(weights), "--include", "onnx"], capsys)[0] == 0
+    big = _with_metadata(weights.with_suffix(".onnx"), tmp_path / "big.onnx", imgsz=[4160, 4160])
+    code, errors = cli(["detect.py", "--weights", str(big), "--device", "cpu", "--project", str(tmp_path / "r")],
+                       capsys)
+    assert (code, errors) == (2, [f"error: {big}: its run record gives image size 4160, larger than the {MAX_IMGSZ} "
+                                  "that --img takes (docs/safety.md)"])
+
+
+@pytest.mark.parametrize("value, error", [
+    ({"download": "https://example.com/x.zip"}, "its run record's dataset is dict {'download': "),
+    (["data/coco.yaml"], "its run record's dataset is list ['data/coco.yaml'], not a path"),
+])
+def test_a_dataset_in_a_run_record_is_a_path(tmp_path, capsys, value, error):
+    """A mapping where the path should be was a TypeError traceback."""
+    weights = tiny_checkpoint(tmp_path / "w.pt", train_imgsz=64, data_path=value)
+    code, errors = cli(["val.py", "--weights", str(weights), "--device", "cpu", "--project", str(tmp_path / "v")],
+                       capsys)
+    assert code == 2 and len(errors) == 1 and errors[0].startswith(f"error: {weights}: {error}")
+
+
+@pytest.mark.parametrize("argv", [["detect.py", "--img", "4097"], ["val.py", "--weights", "x.pt", "--img", "9000"],
+                                  ["export.py", "--weights", "x.pt", "--img", "640", "5000"]])
+def test_img_is_bounded(capsys, argv):
+    value = argv[-1]
+    assert cli(argv, capsys) == (2, [f"error: --imgsz {value}: must be in [1, {MAX_IMGSZ}]"])
