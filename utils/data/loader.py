@@ -1,6 +1,7 @@
 """DataLoaders: the DDP sampler that gives each rank a fixed share of the data, and seeded, per-worker RNGs."""
 
 import ctypes
+import gc
 import itertools
 import math
 import multiprocessing
@@ -91,10 +92,13 @@ def die_with_parent():
 
 
 def seed_worker(worker_id):
-    """Worker set-up: dies with its rank (`die_with_parent`); python/numpy seeded from torch's per-worker seed (the
-    loader's generator + worker id), so anything drawing from them differs across workers and ranks yet repeats from
-    run to run."""
+    """Worker set-up: dies with its rank (`die_with_parent`), its inherited objects frozen (`gc.freeze`);
+    python/numpy seeded from torch's per-worker seed (the loader's generator + worker id), so anything drawing from
+    them differs across workers and ranks yet repeats from run to run."""
     die_with_parent()
+    # what the worker inherited is never walked by its garbage collector, which would write to (and so copy) every
+    # page of the training process's objects it holds; freezing moves two list ends, whatever the heap's size
+    gc.freeze()
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
