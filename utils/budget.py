@@ -36,5 +36,12 @@ ARCHIVE_FLOOR = 64 << 20  # ... or at least this much, whatever its size
 DISK_MARGIN = 1 << 30  # a download or unpacking leaves this much of its disk free
 INFERENCE_SECONDS = 120  # a forward pass of an exported graph, plus WORK_PER_SECOND below
 WORK_PER_SECOND = 1e8  # operations a second any CPU does: 50x under this 2-core machine's convolutions
+# --cache disk / ram: what the cached pixels take, from the images' headers, before the first is written: within the
+# free disk (less DISK_MARGIN) or the memory this process may still take (less MEMORY_MARGIN), and at most
+# CACHE_RATIO times the bytes of the image files (at least CACHE_FLOOR): JPEG photos decode to about 10x their size
+CACHE_RATIO = 100
+CACHE_FLOOR = 256 << 20
+MEMORY_MARGIN = 1 << 30
+MAX_DECODE_BYTES = 1 << 30  # images decoded at once while caching (8 threads, fewer for images near the pixel limit)
 
 

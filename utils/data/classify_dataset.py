@@ -11,14 +11,8 @@ import torch
 from torch.utils.data import Dataset
 
 from utils.data.augment import SampleRNG, augment_hsv, chw_rgb
-from utils.data.image_files import (
-    class_folders,
-    disk_cache_path,
-    files_hash,
-    read_disk_cache,
-    scan_files,
-    write_disk_cache,
-)
+from utils.data.image_cache import fill_disk, fill_memory, header_shape
+from utils.data.image_files import class_folders, disk_cache_path, files_hash, read_disk_cache, scan_files
 from utils.data.label_cache import cache_path, load_cache, save_cache
 from utils.data.labels import CACHE_VERSION, NoUsableImages, log_problems, read_image, verify_image
 from utils.data.loader import rank_indices
@@ -206,19 +200,19 @@ class ClassificationDataset(Dataset):
             raise FileNotFoundError(f"{self.prefix}image not found or unreadable: {self.samples[i][0]}")
         return im
 
-    def _save_npy(self, i):
-        if read_disk_cache(self.npy_files[i], self.samples[i][0], mmap_mode="r") is None:
-            write_disk_cache(self.npy_files[i], self._decode(i))
-
     def _cache_images(self, mode):
+        """This rank's share, whole, judged against the budget from the images' headers before the first is decoded
+        (utils/data/image_cache.py); every image lies in its class folder, so each copy lies beside it."""
         idx = self.cache_indices.tolist()
-        with ThreadPoolExecutor(8) as pool:
-            if mode == "disk":
-                list(pool.map(self._save_npy, idx))
-            else:
-                for i, im in zip(idx, pool.map(self._read, idx)):
-                    self.ims[i] = im
-        LOGGER.info(f"{self.prefix}Cached {len(idx)}/{len(self.samples)} images ({mode})")
+        files = [self.samples[i][0] for i in idx]
+        shapes = [header_shape(f) or (0, 0) for f in files]
+        if mode == "disk":
+            n = fill_disk(files, shapes, disk_cache_path, lambda k: self._decode(idx[k]), self.prefix)
+        else:
+            for i, im in zip(idx, fill_memory(files, shapes, lambda k: self._read(idx[k]), prefix=self.prefix)):
+                self.ims[i] = im
+            n = sum(self.ims[i] is not None for i in idx)
+        LOGGER.info(f"{self.prefix}Cached {n}/{len(self.samples)} images ({mode})")
 
     def label_arrays(self):
         """(classes (n,), None): one label per image and no boxes, for the labels plot."""
