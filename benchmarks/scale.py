@@ -121,8 +121,17 @@ def child_memory(side, root, img, workers, batches):
         ds, _ = _theirs(root, img)
         loader = build_dataloader(ds, 16, workers, shuffle=True, rank=-1, pin_memory=False, device="cpu")
     else:
+        from utils.data import loader as loader_mod
         from utils.data.loader import build_dataloader, set_loader_epoch
 
+        trim, log = loader_mod.release_heap, Path(root) / f"groups-{os.getpid()}.log"
+
+        def trim_and_log():  # in the worker, once its group is made and handed on: its USS at the same point each time
+            trim()
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {_uss_kb(os.getpid()) / 1024:.1f}\n")
+
+        loader_mod.release_heap = trim_and_log
         ds, _ = _ours(root, img)
         loader = build_dataloader(ds, 16, workers, shuffle=True, seed=0)
         set_loader_epoch(loader, 0)
@@ -139,7 +148,14 @@ def child_memory(side, root, img, workers, batches):
             break
     rate = (batches - 1) * 16 / (time.perf_counter() - t)
     pids = sorted(p for p, (a, b) in seen.items() if a and b)
-    return {"first_mb": [round(max(seen[p][0])) for p in pids], "last_mb": [round(max(seen[p][1])) for p in pids],
+    groups = {}
+    if side == "ours" and log.exists():
+        for line in log.read_text().splitlines():
+            pid, mb = line.split()
+            groups.setdefault(int(pid), []).append(float(mb))
+        log.unlink()
+    return {"after_groups_mb": {p: [round(v) for v in g] for p, g in groups.items()},
+            "first_mb": [round(max(seen[p][0])) for p in pids], "last_mb": [round(max(seen[p][1])) for p in pids],
             "window": window, "main_uss_mb": round(_uss_kb(os.getpid()) / 1024), "img_per_s": round(rate, 1)}
 
 
@@ -200,6 +216,8 @@ def bench_memory(root, img, workers, batches, sides):
         print(f"{s:<12} workers' highest USS over batches 1-{w}: {r['first_mb']} MB, over batches {batches - w + 1}-"
               f"{batches}: {r['last_mb']} MB ({max(growth) * 100:+.0f} % at most); main process USS "
               f"{r['main_uss_mb']} MB; {r['img_per_s']} img/s")
+        for pid, mbs in r.get("after_groups_mb", {}).items():
+            print(f"{'':<12} worker {pid}: USS after each group it made: {mbs} MB")
 
 
 def main():
