@@ -180,3 +180,11 @@ def test_rect_shapes_per_batch_from_sorted_ratios():
         want = [hi, 1] if hi < 1 else [1, 1 / lo] if lo > 1 else [1, 1]
         assert shape.tolist() == (np.ceil(np.array(want) * 640 / 32 + 0.5).astype(int) * 32).tolist()
     assert [lb["shape"][0] / lb["shape"][1] for lb in stub.labels] == ar.tolist()
+
+
+def test_packed_arrays_of_another_kind_are_refused():
+    """A cache (signed, so written by this user) whose arrays fit in shape but not in kind is refused, not indexed."""
+    packed = pack_records(_scan_records(5), "segments", 2)
+    for key, bad in (("has_extra", packed["has_extra"].astype(np.float32)), ("inst", packed["inst"] + 0.5)):
+        with pytest.raises(ValueError, match="do not fit"):
+            check_packed(dict(packed, **{key: bad}), 2)

@@ -76,7 +76,9 @@ def check_packed(packed, extra_width):
           and (np.diff(inst) >= 0).all() and packed["cls"].shape == (m, 1) and packed["bboxes"].shape == (m, 4)
           and packed["has_extra"].shape == (m,) and ends.shape == (m + 1,) and ends[0] == 0
           and (np.diff(ends) >= 0).all() and packed["extra"].shape == (ends[-1], extra_width)
-          and all(isinstance(f, str) for f in packed["im_files"]))
+          and all(isinstance(f, str) for f in packed["im_files"])
+          and all(packed[k].dtype.kind in "iu" for k in ("shapes", "inst", "extra_ends"))
+          and packed["has_extra"].dtype == bool)
     if not ok:
         raise ValueError("its label arrays do not fit together")
 
