@@ -10,22 +10,21 @@ import detect
 import train
 from engine import messages
 from utils.errors import BadOption
-from yolo.cli import habit_words, split_words
+from yolo.cli import split_words, verbose
 
 
 def script_words(argv):
-    task, mode, words = split_words(argv)
-    return habit_words(mode, words)
+    return split_words(argv)[2], verbose(argv)
 
 
 @pytest.mark.parametrize("argv", [["train", "resume", "model=runs/train/exp/weights/last.pt"],
                                   ["train", "model=runs/train/exp/weights/last.pt", "resume=True"],
                                   ["detect", "train", "resume=true", "model=runs/train/exp/weights/last.pt"]])
 def test_both_ultralytics_resume_forms_are_resume_from_that_file(argv):
-    words, verbose = script_words(argv)
+    words, loud = script_words(argv)
     opt = train.parse_opt(words)
     assert opt.resume == "runs/train/exp/weights/last.pt" and opt.weights == "" and opt.given == ["resume"]
-    assert verbose
+    assert loud
 
 
 def test_resume_alone_is_the_newest_run_and_false_is_nothing():
@@ -35,9 +34,9 @@ def test_resume_alone_is_the_newest_run_and_false_is_nothing():
 
 
 def test_habit_words_of_predict():
-    words, verbose = script_words(["predict", "model=best.pt", "save=False", "show=False", "line_width=2",
+    words, loud = script_words(["predict", "model=best.pt", "save=False", "show=False", "line_width=2",
                                    "verbose=False", "stream=True", "save_txt=True", "save_conf=1", "conf=0.5"])
-    assert not verbose and "stream=True" not in words
+    assert not loud and "stream=True" not in words
     opt = detect.parse_opt(words)
     assert (opt.nosave, opt.view_img, opt.line_thickness, opt.save_txt, opt.save_conf, opt.conf_thres) == \
         (True, False, 2, True, True, 0.5)

@@ -19,7 +19,7 @@ import logging
 import sys
 
 from utils.errors import BadOption, run_cli
-from yolo.scripts import MODES, TASKS, check_model, check_words, load_script, model_task
+from yolo.scripts import MODES, TASKS, check_model, check_words, load_script, model_task, track_words
 
 USAGE = "yolo [TASK] MODE [key=value ...] [--flag value ...]\n\n" + __doc__.split("\n\n", 1)[1]
 
@@ -42,7 +42,7 @@ def _on(word):
 
 
 def habit_words(mode, words):
-    """(the script's words, verbose) from Ultralytics' words that are not the scripts' options: its two resume forms
+    """(the script's words, verbose) of Ultralytics' words that are not the scripts' options: its two resume forms
     (`resume model=last.pt` and `model=last.pt resume=True`: --resume last.pt; `resume` alone: the newest run),
     `verbose=False` (the log at warnings) and `stream=True` (the predict scripts read every source a frame at a
     time already)."""
@@ -75,7 +75,12 @@ def split_words(argv):
         model = model_argument(words)
         task = model_task(model) if model else "detect"
     check_words(task, mode)
-    return task, mode, words
+    return task, mode, track_words(mode, habit_words(mode, words)[0])
+
+
+def verbose(argv):
+    """False where the command line says verbose=False."""
+    return habit_words(None, argv)[1]
 
 
 class _Warnings(logging.Filter):
@@ -93,19 +98,18 @@ def run(argv):
 
     def parse():
         task, mode, args = split_words(argv)
-        args, verbose = habit_words(mode, args)
         model = model_argument(args)
         if model:  # a misspelt name is refused now, with the closest, not once the run has set up
             check_model(model)
         module = load_script(task, mode)
-        return task, module, module.parse_opt(args), verbose
+        return task, module, module.parse_opt(args), verbose(argv)
 
     def main(parsed):
-        task, module, opt, verbose = parsed
+        task, module, opt, loud = parsed
         from engine import messages
 
         messages.YOLO_TASK = task  # what the run says to run next (and to resume it) are `yolo` lines
-        quiet = None if verbose else _Warnings()
+        quiet = None if loud else _Warnings()
         if quiet:
             logging.getLogger("yolo").addFilter(quiet)
         try:

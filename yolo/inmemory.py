@@ -32,6 +32,7 @@ def hub_predict(yolo, source, options):
     from utils.errors import BadOption
     from utils.files import increment_path
     from utils.loggers import LOGGER
+    from utils.results import window_problem
 
     o = _checked(options)
     device = torch.device(o.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -49,6 +50,7 @@ def hub_predict(yolo, source, options):
     saving = o.get("save") or o.get("save_txt") or o.get("save_crop")
     save_dir = increment_path(Path(o.get("project") or f"runs/{yolo.task}") / (o.get("name") or "predict"),
                               exist_ok=bool(o.get("exist_ok")), mkdir=True) if saving else None
+    show = o.get("show") and window_problem("show") is None  # without a display: one line, not one per image
     for i, im in enumerate(source if isinstance(source, (list, tuple)) else [source]):
         r = hub.one(im, i, size, augment=bool(o.get("augment")))
         stem = Path(r.path).stem
@@ -58,7 +60,7 @@ def hub_predict(yolo, source, options):
             r.save_txt(save_dir / "labels" / f"{stem}.txt", save_conf=bool(o.get("save_conf")))
         if o.get("save_crop"):
             r.save_crop(save_dir / "crops", file_name=f"{stem}.jpg")
-        if o.get("show"):
+        if show:
             r.show()
         LOGGER.info(f"{r.path}: {r.verbose()}, {r.speed['inference']:.1f}ms")
         yield r
