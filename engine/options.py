@@ -379,6 +379,11 @@ class DetectPredictOptions(PredictOptions):
                                       text="NMS IoU threshold (default: 0.7 for anchor-free models, YOLOv8, YOLO11 and "
                                            "YOLOv5u, as Ultralytics; 0.45 for YOLOv5 and YOLOv7, as yolov5)")
     max_det: int = _cli("--max-det", default=1000, text="maximum detections per image")
+    # None: no tracking; the bare flag: bytetrack (engine/track.py)
+    track: Optional[str] = _cli("--track", nargs="?", const="bytetrack", default=None,
+                                text="track objects across a video's frames: bytetrack (the bare flag), botsort, or a "
+                                     "tracker YAML (data/trackers/); ids drawn with their trails, tracks/*.txt in MOT "
+                                     "format")
     classes: Optional[list[int]] = _cli("--classes", nargs="+", type=int, text="keep only these class ids")  # None: all
     agnostic_nms: bool = _cli("--agnostic-nms", text="class-agnostic NMS")
     augment: bool = _cli("--augment", text="test-time augmentation: 3 scales, one flipped, one NMS")

@@ -53,6 +53,7 @@ class BasePredictor:
         self.stride = self.model.stride
         self.imgsz = self._input_size(opt.imgsz)
         self.dataset = self.load_source()  # a source that is missing or empty is refused before a run folder exists
+        self.tracker = self.make_tracker()  # its settings are checked before a run folder exists, too
         project = Path(self.args.project or self.default_project)
         self.save_dir = increment_path(project / self.args.name, exist_ok=self.args.exist_ok)
         self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -61,11 +62,17 @@ class BasePredictor:
         self.csv_path = self.save_dir / "predictions.csv"
         if self.args.save_csv:
             self._csv(["image", "class", "confidence", "x1", "y1", "x2", "y2"])
+        if self.tracker is not None:
+            self.tracker.save_dir = self.save_dir
         self.show = self.args.view_img and can_show_windows()
         self.writers = {}
 
     def check_args(self):
         """Hook: refuse options the loaded model cannot honour (BadOption), before a run folder exists."""
+
+    def make_tracker(self):
+        """Hook: the task's engine.track.FrameTracker where it tracks (--track), else None."""
+        return None
 
     def declare_fields(self):
         """What the task's model predicts (utils/fields.py), the first field speaking for the whole image."""
@@ -148,13 +155,19 @@ class BasePredictor:
                 preds = self.model(x)
                 t2 = time_sync()
                 result = self.postprocess(preds, x, im0)
+                ids = None
+                if self.tracker is not None:  # before drawing: BoT-SORT reads the frame as it was
+                    # a video's frames are one sequence; the images of a folder (or of persisting API calls) another
+                    key = path if dataset.mode != "image" else None
+                    result, ids = self.tracker.update(result, im0, key, _fps(dataset, self.args.vid_stride))
                 t3 = time_sync()
                 dt, n = [dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2], n + 1
                 orig = im0.copy() if keep_original or self.args.save_crop else im0
-                summary = self._write(dataset, path, result, im0, orig)
+                summary = self._write(dataset, path, result, im0, orig, ids)
                 LOGGER.info(f"{desc}{summary}, {(t2 - t1) * 1e3:.1f}ms")
                 speed = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3, "postprocess": (t3 - t2) * 1e3}
-                yield Results(orig, path, self.names, self.fields, result, speed)
+                yield Results(orig, path, self.names, self.fields, result, speed,
+                              id=None if ids is None else torch.from_numpy(ids))
         for w in self.writers.values():
             w.release()
         if n:
@@ -166,13 +179,15 @@ class BasePredictor:
         if not a.nosave or a.save_txt or a.save_csv or a.save_crop:
             LOGGER.info(f"Results saved to {self.save_dir}")
 
-    def _write(self, dataset, path, result, im0, imc):
-        """Draw `result` on im0, write its label lines, crops and csv rows (crops from imc, undrawn), save and show
-        the drawn image; returns the log line's summary."""
+    def _write(self, dataset, path, result, im0, imc, ids=None):
+        """Draw `result` (and its track `ids`) on im0, write its label lines, crops and csv rows (crops from imc,
+        undrawn), save and show the drawn image; returns the log line's summary."""
         p = Path(path)
         stem = p.stem if dataset.mode == "image" else f"{p.stem}_{dataset.frame}"
         txt_path = self.save_dir / "labels" / f"{stem}.txt" if self.args.save_txt else None
         summary = self.write_result(result, im0, txt_path)
+        if ids is not None:
+            self.tracker.draw(im0, result, ids, path if dataset.mode != "image" else None)
         self.save_extras(result, imc, p.name if dataset.mode == "image" else f"{stem}{p.suffix or '.jpg'}")
         self.save(dataset, path, im0)
         if self.show:
@@ -197,6 +212,13 @@ class BasePredictor:
             out = str((self.save_dir / printable(name)).with_suffix(".mp4"))  # VideoWriter takes no other names
             self.writers[path] = cv2.VideoWriter(out, cv2.VideoWriter_fourcc(*"mp4v"), fps or 30, (w, h))
         self.writers[path].write(im0)
+
+
+def _fps(dataset, vid_stride):
+    """Frames a second the tracker sees: the video's, over --vid-stride (30 where the source says none)."""
+    cap = getattr(dataset, "cap", None)
+    fps = cap.get(cv2.CAP_PROP_FPS) if cap is not None else 0
+    return (fps or 30) / max(1, vid_stride)
 
 
 def can_show_windows():

@@ -251,7 +251,7 @@ class Parser(argparse.ArgumentParser):
 
 # Ultralytics' names of the scripts' options (save=False is --nosave: Parser.assignment_flags)
 KEY_ALIASES = {"batch": "batch_size", "conf": "conf_thres", "iou": "iou_thres", "format": "include", "img": "imgsz",
-               "show": "view_img", "line_width": "line_thickness"}
+               "show": "view_img", "line_width": "line_thickness", "tracker": "track"}
 
 
 def _truth(value):

@@ -48,6 +48,7 @@ class YOLO:
         self.trainer = self.metrics = None
         self.callbacks = {}
         self._backend = None
+        self._tracker = None  # track(persist=True): the last call's tracks (engine/track.FrameTracker)
 
     def __repr__(self):
         return f"YOLO({self.model!r}, task={self.task!r})"
@@ -176,6 +177,26 @@ class YOLO:
         return ResultsList(results, results[0].names if results else {})
 
     __call__ = predict
+
+    def track(self, source, stream=False, persist=False, tracker="bytetrack", **options):
+        """predict() with a tracker (bytetrack, botsort or a tracker YAML): each Results' `boxes.id` holds the track
+        ids. `persist`: go on with the tracks of the last call (a video fed a call at a time), else start afresh.
+        `source`: a path, video, stream or folder (what the predict scripts read)."""
+        if not isinstance(source, (str, Path)):
+            from utils.errors import BadOption
+
+            raise BadOption("track: give the source as a path, video or stream (the predict scripts' sources)")
+        verbose = options.pop("verbose", True)
+        _, opt = self._opt("predict", {"save": False, **options, "source": str(source), "track": tracker})
+        predictor = _engine_class(self.task, "predict")(opt)
+        if persist and self._tracker is not None:
+            predictor.tracker = self._tracker
+        self._tracker = predictor.tracker
+        self._tracker.one_sequence = persist
+        gen = predictor.stream()
+        if str(verbose).lower() in ("false", "0", "no", "off"):
+            gen = _quiet(gen)
+        return gen if stream else list(gen)
 
     def _script_predict(self, source, options):
         """The task's predictor over `source`, its Results one at a time."""

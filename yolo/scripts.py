@@ -14,7 +14,7 @@ from utils.errors import BadOption
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("detect", "segment", "pose", "classify")  # engine.messages.SCRIPTS' (which imports torch: not for --help)
-MODES = ("train", "val", "predict", "export")
+MODES = ("train", "val", "predict", "export", "track")  # track: the predict script with --track
 SUFFIX_TASKS = {"seg": "segment", "cls": "classify", "pose": "pose"}  # yolov8n-seg.yaml, yolov8n-cls.pt
 
 
@@ -22,7 +22,7 @@ def script_path(task, mode):
     """The script of `mode` for `task`, relative to the clone (export.py serves every task)."""
     from engine.messages import SCRIPTS
 
-    return "export.py" if mode == "export" else SCRIPTS[task][mode]
+    return "export.py" if mode == "export" else SCRIPTS[task]["predict" if mode == "track" else mode]
 
 
 def load_script(task, mode):
@@ -90,3 +90,11 @@ def check_words(task, mode):
         raise BadOption(f"{task!r} is not a task: {', '.join(TASKS)}")
     if mode not in MODES:
         raise BadOption(f"{mode!r} is not a mode: {', '.join(MODES)}")
+    if mode == "track" and task == "classify":
+        raise BadOption("yolo classify track: a tracker follows boxes, which a classifier has none of")
+
+
+def track_words(mode, args):
+    """The predict script's arguments of `yolo track`: --track (bytetrack) unless they name a tracker."""
+    named = any(a == "--track" or a.startswith(("--track=", "tracker=", "track=")) for a in args)
+    return args if mode != "track" or named else [*args, "--track"]

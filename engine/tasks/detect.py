@@ -10,6 +10,7 @@ import torch
 from engine.messages import SCRIPTS, check_task
 from engine.options import DetectPredictOptions, DetectTrainOptions
 from engine.predictor import BasePredictor
+from engine.track import FrameTracker
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
 from models.backend import InferenceBackend
@@ -361,6 +362,9 @@ class DetectionPredictor(BasePredictor):
         if unknown:  # NMS would keep nothing of them, without a word
             raise BadOption(f"--classes {' '.join(map(str, unknown))}: {self.args.weights} has classes "
                             f"0-{len(self.names) - 1} only")
+
+    def make_tracker(self):
+        return FrameTracker(self.args.track) if self.args.track else None
 
     def declare_fields(self):
         return (Boxes(),)

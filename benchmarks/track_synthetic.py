@@ -1,0 +1,127 @@
+"""Score the trackers on the synthetic video (utils/tracking/synthetic_video.py): ours, and Ultralytics' fed the very
+same detections and frames, each writing a MOT text file; `score` gives MOTA, IDF1, id switches and
+fragments from motmetrics (IoU >= 0.5 a match) for every file given.
+
+    python -m benchmarks.track_synthetic run --tracker bytetrack --out /tmp/ours-byte.txt
+    source /tmp/peers-venv/peer-env.sh    # from the clone's root, so -m finds the project's packages
+    /tmp/peers-venv/bin/python -m benchmarks.track_synthetic run --peer --tracker bytetrack --out /tmp/ul-byte.txt
+    python -m benchmarks.track_synthetic score /tmp/ours-byte.txt /tmp/ul-byte.txt
+
+`--seeds 0 1 2` runs (and scores) several videos, one file per seed (`--out x.txt` -> x.0.txt ...).
+"""
+
+import argparse
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from utils.tracking.synthetic_video import detections, render_video
+
+VIDEO = {"n_frames": 150, "size": (240, 320), "n_objects": 6}
+
+
+class _Dets:
+    """The detections in the form Ultralytics' trackers read (`conf`, `xyxy`, `xywh`, `cls`, indexable)."""
+
+    def __init__(self, d):
+        self.d = d
+        self.conf, self.xyxy, self.cls = d[:, 4], d[:, :4], d[:, 5]
+        wh = d[:, 2:4] - d[:, :2]
+        self.xywh = np.c_[d[:, :2] + wh / 2, wh]
+
+    def __len__(self):
+        return len(self.d)
+
+    def __getitem__(self, i):
+        return _Dets(self.d[i])
+
+
+def _peer_tracker(name):
+    import ultralytics
+    from ultralytics.trackers.bot_sort import BOTSORT
+    from ultralytics.trackers.byte_tracker import BYTETracker
+    from ultralytics.utils import YAML
+
+    cfg = YAML.load(Path(ultralytics.__file__).parent / "cfg" / "trackers" / f"{name}.yaml")
+    return (BOTSORT if name == "botsort" else BYTETracker)(SimpleNamespace(**cfg))
+
+
+def run(tracker, peer, seed):
+    """MOT lines of one video."""
+    frames, truth = render_video(seed, **VIDEO)
+    dets = detections(truth, seed, size=VIDEO["size"])
+    lines = []
+    if peer:
+        t = _peer_tracker(tracker)
+        for f, (im, d) in enumerate(zip(frames, dets), 1):
+            out = t.update(_Dets(d), im)  # x1, y1, x2, y2, id, score, cls, index
+            lines += [f"{f},{int(r[4])},{r[0]:.2f},{r[1]:.2f},{r[2] - r[0]:.2f},{r[3] - r[1]:.2f},{r[5]:.4f},-1,-1,-1\n"
+                      for r in out]
+        return lines
+    from utils.tracking.config import load_tracker_config, make_tracker
+    from utils.tracking.mot import mot_lines
+
+    t = make_tracker(load_tracker_config(tracker))
+    for f, (im, d) in enumerate(zip(frames, dets), 1):
+        idx, ids = t.update(d[:, :4], d[:, 4], d[:, 5], im)
+        lines += mot_lines(f, d[idx, :4], ids, d[idx, 4])
+    return lines
+
+
+def score(files, seeds):
+    """{file: motmetrics summary row} over the seeds' videos."""
+    import motmetrics as mm
+
+    from utils.tracking.mot import read_mot
+
+    names, accs = [], []
+    for f in files:
+        for seed in seeds:
+            _, truth = render_video(seed, **VIDEO)
+            hyp = read_mot(_seeded(f, seed, seeds))
+            acc = mm.MOTAccumulator(auto_id=True)
+            for i, t in enumerate(truth, 1):
+                h = hyp[i]
+                dist = _iou_distance(t[:, 2:6], h[:, 1:5])
+                acc.update(t[:, 0].astype(int).tolist(), h[:, 0].astype(int).tolist(), dist)
+            accs.append(acc)
+            names.append(f"{f}@{seed}")
+    mh = mm.metrics.create()
+    metrics = ["mota", "idf1", "num_switches", "num_fragmentations", "mostly_tracked", "num_false_positives",
+               "num_misses"]
+    return mh.compute_many(accs, metrics=metrics, names=names, generate_overall=False)
+
+
+def _iou_distance(a, b):
+    """1 - IoU of xyxy boxes, NaN (no match) where IoU < 0.5: motmetrics' own iou_matrix needs numpy < 2."""
+    lt, rb = np.maximum(a[:, None, :2], b[None, :, :2]), np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.clip(rb - lt, 0, None).prod(-1)
+    union = (a[:, 2:] - a[:, :2]).prod(-1)[:, None] + (b[:, 2:] - b[:, :2]).prod(-1)[None] - inter
+    d = 1 - inter / np.maximum(union, 1e-9)
+    d[d > 0.5] = np.nan
+    return d
+
+
+def _seeded(f, seed, seeds):
+    return f if len(seeds) == 1 else str(Path(f).with_suffix(f".{seed}.txt"))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=["run", "score"])
+    p.add_argument("files", nargs="*")
+    p.add_argument("--tracker", default="bytetrack", choices=["bytetrack", "botsort"])
+    p.add_argument("--peer", action="store_true", help="run Ultralytics' tracker (in the peers' venv)")
+    p.add_argument("--out", default="track.txt")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    a = p.parse_args()
+    if a.mode == "run":
+        for seed in a.seeds:
+            Path(_seeded(a.out, seed, a.seeds)).write_text("".join(run(a.tracker, a.peer, seed)))
+        return
+    print(score(a.files, a.seeds).to_string())
+
+
+if __name__ == "__main__":
+    main()

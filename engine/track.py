@@ -1,0 +1,70 @@
+"""--track: the predictors' detections of each frame handed to a tracker (utils/tracking), one tracker per video
+or stream (a folder of videos starts each afresh; the images of a folder are one sequence, in name order), the ids
+put on the image's record and drawn with each id's trail, and each tracked box written to the sequence's MOT text
+file (`tracks/<stem>.txt`, `tracks/images.txt` for images).
+
+A record then holds only the boxes a confirmed track holds (a tracker drops the others: low-confidence boxes no
+track claims, a new object's first frame), in the same order as its `ids`, masks and keypoints kept alongside.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from utils.imageio import printable
+from utils.loggers import LOGGER
+from utils.tracking.config import load_tracker_config, make_tracker
+from utils.tracking.mot import Trails, id_colour, mot_lines
+
+
+class FrameTracker:
+    """`name`: --track's value (bytetrack, botsort or a tracker YAML); `save_dir`: where tracks/*.txt go (None: no
+    file)."""
+
+    def __init__(self, name, save_dir=None):
+        self.cfg = load_tracker_config(name)
+        self.save_dir = Path(save_dir) if save_dir is not None else None
+        self.sources = {}  # source path -> (tracker, trails, MOT file)
+        self.one_sequence = False  # every source's frames one sequence (the API's persist=True, across its calls)
+        LOGGER.info(f"--track {name}: {self.cfg.tracker_type}")
+
+    def _state(self, path, fps):
+        if path not in self.sources:
+            mot = None
+            if self.save_dir is not None:
+                stem = "images" if path is None else printable(Path(str(path)).stem) or "source"
+                mot = self.save_dir / "tracks" / f"{stem}.txt"
+                mot.parent.mkdir(parents=True, exist_ok=True)
+                mot.write_text("")
+            self.sources[path] = (make_tracker(self.cfg, frame_rate=fps or 30), Trails(), mot)
+        return self.sources[path]
+
+    def update(self, record, im0, path, fps=30):
+        """(record of the tracked boxes, their ids as an int64 array) for one frame of the video `path` (None: of
+        the image sequence); im0 the frame as read (BoT-SORT's motion compensation reads it)."""
+        path = None if self.one_sequence else path
+        tracker, _, mot = self._state(path, fps)
+        rows = record.boxes
+        det = rows[:, :6].detach().cpu().numpy() if rows is not None else np.zeros((0, 6))
+        idx, ids = tracker.update(det[:, :4], det[:, 4], det[:, 5], im0)
+        order = np.argsort(ids, kind="stable")  # by id: the same object keeps its place in the record
+        idx, ids = idx[order], ids[order]
+        keep = {"boxes": rows[idx]} if rows is not None else {}
+        if record.masks is not None:
+            keep["masks"] = record.masks[idx]
+        if mot is not None:
+            with open(mot, "a") as f:
+                f.writelines(mot_lines(tracker.frame, det[idx, :4], ids, det[idx, 4]))
+        return dataclasses.replace(record, **keep), ids
+
+    def draw(self, im0, record, ids, path):
+        """Each id at its box's top-left corner and its trail, on the drawn frame."""
+        _, trails, _ = self.sources[None if self.one_sequence else path]
+        boxes = record.boxes[:, :4].detach().cpu().numpy() if record.boxes is not None else np.zeros((0, 4))
+        trails.draw(im0, boxes, ids)
+        for (x1, y1, _, _), i in zip(boxes, ids):
+            org = (int(x1), max(int(y1) - 4, 10))
+            cv2.putText(im0, f"id {i}", org, cv2.FONT_HERSHEY_SIMPLEX, 0.5, id_colour(i), 2, cv2.LINE_AA)
+        return im0
