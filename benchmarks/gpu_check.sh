@@ -10,7 +10,8 @@
 #   whole  ~190 s  yolov8n, 3 epochs at 640 px: ours, Ultralytics, ours --profile (python -m benchmarks.gpu_whole_run)
 #   bench  ~70 s   bench.py fp16, fp16 channels_last, fp16 cudnn.benchmark, bf16 with a 10-step profiler table
 #   tasks  ~60 s   segment and pose at 320 px, a run killed and resumed on the device (and a CPU run's checkpoint
-#                  resumed there), TorchScript and ONNX --half export and predict
+#                  resumed there), TorchScript and ONNX --half export and predict, a TensorRT engine built,
+#                  predicting and validated (or the one line saying what the machine lacks)
 #
 # Every step runs under its own time limit, cut to what DEADLINE (seconds, default 380) leaves; a step that would
 # start with less than 5 s left is skipped. The exit status is non-zero if any step failed or was cut.
@@ -119,7 +120,16 @@ export_and_predict() {  # TorchScript and ONNX (fp16 on a GPU) of the resumed ru
             --project "$WORK/runs" --name "predict-$f" --exist-ok || return 1
     done
 }
-export -f kill_and_resume export_and_predict
+engine_and_predict() {  # a TensorRT engine (fp16) of the same best.pt, built and predicting, where tensorrt is
+    # installed; without it the export's one error line (what is missing) is the step's record
+    local w="$WORK/runs/resume/weights/best.pt"
+    python export.py --weights "$w" --device "$DEVICE" --img "$TIMG" --include engine || return 1
+    python detect.py --weights "${w%.pt}.engine" --device "$DEVICE" --img "$TIMG" --source data/images \
+        --project "$WORK/runs" --name predict-engine --exist-ok || return 1
+    python val.py --weights "${w%.pt}.engine" --device "$DEVICE" --img "$TIMG" --data "$D/det.yaml" \
+        --project "$WORK/runs" --name val-engine --exist-ok
+}
+export -f kill_and_resume export_and_predict engine_and_predict
 export D TIMG TBATCH DEVICE WORK HALF
 
 # ---------------------------------------------------------------- setup
@@ -157,6 +167,7 @@ step tasks train-pose 15 python pose/train.py --cfg yolov8n-pose.yaml --data "$D
 step tasks kill-and-resume 20 kill_and_resume resume "$DEVICE"
 step tasks cpu-run-resumed-here 20 kill_and_resume from-cpu cpu
 step tasks export-and-predict 15 export_and_predict
+step tasks engine-and-predict 25 engine_and_predict
 
 # ---------------------------------------------------------------- summary
 {
@@ -173,7 +184,7 @@ step tasks export-and-predict 15 export_and_predict
     echo; echo "--- bench.py (train img/s on prefetched batches, batch-1 inference ms with NMS, peak GiB)"
     grep -hE "^(torch |model |yolo)" "$OUT/bench.log"
     echo; echo "--- tasks"
-    grep -hE "GPU memory peak|^killed at|Resuming training|^ +all +[0-9]|^(onnx|torchscript): saved" "$OUT/tasks.log"
+    grep -hE "GPU memory peak|^killed at|Resuming training|^ +all +[0-9]|^(onnx|torchscript|engine): saved|^engine: |needs .*tensorrt" "$OUT/tasks.log"
 } >"$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 exit $FAILED
