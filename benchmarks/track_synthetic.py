@@ -1,4 +1,4 @@
-"""Score the trackers on the synthetic video (utils/tracking/synthetic_video.py): ours, and Ultralytics' fed the very
+"""Score the trackers on the synthetic video (utils/data/synthetic_video.py): ours, and Ultralytics' fed the very
 same detections and frames, each writing a MOT text file; `score` gives MOTA, IDF1, id switches and
 fragments from motmetrics (IoU >= 0.5 a match) for every file given.
 
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from utils.tracking.synthetic_video import detections, render_video
+from utils.data.synthetic_video import detections, render_video
 
 VIDEO = {"n_frames": 150, "size": (240, 320), "n_objects": 6}
 

@@ -10,12 +10,12 @@ import cv2
 import numpy as np
 import pytest
 
+from utils.data.synthetic_video import detections, render_video, write_video
 from utils.files import ConfigError
 from utils.tracking.config import load_tracker_config, make_tracker
 from utils.tracking.gmc import SparseFlowGMC
 from utils.tracking.kalman import KalmanXYAH, KalmanXYWH, to_xyxy, xyxy_to
 from utils.tracking.mot import mot_lines, read_mot
-from utils.tracking.synthetic_video import detections, render_video, write_video
 
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO = {"n_frames": 150, "size": (240, 320), "n_objects": 6}
