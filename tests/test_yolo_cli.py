@@ -1,6 +1,7 @@
 """The `yolo` command with Ultralytics' habits: its two resume forms, save/show/line_width/verbose/stream, a close
 match for every unknown key, flag and model name, and `yolo` lines for what to run next."""
 
+import os
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import detect
 import train
 from engine import messages
 from utils.errors import BadOption
+from utils.files import ROOT
 from yolo.cli import split_words, verbose
 
 
@@ -76,3 +78,16 @@ def test_next_and_resume_lines_are_yolo_lines_under_the_yolo_command(monkeypatch
                      "yolo segment predict model=best.pt source=data/images imgsz=64",
                      "yolo export model=best.pt format=onnx imgsz=64"]
     assert all(line.split()[0] == "yolo" for line in lines)
+
+
+def test_a_clone_named_yolo_in_the_working_folder_says_why_the_import_fails(tmp_path):
+    """Python takes the clone's folder for the package `yolo` (a namespace package); `from yolo import YOLO` then
+    finds the clone's YOLO.py, which names the folder, where Python alone says '(unknown location)'."""
+    clone = tmp_path / "yolo"
+    (clone / "yolo").mkdir(parents=True)
+    (clone / "yolo" / "__init__.py").write_text("")
+    (clone / "YOLO.py").write_text((ROOT / "YOLO.py").read_text())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed package, as a user has it
+    r = subprocess.run(["timeout", "60", sys.executable, "-c", "from yolo import YOLO"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and f"the folder {clone} (this project's clone, named 'yolo')" in r.stderr, r.stderr
