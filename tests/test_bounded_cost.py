@@ -5,7 +5,12 @@ line, and no small file costs gigabytes, minutes or the network. Each attack is 
 
 import importlib
 import json
+import os
+import sys
+import time
 
+import cv2
+import numpy as np
 import onnx
 import pytest
 import yaml
@@ -14,7 +19,9 @@ from models.checkpoints import model_to_ckpt, save_checkpoint
 from models.yolo import DetectionModel, yaml_model_load
 from tests.capped import refused_once, run_capped
 from utils.budget import MAX_IMGSZ
-from utils.data import dataset_yaml
+from utils.data import dataset_yaml, image_files
+from utils.data.image_files import scan_files
+from utils.data.synthetic import generate_dataset
 from utils.errors import run_cli
 from utils.files import ROOT
 
@@ -137,3 +144,96 @@ def test_a_dataset_in_a_run_record_is_a_path(tmp_path, capsys, value, error):
 def test_img_is_bounded(capsys, argv):
     value = argv[-1]
     assert cli(argv, capsys) == (2, [f"error: --imgsz {value}: must be in [1, {MAX_IMGSZ}]"])
+
+
+# ---------------------------------------------------------------- listings: list files, folder scans, label pairs
+@pytest.fixture(scope="module")
+def big_folder(tmp_path_factory):
+    """A folder of 5,000 (empty) .jpg files."""
+    folder = tmp_path_factory.mktemp("big")
+    for i in range(5_000):
+        (folder / f"{i:05d}.jpg").touch()
+    return folder
+
+
+def test_a_list_naming_one_folder_60_times_lists_it_once(big_folder, tmp_path):
+    """300 bytes naming a folder 60 times took 2.7 GB and was still scanning after 180 s (a folder of 100 k images):
+    each line was walked, and the repeats dropped only at the end."""
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{big_folder}\n" * 60)
+    t = time.monotonic()
+    files, others = scan_files(str(listing))
+    assert len(files) == 5_000 and time.monotonic() - t < 30
+    assert others == [(str(big_folder), "a repeated entry (used once)")] * 59
+
+
+def test_a_listing_meeting_too_many_entries_is_one_error(big_folder, tmp_path, monkeypatch, capsys):
+    """60 globs that each list the whole folder (text that differs, the same files): every folder a wildcard looks
+    into counts. The limit is lowered here (the budget's 4,000,000 would take 800 globs of this folder)."""
+    monkeypatch.setattr(image_files, "MAX_SCAN_ENTRIES", 100_000)
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{big_folder}/{'*' * (k + 1)}.jpg\n" for k in range(60)))
+    with pytest.raises(image_files.ListingTooLarge, match="listing it meets more than 100000 entries"):
+        scan_files(str(listing))
+    weights = tiny_checkpoint(tmp_path / "w.pt", train_imgsz=64)
+    code, errors = cli(["detect.py", "--weights", str(weights), "--source", str(listing), "--device", "cpu",
+                        "--project", str(tmp_path / "r")], capsys)
+    assert code == 2 and len(errors) == 1 and errors[0].startswith(f"error: --source {listing}: {listing}: listing "
+                                                                   "it meets more than 100000 entries")
+
+
+def test_a_long_listing_says_how_far_it_has_got(big_folder, monkeypatch, yolo_log):
+    monkeypatch.setattr(image_files, "SCAN_NOTE_SECONDS", 0)
+    scan_files(str(big_folder))
+    assert [m for m in yolo_log if m.startswith(f"listing {big_folder}: 5000 entries so far")]
+
+
+def test_a_list_file_over_its_budget_is_refused_unread(tmp_path, monkeypatch):
+    listing = tmp_path / "list.txt"
+    listing.write_text("a.jpg\n" * 1000)
+    monkeypatch.setattr(image_files, "MAX_LIST_BYTES", 1000)
+    with pytest.raises(image_files.ListingTooLarge, match=r"a list file of 6000 bytes, more than the 1000 a list"):
+        scan_files(str(listing))
+
+
+def test_a_folder_deeper_than_pythons_recursion_is_walked(tmp_path):
+    """Folders deeper than Python's recursion limit were a RecursionError. Here the limit is lowered to 250 and the
+    folders are 400 deep: deep enough to show it, shallow enough for shutil.rmtree (pytest's clean-up), which
+    recurses."""
+    deep = tmp_path / "/".join(["d"] * 400)
+    deep.mkdir(parents=True)
+    (deep / "x.jpg").touch()
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(250)
+    try:
+        found = scan_files(str(tmp_path))[0]
+    finally:
+        sys.setrecursionlimit(limit)
+    assert found == [str(deep / "x.jpg")]
+
+
+def test_two_images_one_label_file_is_an_error_naming_both(tmp_path, capsys):
+    """A blank X.png beside a labelled X.jpg: both took X.txt ("16 images (0 backgrounds)", no warning)."""
+    root = generate_dataset(tmp_path / "d", "detect", 4, 2, seed=0, min_side=64, max_side=64, max_objects=1)
+    jpg = root / "images" / "train" / "00001.jpg"
+    cv2.imwrite(str(jpg.with_suffix(".png")), np.zeros((64, 64, 3), np.uint8))
+    (root / "d.yaml").write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
+                                                 "names": ["circle", "rectangle", "triangle"]}))
+    code, errors = cli(["train.py", "--data", str(root / "d.yaml"), "--img", "64", "--epochs", "1", "--device", "cpu",
+                        "--project", str(tmp_path / "runs")], capsys)
+    assert (code, errors) == (2, [
+        f"error: {jpg} and {jpg.with_suffix('.png')} would both take the label file "
+        f"{root / 'labels' / 'train' / '00001.txt'}: one label file cannot be both images'; rename or remove one "
+        "of them"])
+
+
+@pytest.mark.parametrize("name", ["pipe.jpg", "cams.streams"])
+def test_a_fifo_as_source_says_what_it_is(tmp_path, capsys, name):
+    """It said "does not exist"."""
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    weights = tiny_checkpoint(tmp_path / "w.pt", train_imgsz=64)
+    code, errors = cli(["detect.py", "--weights", str(weights), "--source", str(fifo), "--device", "cpu",
+                        "--project", str(tmp_path / "r")], capsys)
+    said = f"{fifo} is" if name.endswith(".jpg") else "it is"
+    assert (code, errors) == (2, [f"error: --source {fifo}: {said} not a regular file (a device, pipe or socket)"])

@@ -43,5 +43,11 @@ CACHE_RATIO = 100
 CACHE_FLOOR = 256 << 20
 MEMORY_MARGIN = 1 << 30
 MAX_DECODE_BYTES = 1 << 30  # images decoded at once while caching (8 threads, fewer for images near the pixel limit)
+# listing a split or a --source: a list .txt file's bytes (Objects365's 1.7 M lines: 120 MB), and the entries one
+# scan may meet (list lines, folder entries and glob matches, repeats counted: twice the largest public sets with
+# their label files beside the images); a scan running longer than SCAN_NOTE_SECONDS says how far it has got
+MAX_LIST_BYTES = 256 << 20
+MAX_SCAN_ENTRIES = 4_000_000
+SCAN_NOTE_SECONDS = 10
 
 

@@ -145,12 +145,15 @@ def test_npy_files_are_not_read_without_disk_cache(det_copy):
 
 
 def test_disk_cache_keeps_images_of_one_stem_apart(det_copy):
-    """a.jpg and a.png in one folder: each is read as itself, not as one shared a.npy."""
+    """a.jpg and a.png: each has a copy of its own, not one shared a.npy (in one folder they would share a label
+    file too, which is refused: tests/test_bounded_cost.py)."""
     val = det_copy / "images" / "val"
     jpgs = sorted(val.glob("*.jpg"))
-    png = jpgs[0].with_suffix(".png")
+    png = det_copy / "images" / "other" / jpgs[0].with_suffix(".png").name
+    png.parent.mkdir()
     cv2.imwrite(str(png), cv2.imread(str(jpgs[1]))[:50, :70])  # another picture, another size
-    ds = YOLODataset(str(val), imgsz=96, cache="disk", nc=3)
+    assert disk_cache_path(jpgs[0]).name != disk_cache_path(png).name
+    ds = YOLODataset([str(val), str(png.parent)], imgsz=96, cache="disk", nc=3)
     for f in (jpgs[0], png):
         np.testing.assert_array_equal(ds._read(ds.im_files.index(str(f))), cv2.imread(str(f)))
 

@@ -2,17 +2,22 @@
 `--cache disk` copy of an image."""
 
 import errno
+import fnmatch
 import glob
 import hashlib
 import os
 import re
 import stat
+import time
 from pathlib import Path
 
 import numpy as np
 
-from utils.budget import MAX_IMAGE_PIXELS
+from utils.budget import MAX_IMAGE_PIXELS, MAX_LIST_BYTES, MAX_SCAN_ENTRIES, SCAN_NOTE_SECONDS
+from utils.errors import BadDataset, BadFile
 from utils.files import publish
+from utils.imageio import printable
+from utils.loggers import LOGGER
 
 IMG_FORMATS = frozenset({"bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm"})
 VID_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
@@ -51,124 +56,200 @@ def entry_problem(path):
     return ""
 
 
-def _read_list_file(path):
-    """Lines of a list file, relative entries taken relative to the list file's folder (official './x.jpg'). The
-    lines are file names, so bytes that are not UTF-8 are kept as the names they are (surrogate escapes). A darknet
+class ListingTooLarge(BadFile):
+    """A listing beyond the budget (docs/safety.md): a list file over MAX_LIST_BYTES, or a scan meeting more than
+    MAX_SCAN_ENTRIES entries. No OSError: a folder that cannot be read is noted and passed, this ends the scan."""
+
+
+class _Scan:
+    """One scan_files call's count of the entries it meets (list lines, folder entries, glob matches; a folder or
+    glob met again is counted again): past MAX_SCAN_ENTRIES it is refused, and one running longer than
+    SCAN_NOTE_SECONDS says how far it has got, every SCAN_NOTE_SECONDS."""
+
+    def __init__(self, source):
+        self.source, self.entries = source, 0
+        self.start = self.noted = time.monotonic()
+
+    def met(self, n):
+        self.entries += n
+        if self.entries > MAX_SCAN_ENTRIES:
+            raise ListingTooLarge(f"{printable(self.source)}: listing it meets more than {MAX_SCAN_ENTRIES} entries "
+                                  "(list lines, folder entries and glob matches, repeats counted; docs/safety.md): "
+                                  "name fewer or smaller folders, each once")
+        now = time.monotonic()
+        if now - self.noted > SCAN_NOTE_SECONDS:
+            self.noted = now
+            LOGGER.info(f"listing {printable(self.source)}: {self.entries} entries so far ({now - self.start:.0f} s)")
+
+    def listdir(self, d):
+        """[(path, is_dir)] of folder `d`'s entries, counted (is_dir False for a symlink loop, which the scan then
+        names); OSError where it cannot be listed."""
+        with os.scandir(d) as it:
+            entries = list(it)
+        self.met(len(entries))
+        out = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            out.append((entry.path, is_dir))
+        return out
+
+
+def _read_list_file(path, others, scan):
+    """Lines of a list file, relative entries taken relative to the list file's folder (official './x.jpg'), each
+    once (a line repeated goes to `others`): one folder named 60 times is listed once. The lines are file names, so
+    bytes that are not UTF-8 are kept as the names they are (surrogate escapes). A darknet
     list names its files from darknet's folder, in whose data/ the dataset lies (CVAT's YOLO 1.1 export:
     `data/obj_train_data/x.jpg` in train.txt beside obj_train_data/): an entry `data/...` that is not found from the
     list's folder but is without that prefix is read so. An entry found from neither but from the working folder is
-    read from there: a list written for `--source` names files as the command line does (Ultralytics reads both)."""
+    read from there: a list written for `--source` names files as the command line does (Ultralytics reads both).
+    A list over MAX_LIST_BYTES is refused unread; its lines count against the scan's entries as they are read."""
+    size = os.stat(path).st_size
+    if size > MAX_LIST_BYTES:
+        raise ListingTooLarge(f"{printable(path)}: a list file of {size} bytes, more than the {MAX_LIST_BYTES} a list "
+                              "may hold (docs/safety.md)")
     parent = path.parent
-    out = []
-    for line in os.fsdecode(path.read_bytes()).splitlines():
-        line = line.strip()
-        if line:
-            p = Path(line)
-            if not p.is_absolute() and not (parent / p).exists():
-                if line.startswith("data/") and (parent / line[5:]).exists():
-                    p = Path(line[5:])
-                elif p.exists():
-                    p = p.resolve()
-            out.append(str(p if p.is_absolute() else (parent / p).resolve()))
-    return out
+    out = {}
+    with open(path, "rb") as f:
+        for raw in f:
+            scan.met(1)
+            line = os.fsdecode(raw).strip()
+            if line:
+                p = Path(line)
+                if not p.is_absolute() and not (parent / p).exists():
+                    if line.startswith("data/") and (parent / line[5:]).exists():
+                        p = Path(line[5:])
+                    elif p.exists():
+                        p = p.resolve()
+                entry = str(p if p.is_absolute() else (parent / p).resolve())
+                if entry in out:
+                    others.append((entry, "a repeated entry (used once)"))
+                out[entry] = None
+    return list(out)
 
 
 SUBFOLDER = "a sub-folder, not read"  # the reason a non-recursive scan gives for the folders it meets
 
 
-def _walk(folder, others, recursive=True):
+def _walk(folder, others, scan, recursive=True):
     """Every entry under `folder` that is not itself a folder, plus folders named like an image file (which the
     scan then names as such). Symlinked folders are followed, each real folder entered once (a link back up is not
     a loop); a folder that cannot be listed goes to `others` with the reason. Not `recursive`: the folder's own
-    entries, its sub-folders going to `others` as SUBFOLDER."""
-    found, seen = [], set()
-
-    def visit(d):
+    entries, its sub-folders going to `others` as SUBFOLDER. Entries are counted by `scan`; folders are entered
+    from a list, not by recursion, so any depth is walked."""
+    found, seen, todo = [], set(), [str(folder)]
+    while todo:
+        d = todo.pop()
         try:
             st = os.stat(d)
             if (st.st_dev, st.st_ino) in seen:
-                return
+                continue
             seen.add((st.st_dev, st.st_ino))
-            entries = list(os.scandir(d))
+            entries = scan.listdir(d)
         except OSError as e:
             others.append((d, f"folder cannot be read ({e.strerror})"))
-            return
-        for entry in entries:
-            try:
-                is_dir = entry.is_dir()
-            except OSError:  # a symlink loop: a candidate, which the scan then names
-                is_dir = False
+            continue
+        for path, is_dir in entries:
             if is_dir and not recursive:
-                others.append((entry.path, SUBFOLDER))
+                others.append((path, SUBFOLDER))
             elif is_dir:
-                if suffix(entry.name) in MEDIA_FORMATS:
-                    found.append(entry.path)
-                visit(entry.path)
+                if suffix(path) in MEDIA_FORMATS:
+                    found.append(path)
+                todo.append(path)
             else:
-                found.append(entry.path)
-
-    visit(str(folder))
+                found.append(path)
     return sorted(found)
 
 
-def _glob(pattern, others):
+def _glob(pattern, others, scan):
     """The paths `pattern` matches, as glob.glob(recursive=True) finds them (`**`: any number of folders; wildcards
     skip hidden names), except that each real folder under a `**` is entered once, symlinked ones included:
-    glob.glob follows links without end (two links to '.' make 2^depth paths, until names reach PATH_MAX)."""
+    glob.glob follows links without end (two links to '.' make 2^depth paths, until names reach PATH_MAX). Every
+    folder a wildcard looks into is counted by `scan`, matched or not."""
     parts = pattern.split("/")
     if "**" not in parts:
-        return glob.glob(pattern)
+        return _match(parts, scan)
     i = parts.index("**")
-    head, rest = "/".join(parts[:i]) + "/" if i else "", parts[i:]
-    rx = re.compile("".join(_glob_part(p, last=j == len(rest) - 1) for j, p in enumerate(rest)))
+    rest = [None if p == "**" else _name_rx(p) for p in parts[i:]]
     found = []
-    for base in glob.glob(head) if glob.has_magic(head) else [head]:
+    for base in _match(parts[:i], scan, folders=True) if i else [""]:
         if os.path.isdir(base or "."):
-            found += [f for f in _walk(base or ".", others) if rx.fullmatch(os.path.relpath(f, base or "."))]
-    return [f.removeprefix("./") if not head else f for f in found]
+            found += [f for f in _walk(base or ".", others, scan)
+                      if _names_match(os.path.relpath(f, base or ".").split(os.sep), rest)]
+    return [f.removeprefix("./") if not i else f for f in found]
 
 
-def _glob_part(part, last):
-    """A regular expression for one `/`-separated part of a glob pattern, with its `/` unless it is the last."""
-    if part == "**":
-        return r"(?:[^/.][^/]*(?:/[^/.][^/]*)*)?" if last else r"(?:[^/.][^/]*/)*"
-    rx, i = "" if part.startswith(".") else r"(?!\.)", 0
-    while i < len(part):
-        c, i = part[i], i + 1
-        end = part.find("]", i + 1) if c == "[" else -1
-        if c == "*":
-            rx += "[^/]*"
-        elif c == "?":
-            rx += "[^/]"
-        elif end > 0:
-            inside = part[i:end].replace("\\", "\\\\").replace("[", "\\[")
-            if inside[0] in "!^":  # glob's negation is '!'; a '^' there is the character itself
-                inside = "^" + inside[1:] if inside[0] == "!" else "\\" + inside
-            rx += f"[{inside}]"
-            i = end + 1
-        else:
-            rx += re.escape(c)
-    return rx if last else rx + "/"
+def _name_rx(part):
+    """The regular expression of one glob part (a name, no '/'): fnmatch's, whose wildcards cannot backtrack without
+    end (a part of 60 stars), matching no hidden name unless the part starts with '.', as glob does."""
+    return re.compile(("" if part.startswith(".") else r"(?!\.)") + fnmatch.translate(part))
 
 
-def _expand(entry, others, recursive=True):
+def _names_match(names, parts):
+    """Whether the path components `names` match the glob `parts` (compiled names; None for `**`: any number of
+    names that are not hidden), in time of len(names) x len(parts)."""
+    memo = {}
+
+    def match(i, j):
+        if (i, j) not in memo:
+            if j == len(parts):
+                memo[i, j] = i == len(names)
+            elif parts[j] is None:
+                memo[i, j] = match(i, j + 1) or (i < len(names) and not names[i].startswith(".") and match(i + 1, j))
+            else:
+                memo[i, j] = i < len(names) and bool(parts[j].match(names[i])) and match(i + 1, j + 1)
+        return memo[i, j]
+
+    return match(0, 0)
+
+
+def _match(parts, scan, folders=False):
+    """The paths the `/`-separated glob `parts` (no `**`) match, each wildcard part matched against the listing of
+    the folders before it, as glob.glob does; with `folders`, the folders they match, each ending in '/'."""
+    paths = [""]
+    for j, part in enumerate(parts):
+        last = j == len(parts) - 1 and not folders
+        if not glob.has_magic(part):
+            paths = [f"{p}{part}{'' if last else '/'}" for p in paths]
+            continue
+        rx, matched = _name_rx(part), []
+        for p in paths:
+            if not os.path.isdir(p or "."):
+                continue
+            try:
+                entries = scan.listdir(p or ".")
+            except OSError:  # what glob.glob skips too
+                continue
+            for path, is_dir in entries:
+                name = os.path.basename(path)
+                if rx.match(name) and (last or is_dir):
+                    matched.append(f"{p}{name}{'' if last else '/'}")
+        paths = matched
+    return [p for p in paths if os.path.lexists(p or ".")] if paths != [""] else []
+
+
+def _expand(entry, others, scan, recursive=True):
     """One source entry -> candidate file paths (not yet filtered by format); problems met go to `others`. A folder
-    is walked into its sub-folders when `recursive`; a glob goes where it says (`**` for any depth)."""
+    is walked into its sub-folders when `recursive`; a glob goes where it says (`**` for any depth). FileNotFoundError
+    for an entry that does not exist, or is no file nor folder (a FIFO named as --source would block its reader)."""
     s = str(entry)
     if any(c in s for c in "*?["):
-        return [f for f in sorted(_glob(s, others)) if not os.path.isdir(f) or suffix(f) in MEDIA_FORMATS]
+        return [f for f in sorted(_glob(s, others, scan)) if not os.path.isdir(f) or suffix(f) in MEDIA_FORMATS]
     p = Path(s)
     if p.is_dir():
-        return _walk(p, others, recursive)
+        return _walk(p, others, scan, recursive)
     if p.is_file():
-        if suffix(p) == "txt":
+        if suffix(s) == "txt":
             files = []
-            for line in _read_list_file(p):
+            for line in _read_list_file(p, others, scan):
                 is_many = Path(line).is_dir() or any(c in line for c in "*?[")
-                files += _expand(line, others, recursive) if is_many else [line]
+                files += _expand(line, others, scan, recursive) if is_many else [line]
             return files
-        return [str(p)]
-    raise FileNotFoundError(f"{s} does not exist")
+        return [s]
+    why = entry_problem(s)
+    raise FileNotFoundError(f"{printable(s)} {'does not exist' if why in ('', MISSING) else why}")
 
 
 def _is_own_cache(f, files):
@@ -183,11 +264,12 @@ def scan_files(source, formats=IMG_FORMATS, recursive=True):
     what is wrong with a folder or dangling link named x.jpg), in sorted order for folders and globs, as listed for
     lists; `others` is (path, reason) for every other entry met, so that nothing is left out without a word.
 
-    Raises FileNotFoundError naming an entry that does not exist."""
+    Raises FileNotFoundError naming an entry that does not exist (or is no file nor folder), ListingTooLarge (one)
+    for a listing beyond the budget (docs/safety.md)."""
     entries = source if isinstance(source, (list, tuple)) else [source]
-    found, others = [], []
+    found, others, scan = [], [], _Scan(source if len(entries) != 1 else entries[0])
     for entry in entries:
-        found += _expand(entry, others, recursive)
+        found += _expand(entry, others, scan, recursive)
     found, seen = [os.path.normpath(f) for f in found], set()
     others += [(f, "a repeated entry (used once)") for f in found if f in seen or seen.add(f)]
     found = list(dict.fromkeys(found))  # given order, no repeats
@@ -244,9 +326,19 @@ def write_disk_cache(npy_file, im):
 
 
 def img2label_paths(img_paths):
-    """The official rule: the last /images/ in the path becomes /labels/ and the suffix becomes .txt."""
+    """The official rule: the last /images/ in the path becomes /labels/ and the suffix becomes .txt. Two images that
+    it gives one label file (x.jpg and x.png in one folder) are a BadDataset naming both: each would be trained on
+    the other's objects, and one of them is usually a stray copy (a blank picture)."""
     sa, sb = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
-    return [sb.join(p.rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt" for p in img_paths]
+    labels = [sb.join(p.rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt" for p in img_paths]
+    if len(set(labels)) < len(labels):
+        first = {}
+        shared = [(first[lb], im, lb) for im, lb in zip(img_paths, labels) if first.setdefault(lb, im) != im]
+        a, b, lb = shared[0]
+        more = f" ({len(shared)} such pairs)" if len(shared) > 1 else ""
+        raise BadDataset(f"{printable(a)} and {printable(b)} would both take the label file {printable(lb)}{more}: "
+                         "one label file cannot be both images'; rename or remove one of them")
+    return labels
 
 
 def files_hash(paths, extra=""):

@@ -5,7 +5,16 @@ import os
 import cv2
 
 from utils.data.augment import chw_rgb, letterbox
-from utils.data.image_files import IMG_FORMATS, MISSING, SUBFOLDER, VID_FORMATS, entry_problem, scan_files, suffix
+from utils.data.image_files import (
+    IMG_FORMATS,
+    MISSING,
+    SUBFOLDER,
+    VID_FORMATS,
+    ListingTooLarge,
+    entry_problem,
+    scan_files,
+    suffix,
+)
 from utils.errors import BadFile
 from utils.imageio import check_pixels, is_utf8, printable, read_image
 from utils.loggers import LOGGER
@@ -48,7 +57,7 @@ class LoadImages:
         formats = IMG_FORMATS | VID_FORMATS
         try:
             files, others = scan_files(source, formats, recursive=False)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ListingTooLarge) as e:
             raise SourceNotFound(str(e)) from None
         skipped = [printable(p) for p, why in others if why == SUBFOLDER]
         files = LoadImages._regular(files)
