@@ -18,7 +18,7 @@ import yaml
 from models.checkpoints import model_to_ckpt, save_checkpoint
 from models.yolo import DetectionModel, yaml_model_load
 from tests.capped import refused_once, run_capped
-from utils.budget import MAX_IMGSZ
+from utils.budget import MAX_IMGSZ, MAX_STREAM_PIXELS, MAX_STREAMS
 from utils.data import dataset_yaml, image_files
 from utils.data.image_files import scan_files
 from utils.data.synthetic import generate_dataset
@@ -237,3 +237,45 @@ def test_a_fifo_as_source_says_what_it_is(tmp_path, capsys, name):
                         "--project", str(tmp_path / "r")], capsys)
     said = f"{fifo} is" if name.endswith(".jpg") else "it is"
     assert (code, errors) == (2, [f"error: --source {fifo}: {said} not a regular file (a device, pipe or socket)"])
+
+
+# ---------------------------------------------------------------- .streams
+@pytest.fixture(scope="module")
+def video_4k(tmp_path_factory):
+    """Two frames of 3840 x 2160 (each 25 MB decoded; a reader holds about 75 MB)."""
+    path = tmp_path_factory.mktemp("4k") / "4k.mp4"
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10, (3840, 2160))
+    for k in range(2):
+        w.write(np.full((2160, 3840, 3), 60 * k, np.uint8))
+    w.release()
+    return path
+
+
+def test_a_streams_file_over_its_pixel_budget_reads_no_frame(video_4k, tmp_path):
+    """A 93 KB .streams file listing a 4K video 40-100 times took 1.98 GB, then aborted ("terminate called"). Five
+    4K sources are over the 33,177,600 pixels read at once: one line, no abort. The sources open at once, and those
+    within the budget may read a frame before the fifth is refused: the peak stays under what four 4K streams, the
+    budget, take (about 0.5 GB beside the model). The cap is 4 GiB here: under 2 GiB of address space FFmpeg cannot
+    open a 4K decoder beside torch's libraries."""
+    names = []
+    for k in range(5):
+        (tmp_path / f"cam{k}.mp4").symlink_to(video_4k)
+        names.append(str(tmp_path / f"cam{k}.mp4"))
+    listing = tmp_path / "cams.streams"
+    listing.write_text("\n".join(names * 20) + "\n")  # each line 20 times: every source is opened once
+    weights = tiny_checkpoint(tmp_path / "w.pt", train_imgsz=64)
+    r = run_capped(["detect.py", "--weights", str(weights), "--source", str(listing), "--device", "cpu",
+                    "--project", str(tmp_path / "r")], limit=4 << 30)
+    assert refused_once(r, f"whose frames hold {5 * 3840 * 2160} pixels together, more than the {MAX_STREAM_PIXELS} "
+                           "read at once"), r.stderr[-2000:]
+    assert r.peak < 1.5 * 2**30 and "95 repeated lines, each source read once" in r.stdout
+
+
+def test_a_streams_file_names_at_most_its_budget_of_sources(tmp_path, capsys):
+    listing = tmp_path / "cams.streams"
+    listing.write_text("".join(f"rtsp://127.0.0.1:9/cam{k}\n" for k in range(MAX_STREAMS + 1)))
+    weights = tiny_checkpoint(tmp_path / "w.pt", train_imgsz=64)
+    code, errors = cli(["detect.py", "--weights", str(weights), "--source", str(listing), "--device", "cpu",
+                        "--project", str(tmp_path / "r")], capsys)
+    assert (code, errors) == (2, [f"error: --source {listing}: lists {MAX_STREAMS + 1} streams, more than the "
+                                  f"{MAX_STREAMS} read at once (docs/safety.md)"])

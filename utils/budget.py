@@ -49,5 +49,10 @@ MAX_DECODE_BYTES = 1 << 30  # images decoded at once while caching (8 threads, f
 MAX_LIST_BYTES = 256 << 20
 MAX_SCAN_ENTRIES = 4_000_000
 SCAN_NOTE_SECONDS = 10
+# live sources: at most this many at once (a .streams file), whose frames hold at most this many pixels together
+# (four 4K streams, sixteen at 1080p); each 4K stream's reader holds about 75 MB besides
+MAX_STREAMS = 32
+MAX_STREAM_PIXELS = 4 * 3840 * 2160
+MAX_STREAMS_FILE_BYTES = 1 << 20  # a .streams file: MAX_STREAMS URLs and their comments
 
 

@@ -2,6 +2,7 @@
 and `open_source`, which picks the loader for a --source (image/video URLs are downloaded once, then read as files).
 """
 
+import os
 import threading
 import time
 import urllib.parse
@@ -9,13 +10,13 @@ from pathlib import Path
 
 import cv2
 
-from utils.budget import MAX_IMAGE_PIXELS
+from utils.budget import MAX_IMAGE_PIXELS, MAX_STREAM_PIXELS, MAX_STREAMS, MAX_STREAMS_FILE_BYTES
 from utils.data.augment import chw_rgb, letterbox
 from utils.data.downloads import fetch
-from utils.data.image_files import IMG_FORMATS, VID_FORMATS, suffix
+from utils.data.image_files import IMG_FORMATS, MISSING, VID_FORMATS, entry_problem, suffix
 from utils.data.sources import LoadImages, SourceNotFound
 from utils.errors import BadFile
-from utils.imageio import check_pixels
+from utils.imageio import check_pixels, printable
 from utils.loggers import LOGGER
 
 STREAM_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://")
@@ -40,12 +41,7 @@ def open_source(source, imgsz=640, stride=32, auto=True, transforms=None, vid_st
     s = str(source)
     kwargs = {"imgsz": imgsz, "stride": stride, "auto": auto, "transforms": transforms, "vid_stride": vid_stride}
     if s.endswith(".streams"):
-        if not Path(s).is_file():
-            raise BadFile(f"--source {s}: file not found")
-        lines = [x.strip() for x in Path(s).read_text().splitlines() if x.strip() and not x.startswith("#")]
-        if not lines:
-            raise BadFile(f"--source {s}: lists no streams")
-        return LoadStreams(lines, **kwargs)
+        return LoadStreams(streams_file(s), **kwargs)
     if s.isnumeric() or (_is_url(s) and _url_file(s) is None):
         return LoadStreams([s], **kwargs)
     if _is_url(s):
@@ -58,6 +54,29 @@ def open_source(source, imgsz=640, stride=32, auto=True, transforms=None, vid_st
         return LoadImages(s, **kwargs)
     except SourceNotFound as e:
         raise SourceNotFound(f"--source {s}: {e}") from None
+
+
+def streams_file(path):
+    """The sources a .streams file lists, one a line (`#` starts a comment), each once: at most MAX_STREAMS, read from
+    a regular file of at most MAX_STREAMS_FILE_BYTES (docs/safety.md); BadFile (naming --source) otherwise."""
+    why = entry_problem(path)
+    if why:
+        raise BadFile(f"--source {printable(path)}: {'file not found' if why == MISSING else f'it {why}'}")
+    size = os.stat(path).st_size
+    if size > MAX_STREAMS_FILE_BYTES:
+        raise BadFile(f"--source {printable(path)}: a .streams file of {size} bytes, more than the "
+                      f"{MAX_STREAMS_FILE_BYTES} that {MAX_STREAMS} sources take (docs/safety.md)")
+    lines = [x.strip() for x in Path(path).read_text(errors="surrogateescape").splitlines()]
+    lines = [x for x in lines if x and not x.startswith("#")]
+    sources = list(dict.fromkeys(lines))
+    if not sources:
+        raise BadFile(f"--source {printable(path)}: lists no streams")
+    if len(sources) > MAX_STREAMS:
+        raise BadFile(f"--source {printable(path)}: lists {len(sources)} streams, more than the {MAX_STREAMS} read at "
+                      "once (docs/safety.md)")
+    if len(sources) < len(lines):
+        LOGGER.info(f"{printable(path)}: {len(lines) - len(sources)} repeated lines, each source read once")
+    return sources
 
 
 class LoadStreams:
@@ -84,20 +103,40 @@ class LoadStreams:
         self.read, self.skipped = [0] * n, [0] * n  # frames decoded and frames replaced before inference took them
         self.last = [time.monotonic()] * n
         self.next_source, self.frame = 0, 0
-        # each source is opened in its own thread, all at once: a slow one does not hold back the others' frames
+        # each source is opened in its own thread, all at once: a slow one does not hold back the others' frames;
+        # one whose frames would take the sources' pixels past MAX_STREAM_PIXELS reads none (`pixels`)
         self.opened = [threading.Event() for _ in range(n)]
+        self.pixels, self.refused = 0, False
         self.info = [None] * n  # (width, height, fps), read by the reader thread: a capture is not thread-safe
         self.threads = [threading.Thread(target=self._reader, args=(i,), daemon=True, name=f"stream-{i}")
                         for i in range(n)]
         for t in self.threads:
             t.start()
+        try:
+            self._check_opened()
+        except BadFile:
+            self.refused = True  # each reader stops and closes its capture: one still in OpenCV's code when the
+            for t in self.threads:  # interpreter ends aborts the process ("terminate called")
+                t.join(self.timeout + 1)
+            raise
         for i, s in enumerate(self.sources):
-            self.opened[i].wait()
+            w, h, fps = self.info[i]
+            LOGGER.info(f"stream {i + 1}/{n}: {s} {w}x{h} at {fps:.0f} fps")
+
+    def _check_opened(self):
+        """BadFile naming the first source that cannot be opened or whose frames are over the pixel limit, else the
+        sources whose frames hold more than MAX_STREAM_PIXELS together (docs/safety.md)."""
+        for event in self.opened:
+            event.wait()
+        for i, s in enumerate(self.sources):
             if self.info[i] is None:
                 raise BadFile(f"--source {s}: cannot open the stream")
-            w, h, fps = self.info[i]
-            check_pixels(w, h, f"--source {s}: its frames are ")
-            LOGGER.info(f"stream {i + 1}/{n}: {s} {w}x{h} at {fps:.0f} fps")
+            check_pixels(*self.info[i][:2], f"--source {s}: its frames are ")
+        if self.pixels > MAX_STREAM_PIXELS:
+            sizes = [f"{w}x{h}" for w, h, _ in self.info]
+            raise BadFile(f"--source: {len(self.sources)} streams ({', '.join(sizes[:4])}"
+                          f"{', ...' if len(sizes) > 4 else ''}) whose frames hold {self.pixels} pixels together, "
+                          f"more than the {MAX_STREAM_PIXELS} read at once (docs/safety.md); give fewer")
 
     def __len__(self):
         return len(self.sources)
@@ -111,7 +150,11 @@ class LoadStreams:
             return None
         self.info[i] = (int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
                         cap.get(cv2.CAP_PROP_FPS))
-        if self.info[i][0] * self.info[i][1] > MAX_IMAGE_PIXELS:  # the constructor refuses it, naming the size
+        with self.cond:
+            self.pixels += self.info[i][0] * self.info[i][1]
+            if self.pixels > MAX_STREAM_PIXELS:  # refused: the readers already started stop at their next frame
+                self.refused = True
+        if self.refused or self.info[i][0] * self.info[i][1] > MAX_IMAGE_PIXELS:  # the constructor names the sizes
             cap.release()
             return None
         return cap
@@ -130,7 +173,7 @@ class LoadStreams:
             self.last[i] = time.monotonic()
         n, error = 0, None
         try:
-            while cap.grab():
+            while not self.refused and cap.grab():
                 n += 1
                 if (n - 1) % self.vid_stride:
                     continue
