@@ -18,34 +18,40 @@ from models.model_yaml import (  # noqa: F401 (head_class, make_divisible: impor
     parse_model,
     yaml_model_load,
 )
-from utils.budget import ACTIVATION_BYTES_PER_INPUT, MAX_PARAMETERS
+from utils.budget import ACTIVATION_BYTES_PER_INPUT, MAX_MODEL_BYTES, MAX_WEIGHT_BYTES, MODEL_PROBE_SIDE
 from utils.dry_run import DryRunError, Unrunnable, dry_run
 from utils.errors import BadModelYaml
 from utils.loggers import LOGGER
 from utils.loss import build_criterion
 
 
-def check_cost(d, ch, s=256):
+def check_cost(d, ch, s=MODEL_PROBE_SIDE):
     """Refuse (BadModelYaml) a model dict whose weights or forward pass would cost more than the budget
     (utils/budget.py), before any weight exists: the layers are built on the meta device, which allocates nothing,
-    and a `s` x `s` image runs through them as a dry run that computes shapes only. Every model of models/ is far
-    inside (docs/safety.md). Returns the meta layers' count of weights and buffers."""
+    and a `s` x `s` image runs through them as a dry run that computes shapes only. The budget is memory: the
+    weights as float32, and those plus the activations of that forward pass. Every model of models/ is inside
+    (docs/safety.md). Returns the meta layers' count of weights and buffers."""
     check_values(d)
     where = d.get("yaml_file", "<dict>")
     with torch.device("meta"):
         layers, save = parse_model(d, ch)
     n = sum(p.numel() for p in layers.parameters())
-    if n > MAX_PARAMETERS:
-        raise BadModelYaml(f"{where}: describes {n} weights, more than the {MAX_PARAMETERS} a model may have")
+    if 4 * n > MAX_WEIGHT_BYTES:
+        raise BadModelYaml(f"{where}: describes {n} weights, {4 * n / 2**30:.2f} GiB as float32, more than the "
+                           f"{MAX_WEIGHT_BYTES / 2**30:g} GiB a model's weights may take (docs/safety.md)")
     probe = BaseModel()
     probe.model, probe.save = layers, save
     try:
-        dry_run(lambda x: probe.eval()._forward_once(x, head=False), (1, ch, s, s))
+        run, _ = dry_run(lambda x: probe.eval()._forward_once(x, head=False), (1, ch, s, s))
     except Unrunnable as e:
         raise BadModelYaml(f"{where}: its layers do not fit together ({e})") from None
     except DryRunError as e:
         raise BadModelYaml(f"{where}: run on a {s}x{s} image, {e}: beyond the budget of {ACTIVATION_BYTES_PER_INPUT} "
                            "bytes of activations per input value (docs/safety.md)") from None
+    if 4 * n + run.bytes > MAX_MODEL_BYTES:
+        raise BadModelYaml(f"{where}: its weights and the activations of one {s}x{s} image take "
+                           f"{(4 * n + run.bytes) / 2**30:.2f} GiB, more than the {MAX_MODEL_BYTES / 2**30:g} GiB a "
+                           "model may take (docs/safety.md)")
     return sum(t.numel() for t in layers.state_dict().values())
 
 

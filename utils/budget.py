@@ -14,7 +14,12 @@ MAX_YAML_NODES = 1_000_000  # values a YAML describes once its aliases are unfol
 MAX_PICKLE_BYTES = 64 << 20  # a checkpoint's data.pkl (an official YOLOv8x tree: 0.3 MiB)
 MAX_PICKLE_STACK = 4096  # values a pickle keeps on its stack at once (pickle writes lists and dicts 1000 at a time)
 MAX_NESTING = 64  # containers in containers (official module trees: about 15, model.model[i].m[j].cv1.conv._parameters)
-MAX_PARAMETERS = 500_000_000  # weights a model YAML may describe (the largest of models/: YOLOv5-P7, 144 M)
+# a model YAML (given as --cfg, or inside a checkpoint), as the memory it takes: its weights as float32, and those plus
+# the activations of one image's forward pass at MODEL_PROBE_SIDE px, counted by a dry run (the largest of models/:
+# YOLOv7-E6E's 166 M weights, 635 MiB; with its activations at 640 px, 2.5 GiB)
+MAX_WEIGHT_BYTES = 1 << 30
+MAX_MODEL_BYTES = 3 << 30
+MODEL_PROBE_SIDE = 640
 MAX_CLASSES = 100_000  # a model's classes (ImageNet-21k: 21,841)
 # a forward pass: bytes of every operator's output, and operations, per input value (measured on every model of
 # models/ at its largest scale, 640 px: at most 1.5 KiB and 0.22 M, YOLOv8x-P2; 2.6x and 4.5x that leave room for

@@ -17,7 +17,7 @@ from models.checkpoints import UnsafeCheckpoint, attempt_load, load_checkpoint
 from models.untrusted import UnsafeTorchScript
 from models.yolo import DetectionModel, check_cost, yaml_model_load
 from tests.capped import refused_once, run_capped
-from utils.budget import ACTIVATION_BYTES_PER_INPUT, MAX_PARAMETERS, WORK_PER_INPUT
+from utils.budget import ACTIVATION_BYTES_PER_INPUT, MAX_MODEL_BYTES, MAX_WEIGHT_BYTES, WORK_PER_INPUT
 from utils.dry_run import dry_run
 from utils.errors import BadCheckpoint, BadModelYaml
 
@@ -128,14 +128,15 @@ def test_train_with_a_bad_cfg_exits_2_with_one_line(tmp_path, shapes_detect):
 
 OFFICIAL = ["yolov5x.yaml", "yolov5x-seg.yaml", "yolov5x-cls.yaml", "yolov5xu.yaml", "yolov7x.yaml", "yolov8x.yaml",
             "yolov8x-seg.yaml", "yolov8x-pose.yaml", "yolov8x-cls.yaml", "yolo11x-seg.yaml", "yolov8x-p2.yaml",
-            "yolov5-p7.yaml"]
+            "yolov5-p7.yaml", "yolov7-e6e.yaml"]
 
 
 @pytest.mark.parametrize("cfg", OFFICIAL)
 def test_the_largest_official_models_are_far_inside_the_budget(cfg):
-    """Each family's largest model, at 640 px: under half the activation and work budget per input value, and a
-    third of the weights (measured on the meta device, nothing allocated); YOLOv8x-P2 has the most activations and
-    work per input value, YOLOv5-P7 the most weights."""
+    """Each family's largest model, at 640 px: under half the activation and work budget per input value, two thirds
+    of the weights' bytes, and its weights and one 640 px image's activations within the memory a model may take
+    (measured on the meta device, nothing allocated); YOLOv8x-P2 has the most activations and work per input value,
+    YOLOv7-E6E the most weights (635 MiB) and memory (2.5 GiB)."""
     from models.yolo import BaseModel, parse_model
 
     d = yaml_model_load(cfg)
@@ -148,4 +149,31 @@ def test_the_largest_official_models_are_far_inside_the_budget(cfg):
     probe, _ = dry_run(lambda x: probe_model.eval()._forward_once(x, head=False), (1, 3, side, side))
     values = 3 * side * side
     assert probe.bytes / values < ACTIVATION_BYTES_PER_INPUT / 2 and probe.work / values < WORK_PER_INPUT / 2
-    assert sum(p.numel() for p in layers.parameters()) < MAX_PARAMETERS / 3
+    weight_bytes = 4 * sum(p.numel() for p in layers.parameters())
+    assert weight_bytes < MAX_WEIGHT_BYTES * 2 / 3
+    at_640, _ = dry_run(lambda x: probe_model.eval()._forward_once(x, head=False), (1, 3, 640, 640))
+    assert weight_bytes + at_640.bytes < MAX_MODEL_BYTES * 0.85
+
+
+def _classifier_yaml(path, *rows):
+    path.write_text(yaml.safe_dump({"nc": 3, "backbone": [list(r) for r in rows], "head": [[-1, 1, "Classify", [3]]]}))
+    return path
+
+
+def test_a_model_yaml_is_budgeted_as_the_memory_it_takes(tmp_path, shapes_classify):
+    """Issue 61: a 266-byte YAML within the old 500 M-weight bound took 2.88 GB, then ran out of memory. The budget is
+    bytes: its weights as float32 (1 GiB), and those plus one 640 px image's activations (3 GiB); one 700-channel
+    layer at full resolution is within the per-input-value bound and over the second."""
+    heavy = _classifier_yaml(tmp_path / "heavy.yaml", (-1, 1, "Conv", [20000, 3, 2]), (-1, 1, "Conv", [2700, 3, 2]))
+    wide = _classifier_yaml(tmp_path / "wide.yaml", (-1, 1, "Conv", [700, 3, 1]))
+    assert heavy.stat().st_size < 300
+    with pytest.raises(BadModelYaml, match=rf"describes 490772931 weights, 1.83 GiB as float32, more than the "
+                                           rf"{MAX_WEIGHT_BYTES / 2**30:g} GiB"):
+        check_cost(yaml_model_load(str(heavy)), 3)
+    with pytest.raises(BadModelYaml, match=r"its weights and the activations of one 640x640 image take 3.\d\d GiB, "
+                                           rf"more than the {MAX_MODEL_BYTES / 2**30:g} GiB a model may take"):
+        check_cost(yaml_model_load(str(wide)), 3)
+    r = run_capped(["classify/train.py", "--model", str(heavy), "--data", str(shapes_classify), "--device", "cpu",
+                    "--img", "32", "--project", str(tmp_path / "r")])
+    assert refused_once(r, "describes 490772931 weights"), r.stderr[-2000:]
+    assert r.peak < 1 << 30
