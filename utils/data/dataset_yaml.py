@@ -30,20 +30,24 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from utils.budget import MAX_SYNTHETIC_OBJECTS, MAX_SYNTHETIC_PIXELS, MAX_SYNTHETIC_SIDE, SYNTHETIC_FILE_PIXELS
 from utils.data.annotations import find_layout
 from utils.data.downloads import ARCHIVE_SUFFIXES, DownloadFailed, download, is_archive
 from utils.data.image_files import class_folders
-from utils.data.synthetic import generate_dataset
+from utils.data.synthetic import TASKS, dataset_pixels, generate_dataset, sides
 from utils.errors import BadDataset
 from utils.files import ROOT, ConfigError, yaml_load
 from utils.loggers import LOGGER
 from utils.text import escape_controls, has_controls
 
 SYNTHETIC_KEYS = {"task", "n_train", "n_val", "seed", "min_side", "max_side", "max_objects"}
+# what a YAML may make this machine generate: each count an integer in these bounds, and all of it within
+# MAX_SYNTHETIC_PIXELS (utils/data/synthetic.dataset_pixels)
+SYNTHETIC_BOUNDS = {"n_train": (1, MAX_SYNTHETIC_PIXELS), "n_val": (1, MAX_SYNTHETIC_PIXELS), "seed": (0, 2**32 - 1),
+                    "min_side": (16, MAX_SYNTHETIC_SIDE), "max_side": (16, MAX_SYNTHETIC_SIDE),
+                    "max_objects": (1, MAX_SYNTHETIC_OBJECTS)}
 # the keys of a detection, segmentation or pose dataset YAML that something reads
 DET_KEYS = {"path", "train", "val", "test", "names", "nc", "download", "synthetic", "kpt_shape", "flip_idx", "skeleton"}
-# a synthetic set of at most 120,000 images of 1024 px (about 10 GB of JPEGs)
-SYNTHETIC_BOUNDS = {"n_train": 100_000, "n_val": 20_000, "min_side": 1024, "max_side": 1024, "max_objects": 1000}
 DOWNLOAD_KEYS = {"urls", "dir", "threads"}
 DOWNLOAD_FORMS = "an http(s) URL, or a list of URLs and {urls, dir, threads} items"
 
@@ -279,20 +283,39 @@ def run_download(spec, label, root):
     LOGGER.info(f"Dataset download finished in {time.time() - t:.1f}s: {root}")
 
 
+def _synthetic_spec(spec, label):
+    """The `synthetic:` mapping `spec` as generate_dataset's arguments, checked before anything is written: known
+    keys, integers in SYNTHETIC_BOUNDS, min_side <= max_side, and the whole within MAX_SYNTHETIC_PIXELS (seconds of
+    a CPU: docs/safety.md); DatasetError naming `label` otherwise."""
+    if not isinstance(spec, dict):
+        raise DatasetError(f"{label}: 'synthetic' must be a mapping of {sorted(SYNTHETIC_KEYS)}, got "
+                           f"{type(spec).__name__} {spec!r:.40}")
+    unknown = set(spec) - SYNTHETIC_KEYS
+    if unknown:
+        raise DatasetError(f"{label}: unknown 'synthetic' keys {sorted(map(str, unknown))}, expected "
+                           f"{sorted(SYNTHETIC_KEYS)}")
+    if spec.get("task", "detect") not in TASKS:
+        raise DatasetError(f"{label}: synthetic.task must be one of {', '.join(TASKS)}, got {spec['task']!r:.40}")
+    for k, (lo, hi) in SYNTHETIC_BOUNDS.items():
+        v = spec.get(k, lo)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise DatasetError(f"{label}: synthetic.{k} must be an integer {lo}..{hi}, got {v!r:.40}")
+    low, high = sides(spec.get("task", "detect"), spec.get("min_side"), spec.get("max_side"))
+    if low > high:
+        raise DatasetError(f"{label}: synthetic.min_side {low} is larger than max_side {high}")
+    cost = dataset_pixels(**spec)
+    if cost > MAX_SYNTHETIC_PIXELS:
+        raise DatasetError(f"{label}: its synthetic images would take {cost} pixels' worth to draw, more than the "
+                           f"{MAX_SYNTHETIC_PIXELS} a dataset YAML may ask for (each image counts its largest side "
+                           f"squared plus {SYNTHETIC_FILE_PIXELS}: docs/safety.md); ask for fewer or smaller images")
+    return dict(spec)
+
+
 def _obtain(d, label, root, missing, autodownload, named_by=None):
     """Make a missing dataset exist: generate it (synthetic) or download it, else raise. `named_by`: the file that
     named this dataset (NamedByFile), whose download is refused."""
     if d.get("synthetic"):
-        spec = dict(d["synthetic"])
-        unknown = set(spec) - SYNTHETIC_KEYS
-        if unknown:
-            raise DatasetError(
-                f"{label}: unknown 'synthetic' keys {sorted(unknown)}, expected {sorted(SYNTHETIC_KEYS)}")
-        bad = next((k for k, hi in SYNTHETIC_BOUNDS.items() if k in spec and not (
-            isinstance(spec[k], int) and not isinstance(spec[k], bool) and 1 <= spec[k] <= hi)), None)
-        if bad:  # what a YAML may make this machine write
-            raise DatasetError(f"{label}: synthetic.{bad} must be an integer 1..{SYNTHETIC_BOUNDS[bad]}, got "
-                               f"{spec[bad]!r:.40}")
+        spec = _synthetic_spec(d["synthetic"], label)
         LOGGER.info(f"{label}: dataset not found, generating synthetic {spec.get('task', 'detect')} data in {root}...")
         try:
             generate_dataset(root, **spec)

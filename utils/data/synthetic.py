@@ -28,6 +28,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from utils.budget import SYNTHETIC_FILE_PIXELS
 from utils.files import is_published, publish
 
 CLASS_NAMES = ("circle", "rectangle", "triangle")
@@ -245,6 +246,20 @@ def _write_classification_split(root, split, n_per_class, seed, min_side, max_si
             cv2.imwrite(str(folder / f"{i:05d}.jpg"), img, _JPEG)
 
 
+def sides(task, min_side=None, max_side=None):
+    """The (smallest, largest) image side generate_dataset draws for `task`: the given ones, else its defaults."""
+    default_sides = (96, 128) if task == "classify" else (256, 480)
+    return min_side or default_sides[0], max_side or default_sides[1]
+
+
+def dataset_pixels(task="detect", n_train=256, n_val=64, seed=0, min_side=None, max_side=None, max_objects=8):
+    """What a generate_dataset call costs, in pixels' worth (utils/budget.MAX_SYNTHETIC_PIXELS): each image the
+    square of its largest side plus SYNTHETIC_FILE_PIXELS (writing its files), three images a count for classify
+    (one per class); the time of each grows with its shapes too, which MAX_SYNTHETIC_OBJECTS bounds."""
+    per_count = len(CLASS_NAMES) if task == "classify" else 1
+    return (n_train + n_val) * per_count * (sides(task, min_side, max_side)[1] ** 2 + SYNTHETIC_FILE_PIXELS)
+
+
 def generate_dataset(out, task="detect", n_train=256, n_val=64, seed=0, min_side=None, max_side=None, max_objects=8,
                      workers=1):
     """Write a shapes dataset to `out` and return its Path.
@@ -261,8 +276,7 @@ def generate_dataset(out, task="detect", n_train=256, n_val=64, seed=0, min_side
     out = Path(out)
     if is_published(out):
         raise FileExistsError(f"{out} already exists and is not empty; not overwriting it")
-    default_sides = (96, 128) if task == "classify" else (256, 480)
-    min_side, max_side = min_side or default_sides[0], max_side or default_sides[1]
+    min_side, max_side = sides(task, min_side, max_side)
     if not 16 <= min_side <= max_side:
         raise ValueError(f"need 16 <= min_side <= max_side, got {min_side}, {max_side}")
 
