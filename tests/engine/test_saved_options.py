@@ -135,3 +135,56 @@ def test_a_resume_on_data_naming_the_runs_classes_otherwise_is_refused(interrupt
     last = _edited(interrupted, tmp_path, data=str(data))
     with pytest.raises(BadCheckpoint, match=words):
         run(DetectionTrainer, train.parse_opt(["--resume", str(last), "--device", "cpu"]))
+
+
+TRACKED = ["csv", "tensorboard", "wandb", "mlflow", "clearml", "comet"]
+
+
+def _loggers_of_resume(argv, monkeypatch):
+    """The loggers a resumed run builds (engine.trainer.build_loggers' names), stopped there."""
+    import engine.trainer
+
+    built = []
+
+    class Stop(BaseException):
+        pass
+
+    def capture(names, *args, **kwargs):
+        built.extend(names)
+        raise Stop
+
+    monkeypatch.setattr(engine.trainer, "build_loggers", capture)
+    with pytest.raises(Stop):
+        run(DetectionTrainer, train.parse_opt(argv))
+    return built
+
+
+def test_a_checkpoint_resumed_from_elsewhere_starts_no_tracker(interrupted, tmp_path, monkeypatch, yolo_log):
+    """Issue 61: a --resume'd last.pt whose options named trackers started W&B, ClearML, Comet and MLflow (DNS
+    lookups, an mlflow.db). From outside the runs folder the command writes to, its trackers are left out with one
+    warning naming them; results.csv and TensorBoard stay."""
+    path = _edited(interrupted, tmp_path, loggers=TRACKED)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # the default runs folder, runs/train, is here
+    assert _loggers_of_resume(["--resume", str(path), "--device", "cpu", "--workers", "0"], monkeypatch) == [
+        "csv", "tensorboard"]
+    assert [m for m in yolo_log if m.startswith("WARNING: --resume")] == [
+        f"WARNING: --resume {path}: its run logged to wandb, mlflow, clearml, comet, which start only for a run under "
+        "runs/train or when named: give --loggers wandb mlflow clearml comet to continue there"]
+    assert not list((tmp_path / "work").iterdir())  # no mlflow.db, no wandb/ folder
+
+
+@pytest.mark.parametrize("argv", [["--project", "{runs}"], ["--loggers", "wandb", "mlflow", "clearml", "comet"]])
+def test_a_run_resumed_under_its_project_or_naming_them_keeps_its_trackers(interrupted, tmp_path, monkeypatch, argv):
+    path = _edited(interrupted, tmp_path, loggers=TRACKED)
+    argv = [a.format(runs=tmp_path / "runs") for a in argv]
+    assert _loggers_of_resume(["--resume", str(path), "--device", "cpu", "--workers", "0", *argv], monkeypatch) == \
+        TRACKED
+
+
+def test_a_resumed_logger_name_the_project_does_not_know_is_refused(interrupted, tmp_path):
+    """It was a KeyError traceback where the loggers were built."""
+    path = _edited(interrupted, tmp_path, loggers=["csv", "evil"])
+    with pytest.raises(BadCheckpoint, match=r"its saved option loggers names 'evil', which --loggers does not take"):
+        run(DetectionTrainer, train.parse_opt(["--resume", str(path), "--device", "cpu", "--project",
+                                               str(tmp_path / "runs")]))
