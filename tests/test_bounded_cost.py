@@ -6,7 +6,9 @@ line, and no small file costs gigabytes, minutes or the network. Each attack is 
 import importlib
 import json
 import os
+import struct
 import sys
+import threading
 import time
 
 import cv2
@@ -19,7 +21,8 @@ from models.checkpoints import model_to_ckpt, save_checkpoint
 from models.yolo import DetectionModel, yaml_model_load
 from tests.capped import refused_once, run_capped
 from utils.budget import MAX_IMGSZ, MAX_STREAM_PIXELS, MAX_STREAMS
-from utils.data import dataset_yaml, image_files
+from utils.data import dataset_yaml, image_cache, image_files
+from utils.data.detect_dataset import YOLODataset
 from utils.data.image_files import scan_files
 from utils.data.synthetic import generate_dataset
 from utils.errors import run_cli
@@ -319,3 +322,82 @@ def test_a_synthetic_entry_at_its_bound_is_drawn_in_seconds(tmp_path):
         t = time.monotonic()
         dataset_yaml.check_det_dataset(str(f))
         assert time.monotonic() - t < 60, name
+
+
+# ---------------------------------------------------------------- --cache disk / ram
+def _jpeg_declaring(side):
+    """629 bytes: an 8x8 JPEG whose frame header declares side x side, cut short (OpenCV decodes it to side^2 x 3)."""
+    ok, buf = cv2.imencode(".jpg", np.zeros((8, 8, 3), np.uint8))
+    data = bytearray(buf.tobytes())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = struct.pack(">HH", side, side)
+    return bytes(data[:629])
+
+
+@pytest.fixture
+def cache_bombs(tmp_path):
+    """A detection set whose 8 training images are 629-byte JPEGs declaring 9000 x 9000 (81 M pixels, under the
+    pixel limit; 243 MB each decoded), and its YAML."""
+    root = generate_dataset(tmp_path / "d", "detect", 8, 2, seed=0, min_side=64, max_side=64, max_objects=1)
+    for f in (root / "images" / "train").iterdir():
+        f.write_bytes(_jpeg_declaring(9000))
+    (root / "d.yaml").write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
+                                                 "names": ["circle", "rectangle", "triangle"]}))
+    return root
+
+
+def test_a_disk_cache_of_header_bombs_is_refused_before_a_write(cache_bombs, tmp_path):
+    """--cache disk wrote 243 MB per 629-byte image (972 MB), then crashed at 2.2 GB (SIGSEGV, or a traceback). Now
+    one line before a copy is written. (The label scan still decodes each truncated JPEG once to judge it, as any
+    training run reads an image under the pixel limit.)"""
+    r = run_capped(["train.py", "--data", str(cache_bombs / "d.yaml"), "--cache", "disk", "--img", "64", "--epochs",
+                    "1", "--batch-size", "4", "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs")])
+    assert refused_once(r, "--cache disk: the headers of 8 images declare 1.81 GiB of pixels, more than 100x the 5032 "
+                           "bytes of their files (at least 0.25 GiB) that a cache may take"), r.stderr[-2000:]
+    assert not list(cache_bombs.rglob("*.npy"))
+
+
+def test_a_ram_cache_over_the_memory_left_is_refused(cache_bombs, monkeypatch):
+    """Resized to --img for detection, the bombs take little; the budget is the memory this process may still take
+    (here made 1.2 GiB, less the 1 GiB margin)."""
+    monkeypatch.setattr(image_cache, "available_memory", lambda: int(1.2 * 2**30))
+    with pytest.raises(image_cache.CacheTooLarge, match=r"--cache ram: 8 images take 0.\d\d GiB cached, more than the "
+                                                         r"0.20 GiB of memory this process may still take"):
+        YOLODataset(str(cache_bombs / "images" / "train"), imgsz=4096, cache="ram", nc=3)
+
+
+def test_a_disk_cache_writes_beside_images_only_inside_the_split(tmp_path):
+    """A list in one folder naming images in another (another user's, /etc): their copies go to the split's own
+    cache folder beside its label cache, none beside them; they are read back from there."""
+    root = generate_dataset(tmp_path / "d", "detect", 4, 2, seed=0, min_side=64, max_side=64, max_objects=1)
+    elsewhere = tmp_path / "elsewhere" / "images"
+    elsewhere.mkdir(parents=True)
+    outside = elsewhere / "x.jpg"
+    cv2.imwrite(str(outside), np.full((64, 64, 3), 50, np.uint8))
+    listing = root / "train.txt"
+    listing.write_text(f"./images/train/00000.jpg\n{outside}\n")
+    ds = YOLODataset(str(listing), imgsz=64, cache="disk", nc=3)
+    assert image_files.disk_cache_path(root / "images" / "train" / "00000.jpg").is_file()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["x.jpg"]
+    copies = list((root / "train.yolo-engine-npy").iterdir())
+    assert len(copies) == 1 and copies[0] == ds.copies(str(outside))
+    np.testing.assert_array_equal(ds._read(ds.im_files.index(str(outside))), cv2.imread(str(outside)))
+
+
+def test_images_near_the_pixel_limit_are_decoded_a_few_at_a_time():
+    """Eight threads decoding 243 MB each at once was the 2.2 GB crash: at most MAX_DECODE_BYTES (1 GiB) at once."""
+    busy, most, lock = [0], [0], threading.Lock()
+
+    def decode(k):
+        with lock:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        time.sleep(0.05)
+        with lock:
+            busy[0] -= 1
+
+    image_cache.decoding([(9000, 9000)] * 16, decode, range(16))
+    assert most[0] == (1 << 30) // (9000 * 9000 * 3) == 4
+    most[0] = 0
+    image_cache.decoding([(640, 640)] * 16, decode, range(16))
+    assert most[0] == image_cache.THREADS
