@@ -182,7 +182,8 @@ class BasePredictor:
     def _write(self, dataset, path, result, im0, imc, ids=None):
         """Draw `result` (and its track `ids`) on im0, write its label lines, crops and csv rows (crops from imc,
         undrawn), save and show the drawn image; returns the log line's summary."""
-        p = Path(path)
+        # the names saved (image, labels, crops) with control characters escaped: listed, they would drive a terminal
+        p = Path(escape_controls(path))
         stem = p.stem if dataset.mode == "image" else f"{p.stem}_{dataset.frame}"
         txt_path = self.save_dir / "labels" / f"{stem}.txt" if self.args.save_txt else None
         summary = self.write_result(result, im0, txt_path)
@@ -198,7 +199,7 @@ class BasePredictor:
     def save(self, dataset, path, im0):
         if self.args.nosave:
             return
-        p = Path(path)
+        p = Path(escape_controls(path))
         if dataset.mode == "image":
             write_image(self.save_dir / p.name, im0)
             return

@@ -401,3 +401,19 @@ def test_images_near_the_pixel_limit_are_decoded_a_few_at_a_time():
     most[0] = 0
     image_cache.decoding([(640, 640)] * 16, decode, range(16))
     assert most[0] == image_cache.THREADS
+
+
+def test_a_file_name_with_escape_characters_is_saved_escaped(tmp_path, capsys):
+    """The saved copy kept the raw name: `ls` of the run folder would clear the screen and print a forged line."""
+    src = tmp_path / "src"
+    src.mkdir()
+    raw = "a\x1b[2J\rAll checks passed\nb.jpg"
+    cv2.imwrite(str(tmp_path / "x.jpg"), np.full((64, 64, 3), 90, np.uint8))
+    os.rename(tmp_path / "x.jpg", src / raw)
+    weights = tiny_checkpoint(tmp_path / "w.pt", train_imgsz=64)
+    code, errors = cli(["detect.py", "--weights", str(weights), "--source", str(src), "--device", "cpu", "--save-txt",
+                        "--save-crop", "--save-csv", "--conf-thres", "0", "--project", str(tmp_path / "r")], capsys)
+    saved = [str(p.relative_to(tmp_path / "r" / "exp")) for p in (tmp_path / "r" / "exp").rglob("*") if p.is_file()]
+    escaped = "a\\x1b[2J\\rAll checks passed\\nb"
+    assert code == 0 and errors == [] and f"{escaped}.jpg" in saved and f"labels/{escaped}.txt" in saved
+    assert not any("\x1b" in name or "\n" in name or "\r" in name for name in saved)
