@@ -417,3 +417,26 @@ def test_a_file_name_with_escape_characters_is_saved_escaped(tmp_path, capsys):
     escaped = "a\\x1b[2J\\rAll checks passed\\nb"
     assert code == 0 and errors == [] and f"{escaped}.jpg" in saved and f"labels/{escaped}.txt" in saved
     assert not any("\x1b" in name or "\n" in name or "\r" in name for name in saved)
+
+
+# ---------------------------------------------------------------- found attacking the new code (issue 61's last item)
+def test_a_fifo_named_in_a_streams_file_is_refused_not_waited_on(tmp_path, capsys):
+    """FFmpeg's open of a FIFO waits for a writer for ever: the command hung."""
+    fifo = tmp_path / "cam.mp4"
+    os.mkfifo(fifo)
+    listing = tmp_path / "cams.streams"
+    listing.write_text(f"{fifo}\n")
+    weights = tiny_checkpoint(tmp_path / "w.pt", train_imgsz=64)
+    code, errors = cli(["detect.py", "--weights", str(weights), "--source", str(listing), "--device", "cpu",
+                        "--project", str(tmp_path / "r")], capsys)
+    assert (code, errors) == (2, [f"error: --source {listing}: its source {fifo} is not a regular file (a device, "
+                                  "pipe or socket); a stream is a URL, a webcam index or device, or a video file"])
+
+
+def test_a_list_entry_too_long_for_the_system_is_a_named_skip(tmp_path):
+    """A 5,000-character line was an OSError traceback (File name too long) from Path.exists."""
+    root = generate_dataset(tmp_path / "d", "detect", 2, 1, seed=0, min_side=64, max_side=64, max_objects=1)
+    listing = root / "train.txt"
+    listing.write_text(f"./images/train/00000.jpg\n{'a' * 5000}.jpg\n")
+    ds = YOLODataset(str(listing), imgsz=64, nc=3)
+    assert len(ds) == 1 and any("File name too long" in p for p in ds.problems)

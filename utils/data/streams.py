@@ -3,6 +3,7 @@ and `open_source`, which picks the loader for a --source (image/video URLs are d
 """
 
 import os
+import stat
 import threading
 import time
 import urllib.parse
@@ -76,7 +77,20 @@ def streams_file(path):
                       "once (docs/safety.md)")
     if len(sources) < len(lines):
         LOGGER.info(f"{printable(path)}: {len(lines) - len(sources)} repeated lines, each source read once")
+    for s in sources:  # FFmpeg's open of a FIFO waits for a writer for ever: a local source is a file or a webcam
+        if not (s.isnumeric() or _is_url(s)) and os.path.lexists(s) and not _file_or_camera(s):
+            raise BadFile(f"--source {printable(path)}: its source {printable(s)} {entry_problem(s) or 'is no file'}; "
+                          "a stream is a URL, a webcam index or device, or a video file")
     return sources
+
+
+def _file_or_camera(path):
+    """Whether `path` is a regular file or a character device (/dev/video0), which a capture opens and reads."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISCHR(mode)
 
 
 class LoadStreams:
