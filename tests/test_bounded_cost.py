@@ -440,3 +440,57 @@ def test_a_list_entry_too_long_for_the_system_is_a_named_skip(tmp_path):
     listing.write_text(f"./images/train/00000.jpg\n{'a' * 5000}.jpg\n")
     ds = YOLODataset(str(listing), imgsz=64, nc=3)
     assert len(ds) == 1 and any("File name too long" in p for p in ds.problems)
+
+
+def test_sparse_image_files_buy_no_cache_budget(cache_bombs):
+    """Judged by st_size, header bombs padded with a 64 MiB hole (nothing on disk) would allow 51 GiB of copies."""
+    for f in (cache_bombs / "images" / "train").iterdir():
+        with open(f, "r+b") as fh:
+            fh.truncate(64 << 20)
+    with pytest.raises(image_cache.CacheTooLarge, match="--cache disk: the headers of 8 images declare 1.81 GiB"):
+        YOLODataset(str(cache_bombs / "images" / "train"), imgsz=64, cache="disk", nc=3)
+
+
+class _GrowingCapture:
+    """A capture that opens as 64 x 64 and then hands out 4000 x 4000 frames (a stream's size change)."""
+
+    def __init__(self, *args, **kwargs):
+        self.n = 0
+
+    def isOpened(self):  # noqa: N802 (OpenCV's names)
+        return True
+
+    def get(self, prop):
+        return {cv2.CAP_PROP_FRAME_WIDTH: 64, cv2.CAP_PROP_FRAME_HEIGHT: 64, cv2.CAP_PROP_FPS: 10,
+                cv2.CAP_PROP_FRAME_COUNT: 5}.get(prop, 0)
+
+    def grab(self):
+        self.n += 1
+        return self.n <= 5
+
+    def retrieve(self):
+        side = 64 if self.n == 1 else 4000
+        return True, np.zeros((side, side, 3), np.uint8)
+
+    def read(self):
+        return (self.retrieve() if self.grab() else (False, None))
+
+    def release(self):
+        pass
+
+
+def test_frames_larger_than_their_video_opened_with_are_not_read_on(tmp_path, monkeypatch, yolo_log):
+    """The pixel limit was checked on opening only: a stream (or video) that grows its frames afterwards was read at
+    any size."""
+    from utils.data.sources import LoadImages
+    from utils.data.streams import LoadStreams
+
+    monkeypatch.setattr(cv2, "VideoCapture", _GrowingCapture)
+    video = tmp_path / "v.mp4"
+    video.write_bytes(b"\0" * 64)
+    assert len(list(LoadImages(str(video), imgsz=64))) == 1
+    assert len(list(LoadStreams(["rtsp://127.0.0.1:9/cam"], imgsz=64, timeout=2))) == 1
+    assert [m for m in yolo_log if "a frame of 4000x4000, larger than" in m] == [
+        f"WARNING: video {video}: a frame of 4000x4000, larger than the size it opened with; the rest of it is "
+        "skipped", "WARNING: stream rtsp://127.0.0.1:9/cam: a frame of 4000x4000, larger than the 64x64 it opened "
+        "with; stopped"]

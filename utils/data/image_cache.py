@@ -115,6 +115,12 @@ def resized_shape(shape, imgsz):
     return (h0, w0) if r == 1 else (min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz))
 
 
+def _held(f):
+    """The bytes a file holds: its size, or its disk blocks where fewer (a sparse file's holes hold nothing)."""
+    st = os.stat(f)
+    return min(st.st_size, st.st_blocks * 512)
+
+
 def check_budget(mode, files, shapes, kept=None, copies=None, prefix=""):
     """Refuse (CacheTooLarge) a cache of `files` whose headers declare `shapes` (h, w), before anything is written.
     `kept`: the shapes the cache keeps in memory where it keeps them resized (None: whole). Whole images are judged
@@ -122,7 +128,7 @@ def check_budget(mode, files, shapes, kept=None, copies=None, prefix=""):
     space where the copies (`copies(f)`) that are not there yet go."""
     whole = [decoded_bytes(s) for s in shapes]
     if kept is None or mode == "disk":
-        held = sum(os.stat(f).st_size for f in files)
+        held = sum(_held(f) for f in files)
         allowed = max(CACHE_RATIO * held, CACHE_FLOOR)
         if sum(whole) > allowed:
             raise CacheTooLarge(f"{prefix}--cache {mode}: the headers of {len(files)} images declare "

@@ -4,6 +4,7 @@ import os
 
 import cv2
 
+from utils.budget import MAX_IMAGE_PIXELS
 from utils.data.augment import chw_rgb, letterbox
 from utils.data.image_files import (
     IMG_FORMATS,
@@ -110,7 +111,7 @@ class LoadImages:
             self._release()
             LOGGER.warning(f"WARNING: skipping video {printable(path)}: its frames are {e}")
             return False
-        self.mode, self.frame = "video", 0
+        self.mode, self.frame, self.opened_pixels = "video", 0, w * h
         self.frames = int(self.cap.get(cv2.CAP_PROP_FRAME_COUNT))
         return True
 
@@ -141,6 +142,12 @@ class LoadImages:
                     for _ in range(self.vid_stride - 1):
                         self.cap.grab()
                 ok, im0 = self.cap.read()
+                if ok and im0.shape[0] * im0.shape[1] > (self.opened_pixels or MAX_IMAGE_PIXELS):  # grown since
+                    LOGGER.warning(f"WARNING: video {printable(path)}: a frame of {im0.shape[1]}x{im0.shape[0]}, "
+                                   "larger than the size it opened with; the rest of it is skipped")
+                    self._release()
+                    self.count += 1
+                    continue
                 if ok:
                     self.frame += 1 if self.frame == 0 else self.vid_stride
                     return path, im0, f"video {self.count + 1}/{self.nf} ({self.frame}/{self.frames}) {path}: "

@@ -194,6 +194,10 @@ class LoadStreams:
                 ok, im = cap.retrieve()
                 if not ok:
                     break
+                if im.shape[0] * im.shape[1] > (self.info[i][0] * self.info[i][1] or MAX_IMAGE_PIXELS):  # grown
+                    LOGGER.warning(f"WARNING: stream {self.sources[i]}: a frame of {im.shape[1]}x{im.shape[0]}, larger "
+                                   f"than the {self.info[i][0]}x{self.info[i][1]} it opened with; stopped")
+                    break
                 with self.cond:
                     self.skipped[i] += self.pending[i] is not None
                     self.pending[i] = (n, im)
