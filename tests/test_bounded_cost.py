@@ -494,3 +494,12 @@ def test_frames_larger_than_their_video_opened_with_are_not_read_on(tmp_path, mo
         f"WARNING: video {video}: a frame of 4000x4000, larger than the size it opened with; the rest of it is "
         "skipped", "WARNING: stream rtsp://127.0.0.1:9/cam: a frame of 4000x4000, larger than the 64x64 it opened "
         "with; stopped"]
+
+
+def test_a_list_line_holding_a_nul_byte_is_a_note(tmp_path):
+    """It was a ValueError traceback (embedded null byte) from Path.resolve."""
+    root = generate_dataset(tmp_path / "d", "detect", 2, 1, seed=0, min_side=64, max_side=64, max_objects=1)
+    listing = root / "train.txt"
+    listing.write_bytes(b"./images/train/00000.jpg\nx\0y.jpg\n")
+    ds = YOLODataset(str(listing), imgsz=64, nc=3)
+    assert len(ds) == 1 and "x\0y.jpg: ignored, holds a NUL byte, which no file name can" in ds.problems

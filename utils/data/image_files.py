@@ -116,7 +116,9 @@ def _read_list_file(path, others, scan):
         for raw in f:
             scan.met(1)
             line = os.fsdecode(raw).strip()
-            if line:  # os.path's tests: a name too long for the system is no error here (the scan names it)
+            if "\0" in line:
+                others.append((line, NUL_BYTE))
+            elif line:  # os.path's tests: a name too long for the system is no error here (the scan names it)
                 p = Path(line)
                 if not p.is_absolute() and not os.path.exists(parent / p):
                     if line.startswith("data/") and os.path.exists(parent / line[5:]):
@@ -131,6 +133,7 @@ def _read_list_file(path, others, scan):
 
 
 SUBFOLDER = "a sub-folder, not read"  # the reason a non-recursive scan gives for the folders it meets
+NUL_BYTE = "holds a NUL byte, which no file name can"  # what is wrong with such a list line or entry
 
 
 def _walk(folder, others, scan, recursive=True):
@@ -235,6 +238,8 @@ def _expand(entry, others, scan, recursive=True):
     is walked into its sub-folders when `recursive`; a glob goes where it says (`**` for any depth). FileNotFoundError
     for an entry that does not exist, or is no file nor folder (a FIFO named as --source would block its reader)."""
     s = str(entry)
+    if "\0" in s:
+        raise FileNotFoundError(f"{printable(s)} {NUL_BYTE}")
     if any(c in s for c in "*?["):
         return [f for f in sorted(_glob(s, others, scan)) if not os.path.isdir(f) or suffix(f) in MEDIA_FORMATS]
     p = Path(s)
