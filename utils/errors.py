@@ -131,6 +131,23 @@ def _grace_for_peers(seconds=PEER_GRACE_S):
         pass
 
 
+# How long an OpenMP thread that ends a parallel region waits, spinning, for the next before it sleeps: GNU OpenMP's
+# spin count (torch's Linux wheels) and the LLVM/Intel runtimes' block time in ms (macOS wheels, conda builds).
+OPENMP_SPIN = {"GOMP_SPINCOUNT": "3000", "KMP_BLOCKTIME": "0"}
+
+
+def bounded_openmp_spin(environ):
+    """Set OPENMP_SPIN's variables in `environ` unless it sets them or OMP_WAIT_POLICY. Read once, when torch loads
+    its OpenMP runtime. GNU OpenMP's default spins 300,000 times: on busy cores the spinning thread holds a core the
+    other needs, and a 2-core training step took 5x as long. Not spinning at all (OMP_WAIT_POLICY=PASSIVE) made
+    every step 17-30 % slower on idle cores (a wake-up per region; issue 57). 3,000 spins is as fast as the default
+    on idle cores and as robust as not spinning on busy ones (docs/performance.md, "OpenMP threads"). The LLVM and
+    Intel runtimes count in milliseconds, far coarser: they do not spin."""
+    if "OMP_WAIT_POLICY" not in environ:
+        for key, value in OPENMP_SPIN.items():
+            environ.setdefault(key, value)
+
+
 def run_cli(main, parse_opt):
     """`main(parse_opt())` once torch and torchvision are known to work together (utils/versions.py), turning a
     UserError or running out of memory into `error: ...` and exit status 2; the C heap keeps what a step frees
@@ -141,11 +158,7 @@ def run_cli(main, parse_opt):
     launcher stops any rank still running, so none hangs.
     """
     keep_freed_memory()
-    # Before torch is imported (the scripts import it in main()): OpenMP threads that finish a parallel region sleep
-    # instead of spinning for the next one. Spinning saves a wake-up on idle cores and costs whole time slices on busy
-    # ones: on a shared 2-core CPU a yolov8n-pose forward took 1.9-6.5 s against 0.19-0.31 s, a training step 14 s
-    # against 2.7 s (docs/performance.md, "A busy CPU"). OMP_WAIT_POLICY=ACTIVE in the environment keeps spinning.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    bounded_openmp_spin(os.environ)  # before torch is imported: the scripts import it in main()
     try:
         opt = parse_opt()
         from utils.versions import check_torch_pair  # imports torch: after parsing, for a quick --help
