@@ -4,13 +4,9 @@ Boxes are `xyxy` (corners) or `xywh` (centre, size); a trailing `n` means normal
 Every function accepts torch tensors; the box conversions also accept numpy arrays.
 """
 
-import importlib.machinery
-import importlib.util
 import math
 import time
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -18,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from utils.loggers import LOGGER
+from utils.versions import torchvision_nms
 
 
 def _clone(x):
@@ -365,29 +362,6 @@ def non_max_suppression(
     return output
 
 
-@lru_cache(maxsize=None)
-def nms_kernel():
-    """torchvision's NMS op, `nms(boxes, scores, iou_thres) -> kept indices`. torchvision registers it from a compiled
-    library, which this loads itself: importing the torchvision package would also import torch._dynamo and its
-    model zoo, 1.6 s of every predict or val command on a 2-core CPU, for this one op (loading the library: 3 ms).
-    Where the library is not found under a known name, or does not load, the package is imported (it registers the
-    same op, and on Windows first adds the DLL folders it needs)."""
-    spec = importlib.util.find_spec("torchvision")
-    folder = Path(spec.origin).parent if spec is not None and spec.origin else None
-    suffixes = dict.fromkeys([*importlib.machinery.EXTENSION_SUFFIXES, ".so"])
-    libs = [folder / f"{name}{s}" for name in ("_C_stable", "_C") for s in suffixes] if folder else []
-    lib = next((p for p in libs if p.is_file()), None)
-    if lib is not None:
-        try:
-            torch.ops.load_library(str(lib))
-            return torch.ops.torchvision.nms
-        except (OSError, RuntimeError, AttributeError):
-            pass
-    import torchvision
-
-    return torchvision.ops.nms
-
-
 def first_kept(boxes, scores, iou_thres, n):
     """`torchvision.ops.nms(boxes, scores, iou_thres)[:n]` for boxes sorted by descending score, without running NMS
     over boxes that cannot change those n.
@@ -399,7 +373,7 @@ def first_kept(boxes, scores, iou_thres, n):
     the shapes benchmark: 5200 boxes, 3900 kept, 300 used); this was half of validation's time on a CPU. On CUDA the
     NMS is a parallel kernel and the whole set is passed, as before.
     """
-    nms = nms_kernel()
+    nms = torchvision_nms()
     if boxes.device.type != "cpu":
         return nms(boxes, scores, iou_thres)[:n]
     m = 2 * n

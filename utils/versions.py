@@ -5,8 +5,12 @@ check, imports, and fails at the first NMS, an epoch into training, with `operat
 `check_torch_pair` finds that at the start of every script (utils/errors.run_cli) and says which command fixes it.
 """
 
+import importlib.machinery
+import importlib.util
 import re
+from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 
 from utils.errors import UserError
 
@@ -43,7 +47,8 @@ def fix_command(torch_version):
 
 def check_torch_pair():
     """BrokenInstall when torchvision is missing, of another release than torch's, or built for another torch build
-    (its operators do not load). Imports both, which every script does next anyway."""
+    (its operators do not load). Imports torch, which every script does next anyway, and loads torchvision's
+    operators without importing the package (`torchvision_nms`)."""
     import torch
 
     t = torch.__version__
@@ -62,14 +67,34 @@ def check_torch_pair():
 
 def _operators_missing():
     """Why torchvision's compiled operators cannot be used with this torch, or '' when they can."""
-    import torch
-
     try:
-        import torchvision  # noqa: F401  (registers its operators with torch, or fails to)
-    except (ImportError, OSError, RuntimeError) as e:
-        return " ".join(str(e).split())[:160]
-    try:
-        torch.ops.torchvision.nms  # noqa: B018  (an operator that did not load raises here)
-    except (AttributeError, RuntimeError) as e:
+        torchvision_nms()
+    except (ImportError, OSError, RuntimeError, AttributeError) as e:
         return " ".join(str(e).split())[:160]
     return ""
+
+
+@lru_cache(maxsize=None)
+def torchvision_nms():
+    """torchvision's NMS op, `nms(boxes, scores, iou_thres) -> kept indices`, registered with torch by loading
+    torchvision's compiled library: importing the torchvision package would also import torch._dynamo and its model
+    zoo, 1.3-1.6 s of every command on a 2-core CPU (at every start, through `check_torch_pair`), for this one op
+    (loading the library: 3 ms). Where the library is not found under a known name, or does not load, the package is
+    imported (it registers the same op, and on Windows first adds the DLL folders it needs). Raises what a torchvision
+    built for another torch raises: the library or the package fails to load, or the op is not registered."""
+    import torch
+
+    spec = importlib.util.find_spec("torchvision")
+    folder = Path(spec.origin).parent if spec is not None and spec.origin else None
+    suffixes = dict.fromkeys([*importlib.machinery.EXTENSION_SUFFIXES, ".so"])
+    libs = [folder / f"{name}{s}" for name in ("_C_stable", "_C") for s in suffixes] if folder else []
+    lib = next((p for p in libs if p.is_file()), None)
+    if lib is not None:
+        try:
+            torch.ops.load_library(str(lib))
+            return torch.ops.torchvision.nms
+        except (OSError, RuntimeError, AttributeError):
+            pass
+    import torchvision  # noqa: F401  (registers its operators with torch, or fails to)
+
+    return torch.ops.torchvision.nms  # an operator that did not load raises here

@@ -344,14 +344,14 @@ def test_first_kept_equals_full_nms_prefix(ties):
         assert torch.equal(ops.first_kept(boxes, scores, 0.5, n), full[:n]), (trial, count, n)
 
 
-def test_nms_kernel_is_torchvisions_op_without_importing_torchvision():
+def test_the_nms_op_is_torchvisions_without_importing_torchvision():
     """The predict and val scripts get NMS without the 1.6 s torchvision import, and it is torchvision's own op."""
     import subprocess
     import sys
 
-    code = ("import sys, torch; from utils.ops import nms_kernel; "
+    code = ("import sys, torch; from utils.versions import torchvision_nms; "
             "g = torch.Generator().manual_seed(0); b = torch.rand(500, 4, generator=g) * 100; b[:, 2:] += b[:, :2]; "
-            "keep = nms_kernel()(b, torch.rand(500, generator=g), 0.5); "
+            "keep = torchvision_nms()(b, torch.rand(500, generator=g), 0.5); "
             "print('torchvision' in sys.modules, keep.tolist())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                          cwd=Path(__file__).resolve().parents[2])

@@ -63,3 +63,13 @@ def test_a_mismatched_pair_is_one_line_naming_the_fix_before_any_work(tmp_path, 
     assert f'pip install --force-reinstall --no-deps "torchvision=={wanted}"' in lines[0]
     assert ("torchvision::nms does not exist" if case == "other build" else "0.16.0 is installed") in lines[0]
     assert not (tmp_path / "runs").exists() and "Training on" not in r.stdout  # nothing began
+
+
+def test_the_check_loads_the_operators_without_importing_torchvision():
+    """Every command runs the check at its start; importing the torchvision package there (torch._dynamo and the
+    model zoo come with it) doubled a training run's start-up on a 2-core CPU (issue 57)."""
+    code = ("import sys; from utils.versions import check_torch_pair; check_torch_pair(); "
+            "import torch; print('torchvision' in sys.modules, torch.ops.torchvision.nms is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=ROOT)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
