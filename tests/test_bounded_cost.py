@@ -503,3 +503,14 @@ def test_a_list_line_holding_a_nul_byte_is_a_note(tmp_path):
     listing.write_bytes(b"./images/train/00000.jpg\nx\0y.jpg\n")
     ds = YOLODataset(str(listing), imgsz=64, nc=3)
     assert len(ds) == 1 and "x\0y.jpg: ignored, holds a NUL byte, which no file name can" in ds.problems
+
+
+def test_a_streams_line_holding_a_nul_byte_is_refused(tmp_path, capsys):
+    """OpenCV opened the name up to the NUL byte: a FIFO there would be waited on for ever, unchecked."""
+    listing = tmp_path / "cams.streams"
+    listing.write_bytes(f"{tmp_path / 'cam.mp4'}\0x\n".encode())
+    weights = tiny_checkpoint(tmp_path / "w.pt", train_imgsz=64)
+    code, errors = cli(["detect.py", "--weights", str(weights), "--source", str(listing), "--device", "cpu",
+                        "--project", str(tmp_path / "r")], capsys)
+    assert (code, errors) == (2, [f"error: --source {listing}: its source {tmp_path / 'cam.mp4'}\\x00x holds a NUL "
+                                  "byte"])

@@ -78,6 +78,8 @@ def streams_file(path):
     if len(sources) < len(lines):
         LOGGER.info(f"{printable(path)}: {len(lines) - len(sources)} repeated lines, each source read once")
     for s in sources:  # FFmpeg's open of a FIFO waits for a writer for ever: a local source is a file or a webcam
+        if "\0" in s:  # OpenCV would open the name up to it, which no check here saw
+            raise BadFile(f"--source {printable(path)}: its source {printable(s)} holds a NUL byte")
         if not (s.isnumeric() or _is_url(s)) and os.path.lexists(s) and not _file_or_camera(s):
             raise BadFile(f"--source {printable(path)}: its source {printable(s)} {entry_problem(s) or 'is no file'}; "
                           "a stream is a URL, a webcam index or device, or a video file")
