@@ -11,8 +11,8 @@ Rules (docs/distributed.md, "Stopping and resuming"):
   fetched: the run's model is the checkpoint's own (its `--weights` and `--cfg` are not read again) and its dataset
   must be there already (a `download:` is not followed), so a resumed file reaches neither the network nor a file
   of its choosing. The experiment trackers it names (W&B, MLflow, ClearML, Comet: the network, and files of their
-  own) start only for a run folder inside the runs folder this command writes to, or when --loggers names them
-  (`saved_loggers`).
+  own) start only for a run folder inside the runs folder this command writes to or in the run's own --project, or
+  when --loggers names them (`saved_loggers`).
 - Under torchrun, global rank 0 records the run folder it chose in a file in the system's temp folder, named for
   the torchrun agent that started it (host, agent pid and its start time). When the agent restarts the worker group
   (TORCHELASTIC_RESTART_COUNT > 0), rank 0 reads the record back: the group continues in the same folder, from its
@@ -106,27 +106,32 @@ def resume_opt(opt, default_project, given=(), options=TrainOptions, task=None):
         if rule == "launch" or (rule == "given" and k in given):
             saved[k] = getattr(opt, k)
     if "loggers" not in given:
-        saved["loggers"] = saved_loggers(saved["loggers"], path, Path(opt.project or default_project))
+        saved["loggers"] = saved_loggers(saved["loggers"], path, Path(opt.project or default_project),
+                                         ckpt["opt"].get("project"))
     saved["resume"] = False
     return options.from_values(saved), path
 
 
-def saved_loggers(names, path, project):
+def saved_loggers(names, path, project, own_project=None):
     """The loggers a resumed run keeps of those its checkpoint `path` names: every one it names must be a logger
-    (BadCheckpoint otherwise); an experiment tracker among them starts only where the run is this user's own, its
-    folder inside the runs folder `project` this command writes to (a bare --resume, --resume auto, a torchrun
-    restart, --resume runs/train/exp/weights/last.pt). Elsewhere (a checkpoint downloaded, or handed over) a
-    tracker would reach the network and write its files on the word of a file: it is left out, and one line says
-    how to name it (--loggers, given with --resume, starts it)."""
+    (BadCheckpoint otherwise); an experiment tracker among them starts only where the run is where a run is made:
+    its folder inside the runs folder `project` this command writes to (a bare --resume, --resume auto, a torchrun
+    restart, --resume runs/train/exp/weights/last.pt), or a folder of the run's own --project (`own_project`, as
+    saved), as the run made it. Elsewhere (a checkpoint downloaded, or handed over) a tracker would reach the
+    network and write its files on the word of a file: it is left out, and one line says how to name it (--loggers,
+    given with --resume, starts it)."""
     unknown = [n for n in names if n not in LOGGERS]
     if unknown:
         raise BadCheckpoint(f"--resume {path}: its saved option loggers names {unknown[0]!r:.60}, which --loggers "
                             f"does not take (known: {', '.join(LOGGERS)})")
     trackers = [n for n in names if n in TRACKERS]
-    if not trackers or Path(project).resolve() in path.resolve().parents[1:]:
+    folder = path.resolve().parent.parent
+    own = isinstance(own_project, str) and own_project and Path(own_project).expanduser().resolve() == folder.parent
+    if not trackers or own or Path(project).resolve() in folder.parents or Path(project).resolve() == folder:
         return names
     LOGGER.warning(f"WARNING: --resume {path}: its run logged to {', '.join(trackers)}, which start only for a run "
-                   f"under {project} or when named: give --loggers {' '.join(trackers)} to continue there")
+                   f"in its own --project or under {project}, or when named: give --loggers {' '.join(trackers)} to "
+                   "continue there")
     return [n for n in names if n not in TRACKERS]
 
 

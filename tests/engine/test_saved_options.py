@@ -161,22 +161,28 @@ def _loggers_of_resume(argv, monkeypatch):
 
 def test_a_checkpoint_resumed_from_elsewhere_starts_no_tracker(interrupted, tmp_path, monkeypatch, yolo_log):
     """Issue 61: a --resume'd last.pt whose options named trackers started W&B, ClearML, Comet and MLflow (DNS
-    lookups, an mlflow.db). From outside the runs folder the command writes to, its trackers are left out with one
-    warning naming them; results.csv and TensorBoard stay."""
+    lookups, an mlflow.db). From outside the runs folder the command writes to and its own --project (here another
+    folder's: it was copied), its trackers are left out with one warning naming them; results.csv and TensorBoard
+    stay."""
     path = _edited(interrupted, tmp_path, loggers=TRACKED)
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")  # the default runs folder, runs/train, is here
     assert _loggers_of_resume(["--resume", str(path), "--device", "cpu", "--workers", "0"], monkeypatch) == [
         "csv", "tensorboard"]
     assert [m for m in yolo_log if m.startswith("WARNING: --resume")] == [
-        f"WARNING: --resume {path}: its run logged to wandb, mlflow, clearml, comet, which start only for a run under "
-        "runs/train or when named: give --loggers wandb mlflow clearml comet to continue there"]
+        f"WARNING: --resume {path}: its run logged to wandb, mlflow, clearml, comet, which start only for a run in "
+        "its own --project or under runs/train, or when named: give --loggers wandb mlflow clearml comet to continue "
+        "there"]
     assert not list((tmp_path / "work").iterdir())  # no mlflow.db, no wandb/ folder
 
 
-@pytest.mark.parametrize("argv", [["--project", "{runs}"], ["--loggers", "wandb", "mlflow", "clearml", "comet"]])
-def test_a_run_resumed_under_its_project_or_naming_them_keeps_its_trackers(interrupted, tmp_path, monkeypatch, argv):
-    path = _edited(interrupted, tmp_path, loggers=TRACKED)
+@pytest.mark.parametrize("argv, own", [(["--project", "{runs}"], False), ([], True),
+                                       (["--loggers", "wandb", "mlflow", "clearml", "comet"], False)])
+def test_a_run_resumed_in_its_project_or_naming_them_keeps_its_trackers(interrupted, tmp_path, monkeypatch, argv,
+                                                                         own):
+    """Under the runs folder this command writes to, in the run's own --project (a run resumed by its path, as made),
+    or with --loggers naming them."""
+    path = _edited(interrupted, tmp_path, loggers=TRACKED, **({"project": str(tmp_path / "runs")} if own else {}))
     argv = [a.format(runs=tmp_path / "runs") for a in argv]
     assert _loggers_of_resume(["--resume", str(path), "--device", "cpu", "--workers", "0", *argv], monkeypatch) == \
         TRACKED
