@@ -81,7 +81,9 @@ def check_options(opt, flags=None):
                 continue
             if v is not None and not (math.isfinite(v) and in_interval(v, interval)):
                 flag = (flags or {}).get(dest) or "--" + dest.replace("_", "-")
-                raise BadOption(f"{flag} {v}: must be in {interval}")
+                hint = " (there is no automatic batch size here: -1 is training's AutoBatch; give the images per " \
+                       "step)" if flag == "--batch-size" and v == -1 else ""
+                raise BadOption(f"{flag} {v}: must be in {interval}{hint}")
     _check_run_folder(opt)
 
 
