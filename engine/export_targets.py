@@ -6,8 +6,10 @@ Both carry the same JSON metadata as the ONNX and TorchScript files (models/back
 rt_info (models/runtimes.METADATA_PATH), an engine in a header before TensorRT's bytes (models/runtimes.py).
 """
 
+import contextlib
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -46,6 +48,24 @@ def _quantize(ov_model, wrapper, calib):
                          preset=nncf.QuantizationPreset.MIXED, ignored_scope=scope)
 
 
+@contextlib.contextmanager
+def _no_telemetry():
+    """Inside the block OpenVINO's converter sends no usage report. It reports each conversion to Google Analytics,
+    from a process it forks, unless a consent file in the user's home says no or it believes it runs in CI (its
+    `disable_in_ci`, read from `CI`): that is the one switch that leaves the home alone. An export sends nothing
+    (docs/safety.md), and that fork from torch's threaded process aborted the test suite ('Fatal Python error:
+    Aborted' in openvino_telemetry's send)."""
+    before = os.environ.get("CI")
+    os.environ["CI"] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CI"]
+        else:
+            os.environ["CI"] = before
+
+
 def export_openvino(wrapper, im, folder, meta, dynamic, calib=None):
     """Write the IR of `wrapper` (the exported model, outputs flat) into `folder`: any batch and image size where
     `dynamic`, else im's shape; INT8 where `calib` (prepared images, engine/calibration.py) is given. The folder is
@@ -56,7 +76,8 @@ def export_openvino(wrapper, im, folder, meta, dynamic, calib=None):
         raise BadOption("--include openvino needs openvino: pip install openvino (or pip install -e '.[openvino]')"
                         ) from None
     shape = [-1, 3, -1, -1] if dynamic else list(im.shape)
-    ov_model = ov.convert_model(wrapper, example_input=im, input=[ov.PartialShape(shape)])
+    with _no_telemetry():
+        ov_model = ov.convert_model(wrapper, example_input=im, input=[ov.PartialShape(shape)])
     ov_model.inputs[0].get_tensor().set_names({"images"})
     if calib is not None:
         ov_model = _quantize(ov_model, wrapper, calib)

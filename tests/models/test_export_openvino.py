@@ -172,3 +172,15 @@ def test_export_py_and_yolo_write_openvino_and_detect_py_runs_it(shapes_detect, 
     for a, b in zip(pt, ov):
         ra, rb = np.loadtxt(a, ndmin=2), np.loadtxt(b, ndmin=2)
         assert ra.shape == rb.shape and np.abs(ra - rb).max() < 1e-3
+
+
+def test_an_export_sends_no_usage_report(tmp_path, monkeypatch):
+    """OpenVINO's converter reports conversions to Google Analytics unless it believes it runs in CI; the export
+    keeps it from doing so (and the variable is restored), where the user's environment says nothing."""
+    tm = pytest.importorskip("openvino_telemetry")
+    monkeypatch.delenv("CI", raising=False)
+    sent = []
+    monkeypatch.setattr(tm.Telemetry, "send_event", lambda self, *a, **k: sent.append((self.consent, a)))
+    export(save_checkpoint("yolov5n.yaml", DetectionModel, tmp_path / "model.pt"))
+    assert "CI" not in __import__("os").environ
+    assert tm.Telemetry().consent is False and not any(consent for consent, _ in sent)
