@@ -21,6 +21,7 @@ from engine.hyp import read_hyp
 from models.checkpoints import model_to_ckpt
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from tests.conftest import LogLines
+from utils.budget import MAX_IMGSZ
 from utils.data.image_files import IMG_FORMATS, VID_FORMATS
 from utils.data.synthetic import generate_dataset
 from utils.errors import run_cli
@@ -130,7 +131,7 @@ def _train(data, tmp_path, *extra):
     (["--epochs", "0"], "error: --epochs 0: must be in [1, inf)"),
     (["--epochs", "-1"], "error: --epochs -1: must be in [1, inf)"),
     (["--workers", "-1"], "error: --workers -1: must be in [0, inf)"),
-    (["--img", "0"], "error: --imgsz 0: must be in [1, inf)"),
+    (["--img", "0"], f"error: --imgsz 0: must be in [1, {MAX_IMGSZ}]"),
     (["--label-smoothing", "1"], "error: --label-smoothing 1.0: must be in [0, 1)"),
     (["--freeze", "-3"], "error: --freeze -3: must be in [0, inf)"),
     (["--epochs", "ten"], "error: argument --epochs: invalid int value: 'ten' (see --help)"),
@@ -145,7 +146,7 @@ def test_item7_option_mistakes(shapes_detect, tmp_path, capsys, argv, error):
     (["val.py", "--weights", "x.pt", "--batch-size", "0"], "error: --batch-size 0: must be in [1, inf)"),
     (["segment/val.py", "--weights", "x.pt", "--conf-thres", "2"], "error: --conf-thres 2.0: must be in [0, 1]"),
     (["detect.py", "--vid-stride", "0"], "error: --vid-stride 0: must be in [1, inf)"),
-    (["classify/predict.py", "--img", "-5"], "error: --imgsz -5: must be in [1, inf)"),
+    (["classify/predict.py", "--img", "-5"], f"error: --imgsz -5: must be in [1, {MAX_IMGSZ}]"),
     (["val.py"], "error: the following arguments are required: --weights (see --help)"),
     (["classify/train.py", "--rect"], "error: unrecognized arguments: --rect (see --help)"),  # nothing read it
     (["detect.py", "--name", "../../escape"],
