@@ -22,6 +22,7 @@ from models.backend import InferenceBackend, flatten_outputs
 from models.checkpoints import attempt_load
 from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 from utils.errors import BadFile, BadOption
+from utils.loggers import LOGGER
 
 pytest.importorskip("openvino")
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,11 +71,12 @@ def test_openvino_fp32_matches_pytorch_and_carries_the_metadata(cfg, cls, tmp_pa
             assert_close_per_channel(o, r)
 
 
-def test_openvino_int8_calibrates_on_the_training_images(calib_data, tmp_path, caplog):
+def test_openvino_int8_calibrates_on_the_training_images(calib_data, tmp_path, caplog, monkeypatch):
     """INT8: the IR holds FakeQuantize nodes (NNCF's), but not on the head's own arithmetic (box decoding), its
     weights are about a quarter of fp32's, and its boxes stay near the fp32 model's; the undecodable training image is
     skipped and named."""
     caplog.set_level(logging.INFO, logger="yolo")
+    monkeypatch.setattr(LOGGER, "propagate", True)  # off once an earlier test ran set_logging
     weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "model.pt")
     (fp32,) = export(weights)
     (int8,) = export(weights, int8=True, data=str(calib_data), calib_images=40)
