@@ -55,7 +55,8 @@ def command(tree, data, opt, run_dir):
 
 
 def start(tree, cmd, log, threads):
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}  # the tree's packages, not the install's
+    # train.py run by its path puts its own folder first on sys.path: each side imports its tree's packages
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return subprocess.Popen(cmd, cwd=tree, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)

@@ -29,7 +29,11 @@ def close_match(word, choices):
     one letter names the word of that letter, `yolov8q.yaml` -> `yolov8n.yaml`, not `yolov8.yaml`; then the first in
     `choices`), or None."""
     word, choices = str(word), [str(c) for c in choices]
-    found = difflib.get_close_matches(word, choices, n=8, cutoff=0.6)
+    # a suggestion is a typo's fix: at most one edit per three letters (flags' dashes not counted), or '--rect'
+    # would name '--project', which difflib finds close
+    most = max(1, len(word.lstrip("-")) // 3)
+    found = [c for c in difflib.get_close_matches(word, choices, n=8, cutoff=0.6)
+             if _edits(word.lstrip("-"), c.lstrip("-")) <= most]
     return min(found, key=lambda c: (_edits(word, c), abs(len(c) - len(word)), choices.index(c))) if found else None
 
 
