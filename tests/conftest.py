@@ -78,10 +78,6 @@ def pytest_collection_modifyitems(config, items):
     markexpr = config.getoption("markexpr") or ""
     not_asked = {name: pytest.mark.skip(reason=f"{why}: run it with -m {name}") for name, why in OPT_IN.items()
                  if not re.search(rf"(?<!not )\b{name}\b", markexpr)}
-    # OpenVINO's runtime, once loaded into the process, made the next onnxruntime session segfault the whole run
-    # (tests/models/test_graphs.py, right after the OpenVINO tests); loaded after onnxruntime, it did not. Its tests
-    # run last (a stable sort: the rest keep their order).
-    items.sort(key=lambda item: "openvino" in item.nodeid)
     for item in items:
         if item.get_closest_marker("ddp"):
             item.add_marker(pytest.mark.slow)
