@@ -20,7 +20,7 @@ def parse_opt(argv=None):
 def main(opt):
     from engine.tasks.detect import DetectionPredictor  # imports torch: after parsing, for a quick --help
     from utils.dist import get_rank
-    from utils.loggers import set_logging
+    from utils.log import set_logging
 
     set_logging(get_rank())
     return DetectionPredictor(opt)()

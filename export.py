@@ -23,7 +23,7 @@ def parse_opt(argv=None):
 def main(opt):
     from engine.exporter import Exporter  # imports torch: after parsing, for a quick --help
     from utils.dist import get_rank
-    from utils.loggers import set_logging
+    from utils.log import set_logging
 
     set_logging(get_rank())
     return Exporter(opt)()

@@ -12,11 +12,11 @@ import time
 
 import torch
 
+from data.dataset_yaml import check_det_dataset
+from data.detect_dataset import YOLODataset
+from data.loader import build_dataloader
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils import ops
-from utils.data.dataset_yaml import check_det_dataset
-from utils.data.detect_dataset import YOLODataset
-from utils.data.loader import build_dataloader
 from utils.dist import select_device
 from utils.files import ROOT, find_file, yaml_load
 from utils.torch_utils import peak_memory, to_float32

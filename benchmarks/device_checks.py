@@ -51,7 +51,7 @@ SETS = {"det": "shapes.yaml", "seg": "shapes-seg.yaml", "pose": "shapes-pose.yam
 def data(opt):
     """det.yaml, seg.yaml and pose.yaml under --out (the project's shapes sets, sized here and generated now), and
     tiny.yaml: 6 batches of 8 for the sync counts."""
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     out = Path(opt.out).resolve()
     sizes = {"det": opt.n_train, "seg": opt.n_train, "pose": opt.n_train, "tiny": 48}
@@ -69,7 +69,7 @@ def data(opt):
 def hsv(opt):
     """A training batch's colour applied on the device (`augment.apply_hsv_batch`, what a GPU run does) against the
     worker's OpenCV (`augment.apply_hsv`, what a CPU run does): at most one grey level apart."""
-    from utils.data import augment as A
+    from data import augment as A
     from utils.dist import select_device
 
     device = select_device(opt.device)

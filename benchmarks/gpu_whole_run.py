@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from utils.data.synthetic import CLASS_NAMES, generate_dataset
+from data.synthetic import CLASS_NAMES, generate_dataset
 from utils.files import ROOT
 
 PEER = ("import sys; from ultralytics import YOLO; YOLO(sys.argv[1]).train(data=sys.argv[2], pretrained=False, "

@@ -3,7 +3,7 @@ run (torch and OpenCV at one thread), every image of the train split once in a f
 (the files are in the page cache), YOLOv8's default augmentation on both sides (mosaic 1.0, translate 0.1, scale
 0.5, fliplr 0.5, HSV 0.015/0.7/0.4), alternating the sides, medians and their ratio. Each side is asked the way its
 own training loader asks: Ultralytics `dataset[i]` (its mosaic draws partners from a buffer of recent images), ours
-a group of consecutive samples at once (`dataset.__getitems__`, utils/data/loader.GroupedLoader). Ours runs twice:
+a group of consecutive samples at once (`dataset.__getitems__`, data/loader.GroupedLoader). Ours runs twice:
 as when training on a CPU ('ours'), and as when training on a GPU ('ours-gpu'), where the samples carry their
 colour tables and the GPU applies them (YOLODataset device_hsv; that step is not timed here).
 
@@ -28,8 +28,8 @@ HYP = dict(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4, degrees=0.0, translate=0.1, scale=
 
 
 def ours(data, img, device_hsv=False):
-    from utils.data.dataset_yaml import check_det_dataset
-    from utils.data.detect_dataset import YOLODataset
+    from data.dataset_yaml import check_det_dataset
+    from data.detect_dataset import YOLODataset
     from utils.files import find_file, yaml_load
     from utils.heap import keep_freed_memory
 
@@ -60,7 +60,7 @@ def time_one_side(side, data, img):
     ds = ultralytics(data, img) if side == "ultralytics" else ours(data, img, device_hsv=side == "ours-gpu")
     n = len(ds)
     if side != "ultralytics":  # as our training loader asks: a group of GROUP_IMAGES samples at once
-        from utils.data.loader import GROUP_IMAGES
+        from data.loader import GROUP_IMAGES
 
         fetches = [(ds.__getitems__, list(range(j, min(j + GROUP_IMAGES, n)))) for j in range(0, n, GROUP_IMAGES)]
     else:

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from utils.data.synthetic import generate_dataset
+from data.synthetic import generate_dataset
 from utils.files import ROOT
 
 DRIVER = ROOT / "tests" / "elastic_driver.py"

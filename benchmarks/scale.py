@@ -65,8 +65,8 @@ def _peak_mb():
 
 
 def _ours(root, img, augment=True, warm=False):
-    from utils.data.dataset_yaml import check_det_dataset
-    from utils.data.detect_dataset import YOLODataset
+    from data.dataset_yaml import check_det_dataset
+    from data.detect_dataset import YOLODataset
     from utils.files import find_file, yaml_load
     from utils.heap import keep_freed_memory
 
@@ -121,8 +121,8 @@ def child_memory(side, root, img, workers, batches):
         ds, _ = _theirs(root, img)
         loader = build_dataloader(ds, 16, workers, shuffle=True, rank=-1, pin_memory=False, device="cpu")
     else:
-        from utils.data import loader as loader_mod
-        from utils.data.loader import build_dataloader, set_loader_epoch
+        from data import loader as loader_mod
+        from data.loader import build_dataloader, set_loader_epoch
 
         trim, log = loader_mod.release_heap, Path(root) / f"groups-{os.getpid()}.log"
 

@@ -1,7 +1,7 @@
 """Structure figures of the code (not assertions), to compare a commit with another: files over a size, the longest
 functions, the attributes each engine class sets on `self`, the methods each task class overrides of its parents,
 and the imports that climb the floors of docs/design.md (scripts and yolo/ > engine/tasks > engine > models,
-utils/data, utils/loss > utils). It reads the source as text (no import, no torch), so it measures any checkout.
+data, losses > utils). It reads the source as text (no import, no torch), so it measures any checkout.
 
     python -m benchmarks.structure                        # this checkout
     python -m benchmarks.structure --root /tmp/old-clone  # another one (e.g. a `git worktree` of an older commit)
@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "models", "utils")
+PACKAGES = ("engine", "models", "data", "losses", "evaluation", "utils")
 SCRIPT_DIRS = ("segment", "classify", "pose", "yolo")  # scripts, and the `yolo` command and API
 
 
@@ -31,7 +31,7 @@ def floor(rel):
         return 5
     if parts[0] == "engine":
         return 4 if parts[1] == "tasks" else 3
-    if parts[0] == "models" or parts[:2] in (("utils", "data"), ("utils", "loss")):
+    if parts[0] in ("models", "data", "losses", "evaluation"):
         return 2
     return 1
 

@@ -1,4 +1,4 @@
-"""Score the trackers on the synthetic video (utils/data/synthetic_video.py): ours, and Ultralytics' fed the very
+"""Score the trackers on the synthetic video (data/synthetic_video.py): ours, and Ultralytics' fed the very
 same detections and frames, each writing a MOT text file; `score` gives MOTA, IDF1, id switches and
 fragments from motmetrics (IoU >= 0.5 a match) for every file given.
 
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from utils.data.synthetic_video import detections, render_video
+from data.synthetic_video import detections, render_video
 
 VIDEO = {"n_frames": 150, "size": (240, 320), "n_objects": 6}
 
@@ -59,8 +59,8 @@ def run(tracker, peer, seed):
             lines += [f"{f},{int(r[4])},{r[0]:.2f},{r[1]:.2f},{r[2] - r[0]:.2f},{r[3] - r[1]:.2f},{r[5]:.4f},-1,-1,-1\n"
                       for r in out]
         return lines
-    from utils.tracking.config import load_tracker_config, make_tracker
-    from utils.tracking.mot import mot_lines
+    from engine.tracking.config import load_tracker_config, make_tracker
+    from engine.tracking.mot import mot_lines
 
     t = make_tracker(load_tracker_config(tracker))
     for f, (im, d) in enumerate(zip(frames, dets), 1):
@@ -73,7 +73,7 @@ def score(files, seeds):
     """{file: motmetrics summary row} over the seeds' videos."""
     import motmetrics as mm
 
-    from utils.tracking.mot import read_mot
+    from engine.tracking.mot import read_mot
 
     names, accs = [], []
     for f in files:

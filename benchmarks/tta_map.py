@@ -13,7 +13,7 @@ import yaml
 
 import train
 import val
-from utils.data.synthetic import generate_dataset
+from data.synthetic import generate_dataset
 from utils.files import ROOT
 
 

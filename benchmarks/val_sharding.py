@@ -23,11 +23,11 @@ import torch.multiprocessing as mp
 import yaml
 from torch.utils.data import DataLoader
 
+from data.synthetic import generate_dataset
 from engine.tasks.detect import DetectionValidator
 from engine.validator import ShardedBatchSampler, ValOptions
 from models.yolo import DetectionModel
 from utils import dist as du
-from utils.data.synthetic import generate_dataset
 
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
 

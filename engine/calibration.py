@@ -9,13 +9,13 @@ decode is skipped, named and counted. Too few images, or none given, ends with o
 
 import numpy as np
 
-from utils.data.augment import chw_rgb, letterbox
-from utils.data.classify_dataset import classify_val_transforms
-from utils.data.dataset_yaml import check_cls_dataset, check_det_dataset
-from utils.data.image_files import scan_files
+from data.augment import chw_rgb, letterbox
+from data.classify_dataset import classify_val_transforms
+from data.dataset_yaml import check_cls_dataset, check_det_dataset
+from data.image_files import scan_files
 from utils.errors import BadDataset, BadOption
 from utils.imageio import ImageTooLarge, NotAFile, printable, read_image
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 MIN_CALIB_IMAGES = 32  # below this the ranges of one batch's images would stand for every input the model sees
 

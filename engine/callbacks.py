@@ -2,8 +2,8 @@
 
 A callback is a function taking the trainer, or an object whose methods are named after events (`on_fit_epoch_end
 (self, trainer)`); `Callbacks.attach` adds every such method. Names are checked against `EVENTS` when a callback is
-added, so a misspelled event is refused instead of never firing. The run's pictures (`utils.charts.RunPlots`) and
-the --loggers (results.csv, TensorBoard, trackers such as W&B and MLflow: utils/loggers/) are callbacks attached on
+added, so a misspelled event is refused instead of never firing. The run's pictures (`evaluation.charts.RunPlots`) and
+the --loggers (results.csv, TensorBoard, trackers such as W&B and MLflow: engine/loggers/) are callbacks attached on
 rank 0 by `BaseTrainer.default_callbacks`.
 
 A listener object may keep state that a run's checkpoints hold (the trackers' run ids, which a resumed run
@@ -16,7 +16,7 @@ listener never ends the training it listens to. A BaseException (Ctrl-C, `utils.
 passes through, so a callback can still stop a run on purpose.
 """
 
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 # event: what has just happened, and what the trainer holds for a callback to read then
 EVENTS = {

@@ -31,7 +31,7 @@ from models.checkpoints import load_checkpoint, model_to_ckpt, save_checkpoint, 
 from utils import dist as du
 from utils.errors import BadOption
 from utils.files import ROOT, atomic_copy
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 
 def project_version():

@@ -20,7 +20,7 @@ from models.checkpoints import model_yaml
 from utils import dist as du
 from utils.errors import BadOption, Interrupted
 from utils.files import increment_path, yaml_save
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 # hyp key: (mutation gain, lower bound, upper bound); YOLOv5's search space plus YOLOv8's dfl gain
 META = {

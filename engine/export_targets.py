@@ -19,7 +19,7 @@ import torch
 
 from models.runtimes import METADATA_PATH, engine_file_bytes
 from utils.errors import BadOption
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 
 def openvino_folder(weights, int8):

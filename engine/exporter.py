@@ -31,7 +31,7 @@ from utils import dist as du
 from utils.cli import DEFAULT_OPSET
 from utils.cli import EXPORT_FORMATS as FORMATS
 from utils.errors import BadOption
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 # The opsets the TorchScript-based exporter (torch.onnx.export(dynamo=False)) supports; torch has no public accessor
 # for them. Outside ONNX_MIN_OPSET..ONNX_MAX_OPSET it fails with a traceback, and above this range it warns that the

@@ -19,15 +19,16 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+import losses as criteria
+from data import augment
+from data.classify_dataset import ClassifyTrainTransforms
+from models import autoanchor
 from models.yolo import head_class, yaml_model_load
-from utils import autoanchor, schedule
-from utils import loss as criteria
+from utils import schedule
 from utils.cli import in_interval
-from utils.data import augment
-from utils.data.classify_dataset import ClassifyTrainTransforms
 from utils.errors import BadModelYaml, BadOption
 from utils.files import ROOT, find_file, yaml_load
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 
 class Reader(NamedTuple):

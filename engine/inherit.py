@@ -6,13 +6,13 @@ parsers in utils/cli.py set). One log line says what was taken and from where.
 What is known of a run is read with the weights, once: a checkpoint's by models/checkpoints.training_run (ours, an
 official YOLOv5 or Ultralytics one), an export's from its metadata (`imgsz`, `data`), as InferenceBackend.run. A file
 is input like a command line (docs/safety.md): its image size is checked as --img is (models/checkpoints.run_record),
-and the dataset it names is read where it is, never downloaded (utils/data/dataset_yaml.NamedByFile).
+and the dataset it names is read where it is, never downloaded (data/dataset_yaml.NamedByFile).
 """
 
 from pathlib import Path
 
-from utils.data.dataset_yaml import NamedByFile
-from utils.loggers import LOGGER
+from data.dataset_yaml import NamedByFile
+from utils.log import LOGGER
 
 FLAGS = {"imgsz": "--img", "data": "--data"}
 

@@ -23,7 +23,7 @@ import threading
 
 from utils import dist as du
 from utils.errors import Interrupted
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1"}
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Optional, Union
 
 from utils.cli import (
+    DEFAULT_LOGGERS,
     DEFAULT_OPSET,
     EXPORT_FORMATS,
     LOGGERS_HELP,
@@ -32,7 +33,6 @@ from utils.cli import (
     str2bool_or_path,
 )
 from utils.errors import BadCheckpoint, BadOption
-from utils.loggers import DEFAULT_LOGGERS
 
 
 def _resume(rule):
@@ -164,7 +164,7 @@ class TrainOptions(Options):
     profile: bool = _cli("--profile", resume="launch",
                          text="print where the run's wall time went (start-up, set-up, data wait, forward/backward, "
                               "...) and write profile.json; on CUDA, synchronizes at each timed region's ends")
-    # names in utils.loggers.LOGGERS: results.csv, TensorBoard, trackers
+    # names in engine.loggers.LOGGERS: results.csv, TensorBoard, trackers
     loggers: list[str] = _cli("--loggers", nargs="+", action=LoggersAction, default=list(DEFAULT_LOGGERS),
                               metavar="NAME", resume="given", text=LOGGERS_HELP)
     # trackers receive best.pt at the end

@@ -1,7 +1,7 @@
 """BasePredictor: load weights (.pt, .onnx, .torchscript), read a source (image, folder, glob, video, URL, webcam,
 stream), run, draw and save results.
 
-Task subclasses declare what their model predicts (`declare_fields`: utils/fields.py) and implement `postprocess`
+Task subclasses declare what their model predicts (`declare_fields`: evaluation/fields.py) and implement `postprocess`
 (raw model output -> one `utils/fields.Predictions` record per image, in original-image pixels); the predictor walks
 the fields to draw each image, and asks the first one for its --save-txt lines (`lines`, in the task's label format),
 the crops and csv rows (`objects`) and the log line (`summary`). Each image's record is what the run returns.
@@ -14,19 +14,19 @@ from pathlib import Path
 import cv2
 import torch
 
+from data.streams import open_source
 from engine.inherit import run_values
 from engine.messages import check_task
 from engine.options import PredictOptions
+from evaluation.plots import Annotator, save_one_box
+from evaluation.results import Results, window_problem
 from models.backend import InferenceBackend
 from models.registry import use_modules
 from utils import dist as du
 from utils.cli import check_imgsz
-from utils.data.streams import open_source
 from utils.files import increment_path
 from utils.imageio import printable, write_image
-from utils.loggers import LOGGER
-from utils.plots import Annotator, save_one_box
-from utils.results import Results, window_problem
+from utils.log import LOGGER
 from utils.text import escape_controls
 from utils.torch_utils import inference_bf16, time_sync
 
@@ -75,7 +75,7 @@ class BasePredictor:
         return None
 
     def declare_fields(self):
-        """What the task's model predicts (utils/fields.py), the first field speaking for the whole image."""
+        """What the task's model predicts (evaluation/fields.py), the first field speaking for the whole image."""
         raise NotImplementedError
 
     def _input_size(self, given):

@@ -25,14 +25,16 @@ import socket
 import tempfile
 from pathlib import Path
 
+from engine.loggers import TRACKERS
 from engine.messages import check_task
 from engine.options import TrainOptions
 from models.checkpoints import attempt_load, check_class_ids, load_checkpoint
 from models.yolo import head_task, yaml_model_load
 from utils import dist as du
+from utils.cli import LOGGERS
 from utils.errors import BadCheckpoint, BadFile, BadOption
 from utils.files import increment_path
-from utils.loggers import LOGGER, LOGGERS, TRACKERS
+from utils.log import LOGGER
 
 AUTO = "auto"  # --resume auto
 RUN_FILES = ("results.csv", "weights/last.pt", "weights/best.pt")  # a folder holding any of these is a run

@@ -1,4 +1,4 @@
-"""--track: the predictors' detections of each frame handed to a tracker (utils/tracking), one tracker per video
+"""--track: the predictors' detections of each frame handed to a tracker (engine/tracking), one tracker per video
 or stream (a folder of videos starts each afresh; the images of a folder are one sequence, in name order), the ids
 put on the image's record and drawn with each id's trail, and each tracked box written to the sequence's MOT text
 file (`tracks/<stem>.txt`, `tracks/images.txt` for images).
@@ -13,10 +13,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from engine.tracking.config import load_tracker_config, make_tracker
+from engine.tracking.mot import Trails, id_colour, mot_lines
 from utils.imageio import printable
-from utils.loggers import LOGGER
-from utils.tracking.config import load_tracker_config, make_tracker
-from utils.tracking.mot import Trails, id_colour, mot_lines
+from utils.log import LOGGER
 
 
 class FrameTracker:

@@ -19,27 +19,28 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from data.augment import apply_hsv_batch, multi_scale
+from data.labels import problems_listed_on_failure, write_problems
+from data.loader import build_dataloader, default_workers, dropped_batch_warning, set_loader_epoch
 from engine.callbacks import Callbacks
 from engine.checkpointer import AGREE_EVERY, Checkpointer, EMAWeights, LoopState, Weights, sigterm_deferred
 from engine.hyp import read_hyp, run_hyp
 from engine.inherit import dataset_file
 from engine.interrupt import StopRequests, ended_by_signals
+from engine.loggers import build_loggers
 from engine.messages import SCRIPTS, RunETA, banner, next_commands, plural, position, resume_command, shown
 from engine.options import TrainOptions
 from engine.resume import AUTO, forget_run_dir, plan_run, run_dir, run_model_yaml, saved_hyp
 from engine.run_lock import RunLock, busy
+from evaluation.charts import RunPlots
 from models.checkpoints import attempt_load
 from models.registry import use_modules
 from utils import dist as du
 from utils.autobatch import cpu_batch, cuda_auto_batch
-from utils.charts import RunPlots
 from utils.cli import check_imgsz
-from utils.data.augment import apply_hsv_batch, multi_scale
-from utils.data.labels import problems_listed_on_failure, write_problems
-from utils.data.loader import build_dataloader, default_workers, dropped_batch_warning, set_loader_epoch
 from utils.errors import BadOption, Interrupted
 from utils.files import yaml_save
-from utils.loggers import LOGGER, build_loggers, set_logging
+from utils.log import LOGGER, set_logging
 from utils.profiling import RunProfile
 from utils.schedule import Schedule
 from utils.torch_utils import (
@@ -414,7 +415,7 @@ class BaseTrainer:
         """Set up `epoch`'s data from batch `start` and start loading it now, so that its workers start and each
         loads a group while the loop does other work: the listeners' start (label plots, the model's graph) before the
         first epoch, the validation and checkpoints before the others. Otherwise the epoch's first batch waits for new
-        workers to load a whole group (utils/data/loader.GroupedLoader). The batches are the same: they depend on
+        workers to load a whole group (data/loader.GroupedLoader). The batches are the same: they depend on
         (seed, epoch, rank) alone. Not after the last epoch, nor without workers (nothing would run beside the loop)."""
         if epoch < self.epochs and self.train_loader.num_workers:
             self._epoch_data(epoch, start)
@@ -454,7 +455,7 @@ class BaseTrainer:
                 self.plot_training_batch(batch, step)
 
     def multi_scale(self, batch, step):
-        """--multi-scale: global batch `step`'s images resized by `utils.data.augment.multi_scale`, which draws the
+        """--multi-scale: global batch `step`'s images resized by `data.augment.multi_scale`, which draws the
         same size on every rank without communicating, so no rank waits on a larger batch."""
         if self.opt.multi_scale:
             batch["img"] = multi_scale(batch["img"], self.opt.train_imgsz, int(self.model.stride.max()),

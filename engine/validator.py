@@ -20,6 +20,8 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
+from data.labels import problems_listed_on_failure, write_problems
+from data.loader import loader_workers, seed_worker
 from engine.inherit import run_values
 from engine.messages import check_task
 from engine.options import ValOptions
@@ -27,11 +29,9 @@ from models.backend import InferenceBackend, validation_model
 from models.checkpoints import check_class_ids
 from models.registry import use_modules
 from utils import dist as du
-from utils.data.labels import problems_listed_on_failure, write_problems
-from utils.data.loader import loader_workers, seed_worker
 from utils.errors import BadCheckpoint
 from utils.files import increment_path
-from utils.loggers import LOGGER, set_logging
+from utils.log import LOGGER, set_logging
 from utils.profiling import RunProfile
 from utils.torch_utils import labels_to, memory_format, time_sync, to_float32
 

@@ -19,14 +19,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from data.augment import letterbox
+from evaluation.fields import Boxes, ClassScores, Keypoints, Letterbox, Masks, Predictions, in_original_pixels
+from evaluation.results import Results, nms_iou
 from models.tta import TTAModel
 from models.yolo import ClassificationModel
 from utils import ops
-from utils.data.augment import letterbox
 from utils.errors import BadFile
-from utils.fields import Boxes, ClassScores, Keypoints, Letterbox, Masks, Predictions, in_original_pixels
 from utils.imageio import read_image
-from utils.results import Results, nms_iou
 
 
 def _to_bgr(im, i=0):
@@ -50,8 +50,8 @@ def _to_bgr(im, i=0):
 
 
 class ResultsList(list):
-    """One `utils.results.Results` per image, in the call's order, as Ultralytics' `predict` returns them; also what
-    torch.hub's YOLOv5 models give: `files`, `xyxy` (per image (n, 6): x1, y1, x2, y2, conf, class), `masks`,
+    """One `evaluation.results.Results` per image, in the call's order, as Ultralytics' `predict` returns them; also
+    what torch.hub's YOLOv5 models give: `files`, `xyxy` (per image (n, 6): x1, y1, x2, y2, conf, class), `masks`,
     `keypoints` or `probs`, and `tolist()`."""
 
     def __init__(self, results, names):

@@ -44,7 +44,7 @@ from models.common import (
 from models.heads import AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, IAuxDetect, IDetect, Pose, Segment
 from models.swin import C3STR
 from utils.errors import BadCheckpoint, BadOption
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 BLOCKS = (Conv, DWConv, GhostConv, Bottleneck, GhostBottleneck, C3, C3Ghost, C3TR, C3STR, C2, C2f, C3k2, C2PSA, SPP,
           SPPF, SPPCSPC, RepConv, MP, SP, Concat, ReOrg, DownC, Shortcut, SE, CBAM, ECA, CoordAtt, SimAM,

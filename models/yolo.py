@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from losses import build_criterion
 from models.model_yaml import (  # noqa: F401 (head_class, make_divisible: imported from here by callers)
     MODELS_DIR,
     check_head,
@@ -21,8 +22,7 @@ from models.model_yaml import (  # noqa: F401 (head_class, make_divisible: impor
 from utils.budget import ACTIVATION_BYTES_PER_INPUT, MAX_MODEL_BYTES, MAX_WEIGHT_BYTES, MODEL_PROBE_SIDE
 from utils.dry_run import DryRunError, Unrunnable, dry_run
 from utils.errors import BadModelYaml
-from utils.loggers import LOGGER
-from utils.loss import build_criterion
+from utils.log import LOGGER
 
 
 def check_cost(d, ch, s=MODEL_PROBE_SIDE):

@@ -8,7 +8,7 @@ from pathlib import Path
 # let idle threads sleep. Set before torch is imported, which is when OpenMP reads it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# label caches are signed with a key kept in the user's configuration folder (utils/data/label_cache.py): the tests
+# label caches are signed with a key kept in the user's configuration folder (data/label_cache.py): the tests
 # make and use one of their own, never the user's
 os.environ.setdefault("YOLO_ENGINE_CONFIG_DIR", tempfile.mkdtemp(prefix="yolo-engine-config-"))
 
@@ -28,7 +28,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 @pytest.fixture(scope="session")
 def shapes_detect(tmp_path_factory):
     """A tiny synthetic detection dataset (YAML path), generated once per test session."""
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     root = tmp_path_factory.mktemp("shapes")
     generate_dataset(root, task="detect", n_train=16, n_val=8, seed=0, min_side=96, max_side=160)
@@ -37,7 +37,7 @@ def shapes_detect(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def shapes_segment(tmp_path_factory):
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     root = tmp_path_factory.mktemp("shapes-seg")
     generate_dataset(root, task="segment", n_train=16, n_val=8, seed=0, min_side=96, max_side=160)
@@ -46,7 +46,7 @@ def shapes_segment(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def shapes_classify(tmp_path_factory):
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     root = tmp_path_factory.mktemp("shapes-cls")
     generate_dataset(root, task="classify", n_train=12, n_val=6, seed=0, min_side=64, max_side=64)

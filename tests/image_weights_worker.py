@@ -9,7 +9,7 @@ import numpy as np
 
 def weighted_shares(rank, world_size, out_dir):
     """Rank 0's maps_fn is the only one that matters: the others would give other weights if they were used."""
-    from utils.data.image_weights import ImageWeightSampler
+    from data.image_weights import ImageWeightSampler
 
     labels = [np.array([0.0]), np.array([0.0, 0.0]), np.array([1.0]), np.array([2.0, 0.0]), np.zeros(0)] * 4
     maps = np.array([0.5, 0.0, 0.2]) if rank == 0 else np.array([0.0, 0.9, 0.9])

@@ -17,7 +17,7 @@ import statistics
 import pytest
 
 import train
-from utils.data.synthetic import generate_dataset
+from data.synthetic import generate_dataset
 
 pytestmark = [pytest.mark.accuracy, pytest.mark.slow]
 

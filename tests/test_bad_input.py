@@ -17,13 +17,13 @@ import pytest
 import torch
 import yaml
 
+from data.image_files import IMG_FORMATS, VID_FORMATS
+from data.synthetic import generate_dataset
 from engine.hyp import read_hyp
 from models.checkpoints import model_to_ckpt
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from tests.conftest import LogLines
 from utils.budget import MAX_IMGSZ
-from utils.data.image_files import IMG_FORMATS, VID_FORMATS
-from utils.data.synthetic import generate_dataset
 from utils.errors import run_cli
 from utils.files import ROOT
 
@@ -351,7 +351,7 @@ def test_item12_dataset_yaml_mistakes_end_training(shapes_detect, tmp_path, caps
 
 
 def test_item12_detection_data_folder_and_help(shapes_detect, tmp_path, capsys):
-    """A folder is looked into (utils/data/annotations.find_layout); one holding no dataset is one line saying what
+    """A folder is looked into (data/annotations.find_layout); one holding no dataset is one line saying what
     was looked for."""
     folder = tmp_path / "images-only"
     (folder / "images").mkdir(parents=True)

@@ -17,14 +17,14 @@ import onnx
 import pytest
 import yaml
 
+from data import dataset_yaml, image_cache, image_files
+from data.detect_dataset import YOLODataset
+from data.image_files import scan_files
+from data.synthetic import generate_dataset
 from models.checkpoints import model_to_ckpt, save_checkpoint
 from models.yolo import DetectionModel, yaml_model_load
 from tests.capped import refused_once, run_capped
 from utils.budget import MAX_IMGSZ, MAX_STREAM_PIXELS, MAX_STREAMS
-from utils.data import dataset_yaml, image_cache, image_files
-from utils.data.detect_dataset import YOLODataset
-from utils.data.image_files import scan_files
-from utils.data.synthetic import generate_dataset
 from utils.errors import run_cli
 from utils.files import ROOT
 
@@ -482,8 +482,8 @@ class _GrowingCapture:
 def test_frames_larger_than_their_video_opened_with_are_not_read_on(tmp_path, monkeypatch, yolo_log):
     """The pixel limit was checked on opening only: a stream (or video) that grows its frames afterwards was read at
     any size."""
-    from utils.data.sources import LoadImages
-    from utils.data.streams import LoadStreams
+    from data.sources import LoadImages
+    from data.streams import LoadStreams
 
     monkeypatch.setattr(cv2, "VideoCapture", _GrowingCapture)
     video = tmp_path / "v.mp4"

@@ -102,7 +102,7 @@ def test_val_scores_a_subset_of_the_classes_and_rejects_unknown_ones(trained, tm
     """classify/val.py reports under the checkpoint's class map: a dataset with only some of its classes is scored
     by name (its own folders would number rectangle 0), exactly as a plain loop does; a class the model does not
     know is an error naming it."""
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     trainer, _ = trained
     best = trainer.save_dir / "weights/best.pt"
@@ -265,7 +265,7 @@ def test_torchrun_two_ranks_identical_weights(shapes_classify, tmp_path):
 @pytest.mark.slow
 def test_short_run_learns_shapes(tmp_path):
     """1800 32-px images, 8 epochs, AdamW at 1e-3 with flips only: ~0.77 top-1 (chance 0.33) in ~40 s."""
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     data = generate_dataset(tmp_path / "data", task="classify", n_train=600, n_val=40, seed=0, min_side=32,
                             max_side=32)

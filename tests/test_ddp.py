@@ -32,7 +32,7 @@ def torchrun(script_args, cwd, timeout=420, path=()):
 def sparse_dataset(root, seed=0):
     """8 train images of which 4 have no labels; with 1 image per rank per step, some step gives a rank an
     empty batch (mosaic is off in the hyp below, so labels are not borrowed from other images)."""
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     generate_dataset(root, task="detect", n_train=8, n_val=4, seed=seed, min_side=96, max_side=128)
     labels = sorted((root / "labels" / "train").glob("*.txt"))

@@ -84,8 +84,8 @@ def _check_run(run_dir, reference, expected_starts):
 def elastic_setup(tmp_path_factory):
     """The data, and the uninterrupted reference run, launched with the older torch.distributed.launch (which
     passes --local-rank to the script)."""
+    from data.synthetic import generate_dataset
     from tests.conftest import write_yaml
-    from utils.data.synthetic import generate_dataset
 
     root = tmp_path_factory.mktemp("elastic")
     generate_dataset(root / "data", task="detect", n_train=16, n_val=4, seed=0, min_side=64, max_side=96)
@@ -159,8 +159,8 @@ def test_a_restarted_group_continues_its_tracker_runs(shapes_detect, tmp_path):
     it archives. The restart's zip, <key>-<suffix>.zip, holds the second epoch under the same key in every case."""
     import zipfile
 
-    from tests.utils.test_trackers import metric_steps, mlflow_runs, read_wandb
-    from tests.utils.test_trackers_offline import comet_metrics, read_clearml, read_comet
+    from tests.engine.test_trackers import metric_steps, mlflow_runs, read_wandb
+    from tests.engine.test_trackers_offline import comet_metrics, read_clearml, read_comet
 
     project = tmp_path / "runs"
     args = ["--data", str(shapes_detect), "--imgsz", "64", "--batch-size", "4", "--epochs", "2", "--workers", "0",
@@ -372,7 +372,7 @@ def test_resume_refuses_options_that_change_the_run_and_extends_epochs(tmp_path,
 
 
 def test_results_csv_rows_are_keyed_by_epoch(tmp_path):
-    from utils.loggers import CSVLogger
+    from engine.loggers import CSVLogger
 
     log = CSVLogger(tmp_path / "results.csv")
     log.log(1, {"a": 1.0})

@@ -8,10 +8,10 @@ from PIL import Image
 
 import detect
 import hubconf
+from evaluation.results import Results
 from models.checkpoints import model_to_ckpt
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils.files import ROOT
-from utils.results import Results
 
 IMAGE = ROOT / "data" / "images" / "shapes1.jpg"
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}

@@ -28,8 +28,8 @@ RESUME_LINE = re.compile(r"^interrupted (at epoch 1/2 batch [1-7]/8|after epoch 
 def setup(tmp_path_factory):
     """32 images of 64-96 px; nbs 4 makes every batch of 4 an optimizer step, so a stop can land inside an epoch
     (8 batches of 4 images in one process, of 2 per rank in two)."""
+    from data.synthetic import generate_dataset
     from tests.conftest import write_yaml
-    from utils.data.synthetic import generate_dataset
 
     root = tmp_path_factory.mktemp("interrupt")
     generate_dataset(root / "data", task="detect", n_train=32, n_val=4, seed=0, min_side=64, max_side=96)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import yaml
 
+from data.image_files import DISK_CACHE_SUFFIX, disk_cache_path
+from data.label_cache import FORMAT
 from tests.ddp_utils import free_port
-from utils.data.image_files import DISK_CACHE_SUFFIX, disk_cache_path
-from utils.data.label_cache import FORMAT
 from utils.files import ROOT
 
 pytestmark = pytest.mark.ddp  # every test here starts a process group

@@ -104,7 +104,7 @@ def test_autoanchor_single_cls_label_smoothing(bars, tmp_path):
 
 
 def test_noautoanchor_keeps_yaml_anchors_and_image_weights(bars, tmp_path):
-    from utils.data.image_weights import ImageWeightSampler
+    from data.image_weights import ImageWeightSampler
 
     trainer, _ = train.main(train.parse_opt(_args(bars, tmp_path / "runs", "--batch-size", "8", "--noautoanchor",
                                                   "--noval", "--image-weights")))
@@ -162,9 +162,9 @@ def test_evolve_refuses_ddp(bars, tmp_path, monkeypatch):
 
 @pytest.mark.ddp
 def test_image_weights_rank0_weights_and_shares(tmp_path):
+    from data.image_weights import ImageWeightSampler
     from tests.ddp_utils import spawn
     from tests.image_weights_worker import weighted_shares
-    from utils.data.image_weights import ImageWeightSampler
 
     spawn(weighted_shares, 2, str(tmp_path))
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -187,7 +187,7 @@ def test_image_weights_rank0_weights_and_shares(tmp_path):
 def test_set_anchors_keeps_v7_anchor_grid_and_yaml_in_step():
     from copy import deepcopy
 
-    from utils.autoanchor import set_anchors
+    from models.autoanchor import set_anchors
 
     model = DetectionModel("yolov7-tiny.yaml", nc=2)
     new = np.array([[4 + 3 * i, 50 - 4 * i] for i in range(9)], dtype=float)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from utils.data.synthetic import POSE_FLIP_IDX, generate_dataset
+from data.synthetic import POSE_FLIP_IDX, generate_dataset
 from utils.files import ROOT
 
 NAMES = {0: "rectangle"}
@@ -94,7 +94,7 @@ def test_val_json_agrees_with_pycocotools_and_predict_writes_keypoints(pose_run,
     assert stats["metrics/mAP50-95(P)"] > 0.2
     # pycocotools' keypoint evaluation of the same predictions (same sigmas, label areas box x 0.53). Measured: mAP50
     # 0.832 ours, 0.827 COCO; mAP50-95 0.697 and 0.690: the official integration reads about 0.008 above COCO's (as
-    # for boxes, utils/metrics.py). With one gain for both axes of the letterbox (the official validators' way) the
+    # for boxes, evaluation/metrics.py). With one gain for both axes of the letterbox (the official validators' way) the
     # predictions came back up to 0.9 px off in x at 96 px and COCO read 0.680; utils/ops maps each axis by its own.
     assert abs(stats["coco/mAP50(P)"] - stats["metrics/mAP50(P)"]) < 0.01, stats
     assert abs(stats["coco/mAP50-95(P)"] - stats["metrics/mAP50-95(P)"]) < 0.01, stats
@@ -188,10 +188,10 @@ def test_torchrun_two_ranks_pose(tmp_path):
 
 def test_scripts_default_to_the_synthetic_pose_set():
     """`python pose/train.py` with no arguments trains yolov8n-pose on data/shapes-pose.yaml, generated offline."""
+    from data.dataset_yaml import check_pose_dataset, find_dataset_yaml
     from pose import predict as pose_predict
     from pose import train as pose_train
     from pose import val as pose_val
-    from utils.data.dataset_yaml import check_pose_dataset, find_dataset_yaml
     from utils.files import yaml_load
 
     opt = pose_train.parse_opt([])

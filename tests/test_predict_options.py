@@ -38,7 +38,7 @@ def detector(tmp_path_factory):
 @pytest.fixture
 def log(caplog):
     """Records of the project logger (it does not propagate to the root logger once set_logging has run)."""
-    from utils.loggers import LOGGER
+    from utils.log import LOGGER
 
     LOGGER.addHandler(caplog.handler)
     yield caplog

@@ -15,10 +15,10 @@ import yaml
 
 import train
 import val
+from data.synthetic import generate_dataset
 from engine.hyp import default_hyp_file, read_hyp
+from evaluation.coco import eval_coco_json
 from models.checkpoints import attempt_load
-from utils.coco import eval_coco_json
-from utils.data.synthetic import generate_dataset
 from utils.files import ROOT
 
 FIXTURES = ROOT / "tests" / "models" / "fixtures"

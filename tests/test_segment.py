@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from data.dataset_yaml import check_det_dataset
 from engine.options import SegmentValOptions
 from engine.tasks.segment import SegmentationValidator
 from models.heads import Segment
-from utils.data.dataset_yaml import check_det_dataset
 
 NC = 3
 
@@ -181,7 +181,7 @@ def v8_run(tmp_path_factory):
     """
     import yaml
 
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
     from utils.files import ROOT
 
     root = tmp_path_factory.mktemp("seg_v8")
@@ -314,7 +314,7 @@ def _sparse_segment_dataset(root):
     rank a batch without labels (and an all-zero mask map)."""
     import yaml
 
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     generate_dataset(root, task="segment", n_train=8, n_val=4, seed=0, min_side=96, max_side=128)
     for f in sorted((root / "labels" / "train").glob("*.txt"))[::2]:

@@ -49,8 +49,8 @@ def cluster(tmp_path_factory):
 def setup(tmp_path_factory):
     """64 images of 64-96 px; nbs 4 makes every batch an optimizer step. The reference: the same training as one
     uninterrupted torchrun of 2 processes, outside SLURM."""
+    from data.synthetic import generate_dataset
     from tests.conftest import write_yaml
-    from utils.data.synthetic import generate_dataset
 
     root = tmp_path_factory.mktemp("slurm-runs")
     generate_dataset(root / "data", task="detect", n_train=64, n_val=4, seed=0, min_side=64, max_side=96)

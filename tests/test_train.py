@@ -248,7 +248,7 @@ def test_batch_size_must_divide_world_size(shapes_detect, tmp_path, monkeypatch)
 
 
 def test_workers_default_is_resolved_for_the_device(shapes_detect, tmp_path):
-    from utils.data.loader import default_workers
+    from data.loader import default_workers
 
     args = [a for a in _train_args(shapes_detect, tmp_path) if a not in ("--workers", "0")]
     trainer = DetectionTrainer(train.parse_opt(args), torch.device("cpu"))
@@ -264,8 +264,8 @@ def learnable(tmp_path_factory):
     16 is an optimizer step, and no warmup (its 100-iteration floor would cover the whole run)."""
     import yaml
 
+    from data.synthetic import generate_dataset
     from tests.conftest import write_yaml
-    from utils.data.synthetic import generate_dataset
     from utils.files import ROOT
 
     root = tmp_path_factory.mktemp("learnable")
@@ -292,7 +292,7 @@ def test_yolov8_learns_in_a_few_epochs(learnable, tmp_path):
 def test_img_not_a_stride_multiple_is_rounded_up_with_one_warning(shapes_detect, tmp_path):
     import logging
 
-    from utils.loggers import LOGGER
+    from utils.log import LOGGER
 
     seen = []
     handler = logging.Handler(logging.WARNING)
@@ -350,7 +350,7 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
 def test_epochs_loaded_ahead_train_as_loaded_at_their_start(shapes_detect, tmp_path, monkeypatch):
     """With workers, each epoch's loading starts before the listeners' start (epoch 0) or the previous epoch's
     validation (GroupedLoader.load_ahead), and the epoch goes on with it; the run trains as one without workers."""
-    from utils.data.loader import GroupedLoader
+    from data.loader import GroupedLoader
 
     started, dropped = [], []
     load_ahead, stop_loading = GroupedLoader.load_ahead, GroupedLoader.stop_loading

@@ -46,7 +46,7 @@ def test_sharded_batches_cover_every_image_once(n, batch, world):
 
 
 def _dataset(root, task):
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     generate_dataset(root, task=task, n_train=1, n_val=N_VAL, seed=3, min_side=64, max_side=112)
     if task == "classify":
@@ -204,7 +204,7 @@ def test_torchrun_val_py_equals_single_process(sharded, tmp_path):
 def test_two_rank_training_writes_val_losses_of_one_process(tmp_path):
     """results.csv of a 2-rank run holds the validation losses and metrics that one process computes for the same
     EMA weights (to the 6 digits the file keeps)."""
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
     from utils.files import yaml_load
     from utils.torch_utils import amp_settings, memory_format
 

@@ -11,13 +11,13 @@ import torch
 import yaml
 from PIL import Image
 
+from data.synthetic import generate_dataset
 from engine.callbacks import EVENTS
+from evaluation.results import Results
 from models.checkpoints import model_to_ckpt
 from models.yolo import DetectionModel
-from utils.data.synthetic import generate_dataset
 from utils.errors import BadFile, BadModelYaml, BadOption
 from utils.files import ROOT
-from utils.results import Results
 from yolo import YOLO
 
 FIXTURES = ROOT / "tests" / "models" / "fixtures"

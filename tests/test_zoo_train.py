@@ -1,6 +1,6 @@
 """The model zoo trains: one short run each (64 px, 1 epoch, 16 images) of a P6, a ghost, a transformer, a Swin V2
 (attention) and a YOLOv7 P6 model in one process, and of YOLO11 under torchrun. The P2/P7 files' `anchors: 3`
-placeholders are refitted by autoanchor: tests/utils/test_autoanchor.py."""
+placeholders are refitted by autoanchor: tests/models/test_autoanchor.py."""
 
 import csv
 import math

@@ -10,7 +10,7 @@ stays below it. The memory readers are arguments, so the arithmetic is tested on
 
 import numpy as np
 
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 FRACTION = 0.60  # of the free memory, as Ultralytics' AutoBatch (yolov5's takes 0.8): room for the EMA and the loader
 CPU_BATCH = 16  # the scripts' --batch-size default

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from utils.budget import MAX_IMGSZ
 from utils.errors import BadOption
-from utils.loggers import LOGGER, LOGGERS, check_loggers
+from utils.log import LOGGER
 
 
 def _edits(a, b):
@@ -69,6 +69,41 @@ def in_interval(value, interval):
     lo, hi = (float(x) for x in interval[1:-1].split(","))
     above = value > lo if interval[0] == "(" else value >= lo
     return above and (value < hi if interval[-1] == ")" else value <= hi)
+
+
+# the loggers --loggers may name (engine/loggers/ builds them)
+LOGGERS = {
+    "csv": "results.csv in the run folder, one row per epoch",
+    "tensorboard": "TensorBoard scalars and pictures in the run folder",
+    "tensorboard-graph": "the same with the model's graph, traced at set-up (seconds of a run)",
+    "wandb": "Weights & Biases (engine/loggers/wandb.py; pip install wandb)",
+    "mlflow": "MLflow (engine/loggers/mlflow.py; pip install mlflow)",
+    "clearml": "ClearML (engine/loggers/clearml.py; pip install clearml)",
+    "comet": "Comet (engine/loggers/comet.py; pip install comet_ml)",
+}
+DEFAULT_LOGGERS = ["csv", "tensorboard"]
+ALWAYS = "csv"
+
+def check_loggers(value):
+    """The loggers a run has, in order, each once, from the words --loggers was given: a name adds a logger to the
+    default (csv tensorboard), `no-name` drops one, `none` drops all but results.csv; words may be comma lists
+    ('wandb,mlflow'), or one such string. BadOption naming the first unknown name, or an attempt to drop results.csv.
+    Read the words once: the list that results, read again, has the default's loggers added back."""
+    items = [value] if isinstance(value, str) else list(value or [])
+    names = list(DEFAULT_LOGGERS)
+    for word in (n.strip().lower() for item in items for n in str(item).split(",") if n.strip()):
+        drop = word.startswith("no-")
+        name = word.removeprefix("no-")
+        if word == "none":
+            names = [ALWAYS]
+            continue
+        if name not in LOGGERS:
+            raise BadOption(f"--loggers {word}: unknown logger; choose from {', '.join(LOGGERS)} (no-NAME drops one, "
+                            "none keeps results.csv alone)")
+        if drop and name == ALWAYS:
+            raise BadOption("--loggers no-csv: results.csv is the run's record and is always written")
+        names = [n for n in names if n != name] if drop else [*names, name]
+    return list(dict.fromkeys([ALWAYS, *names]))
 
 
 def check_options(opt, flags=None):

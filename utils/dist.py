@@ -21,7 +21,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from utils.errors import BadOption, UserError
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 
 def _env_minutes(name, default):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 from utils.versions import torchvision_nms
 
 

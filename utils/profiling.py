@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 _IMPORTED = time.time()  # the start-up fallback where /proc is not available
 _last_report = None  # when the previous profile of this process reported (evolve's generations, tests)

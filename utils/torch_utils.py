@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from utils.errors import BadOption
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 
 def init_seeds(seed=0, deterministic=False):

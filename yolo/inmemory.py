@@ -27,12 +27,12 @@ def hub_predict(yolo, source, options):
     """The Results of each image of `source`, one at a time, drawn, written and shown as `options` ask."""
     import torch
 
+    from evaluation.results import window_problem
     from models.backend import InferenceBackend
     from models.hub import HubModel
     from utils.errors import BadOption
     from utils.files import increment_path
-    from utils.loggers import LOGGER
-    from utils.results import window_problem
+    from utils.log import LOGGER
 
     o = _checked(options)
     device = torch.device(o.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -4,7 +4,7 @@
     model = YOLO("yolov8n.yaml")                      # a model YAML to train, or weights: .pt, .onnx, .torchscript
     model.train(data="data/shapes.yaml", epochs=3, imgsz=160, batch=8)   # then `model` is the run's best.pt
     metrics = model.val()                             # metrics.box.map, .map50, .maps; the run's dataset and size
-    for r in model.predict("data/images", stream=True):   # utils.results.Results, one per image or frame
+    for r in model.predict("data/images", stream=True):   # evaluation.results.Results, one per image or frame
         r.boxes.xyxy, r.boxes.conf, r.boxes.cls
     path = model.export(format="onnx")                # the exported file
 
@@ -153,7 +153,7 @@ class YOLO:
         return files[0] if len(files) == 1 else files
 
     def predict(self, source="data/images", stream=False, **options):
-        """One `utils.results.Results` per image or frame of `source`: a list (models.hub.ResultsList), or with
+        """One `evaluation.results.Results` per image or frame of `source`: a list (models.hub.ResultsList), or with
         `stream` a generator that holds one frame at a time. `source`: what the predict scripts read (an image, a
         folder, a glob, a video, a stream, ...), with their options as keywords (conf, iou, imgsz, classes, max_det,
         half, device, save, save_txt, save_conf, save_crop, show, line_width, ...); or numpy HWC RGB arrays, PIL

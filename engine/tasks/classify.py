@@ -5,22 +5,22 @@ from pathlib import Path
 
 import torch
 
+from data.classify_dataset import ClassificationDataset, classify_val_transforms
+from data.dataset_yaml import check_cls_dataset
+from data.image_files import class_folders
+from data.streams import open_source
 from engine.messages import check_task
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
+from evaluation.fields import ClassScores, Predictions
+from evaluation.metrics import ClassifyMetrics, ConfusionMatrix
+from evaluation.plots import plot_images
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights
 from models.yolo import ClassificationModel, DetectionModel, head_task, yaml_model_load
-from utils.data.classify_dataset import ClassificationDataset, classify_val_transforms
-from utils.data.dataset_yaml import check_cls_dataset
-from utils.data.image_files import class_folders
-from utils.data.streams import open_source
 from utils.dist import get_rank, get_world_size
 from utils.errors import BadCheckpoint
-from utils.fields import ClassScores, Predictions
-from utils.loggers import LOGGER
-from utils.metrics import ClassifyMetrics, ConfusionMatrix
-from utils.plots import plot_images
+from utils.log import LOGGER
 from utils.torch_utils import labels_to
 
 

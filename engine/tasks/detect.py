@@ -7,31 +7,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.dataset_yaml import check_det_dataset, has_keypoints
+from data.detect_dataset import YOLODataset
+from data.image_weights import ImageWeightSampler
 from engine.messages import SCRIPTS, check_task
 from engine.options import DetectPredictOptions, DetectTrainOptions
 from engine.predictor import BasePredictor
 from engine.track import FrameTracker
 from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator, ValOptions
+from evaluation.charts import plot_metric_curves
+from evaluation.coco import eval_coco_json, labels_to_coco_json
+from evaluation.fields import MAX_PLOTTED_PREDS, Boxes, Letterbox, Predictions, in_original_pixels, txt_lines
+from evaluation.metrics import ConfusionMatrix, DetMetrics, iou_vector
+from evaluation.plots import plot_images
+from evaluation.results import nms_iou
+from models.autoanchor import check_anchors
 from models.backend import InferenceBackend
 from models.checkpoints import attempt_load, model_yaml, transfer_weights
 from models.tta import TTAModel, augment_backend
 from models.yolo import DetectionModel, head_task
 from utils import ops
-from utils.autoanchor import check_anchors
-from utils.charts import plot_metric_curves
 from utils.cli import check_imgsz
-from utils.coco import eval_coco_json, labels_to_coco_json
-from utils.data.dataset_yaml import check_det_dataset, has_keypoints
-from utils.data.detect_dataset import YOLODataset
-from utils.data.image_weights import ImageWeightSampler
 from utils.dist import get_rank, get_world_size
 from utils.errors import BadDataset, BadOption
-from utils.fields import MAX_PLOTTED_PREDS, Boxes, Letterbox, Predictions, in_original_pixels, txt_lines
-from utils.loggers import LOGGER
-from utils.metrics import ConfusionMatrix, DetMetrics, iou_vector
-from utils.plots import plot_images
-from utils.results import nms_iou
+from utils.log import LOGGER
 
 
 def prediction_targets(boxes):
@@ -154,7 +154,7 @@ class DetectionTrainer(BaseTrainer):
 
 class DetectionValidator(BaseValidator):
     """mAP50 and mAP50-95 with per-threshold matching, in original-image coordinates as the official validators, of
-    each field the task declares (`declare_fields`: boxes here; utils/fields.py)."""
+    each field the task declares (`declare_fields`: boxes here; evaluation/fields.py)."""
 
     postprocess_name = "NMS"
 
@@ -168,7 +168,7 @@ class DetectionValidator(BaseValidator):
         self.records, self.jdict, self.has_preds, self.nt_per_class = {}, [], False, None
 
     def declare_fields(self):
-        """What the task predicts of each object, boxes first (utils/fields.py)."""
+        """What the task predicts of each object, boxes first (evaluation/fields.py)."""
         return (Boxes(),)
 
     @staticmethod

@@ -1,13 +1,13 @@
 """Pose task: the detection hooks plus keypoints (YOLOv8-pose). kpt_shape, flip_idx and skeleton come from the dataset
-YAML (utils/data/dataset_yaml.check_pose_dataset); the head declares its keypoint columns (OutputLayout.kpt_shape)."""
+YAML (data/dataset_yaml.check_pose_dataset); the head declares its keypoint columns (OutputLayout.kpt_shape)."""
 
+from data.dataset_yaml import check_pose_dataset, pose_skeleton
+from data.label_formats import PoseLabels
 from engine.options import PosePredictOptions, PoseValOptions
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator, single_class
+from evaluation.fields import Boxes, Keypoints
 from models.yolo import PoseModel
-from utils.data.dataset_yaml import check_pose_dataset, pose_skeleton
-from utils.data.label_formats import PoseLabels
 from utils.errors import BadCheckpoint
-from utils.fields import Boxes, Keypoints
 
 # COCO's person skeleton (0-based keypoint pairs), drawn for 17 keypoints when the dataset gives none
 COCO_SKELETON = [[15, 13], [13, 11], [16, 14], [14, 12], [11, 12], [5, 11], [6, 12], [5, 6], [5, 7], [6, 8], [7, 9],

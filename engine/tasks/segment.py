@@ -1,10 +1,10 @@
 """Segmentation task: the detection hooks plus masks (YOLOv5-seg and YOLOv8-seg)."""
 
+from data.label_formats import SegmentLabels
 from engine.options import SegmentTrainOptions, SegmentValOptions
 from engine.tasks.detect import DetectionPredictor, DetectionTrainer, DetectionValidator
+from evaluation.fields import Boxes, Masks
 from models.yolo import SegmentationModel
-from utils.data.label_formats import SegmentLabels
-from utils.fields import Boxes, Masks
 
 
 class SegmentationTrainer(DetectionTrainer):

@@ -3,9 +3,9 @@
 import re
 from pathlib import Path
 
-from utils.data.downloads import fetch
+from data.downloads import fetch
 from utils.errors import BadFile
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 RELEASES = (
     (r"yolov5[nsmlx]6?(-seg|-cls)?\.pt", "https://github.com/ultralytics/yolov5/releases/download/v7.0/"),

@@ -5,7 +5,7 @@ import torch
 
 from models.checkpoints.load import attempt_load
 from models.checkpoints.ours import class_names
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 
 def transfer_weights(model, src, name, exclude=("anchors", "anchor_grid")):

@@ -3,7 +3,7 @@ import shutil
 import pytest
 import torch
 
-from utils.data.synthetic import generate_dataset
+from data.synthetic import generate_dataset
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,8 @@ def two_machines(rank, world_size, out_dir):
     writes a cache into the shared folder, rank 1 reads it."""
     os.environ["LOCAL_RANK"] = "0"
     os.environ["YOLO_ENGINE_CONFIG_DIR"] = str(Path(out_dir) / f"config{rank}")
+    from data import label_cache
     from utils import dist as du
-    from utils.data import label_cache
 
     shared = Path(out_dir) / "train.yolo-engine.cache"
     if rank == 0:

@@ -1,6 +1,6 @@
-"""utils/data/annotations.py: COCO JSON and Pascal VOC XML read natively, Roboflow's data.yaml, and a --data folder
+"""data/annotations.py: COCO JSON and Pascal VOC XML read natively, Roboflow's data.yaml, and a --data folder
 whose layout is found by itself. Every dataset here is written by the test from the synthetic generator's drawn
-shapes (utils/data/synthetic.render_sample), in each format's own conventions; the expected labels are the ones the
+shapes (data/synthetic.render_sample), in each format's own conventions; the expected labels are the ones the
 generator writes in YOLO format for the same images."""
 
 import json
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import yaml
 
-from utils.data.annotations import find_layout, merge_parts
-from utils.data.dataset_yaml import check_det_dataset, check_pose_dataset
-from utils.data.detect_dataset import YOLODataset
-from utils.data.label_formats import PoseLabels
-from utils.data.synthetic import CLASS_NAMES, POSE_FLIP_IDX, corner_visibility, generate_dataset, render_sample
+from data.annotations import find_layout, merge_parts
+from data.dataset_yaml import check_det_dataset, check_pose_dataset
+from data.detect_dataset import YOLODataset
+from data.label_formats import PoseLabels
+from data.synthetic import CLASS_NAMES, POSE_FLIP_IDX, corner_visibility, generate_dataset, render_sample
 from utils.errors import BadDataset
 
 SIDES = (64, 96)
@@ -608,8 +608,8 @@ def test_a_voc_file_is_read_as_a_label_file_is(tmp_path):
     import os
     import threading
 
-    from utils.data.annotations import read_voc_xml
-    from utils.data.label_formats import BadLine
+    from data.annotations import read_voc_xml
+    from data.label_formats import BadLine
 
     laughs = tmp_path / "utf16.xml"
     laughs.write_bytes('<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE a [<!ENTITY l "lol">]><annotation>&l;'

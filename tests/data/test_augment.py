@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from utils.data.augment import (
+from data.augment import (
     HSV_CHUNK,
     PAD_VALUE,
     Canvas,

@@ -4,13 +4,13 @@ import cv2
 import numpy as np
 import torch
 
-from utils.data.classify_dataset import (
+from data.classify_dataset import (
     ClassificationDataset,
     ClassifyTrainTransforms,
     classify_val_transforms,
 )
-from utils.data.image_files import disk_cache_path
-from utils.data.loader import build_dataloader
+from data.image_files import disk_cache_path
+from data.loader import build_dataloader
 
 
 def test_shapes_dtypes_and_collate(shapes_cls):

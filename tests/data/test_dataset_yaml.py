@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from utils.data import dataset_yaml as dy
-from utils.data.dataset_yaml import (
+from data import dataset_yaml as dy
+from data.dataset_yaml import (
     DatasetError,
     DatasetNotFoundError,
     check_cls_dataset,

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from utils.data.detect_dataset import YOLODataset
-from utils.data.image_files import disk_cache_path
-from utils.data.label_formats import SegmentLabels
-from utils.data.loader import rank_indices
+from data.detect_dataset import YOLODataset
+from data.image_files import disk_cache_path
+from data.label_formats import SegmentLabels
+from data.loader import rank_indices
 from utils.errors import BadDataset
 
 STRONG = {"degrees": 15.0, "shear": 5.0, "perspective": 0.0005, "translate": 0.1, "scale": 0.5, "mixup": 0.5,

@@ -19,12 +19,12 @@ import zipfile
 import pytest
 import yaml
 
+from data import downloads
+from data.dataset_yaml import DatasetError, check_det_dataset
+from data.downloads import DownloadFailed, fetch
+from data.streams import open_source
 from models.checkpoints import attempt_load, model_to_ckpt, releases, save_checkpoint
 from models.yolo import DetectionModel
-from utils.data import downloads
-from utils.data.dataset_yaml import DatasetError, check_det_dataset
-from utils.data.downloads import DownloadFailed, fetch
-from utils.data.streams import open_source
 from utils.errors import UserError
 from utils.files import ROOT
 

@@ -1,5 +1,5 @@
 """A generated corpus of broken detection data, one fault kind per image, each with its exact expected outcome
-(the policy in utils/data/labels.verify_image_label): skipped with a reason naming the file, kept as background,
+(the policy in data/labels.verify_image_label): skipped with a reason naming the file, kept as background,
 kept with a note, clipped, converted. Then one training epoch on it runs to the end and lists every skipped image
 in the run folder, and a 2-epoch run on 30 % bad label files never loads one of those images."""
 
@@ -15,10 +15,10 @@ import yaml
 from PIL import Image
 
 import train
-from utils.data import detect_dataset
-from utils.data.detect_dataset import YOLODataset
-from utils.data.label_formats import SegmentLabels
-from utils.data.synthetic import generate_dataset
+from data import detect_dataset
+from data.detect_dataset import YOLODataset
+from data.label_formats import SegmentLabels
+from data.synthetic import generate_dataset
 
 BOX = "0 0.5 0.5 0.2 0.2"
 
@@ -348,7 +348,7 @@ def test_a_group_holding_a_deleted_image_still_loads(det_copy, yolo_log, group):
 
 
 def test_a_class_folder_without_readable_images_is_named(shapes_cls, tmp_path):
-    from utils.data.classify_dataset import ClassificationDataset
+    from data.classify_dataset import ClassificationDataset
 
     root = tmp_path / "cls"
     shutil.copytree(shapes_cls, root)

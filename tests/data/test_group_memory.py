@@ -4,7 +4,7 @@ group's samples or its batches, not both."""
 import gc
 import weakref
 
-from utils.data.loader import _CollateGroup
+from data.loader import _CollateGroup
 
 
 class _Sample:

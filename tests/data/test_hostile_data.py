@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import yaml
 
+from data import label_cache
+from data.dataset_yaml import DatasetError, check_det_dataset
+from data.detect_dataset import YOLODataset
+from data.labels import write_problems
 from models.checkpoints import model_to_ckpt, save_checkpoint
 from models.yolo import DetectionModel
 from tests.capped import run_capped
-from utils.data import label_cache
-from utils.data.dataset_yaml import DatasetError, check_det_dataset
-from utils.data.detect_dataset import YOLODataset
-from utils.data.labels import write_problems
 
 
 def _bomb():

@@ -1,4 +1,4 @@
-"""The label cache (utils/data/label_cache.py): a format that cannot run code, rebuilt with one warning when it is
+"""The label cache (data/label_cache.py): a format that cannot run code, rebuilt with one warning when it is
 corrupt, foreign or of another version, never written by a rank other than local rank 0, and a read-only dataset
 folder costs one warning, never a crash."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import train
-from utils.data import label_cache
-from utils.data.detect_dataset import YOLODataset
-from utils.data.label_cache import load_cache, save_cache
+from data import label_cache
+from data.detect_dataset import YOLODataset
+from data.label_cache import load_cache, save_cache
 
 
 class Payload:

@@ -10,11 +10,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from data.detect_dataset import YOLODataset
+from data.image_weights import ImageWeightSampler
+from data.label_formats import DetectLabels, PoseLabels, SegmentLabels
+from data.label_store import LabelStore, PathList, check_packed, pack_records
 from tests.conftest import ROOT
-from utils.data.detect_dataset import YOLODataset
-from utils.data.image_weights import ImageWeightSampler
-from utils.data.label_formats import DetectLabels, PoseLabels, SegmentLabels
-from utils.data.label_store import LabelStore, PathList, check_packed, pack_records
 
 
 def _records(n, kind, seed=0):

@@ -1,4 +1,4 @@
-"""utils/data/label_studio.py: Label Studio's JSON export read natively. Each export is written by the test as Label
+"""data/label_studio.py: Label Studio's JSON export read natively. Each export is written by the test as Label
 Studio writes one (a list of tasks; regions in percent of the image), and every expected label is worked out by hand
 from those percentages."""
 
@@ -8,9 +8,9 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.data.dataset_yaml import check_det_dataset, check_pose_dataset
-from utils.data.detect_dataset import YOLODataset
-from utils.data.label_formats import PoseLabels
+from data.dataset_yaml import check_det_dataset, check_pose_dataset
+from data.detect_dataset import YOLODataset
+from data.label_formats import PoseLabels
 from utils.errors import BadDataset
 
 

@@ -4,10 +4,10 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.data import label_cache
-from utils.data import labels as labels_mod
-from utils.data.detect_dataset import YOLODataset
-from utils.data.image_files import img2label_paths, scan_files
+from data import label_cache
+from data import labels as labels_mod
+from data.detect_dataset import YOLODataset
+from data.image_files import img2label_paths, scan_files
 
 
 def _dataset(root, **kw):

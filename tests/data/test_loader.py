@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+from data import loader as loader_mod
+from data.augment import SampleRNG
+from data.detect_dataset import YOLODataset
+from data.loader import SmartDistributedSampler, build_dataloader, rank_indices, set_loader_epoch
 from tests.ddp_utils import descendants, proc_stat
-from utils.data import loader as loader_mod
-from utils.data.augment import SampleRNG
-from utils.data.detect_dataset import YOLODataset
-from utils.data.loader import SmartDistributedSampler, build_dataloader, rank_indices, set_loader_epoch
 from utils.files import ROOT
 
 
@@ -260,7 +260,7 @@ def test_an_epoch_loaded_ahead_is_the_epoch_set(tmp_path, monkeypatch):
     ("cuda", 2, 2, 128, 8),  # at most GPU_WORKERS
 ])
 def test_default_workers(monkeypatch, device, threads, local_procs, cores, expected):
-    from utils.data import loader
+    from data import loader
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     monkeypatch.setattr(loader.os, "cpu_count", lambda: cores)
@@ -271,7 +271,7 @@ def test_default_workers(monkeypatch, device, threads, local_procs, cores, expec
 ORPHAN_SCRIPT = """
 import os, sys, time
 from torch.utils.data import Dataset
-from utils.data.loader import build_dataloader
+from data.loader import build_dataloader
 
 class Stuck(Dataset):
     def __len__(self):
@@ -325,7 +325,7 @@ def test_a_worker_dies_with_its_killed_rank(tmp_path):
     (1, 4, 8, 16, 0),  # fewer cores than ranks
 ])
 def test_loader_workers(monkeypatch, cores, local_ranks, workers, batch, expected):
-    """One rule for the training and the validation loaders (utils.data.loader.loader_workers)."""
+    """One rule for the training and the validation loaders (data.loader.loader_workers)."""
     monkeypatch.setattr(loader_mod.os, "cpu_count", lambda: cores)
     monkeypatch.setattr(loader_mod, "get_local_world_size", lambda: local_ranks)
     assert loader_mod.loader_workers(workers, batch) == expected

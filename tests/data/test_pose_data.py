@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import yaml
 
-from utils.data.augment import Instances, random_perspective
-from utils.data.dataset_yaml import DatasetError, check_pose_dataset
-from utils.data.detect_dataset import YOLODataset
-from utils.data.label_formats import BadLine, PoseLabels
-from utils.data.synthetic import POSE_FLIP_IDX, generate_dataset
+from data.augment import Instances, random_perspective
+from data.dataset_yaml import DatasetError, check_pose_dataset
+from data.detect_dataset import YOLODataset
+from data.label_formats import BadLine, PoseLabels
+from data.synthetic import POSE_FLIP_IDX, generate_dataset
 
 
 @pytest.fixture(scope="module")

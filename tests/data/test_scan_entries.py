@@ -5,10 +5,10 @@ files in the wrong folder)."""
 import os
 import shutil
 
-from utils.data.classify_dataset import ClassificationDataset
-from utils.data.dataset_yaml import check_cls_dataset
-from utils.data.detect_dataset import YOLODataset
-from utils.data.image_files import disk_cache_path, scan_files
+from data.classify_dataset import ClassificationDataset
+from data.dataset_yaml import check_cls_dataset
+from data.detect_dataset import YOLODataset
+from data.image_files import disk_cache_path, scan_files
 
 
 def test_hidden_folders_and_loose_files_in_a_classification_split(shapes_cls, tmp_path):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from utils.data import labels as labels_mod
-from utils.data.jpeg_header import plain_jpeg_size
-from utils.data.label_formats import DetectLabels, PoseLabels, SegmentLabels
+from data import labels as labels_mod
+from data.jpeg_header import plain_jpeg_size
+from data.label_formats import DetectLabels, PoseLabels, SegmentLabels
 
 
 def _jpeg(path, w=80, h=50, orientation=None, progressive=False, mode="RGB", little_endian=False):

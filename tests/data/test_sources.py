@@ -2,7 +2,7 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.data.sources import LoadImages
+from data.sources import LoadImages
 
 
 def _images(shapes_det):
@@ -79,7 +79,7 @@ def test_a_folder_is_read_itself_not_its_sub_folders(shapes_det, tmp_path, caplo
     import logging
     import shutil
 
-    from utils.loggers import LOGGER
+    from utils.log import LOGGER
 
     files = _images(shapes_det)
     folder = tmp_path / "photos"

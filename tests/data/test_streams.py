@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from utils.data.sources import LoadImages
-from utils.data.streams import LoadStreams, open_source
+from data.sources import LoadImages
+from data.streams import LoadStreams, open_source
 from utils.errors import BadFile
 
 N_FRAMES = 12
@@ -19,7 +19,7 @@ STALL_AFTER = 6  # frames the stalling stream sends (enough for the reader to op
 @pytest.fixture
 def log(caplog):
     """Records of the project logger (it does not propagate to the root logger once set_logging has run)."""
-    from utils.loggers import LOGGER
+    from utils.log import LOGGER
 
     LOGGER.addHandler(caplog.handler)
     yield caplog

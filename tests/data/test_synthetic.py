@@ -2,8 +2,8 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.data import synthetic
-from utils.data.synthetic import CLASS_NAMES, generate_dataset, render_sample
+from data import synthetic
+from data.synthetic import CLASS_NAMES, generate_dataset, render_sample
 
 DIFF = 40  # JPEG error and background noise stay well below this; shape colours contrast by >= 130
 
@@ -100,14 +100,14 @@ def test_refuses_to_overwrite_and_cli(tmp_path):
 
 
 def test_workers_write_the_same_bytes(tmp_path, monkeypatch):
-    import utils.data.synthetic
+    import data.synthetic
 
     one = generate_dataset(tmp_path / "one", "detect", 20, 4, seed=5, min_side=64, max_side=96)
     pools = []
-    mp = utils.data.synthetic.multiprocessing
+    mp = data.synthetic.multiprocessing
     get_context = mp.get_context
     monkeypatch.setattr(mp, "get_context", lambda method: pools.append(method) or get_context(method))
-    monkeypatch.setattr(utils.data.synthetic, "IMAGES_PER_WORKER", 4)  # a pool for 20 images (else one process)
+    monkeypatch.setattr(data.synthetic, "IMAGES_PER_WORKER", 4)  # a pool for 20 images (else one process)
     two = generate_dataset(tmp_path / "two", "detect", 20, 4, seed=5, min_side=64, max_side=96, workers=2)
     assert pools == ["spawn"]  # the train split's 20 images in 2 processes; the 4 val images in this one
     files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
@@ -118,7 +118,7 @@ def test_workers_write_the_same_bytes(tmp_path, monkeypatch):
 def test_pose_labels_are_rectangle_corners_hidden_where_covered(tmp_path):
     """Pose labels: every instance a rectangle, its 4 keypoints the drawn polygon's corners in its own order, visible
     (2) unless a later shape covers the corner (0); the corner_visibility rule checked on a hand-made overlap."""
-    from utils.data.synthetic import POSE_CLASS, Shape, corner_visibility
+    from data.synthetic import POSE_CLASS, Shape, corner_visibility
 
     root = generate_dataset(tmp_path / "pose", task="pose", n_train=4, n_val=1, seed=0, min_side=96, max_side=128)
     for i in range(4):

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+import losses as criteria
 import train
 from engine.hyp import (
     READERS,
@@ -19,11 +20,10 @@ from engine.hyp import (
     require_keys,
     run_hyp,
 )
+from losses import V5DetectionLoss
 from models.yolo import DetectionModel, head_class, yaml_model_load
-from utils import loss as criteria
 from utils.errors import BadModelYaml, BadOption, run_cli
 from utils.files import ROOT
-from utils.loss import V5DetectionLoss
 
 
 def cli(argv, capsys):
@@ -46,7 +46,7 @@ def test_readers_of_one_key_agree_and_every_shipped_file_is_complete():
 
 
 def test_the_first_missing_key_is_named_with_its_reader():
-    with pytest.raises(BadOption, match=r"^hyp hyp.v8.yaml: 'obj' is missing; V5DetectionLoss \(utils/loss/v5.py\)"):
+    with pytest.raises(BadOption, match=r"^hyp hyp.v8.yaml: 'obj' is missing; V5DetectionLoss \(losses/v5.py\)"):
         require_keys(read_hyp("hyp.v8.yaml"), [Reader.of(V5DetectionLoss)], None, "hyp.v8.yaml")
 
 
@@ -67,7 +67,7 @@ def test_a_missing_key_is_one_line_naming_its_reader(shapes_detect, tmp_path, ca
     code, lines = cli(_args(shapes_detect, tmp_path, "--cfg", str(tmp_path / "yolov8n.yaml")), capsys)
     assert code == 2 and len(lines) == 1, lines
     assert re.fullmatch(r"error: hyp \S*hyp\.scratch-low\.yaml: 'dfl' is missing; "
-                        r"V8DetectionLoss \(utils/loss/v8\.py\) reads it", lines[0]), lines
+                        r"V8DetectionLoss \(losses/v8\.py\) reads it", lines[0]), lines
 
 
 def test_a_classifier_hyp_for_a_detector_is_completed_not_a_traceback():

@@ -1,5 +1,5 @@
-"""The predictor walks its task's fields (utils/fields.py): a made-up model output for an image 200 wide and 100 high
-letterboxed to a 64 x 48 input (gain 0.32, 8 px of padding above and below), through `postprocess` and
+"""The predictor walks its task's fields (evaluation/fields.py): a made-up model output for an image 200 wide and 100
+high letterboxed to a 64 x 48 input (gain 0.32, 8 px of padding above and below), through `postprocess` and
 `write_result`, against coordinates, lines and pixels worked out by hand."""
 
 from types import SimpleNamespace
@@ -11,10 +11,10 @@ import detect
 from engine.options import DetectPredictOptions, PoseValOptions
 from engine.tasks.detect import DetectionPredictor
 from engine.tasks.pose import PoseValidator
+from evaluation.fields import Boxes, ClassScores, Field, Keypoints, Masks, Predictions
+from evaluation.plots import colors
 from utils import ops
-from utils.fields import Boxes, ClassScores, Field, Keypoints, Masks, Predictions
 from utils.ops import OutputLayout
-from utils.plots import colors
 
 IM0 = (100, 200, 3)
 INPUT = torch.zeros(1, 3, 48, 64)

@@ -12,13 +12,13 @@ import pytest
 
 import train
 from models.checkpoints import load_checkpoint
-from tests.utils.test_trackers import SMALL, mlflow_runs, results_rows
+from tests.engine.test_trackers import SMALL, mlflow_runs, results_rows
 
 # the final validation is the run's second on_val_end with one epoch; the process then ends by `signum`
 KILLED_IN_FINAL_VALIDATION = """
 import os, sys
 import train
-from tests.utils.test_trackers import SMALL
+from tests.engine.test_trackers import SMALL
 from utils.cli import options_from_kwargs
 from utils.errors import run_cli
 calls = []

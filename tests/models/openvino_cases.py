@@ -23,7 +23,7 @@ from models.backend import InferenceBackend, flatten_outputs
 from models.checkpoints import attempt_load
 from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 from utils.errors import BadFile, BadOption
-from utils.loggers import LOGGER
+from utils.log import LOGGER
 
 pytest.importorskip("openvino")
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +40,8 @@ def export(weights, include=("openvino",), **options):
 @pytest.fixture(scope="module")
 def calib_data(tmp_path_factory):
     """A dataset YAML whose train split holds 40 images (the calibration floor is 32), one of them undecodable."""
+    from data.synthetic import generate_dataset
     from tests.conftest import write_yaml
-    from utils.data.synthetic import generate_dataset
 
     root = tmp_path_factory.mktemp("calib")
     generate_dataset(root, task="detect", n_train=40, n_val=4, seed=1, min_side=64, max_side=96)

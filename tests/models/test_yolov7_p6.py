@@ -13,13 +13,13 @@ from fixtures.make_zoo_parity import FIXTURES, combined_fingerprint, key_lines, 
 from models_testutil import PARITY, assert_close_per_channel
 
 from engine.hyp import read_hyp
+from losses import build_criterion
+from losses.v5 import match_anchors
+from losses.v7_ota import AuxOTADetectionLoss, OTADetectionLoss
 from models.checkpoints import transfer_weights
 from models.heads import IAuxDetect
 from models.yolo import DetectionModel, parse_model, yaml_model_load
 from utils.errors import BadModelYaml, BadOption
-from utils.loss import build_criterion
-from utils.loss.v5 import match_anchors
-from utils.loss.v7_ota import AuxOTADetectionLoss, OTADetectionLoss
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
-from utils.data.image_files import disk_cache_path
+from data.image_files import disk_cache_path
 from utils.files import publish
 
 N = 4
@@ -30,12 +30,12 @@ SYNTH = {"task": "detect", "n_train": 6, "n_val": 2, "seed": 3, "min_side": 64, 
 def _scenario(name, root):
     """One process's part of scenario `name`; returns a picklable summary of what it saw."""
     if name == "generate":
-        from utils.data.dataset_yaml import check_det_dataset
+        from data.dataset_yaml import check_det_dataset
 
         check_det_dataset(str(root / "gen.yaml"))
         return sorted(p.name for p in (root / "gen" / "shapes" / "images" / "train").iterdir())
     if name == "download":
-        from utils.data.downloads import download
+        from data.downloads import download
 
         download((root / "src" / "pack.zip").as_uri(), dir=root / "dl")
         return _listing(root / "dl")
@@ -44,7 +44,7 @@ def _scenario(name, root):
 
         mc.official_url = lambda name: (root / "src" / "yolov5s.pt").as_uri()  # no network: a local release
         return str(mc.attempt_download("yolov5s.pt", root / "weights"))
-    from utils.data.detect_dataset import YOLODataset
+    from data.detect_dataset import YOLODataset
 
     data = root / "data" / "images" / "train"
     ds = YOLODataset(str(data), imgsz=64, nc=3, cache="disk" if name == "cache_disk" else None)
@@ -69,7 +69,7 @@ def _worker(root, barrier, queue):
 @pytest.fixture(scope="module")
 def race(tmp_path_factory):
     """{scenario: [result of each process]} after N processes ran every scenario together."""
-    from utils.data.synthetic import generate_dataset
+    from data.synthetic import generate_dataset
 
     root = tmp_path_factory.mktemp("race")
     src = root / "src"
@@ -143,10 +143,10 @@ def test_weights_download_race(race):
 
 
 def test_label_cache_race(race):
-    from utils.data.image_files import files_hash, img2label_paths, scan_files
-    from utils.data.label_cache import load_cache
-    from utils.data.label_formats import DetectLabels
-    from utils.data.labels import CACHE_VERSION
+    from data.image_files import files_hash, img2label_paths, scan_files
+    from data.label_cache import load_cache
+    from data.label_formats import DetectLabels
+    from data.labels import CACHE_VERSION
 
     root, results = race
     labels = _all_ok(results["label_cache"])
@@ -199,7 +199,7 @@ def _one_zip(tmp_path):
 def test_an_archive_fetched_anew_during_a_racing_unpack_is_unpacked(tmp_path, monkeypatch):
     """The race test's failure under load: process A unpacks and deletes the archive while B reads its size, and C
     fetches it anew meanwhile, so the archive is there again when B looks: B unpacks that copy."""
-    from utils.data import downloads
+    from data import downloads
 
     real, calls = downloads._unpack_into, []
 
@@ -216,7 +216,7 @@ def test_an_archive_fetched_anew_during_a_racing_unpack_is_unpacked(tmp_path, mo
 
 
 def test_an_archive_another_process_unpacked_and_deleted_is_not_unpacked_again(tmp_path, monkeypatch):
-    from utils.data import downloads
+    from data import downloads
 
     calls = []
 
@@ -231,7 +231,7 @@ def test_an_archive_another_process_unpacked_and_deleted_is_not_unpacked_again(t
 
 
 def test_an_archive_that_keeps_vanishing_is_an_error(tmp_path, monkeypatch):
-    from utils.data import downloads
+    from data import downloads
 
     def always(archive, dir, within):
         raise FileNotFoundError(archive)

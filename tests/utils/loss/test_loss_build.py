@@ -4,7 +4,7 @@ import pytest
 import torch
 from loss_fakes import HYP_V5, HYP_V8, box_masks, fake_model, missing_grads
 
-from utils.loss import REGISTRY, build_criterion
+from losses import REGISTRY, build_criterion
 
 CASES = [  # (fake kind, nm, default_loss, hyp)
     ("anchor", 0, "v5", HYP_V5),

@@ -3,7 +3,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from utils.loss import ClassificationLoss
+from losses import ClassificationLoss
 
 
 def test_sum_over_nominal_batch_and_mean_items():

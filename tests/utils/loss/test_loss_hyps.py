@@ -5,7 +5,7 @@ import torch
 import yaml
 from loss_fakes import det_batch, fake_model
 
-from utils.loss import build_criterion
+from losses import build_criterion
 
 HYPS = Path(__file__).resolve().parents[3] / "data" / "hyps"
 TRAIN_KEYS = {"lr0", "lrf", "momentum", "weight_decay", "warmup_epochs", "warmup_momentum", "warmup_bias_lr",

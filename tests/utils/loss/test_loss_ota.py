@@ -3,8 +3,8 @@ import torch.nn.functional as F
 from loss_fakes import HYP_V5, det_batch, fake_model
 from make_loss_reference import evaluate
 
-from utils.loss import OTADetectionLoss, V5DetectionLoss
-from utils.loss.v7_ota import _class_cost, dynamic_k_match, image_blocks
+from losses import OTADetectionLoss, V5DetectionLoss
+from losses.v7_ota import _class_cost, dynamic_k_match, image_blocks
 
 
 def test_dynamic_k_hand_case():
@@ -125,7 +125,7 @@ def test_image_blocks_hold_whole_images_within_the_pair_limit():
 def test_blocks_of_images_match_as_one_matrix(criteria, reference, monkeypatch):
     """The reference batch's OTA loss and gradients with the batch matched one image per block equal those of one
     matrix (and so the per-image matching of the criteria before it, test_loss_reference.py)."""
-    import utils.loss.v7_ota as ota
+    import losses.v7_ota as ota
 
     ref = reference["ota"]
     seen = []

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
+from evaluation.metrics import COCO_KPT_SIGMAS, keypoint_sigmas
+from losses.v8pose import V8PoseLoss, keypoint_location_loss
 from models.yolo import PoseModel
-from utils.loss.v8pose import V8PoseLoss, keypoint_location_loss
-from utils.metrics import COCO_KPT_SIGMAS, keypoint_sigmas
 
 
 def test_keypoint_location_loss_by_hand():

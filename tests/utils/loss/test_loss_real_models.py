@@ -4,7 +4,7 @@ import pytest
 import torch
 from loss_fakes import box_masks, missing_grads
 
-from utils.loss import REGISTRY
+from losses import REGISTRY
 
 yolo = pytest.importorskip("models.yolo", reason="models/yolo.py is not there yet")
 HYP_V5 = {"box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}

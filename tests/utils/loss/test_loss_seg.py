@@ -4,8 +4,8 @@ import pytest
 import torch
 from loss_fakes import HYP_V5, HYP_V8, box_masks, det_batch, fake_model
 
-from utils.loss import V5SegmentationLoss, V8SegmentationLoss
-from utils.loss.seg import mask_loss, prepare_masks
+from losses import V5SegmentationLoss, V8SegmentationLoss
+from losses.seg import mask_loss, prepare_masks
 
 
 def square_case():

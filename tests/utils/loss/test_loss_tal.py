@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from utils.loss.tal import TaskAlignedAssigner, anchors_in_boxes, widen_small_boxes
+from losses.tal import TaskAlignedAssigner, anchors_in_boxes, widen_small_boxes
 
 ROW = torch.tensor([[x + 0.5, 0.5] for x in range(6)])  # six anchor centres along one row
 

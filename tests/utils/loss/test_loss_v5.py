@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from loss_fakes import HYP_V5, det_batch, fake_model, make_targets
 
-from utils.loss import V5DetectionLoss
-from utils.loss.common import bce, level_balance
-from utils.loss.v5 import match_anchors
+from losses import V5DetectionLoss
+from losses.common import bce, level_balance
+from losses.v5 import match_anchors
 
 # Grid-unit anchors of two levels (8x8 and 4x4 cells); the third of each is too big (ratio 4, not < anchor_t).
 ANCHORS = torch.tensor([[[1.0, 1.0], [2.0, 2.0], [8.0, 8.0]], [[0.5, 0.5], [3.0, 3.0], [5.0, 5.0]]])

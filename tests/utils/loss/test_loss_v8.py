@@ -2,9 +2,9 @@ import torch
 import torch.nn.functional as F
 from loss_fakes import HYP_V8, det_batch, fake_model, make_targets
 
-from utils.loss import V8DetectionLoss
-from utils.loss.common import pad_targets
-from utils.loss.v8 import distribution_focal_loss
+from losses import V8DetectionLoss
+from losses.common import pad_targets
+from losses.v8 import distribution_focal_loss
 
 
 def test_dfl_matches_direct_computation():

@@ -1,0 +1,254 @@
+"""Per-task label formats of YOLODataset: how the geometry of one label line is read, and what a sample and a
+batch carry besides class and box.
+
+A task gives the dataset its format (`YOLODataset(..., task=SegmentLabels(overlap=False))`, or a name in
+FORMATS), and the dataset and the label checker never test which task they serve. A new task is one new class, as
+`PoseLabels`: it reads `cx cy w h` plus K keypoints in `parse` (returning the keypoints as the line's extra, stored
+under its `extra_key`), adds them to the sample in `add_to_sample` and to the batch in `collate`; its keypoints travel
+through the augmentations in data/augment.py as `Instances.keypoints`, and a left-right flip renames them by
+the format's `flip_idx`.
+"""
+
+import numpy as np
+import torch
+
+from data.augment import polygons_to_masks
+
+COORD_TOL = 0.01  # coordinates this far outside [0, 1] are clipped (rounding in exporters), further is an error
+MIN_AREA = 1e-9  # normalised polygon area below which it has no inside (a pixel of a 10000 px image is 1e-8)
+
+
+class BadLine(ValueError):
+    """A label line that cannot be trusted; the message says why."""
+
+
+def _check_range(xy):
+    """Raise BadLine for coordinates outside [0, 1] beyond the tolerance; True if some need clipping."""
+    lo, hi = xy.min(), xy.max()
+    if lo < -COORD_TOL or hi > 1 + COORD_TOL:
+        raise BadLine(f"coordinates outside [0, 1] ({lo:.3g}..{hi:.3g})")
+    return lo < 0 or hi > 1
+
+
+def _xyxy_to_box(x1, y1, x2, y2):
+    if x2 <= x1 or y2 <= y1:
+        raise BadLine("zero-area box inside the image")
+    return np.array([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], dtype=np.float32)
+
+
+def parse_box(xy):
+    """`cx cy w h` normalised -> (box xywhn (4,) clipped to the image, clipped?)."""
+    clipped = _check_range(xy)
+    cx, cy, w, h = xy
+    if w <= 0 or h <= 0:
+        raise BadLine("box width or height <= 0")
+    corners = np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
+    clipped = clipped or corners.min() < 0 or corners.max() > 1
+    return _xyxy_to_box(*np.clip(corners, 0, 1)), clipped
+
+
+def _zero_area_reason(polygon):
+    """Why the signed area of a polygon (k, 2) is (near) zero: its points lie on one line, or its outline crosses
+    itself so that loops going round in opposite directions cancel (a bow-tie)."""
+    d = polygon - polygon[0]
+    far = d[np.argmax((d**2).sum(1))]  # the point farthest from the first: with it, the line the points would lie on
+    # on that line, every point's triangle with the first and the farthest point has no area (the cross product is
+    # twice that area)
+    if np.abs(far[0] * d[:, 1] - far[1] * d[:, 0]).max() < MIN_AREA * 2:
+        return "zero-area polygon (its points lie on one line)"
+    return "polygon of zero net area (its outline crosses itself, so the areas of its loops cancel)"
+
+
+def parse_polygon(xy):
+    """`x1 y1 x2 y2 ...` normalised (>= 3 points) -> (box xywhn (4,), polygon (k, 2) float32, clipped?)."""
+    if len(xy) < 6 or len(xy) % 2:
+        raise BadLine(f"a polygon needs >= 3 x y pairs, got {len(xy)} coordinates")
+    clipped = _check_range(xy)
+    polygon = np.clip(xy.reshape(-1, 2), 0, 1)
+    x, y = polygon.T
+    if abs(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))) < MIN_AREA * 2:  # shoelace: twice the area
+        raise BadLine(_zero_area_reason(polygon))
+    (x1, y1), (x2, y2) = polygon.min(0), polygon.max(0)
+    return _xyxy_to_box(x1, y1, x2, y2), polygon.astype(np.float32), clipped
+
+
+class DetectLabels:
+    """Lines `cls cx cy w h` (a box) or `cls x1 y1 x2 y2 ...` (a polygon of >= 3 points; its box is used)."""
+
+    name = "detect"
+    extra_key = "segments"  # where a label record keeps the per-instance extras `parse` returns
+    line_format = "box-or-polygon"  # formats that parse lines alike share the label cache
+    flip_idx = None  # the keypoint order after a left-right flip (pose)
+    coco_prefixes = ("instances",)  # the COCO files (<prefix>_<split>.json) that hold this format's labels
+
+    def line(self, box, polygon, keypoints):
+        """The values after the class of this format's line for an object given as geometry (data/annotations:
+        box xywhn, outline (k, 2) normalised or None, keypoints (K, 3) normalised or None): its box, the annotated one
+        (COCO's `bbox`, what its evaluation scores)."""
+        return box
+
+    def parse(self, xy):
+        """Coordinates of one line (float64, after the class) -> (box xywhn, extra or None, clipped?)."""
+        if len(xy) == 4:
+            box, clipped = parse_box(xy)
+            return box, None, clipped
+        if len(xy) < 6 or len(xy) % 2:
+            raise BadLine(f"{len(xy) + 1} values, expected 5 (cls cx cy w h) or cls + >= 3 x y pairs")
+        return parse_polygon(xy)
+
+    extra_width = 2  # values per row of one instance's extra: polygon points (x, y)
+
+    def finish_packed(self, packed):
+        """The LabelStore fields this format makes of a packed scan (data/label_store.pack_records). Here:
+        an image keeps its outlines only when every one of its instances has one (they then give better boxes under
+        random perspective); the others have none."""
+        counts = np.diff(packed["inst"])
+        has = packed["has_extra"]
+        outlined = np.bincount(np.repeat(np.arange(len(counts)), counts), weights=has, minlength=len(counts))
+        keep_image = (outlined == counts) & (counts > 0)
+        keep = np.repeat(keep_image, counts) & has
+        lengths = np.where(keep, np.diff(packed["extra_ends"]), 0)
+        return {"has_segments": keep_image, "seg_ends": _offsets(lengths),
+                "points": packed["extra"][np.repeat(keep, np.diff(packed["extra_ends"]))]}
+
+    def add_to_sample(self, sample, inst, shape):
+        """Add this task's targets to `sample` for the augmented Instances `inst` of an image of `shape` (h, w);
+        returns the Instances in the order those targets follow."""
+        return inst
+
+    def collate(self, batch, out):
+        """Add this task's batch entries to the collated dict `out`."""
+
+
+class SegmentLabels(DetectLabels):
+    """Detection lines, each instance with an outline (a box-only line gets its rectangle); samples carry masks at
+    1/mask_ratio resolution, as one overlap map per image (overlap=True) or one mask per instance."""
+
+    name = "segment"
+
+    def __init__(self, overlap=True, mask_ratio=4):
+        self.overlap, self.mask_ratio = overlap, mask_ratio
+
+    def line(self, box, polygon, keypoints):
+        """Its outline where it has one, else its box (its mask is then the box)."""
+        return box if polygon is None else np.asarray(polygon).reshape(-1)
+
+    def finish_packed(self, packed):
+        """Every image has outlines: an instance without one gets its box's rectangle."""
+        has = packed["has_extra"]
+        lengths = np.where(has, np.diff(packed["extra_ends"]), 4)
+        points = np.empty((lengths.sum(), 2), np.float32)
+        own = np.repeat(has, lengths)
+        points[own] = packed["extra"]
+        points[~own] = _box_polygons(packed["bboxes"][~has]).reshape(-1, 2)
+        return {"has_segments": np.ones(len(packed["inst"]) - 1, bool), "seg_ends": _offsets(lengths),
+                "points": points}
+
+    def add_to_sample(self, sample, inst, shape):
+        masks, order = polygons_to_masks(inst.segments, shape, self.mask_ratio, self.overlap)
+        sample["masks"] = torch.from_numpy(masks)
+        return inst.select(order)
+
+    def collate(self, batch, out):
+        """`masks`, and how to read them: `overlap` and `mask_ratio` travel with the batch, so no consumer guesses
+        them from shapes."""
+        masks = [b["masks"] for b in batch]
+        out["overlap"], out["mask_ratio"] = self.overlap, self.mask_ratio
+        if self.overlap:  # one map per image; >= 255 instances in one image need int32
+            dtype = torch.int32 if any(m.dtype == torch.int32 for m in masks) else torch.uint8
+            out["masks"] = torch.stack([m.to(dtype) for m in masks])
+        else:
+            out["masks"] = torch.cat(masks, 0)
+
+
+def _box_polygons(boxes):
+    """(n, 4, 2) the rectangles of normalised xywh boxes (n, 4) float32 as polygons: the masks of labels that have
+    no outline."""
+    cx, cy, w, h = boxes.T
+    x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+    return np.stack([np.stack([x1, y1], 1), np.stack([x2, y1], 1), np.stack([x2, y2], 1), np.stack([x1, y2], 1)],
+                    1).astype(np.float32)
+
+
+def _offsets(lengths):
+    out = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+class PoseLabels(DetectLabels):
+    """Lines `cls cx cy w h` + K keypoints of `ndim` values each: x y normalised, and with ndim 3 a visibility (COCO's
+    0: not labelled, 1: labelled but hidden, 2: visible). kpt_shape (K, ndim) and flip_idx come from the dataset
+    YAML. A record keeps `keypoints` (n, K, 3) normalised; ndim-2 keypoints are all labelled (visibility 2), an
+    unlabelled keypoint's coordinates are not read (COCO writes 0 0 0). Samples and batches carry `keypoints`
+    (n, K, 3), x y normalised to the sample's image, visibility 0 where augmentation moved a keypoint outside it."""
+
+    name = "pose"
+    extra_key = "keypoints"
+    coco_prefixes = ("person_keypoints",)
+
+    def __init__(self, kpt_shape=(17, 3), flip_idx=None):
+        self.kpt_shape, self.flip_idx = tuple(kpt_shape), None if flip_idx is None else tuple(flip_idx)
+        self.line_format = f"box-keypoints-{self.kpt_shape[0]}x{self.kpt_shape[1]}"
+
+    def parse(self, xy):
+        k, ndim = self.kpt_shape
+        if len(xy) != 4 + k * ndim:
+            raise BadLine(f"{len(xy) + 1} values, expected {5 + k * ndim} (cls cx cy w h + {k} keypoints of {ndim} "
+                          "values)")
+        box, clipped = parse_box(xy[:4])
+        kpts = xy[4:].reshape(k, ndim)
+        visible = kpts[:, 2] if ndim == 3 else np.full(k, 2.0)
+        if not np.isin(visible, (0, 1, 2)).all():
+            raise BadLine(f"keypoint visibility must be 0, 1 or 2, got {visible[~np.isin(visible, (0, 1, 2))][0]:g}")
+        labelled = visible > 0
+        if labelled.any():
+            try:
+                clipped = _check_range(kpts[labelled, :2]) or clipped
+            except BadLine as e:
+                raise BadLine(f"keypoint {e}") from None
+        out = np.zeros((k, 3), np.float32)
+        out[labelled, :2] = np.clip(kpts[labelled, :2], 0, 1)
+        out[:, 2] = visible
+        return box, out, clipped
+
+    def line(self, box, polygon, keypoints):
+        """Its box and keypoints, of the dataset's kpt_shape."""
+        k, ndim = self.kpt_shape
+        if keypoints is None or len(keypoints) != k:
+            raise BadLine(f"{0 if keypoints is None else len(keypoints)} keypoints; the dataset's kpt_shape has {k}")
+        return [*box, *np.asarray(keypoints)[:, :ndim].reshape(-1)]
+
+    extra_width = 3  # x, y, visibility of each keypoint
+
+    def finish_packed(self, packed):
+        """No outlines; the keypoints (M, K, 3)."""
+        m = len(packed["cls"])
+        return {"has_segments": np.zeros(len(packed["inst"]) - 1, bool), "seg_ends": np.zeros(m + 1, np.int64),
+                "points": np.zeros((0, 2), np.float32),
+                "keypoints": packed["extra"].reshape(m, self.kpt_shape[0], 3)}
+
+    def add_to_sample(self, sample, inst, shape):
+        h, w = shape
+        kpts = inst.keypoints.astype(np.float32).copy()
+        kpts[..., 0] /= w
+        kpts[..., 1] /= h
+        sample["keypoints"] = torch.from_numpy(kpts)
+        return inst
+
+    def collate(self, batch, out):
+        """`keypoints` (N, K, 3) in `targets` order."""
+        out["keypoints"] = torch.cat([b["keypoints"] for b in batch], 0)
+
+
+# by name: the formats a name alone configures (pose needs its dataset's kpt_shape and flip_idx: pass the object)
+FORMATS = {"detect": DetectLabels, "segment": SegmentLabels}
+
+
+def get_format(task):
+    """A LabelFormat instance from an instance or a registered name."""
+    if not isinstance(task, str):
+        return task
+    if task not in FORMATS:
+        raise ValueError(f"task must be one of {sorted(FORMATS)} or a label format object, got {task!r}")
+    return FORMATS[task]()

@@ -1,0 +1,152 @@
+"""ByteTrack and BoT-SORT (without re-identification): ids for a stream of per-frame detections.
+
+`update(boxes, scores, classes, frame=None)` takes one frame's detections (xyxy, in the frame's pixels) and returns,
+for each detection that a confirmed track holds this frame, its index and the track's id. ByteTrack's idea is the
+second association: detections below `track_high_thresh` (but above `track_low_thresh`) are not thrown away but
+matched to the tracks the confident ones left, which keeps an id through a partial occlusion where the detector's
+score drops. BoT-SORT adds a Kalman filter over (cx, cy, w, h) and global motion compensation (engine/tracking/gmc.py).
+
+A track is born tentative from a confident unmatched detection (>= `new_track_thresh`), confirmed by a match on the
+next frame (on the first frame at once), lost when unmatched, and forgotten `track_buffer` frames (at 30 fps) after
+it was last seen; a lost track matched again gets its id back.
+"""
+
+import numpy as np
+
+from engine.tracking.gmc import SparseFlowGMC
+from engine.tracking.kalman import KalmanXYAH, KalmanXYWH, to_xyxy, xyxy_to
+from engine.tracking.matching import assign, box_iou, iou_cost
+
+TENTATIVE, TRACKED, LOST = "tentative", "tracked", "lost"
+
+
+class Track:
+    def __init__(self, kf, form, box, score, cls, frame):
+        self.kf, self.form = kf, form
+        self.mean, self.cov = kf.initiate(xyxy_to(box, form)[0])
+        self.score, self.cls, self.id = score, cls, None
+        self.state, self.start, self.last_seen = TENTATIVE, frame, frame
+
+    @property
+    def box(self):
+        return to_xyxy(self.mean[:4], self.form)[0]
+
+    def update(self, box, score, cls, frame):
+        self.mean, self.cov = self.kf.update(self.mean, self.cov, xyxy_to(box, self.form)[0])
+        self.score, self.cls, self.last_seen, self.state = score, cls, frame, TRACKED
+
+
+class ByteTracker:
+    """`cfg`: a engine/tracking/config.TrackerConfig; `frame_rate` scales how long a lost track is kept."""
+
+    kalman, form = KalmanXYAH, "xyah"
+    still = (7,)  # the size velocities a track not seen last frame loses (else the filter would shrink it away)
+
+    def __init__(self, cfg, frame_rate=30):
+        self.cfg, self.kf = cfg, self.kalman()
+        self.max_lost = max(1, int(frame_rate / 30 * cfg.track_buffer))
+        self.tracks, self.frame, self.next_id = [], 0, 1
+
+    def reset(self):
+        self.tracks, self.frame, self.next_id = [], 0, 1
+
+    def _predict(self, tracks):
+        if not tracks:
+            return
+        mean = np.stack([t.mean for t in tracks])
+        for m, t in zip(mean, tracks):
+            if t.state != TRACKED:
+                m[list(self.still)] = 0
+        mean, cov = self.kf.predict(mean, np.stack([t.cov for t in tracks]))
+        for t, m, c in zip(tracks, mean, cov):
+            t.mean, t.cov = m, c
+
+    def compensate(self, tracks, frame):
+        """Hook: camera motion (BoT-SORT)."""
+
+    def _match(self, tracks, boxes, scores, idx, thresh, fuse):
+        """Pair `tracks` with detections `idx`: (matched (track, detection index) pairs, tracks left, indices left)."""
+        cost = iou_cost(np.array([t.box for t in tracks]).reshape(-1, 4), boxes[idx],
+                        scores[idx] if fuse else None)
+        pairs, rest_t, rest_d = assign(cost, thresh)
+        return [(tracks[i], idx[j]) for i, j in pairs], [tracks[i] for i in rest_t], [idx[j] for j in rest_d]
+
+    def update(self, boxes, scores, classes, frame=None):
+        """One frame: `boxes` (n, 4) xyxy, `scores` (n,), `classes` (n,); `frame` the image (BoT-SORT's motion
+        compensation reads it). Returns (detection indices, track ids), int arrays of the detections a confirmed
+        track holds this frame."""
+        cfg = self.cfg
+        self.frame += 1
+        boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+        scores, classes = np.asarray(scores, dtype=np.float64).reshape(-1), np.asarray(classes).reshape(-1)
+        high = np.flatnonzero(scores >= cfg.track_high_thresh)
+        low = np.flatnonzero((scores > cfg.track_low_thresh) & (scores < cfg.track_high_thresh))
+        confirmed = [t for t in self.tracks if t.state in (TRACKED, LOST)]
+        tentative = [t for t in self.tracks if t.state == TENTATIVE]
+        self._predict(self.tracks)
+        self.compensate(self.tracks, frame)
+        held = []  # (track, detection index)
+        pairs, rest, left = self._match(confirmed, boxes, scores, high, cfg.match_thresh, cfg.fuse_score)
+        held += pairs
+        pairs, rest, _ = self._match([t for t in rest if t.state == TRACKED], boxes, scores, low, 0.5, False)
+        held += pairs
+        for t in rest:
+            t.state = LOST
+        pairs, unmatched, left = self._match(tentative, boxes, scores, np.array(left, int), 0.7, cfg.fuse_score)
+        held += pairs
+        dropped = set(map(id, unmatched))  # a tentative track unmatched on its second frame was noise
+        for t, j in held:
+            t.update(boxes[j], scores[j], classes[j], self.frame)
+            if t.id is None:
+                t.id, self.next_id = self.next_id, self.next_id + 1
+        for j in left:
+            if scores[j] >= cfg.new_track_thresh:
+                t = Track(self.kf, self.form, boxes[j], scores[j], classes[j], self.frame)
+                if self.frame == 1:  # the first frame's tracks are confirmed at once
+                    t.state, t.id, self.next_id = TRACKED, self.next_id, self.next_id + 1
+                    held.append((t, j))
+                self.tracks.append(t)
+        self.tracks = [t for t in self.tracks if id(t) not in dropped and self.frame - t.last_seen <= self.max_lost]
+        self._drop_duplicates()
+        held = [(t, j) for t, j in held if t in self.tracks]
+        return (np.array([j for _, j in held], int), np.array([t.id for t, _ in held], int))
+
+    def _drop_duplicates(self):
+        """A lost track that sits on a tracked one (IoU > 0.85) is the same object: the younger of the two goes."""
+        tracked = [t for t in self.tracks if t.state == TRACKED and t.id is not None]
+        lost = [t for t in self.tracks if t.state == LOST]
+        if not tracked or not lost:
+            return
+        iou = box_iou(np.array([t.box for t in tracked]), np.array([t.box for t in lost]))
+        gone = set()
+        for i, j in zip(*np.nonzero(iou > 0.85)):
+            a, b = tracked[i], lost[j]
+            gone.add(id(b) if self.frame - a.start >= self.frame - b.start else id(a))
+        self.tracks = [t for t in self.tracks if id(t) not in gone]
+
+
+class BotSort(ByteTracker):
+    """ByteTrack with a (cx, cy, w, h) filter and global motion compensation (`gmc_method: sparseOptFlow`)."""
+
+    kalman, form = KalmanXYWH, "xywh"
+    still = (6, 7)
+
+    def __init__(self, cfg, frame_rate=30):
+        super().__init__(cfg, frame_rate)
+        self.gmc = SparseFlowGMC() if cfg.gmc_method == "sparseOptFlow" else None
+
+    def reset(self):
+        super().reset()
+        self.gmc = SparseFlowGMC() if self.cfg.gmc_method == "sparseOptFlow" else None
+
+    def compensate(self, tracks, frame):
+        if self.gmc is None or frame is None:
+            return
+        A = self.gmc.apply(frame)
+        if not tracks or np.allclose(A, np.eye(2, 3)):
+            return
+        R8 = np.kron(np.eye(4), A[:, :2])  # the rotation and scale on each (x, y) pair of the state
+        for t in tracks:
+            t.mean = R8 @ t.mean
+            t.mean[:2] += A[:, 2]
+            t.cov = R8 @ t.cov @ R8.T
