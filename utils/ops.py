@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from utils.log import LOGGER
+from utils.rotated import rotated_nms
 from utils.versions import torchvision_nms
 
 
@@ -228,7 +229,8 @@ class OutputLayout:
 
     Every anchor's row is, in order: the box as xywh input pixels, an objectness column if `objectness`, `nc` class
     scores, `nm` mask coefficients, then `kpt_shape` = (K, ndim) keypoints as K x ndim values (x, y in input pixels,
-    and a visibility probability when ndim is 3). `channels_last`: rows are (B, anchors, C) (v5/v7) rather than
+    and a visibility probability when ndim is 3), then with `angle` the box's rotation in radians (an oriented box,
+    xywhr: utils/rotated.py). `channels_last`: rows are (B, anchors, C) (v5/v7) rather than
     (B, C, anchors) (v8). The eval output is either the prediction tensor alone or a tuple starting with it; `proto` is
     the index path of the mask prototypes in that tuple (empty when the head has none). `train` holds the index paths
     of what the head returns in train mode, which its criterion takes: one path, or one per item of a tuple.
@@ -241,6 +243,7 @@ class OutputLayout:
     proto: tuple = ()
     train: tuple = ((1,),)
     kpt_shape: tuple = ()
+    angle: bool = False
 
     def __post_init__(self):
         # lists after a JSON round trip (export metadata)
@@ -272,7 +275,7 @@ class OutputLayout:
     @property
     def width(self):
         """Columns of a prediction row."""
-        return self.kpts.stop
+        return self.kpts.stop + self.angle
 
     def det_keypoints(self, det):
         """Keypoints (n, K, ndim) of NMS output rows (n, 6 + nm + nk), for a layout with keypoints."""
@@ -317,7 +320,8 @@ def non_max_suppression(
     time_limit=None,
 ):
     """NMS for every head: returns per image a tensor (n, 6 + nm + nk) = xyxy, conf, cls, mask coefficients,
-    keypoints (the layout's columns after the class scores, carried as they are).
+    keypoints (the layout's columns after the class scores, carried as they are). An oriented-box layout's rows are
+    (n, 7) = xywh, conf, cls, angle: the box stays xywhr, and boxes overlap by probabilistic IoU (`rotated_nms`).
 
     `prediction` is a head's eval output (or its prediction tensor) and `layout` the head's `OutputLayout`. The
     confidence is the class score, times the objectness where the head has one. Boxes are offset by class (max_wh)
@@ -338,7 +342,7 @@ def non_max_suppression(
         if not x.shape[0]:
             continue
         scores = x[:, layout.cls] * x[:, 4:5] if layout.objectness else x[:, layout.cls]
-        box = xywh2xyxy(x[:, :4])
+        box = x[:, :4] if layout.angle else xywh2xyxy(x[:, :4])
         mask = x[:, extra]  # mask coefficients and keypoints
         if multi_label:
             i, j = (scores > conf_thres).nonzero(as_tuple=False).T
@@ -352,7 +356,11 @@ def non_max_suppression(
             continue
         x = x[x[:, 4].argsort(descending=True)[:max_nms]]
         offsets = x[:, 5:6] * (0 if agnostic else max_wh)
-        keep = first_kept(x[:, :4] + offsets, x[:, 4], iou_thres, max_det)
+        if layout.angle:  # the class offset moves the centre: xywhr boxes of other classes never overlap
+            keep = first_kept(torch.cat((x[:, :2] + offsets, x[:, 2:4], x[:, -1:]), 1), x[:, 4], iou_thres,
+                              max_det, rotated_nms)
+        else:
+            keep = first_kept(x[:, :4] + offsets, x[:, 4], iou_thres, max_det)
         output[xi] = x[keep]
         if time_limit is not None and time.time() - t0 > time_limit:
             LOGGER.warning(
@@ -362,18 +370,19 @@ def non_max_suppression(
     return output
 
 
-def first_kept(boxes, scores, iou_thres, n):
-    """`torchvision.ops.nms(boxes, scores, iou_thres)[:n]` for boxes sorted by descending score, without running NMS
-    over boxes that cannot change those n.
+def first_kept(boxes, scores, iou_thres, n, nms=None):
+    """`nms(boxes, scores, iou_thres)[:n]` (torchvision's by default) for boxes sorted by descending score, without
+    running NMS over boxes that cannot change those n.
 
     Greedy NMS decides each box from the boxes before it alone, and torchvision's stable sort leaves sorted boxes in
-    their order (ties included), so NMS over the first m boxes keeps exactly the whole set's kept boxes that lie among
-    them: once it keeps n, they are the answer. The work grows with boxes x kept boxes, and on a weak model at
-    validation's conf 0.001 thousands of boxes survive NMS while only max_det are used (yolov5n after 3 epochs on
-    the shapes benchmark: 5200 boxes, 3900 kept, 300 used); this was half of validation's time on a CPU. On CUDA the
-    NMS is a parallel kernel and the whole set is passed, as before.
+    their order (ties included), so NMS over the first m boxes keeps exactly the whole set's kept boxes that lie
+    among them: once it keeps n, they are the answer. (The rotated rule, `rotated_nms`, also decides each box from
+    the boxes before it, and its work and memory grow with the square of the boxes passed.) The work grows with
+    boxes x kept boxes, and on a weak model at validation's conf 0.001 thousands of boxes survive NMS while only
+    max_det are used (yolov5n after 3 epochs on the shapes benchmark: 5200 boxes, 3900 kept, 300 used); this was
+    half of validation's time on a CPU. On CUDA the NMS is a parallel kernel and the whole set is passed, as before.
     """
-    nms = torchvision_nms()
+    nms = nms or torchvision_nms()
     if boxes.device.type != "cpu":
         return nms(boxes, scores, iou_thres)[:n]
     m = 2 * n
