@@ -8,12 +8,13 @@ sha256, first in the file), and `check_user_blocks` refuses it before anything i
 
 import dataclasses
 import hashlib
+import importlib.abc
+import importlib.util
 import io
 import json
 import pickletools
 import sys
 import traceback
-import types
 from pathlib import Path
 
 import torch.nn as nn
@@ -104,12 +105,26 @@ def _use_file(path):
     return [c.__name__ for c in classes]
 
 
+class _HashedSource(importlib.abc.SourceLoader):
+    """Imports the bytes that were hashed, not the file read again: the sha256 the log and checkpoints name is that
+    of the code that ran, even if the file changes meanwhile. No bytecode is cached (no `path_stats`)."""
+
+    def __init__(self, path, data):
+        self.path, self.data = path, data
+
+    def get_filename(self, fullname):
+        return str(self.path)
+
+    def get_data(self, path):
+        return self.data
+
+
 def _import(path, data, name):
-    module = types.ModuleType(name)
-    module.__file__ = str(path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=_HashedSource(path, data))
+    module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it, as import does: dataclasses and pickling look it up there
     try:
-        exec(compile(data, str(path), "exec"), module.__dict__)
+        spec.loader.exec_module(module)
     except Exception as e:  # the user's code: where in their file, not our traceback
         del sys.modules[name]
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]

@@ -46,6 +46,29 @@ def test_a_bad_file_is_one_error_naming_it(source, message, tmp_path, monkeypatc
         registry.use_modules([f])
 
 
+def test_the_code_that_runs_is_the_code_that_was_hashed(blocks, monkeypatch):
+    """--modules imports through importlib (a module spec and loader), from the bytes it hashed:
+    a file rewritten between the read and the import does not run its new text under the old sha256."""
+    import inspect
+
+    blocks.write_text(blocks.read_text() + "# a sha256 of this test's own: no module imported before is reused\n")
+    read = registry.Path.read_bytes
+    first = blocks.read_bytes()
+
+    def read_then_rewrite(path):
+        data = read(path)
+        if path == blocks:
+            blocks.write_text("raise SystemExit('the rewritten file ran')\n")
+        return data
+
+    monkeypatch.setattr(registry.Path, "read_bytes", read_then_rewrite)
+    assert sorted(registry.use_modules([blocks])) == ["Blur", "Scale"]
+    cls = registry.USER_BLOCKS["Scale"].cls
+    module = inspect.getmodule(cls)
+    assert module.__spec__.origin == str(blocks) and module.__file__ == str(blocks)
+    assert registry.USER_BLOCKS["Scale"].sha256 == hashlib.sha256(first).hexdigest()
+
+
 def test_missing_files_and_clashing_names(blocks, tmp_path):
     for path in (tmp_path / "none.py", tmp_path / "blocks.txt"):
         with pytest.raises(BadOption, match=rf"--modules {path}"):
