@@ -1,7 +1,8 @@
-"""Structure figures of the code (not assertions), to compare a commit with another: files over a size, the longest
-functions, the attributes each engine class sets on `self`, the methods each task class overrides of its parents,
-and the imports that climb the floors of docs/design.md (scripts and yolo/ > engine/tasks > engine > models,
-data, losses > utils). It reads the source as text (no import, no torch), so it measures any checkout.
+"""Structure figures of the code (not assertions), to compare a commit with another: lines per room, imports between
+the project's files and the files that import each other, files over a size, the longest functions, the attributes
+each engine class sets on `self`, the methods each task class overrides of its parents, and the imports that climb
+the floors of docs/design.md (scripts and yolo/ > engine/tasks > engine > models, data, losses, evaluation > utils).
+It reads the source as text (no import, no torch), so it measures any checkout.
 
     python -m benchmarks.structure                        # this checkout
     python -m benchmarks.structure --root /tmp/old-clone  # another one (e.g. a `git worktree` of an older commit)
@@ -83,10 +84,50 @@ def base_names(cls):
                                                                                                   ast.Attribute))]
 
 
+def cycles(edges):
+    """The groups of files that import each other, directly or around a loop (strongly connected components of more
+    than one file), each sorted; Tarjan's algorithm, iterative."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on.discard(member)
+                        group.append(member)
+                        if member == node:
+                            break
+                    if len(group) > 1:
+                        out.append(sorted(group))
+            elif child not in index:
+                index[child] = low[child] = counter[0]
+                counter[0] += 1
+                stack.append(child)
+                on.add(child)
+                work.append((child, iter(sorted(edges.get(child, ())))))
+            elif child in on:
+                low[node] = min(low[node], index[child])
+    return sorted(out)
+
+
 def measure(root, big=400, top=5):
     trees = {p.relative_to(root): ast.parse(p.read_bytes(), str(p)) for p in project_files(root)}
     sizes = {rel: len((root / rel).read_bytes().splitlines()) for rel in trees}
-    functions, classes, climbs = [], {}, []
+    functions, classes, climbs, edges = [], {}, [], {}
     for rel, tree in trees.items():
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -95,6 +136,8 @@ def measure(root, big=400, top=5):
                 classes.setdefault(node.name, (rel, node))
         for line, p in imported_files(root, tree):
             target = p.relative_to(root)
+            if target != rel:
+                edges.setdefault(str(rel), set()).add(str(target))
             if floor(target) > floor(rel):
                 climbs.append(f"{rel}:{line} -> {target}")
 
@@ -108,8 +151,16 @@ def measure(root, big=400, top=5):
               if rel.parts[0] == "engine" and rel.parts[1] != "tasks"}
     overrides = {n: sorted(methods(c) & set().union(*(methods(classes[a][1]) for a in ancestors(n))))
                  for n, (rel, c) in classes.items() if rel.parts[:2] == ("engine", "tasks")}
+    rooms = {}
+    for rel, n in sizes.items():
+        room = rel.parts[0] if len(rel.parts) > 1 else "scripts"
+        rooms[room] = rooms.get(room, 0) + n
     return {
         "files": len(trees), "lines": sum(sizes.values()),
+        "lines per room": {k: f"{v} ({100 * v / sum(sizes.values()):.0f} %)" for k, v in
+                           sorted(rooms.items(), key=lambda kv: -kv[1])},
+        "imports between project files": sum(len(v) for v in edges.values()),
+        "files that import each other": [" <-> ".join(g) for g in cycles(edges)],
         f"files over {big} lines": sorted(((n, str(r)) for r, n in sizes.items() if n > big), reverse=True),
         "longest functions": sorted(functions, reverse=True)[:top],
         "engine class attributes": {n: a for n, a in sorted(engine.items(), key=lambda kv: -len(kv[1])) if a},
@@ -126,7 +177,9 @@ def main():
     p.add_argument("--names", action="store_true", help="list the attributes and overrides, not only count them")
     opt = p.parse_args()
     for key, value in measure(opt.root.resolve(), opt.big, opt.top).items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+            print(f"{key}: " + ", ".join(f"{k} {v}" for k, v in value.items()))
+        elif isinstance(value, dict):
             print(f"{key}:")
             for name, items in value.items():
                 print(f"  {name}: {len(items)}" + (f" ({', '.join(items)})" if opt.names else ""))
