@@ -1,5 +1,5 @@
 """Output heads: anchor-based (YOLOv5, YOLOv7), anchor-free DFL (YOLOv8), their segmentation variants, the YOLOv8 pose
-head, classification.
+head, the oriented-box (OBB) head, classification.
 
 Output layouts are the official ones (docs/design.md, "Model outputs"); each detection head declares its eval output
 as `output_layout` (a `utils.ops.OutputLayout`), which NMS, validators and predictors read instead of guessing. Each
@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from models.common import DFL, Conv, DWConv, ImplicitA, ImplicitM, Proto
 from utils.ops import OutputLayout, dist2bbox, make_anchors
+from utils.rotated import dist_to_rbox
 
 
 def head_precision(t, like):
@@ -34,7 +35,7 @@ def no_autocast(t):
     return contextlib.nullcontext() if t.device.type == "meta" else torch.autocast(t.device.type, enabled=False)
 
 
-TASKS = ("detect", "segment", "pose", "classify")  # what a head serves (its `task`)
+TASKS = ("detect", "segment", "pose", "obb", "classify")  # what a head serves (its `task`)
 
 
 class Detect(nn.Module):
@@ -260,12 +261,18 @@ class AnchorFreeDetect(nn.Module):
 
     def _decode(self, x):
         """Level outputs -> (B, 4 + nc, A): xywh pixels, sigmoid class scores."""
+        dist, cls, anchors, strides = self._distances(x)
+        dbox = dist2bbox(dist, anchors, xywh=True, dim=1) * strides
+        return torch.cat((dbox, cls.sigmoid()), 1)
+
+    def _distances(self, x):
+        """Level outputs -> DFL distances (B, 4, A) in grid units, class logits (B, nc, A), anchor centres (1, 2, A)
+        in grid units and strides (1, A)."""
         bs = x[0].shape[0]
         x_cat = torch.cat([xi.view(bs, self.no, -1) for xi in x], 2)
         anchors, strides = (t.transpose(0, 1) for t in make_anchors(x, self.stride, 0.5))
         box, cls = x_cat.split((self.reg_max * 4, self.nc), 1)
-        dbox = dist2bbox(self.dfl(box), anchors.unsqueeze(0), xywh=True, dim=1) * strides
-        return torch.cat((dbox, cls.sigmoid()), 1)
+        return self.dfl(box), cls, anchors.unsqueeze(0), strides
 
     @property
     def output_layout(self):
@@ -359,6 +366,44 @@ class Pose(AnchorFreeDetect):
     def output_layout(self):
         """Eval output `(cat(y, kpts), (x, kpt))`: y (B, 4 + nc, anchors), then nk keypoint values per anchor."""
         return OutputLayout(self.nc, objectness=False, channels_last=False, kpt_shape=self.kpt_shape)
+
+
+class OBB(AnchorFreeDetect):
+    """Oriented-box head (Ultralytics' `OBB`): AnchorFreeDetect + an angle branch cv4 of `ne` values per anchor.
+
+    The angle is (sigmoid - 0.25) x pi, in [-pi/4, 3pi/4): the range canonical labels use (utils/rotated.py), a
+    quarter turn either side of the longer side lying along x. The DFL distances are measured along the box's own
+    axes, so the decoded centre is the anchor plus the rotated offset; the row is xywh, class scores, then the angle
+    in radians."""
+
+    default_loss = "v8obb"
+    task = "obb"
+
+    def __init__(self, nc=80, ne=1, ch=(), dw=False):
+        super().__init__(nc, ch, dw)
+        self.ne = ne
+        c4 = max(ch[0] // 4, ne)
+        self.cv4 = nn.ModuleList(nn.Sequential(Conv(x, c4, 3), Conv(c4, c4, 3), nn.Conv2d(c4, ne, 1)) for x in ch)
+
+    def forward(self, x):
+        bs = x[0].shape[0]
+        logits = torch.cat([self.cv4[i](x[i]).view(bs, self.ne, -1) for i in range(self.nl)], 2)
+        angle = (logits.sigmoid() - 0.25) * math.pi
+        for i in range(self.nl):
+            x[i] = torch.cat((self.cv2[i](x[i]), self.cv3[i](x[i])), 1)
+        if self.training:
+            return x, angle
+        with no_autocast(x[0]):
+            maps = [head_precision(xi, self.dfl.conv.weight) for xi in x]
+            angle_ = head_precision(angle, self.dfl.conv.weight)
+            dist, cls, anchors, strides = self._distances(maps)
+            rbox = dist_to_rbox(dist, angle_, anchors, dim=1) * strides
+            return torch.cat((rbox, cls.sigmoid(), angle_), 1), (x, angle)
+
+    @property
+    def output_layout(self):
+        """Eval output `(cat(y, angle), (x, angle))`: y (B, 4 + nc, anchors), then the angle (radians) per anchor."""
+        return OutputLayout(self.nc, objectness=False, channels_last=False, angle=True)
 
 
 class Classify(nn.Module):

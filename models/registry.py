@@ -42,14 +42,14 @@ from models.common import (
     RepConv,
     Shortcut,
 )
-from models.heads import AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, IAuxDetect, IDetect, Pose, Segment
+from models.heads import OBB, AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, IAuxDetect, IDetect, Pose, Segment
 from models.swin import C3STR
 from utils.errors import BadCheckpoint, BadOption
 from utils.log import LOGGER
 
 BLOCKS = (Conv, DWConv, GhostConv, Bottleneck, GhostBottleneck, C3, C3Ghost, C3TR, C3STR, C2, C2f, C3k2, C2PSA, SPP,
           SPPF, SPPCSPC, RepConv, MP, SP, Concat, ReOrg, DownC, Shortcut, SE, CBAM, ECA, CoordAtt, SimAM,
-          Classify, IDetect, IAuxDetect, AnchorFreeDetect, AnchorFreeSegment, Pose)
+          Classify, IDetect, IAuxDetect, AnchorFreeDetect, AnchorFreeSegment, Pose, OBB)
 # torch layers official YAMLs name (yolov3-tiny: a zero pad and a size-keeping max-pool); their channels pass through
 TORCH_LAYERS = {f"nn.{c.__name__}": c for c in (nn.Upsample, nn.MaxPool2d, nn.ZeroPad2d, nn.Identity)}
 REGISTRY = {**{c.__name__: c for c in BLOCKS}, **TORCH_LAYERS}

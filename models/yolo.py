@@ -196,7 +196,7 @@ class DetectionModel(BaseModel):
             self.yaml["nc"] = nc
         if anchors is not None:
             self.yaml["anchors"] = anchors
-        check_head(self.yaml, ("detect", "segment", "pose"))
+        check_head(self.yaml, ("detect", "segment", "pose", "obb"))
         _check_budget(cfg, self.yaml, ch)
         self.model, self.save = parse_model(self.yaml, ch)
         self.eval_idle = eval_idle_layers(self.model)
@@ -261,6 +261,14 @@ class PoseModel(DetectionModel):
     @property
     def kpt_shape(self):
         return self.model[-1].kpt_shape
+
+
+class OBBModel(DetectionModel):
+    """YOLOv8/YOLO11 oriented boxes: a DetectionModel whose YAML ends in an OBB head (Ultralytics' class name, which
+    its pickles hold)."""
+
+    def __init__(self, cfg="yolov8n-obb.yaml", ch=3, nc=None, anchors=None, verbose=False):
+        super().__init__(cfg, ch, nc, anchors, verbose)
 
 
 class ClassificationModel(BaseModel):

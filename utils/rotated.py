@@ -58,6 +58,25 @@ def corners_to_xywhr(corners):
     return canonical(torch.from_numpy(out)).numpy()
 
 
+def dist_to_rbox(dist, angle, anchors, dim=-1):
+    """Distances (l, t, r, b) along the box's own axes from an anchor point, and its angle -> xywh: the centre is the
+    anchor moved by the rotated offset ((r - l) / 2, (b - t) / 2), the size l + r by t + b."""
+    lt, rb = dist.split(2, dim=dim)
+    off_x, off_y = ((rb - lt) / 2).split(1, dim=dim)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    xy = torch.cat((off_x * cos - off_y * sin, off_x * sin + off_y * cos), dim) + anchors
+    return torch.cat((xy, lt + rb), dim)
+
+
+def rbox_to_dist(xywh, angle, anchors, reg_max, dim=-1):
+    """The inverse of `dist_to_rbox`, each distance clamped to [0, reg_max - 0.01] as DFL targets are."""
+    xy, wh = xywh.split(2, dim=dim)
+    off_x, off_y = (xy - anchors).split(1, dim=dim)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    along = torch.cat((off_x * cos + off_y * sin, -off_x * sin + off_y * cos), dim)  # the offset in box axes
+    return torch.cat((wh / 2 - along, wh / 2 + along), dim).clamp_(0, reg_max - 0.01)
+
+
 def _covariance(x, floor=0.0):
     """The Gaussian of each box (uniform over it: variances w^2/12, h^2/12, rotated by r) as (a, b, c) of [[a, c],
     [c, b]]. `floor` (px^2) keeps the gradient of sub-pixel boxes bounded."""
