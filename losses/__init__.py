@@ -8,10 +8,11 @@ weighted components times the per-rank batch size, as official. The objectness (
 images, so DDP gives exactly the single-process gradient of the concatenated batch; box and class terms are
 normalised per rank (by the number of positives, or v8's target-score mass), so they match only when the ranks
 hold similar numbers of targets, as in the official repos; so are pose's keypoint terms (means over the rank's
-positives, as official). Classification returns sum of CE / 64, exact under DDP.
+positives, as official) and oriented boxes' angle term. Classification returns sum of CE / 64, exact under DDP.
 """
 
 from losses.cls import ClassificationLoss
+from losses.obb import V8OBBLoss
 from losses.seg import V5SegmentationLoss, V8SegmentationLoss
 from losses.tal import Assignment, TaskAlignedAssigner
 from losses.v5 import V5DetectionLoss
@@ -29,6 +30,7 @@ REGISTRY = {
     "v5seg": V5SegmentationLoss,
     "v8seg": V8SegmentationLoss,
     "v8pose": V8PoseLoss,
+    "v8obb": V8OBBLoss,
     "cls": ClassificationLoss,
 }
 
@@ -37,7 +39,7 @@ REGISTRY = {
 # other (`loss: v5` trains a YOLOv7 model); any other pairing reads outputs the head does not make (a v5 or OTA loss
 # would read IAuxDetect's auxiliary maps as more levels)
 FITS = {"v5": {"v5", "ota"}, "ota": {"v5", "ota"}, "aux_ota": {"aux_ota"}, "v8": {"v8"}, "v5seg": {"v5seg"},
-        "v8seg": {"v8seg"}, "v8pose": {"v8pose"}, "cls": {"cls"}}
+        "v8seg": {"v8seg"}, "v8pose": {"v8pose"}, "v8obb": {"v8obb"}, "cls": {"cls"}}
 
 
 # the hyp key this module reads: which criterion trains the model (default: the head's own)
@@ -77,4 +79,5 @@ __all__ = [
     "V5SegmentationLoss",
     "V8SegmentationLoss",
     "V8PoseLoss",
+    "V8OBBLoss",
 ]

@@ -58,8 +58,7 @@ class TaskAlignedAssigner:
         Returns an `Assignment`."""
         if gt_bboxes.shape[1] == 0:
             return self._empty(pd_scores, pd_bboxes)
-        candidates = widen_small_boxes(gt_bboxes, self.min_side) if self.min_side else gt_bboxes
-        inside = anchors_in_boxes(anc_points, candidates, self.eps) & mask_gt.bool()
+        inside = self.candidates(anc_points, gt_bboxes) & mask_gt.bool()
         metric, overlaps = self._alignment(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside)
         pos = self._topk(metric) & inside
         pos = self._resolve_conflicts(pos, overlaps, inside)
@@ -67,7 +66,7 @@ class TaskAlignedAssigner:
         # max(1).indices is argmax (the first maximum), at a fifth of argmax's time along a middle dim on CPU
         gt_idx = pos.to(torch.uint8).max(1).indices
         labels = gt_labels[..., 0].long().gather(1, gt_idx)
-        bboxes = gt_bboxes.gather(1, gt_idx[..., None].expand(-1, -1, 4))
+        bboxes = gt_bboxes.gather(1, gt_idx[..., None].expand(-1, -1, gt_bboxes.shape[-1]))
         metric, overlaps = metric * pos, overlaps * pos
         scale = overlaps.amax(-1, keepdim=True) / (metric.amax(-1, keepdim=True) + self.eps)
         norm = (metric * scale).amax(1)
@@ -75,6 +74,16 @@ class TaskAlignedAssigner:
         value = (norm * fg)[..., None].to(pd_scores.dtype)
         scores = torch.zeros_like(pd_scores).scatter_(-1, labels[..., None], value)
         return Assignment(labels, bboxes, scores, fg, gt_idx)
+
+    def candidates(self, anc_points, gt_bboxes):
+        """(B, M, A) bool: the anchors each GT may take, those whose centres lie inside it (`min_side` applied)."""
+        candidates = widen_small_boxes(gt_bboxes, self.min_side) if self.min_side else gt_bboxes
+        return anchors_in_boxes(anc_points, candidates, self.eps)
+
+    @staticmethod
+    def iou(gt_bboxes, pd_bboxes):
+        """(n,) overlap of paired GT and predicted boxes: CIoU, as official."""
+        return bbox_iou(gt_bboxes, pd_bboxes, xywh=False, CIoU=True).squeeze(-1)
 
     def _empty(self, pd_scores, pd_bboxes):
         bs, na, _ = pd_scores.shape
@@ -90,8 +99,7 @@ class TaskAlignedAssigner:
         # the pairs' indices once (the one wait for the device here), then gathers: a boolean-mask index or
         # assignment would wait once each
         b, g, a = inside.nonzero(as_tuple=True)
-        overlaps[b, g, a] = bbox_iou(gt_bboxes[b, g], pd_bboxes[b, a], xywh=False, CIoU=True).squeeze(-1).clamp(0).to(
-            overlaps.dtype)
+        overlaps[b, g, a] = self.iou(gt_bboxes[b, g], pd_bboxes[b, a]).clamp(0).to(overlaps.dtype)
         metric = cls_scores.pow(self.alpha) * overlaps.pow(self.beta) * inside
         return metric, overlaps
 

@@ -16,7 +16,7 @@ CASES = [  # (fake kind, nm, default_loss, hyp)
 
 
 def test_registry_names():
-    assert set(REGISTRY) == {"v5", "ota", "aux_ota", "v8", "v5seg", "v8seg", "v8pose", "cls"}
+    assert set(REGISTRY) == {"v5", "ota", "aux_ota", "v8", "v5seg", "v8seg", "v8pose", "v8obb", "cls"}
 
 
 @pytest.mark.parametrize("kind,nm,name,hyp", CASES)
@@ -33,7 +33,7 @@ def test_hyp_loss_overrides_head_default():
 
 
 def test_unknown_loss_lists_known_names():
-    with pytest.raises(ValueError, match="v5, ota, aux_ota, v8, v5seg, v8seg, v8pose, cls"):
+    with pytest.raises(ValueError, match="v5, ota, aux_ota, v8, v5seg, v8seg, v8pose, v8obb, cls"):
         build_criterion(fake_model("anchor"), dict(HYP_V5, loss="yolo9000"))
 
 
