@@ -30,6 +30,7 @@ from data.image_files import disk_cache_path, read_disk_cache, write_disk_cache
 from utils.budget import CACHE_FLOOR, CACHE_RATIO, DISK_MARGIN, MAX_DECODE_BYTES, MEMORY_MARGIN
 from utils.errors import BadDataset
 from utils.imageio import header_size
+from utils.log import LOGGER
 
 NPY_HEADER = 128  # np.save's header before a (h, w, 3) uint8 array's pixels
 THREADS = 8
@@ -186,8 +187,11 @@ def decoding(shapes, fn, items):
 
 def fill_disk(files, shapes, copies, decode, prefix=""):
     """Write the --cache disk copy of each of `files` that is missing or stale, judged first (check_budget); decode(k)
-    gives the pixels of files[k]. Returns how many images have a copy."""
+    gives the pixels of files[k]. Returns how many images have a copy. A copy the filesystem refuses (a read-only
+    dataset, a folder of another user) is skipped: that image is read from its file each time, as without the
+    cache, and one warning says how many and why; the copies that could be written are kept."""
     check_budget("disk", files, shapes, copies=copies, prefix=prefix)
+    refused = []
 
     def one(k):
         npy = copies(files[k])
@@ -195,11 +199,19 @@ def fill_disk(files, shapes, copies, decode, prefix=""):
             return True
         if not same_size(files[k], shapes[k]):
             return False
-        npy.parent.mkdir(parents=True, exist_ok=True)
-        write_disk_cache(npy, decode(k))
+        try:
+            npy.parent.mkdir(parents=True, exist_ok=True)
+            write_disk_cache(npy, decode(k))
+        except OSError as e:
+            refused.append(f"{npy.parent}: {e.strerror or e}")
+            return False
         return True
 
-    return sum(decoding(shapes, one, range(len(files))))
+    n = sum(decoding(shapes, one, range(len(files))))
+    if refused:
+        LOGGER.warning(f"{prefix}--cache disk: {len(refused)} of {len(files)} copies could not be written "
+                       f"({refused[0]}); those images are read from their files each time")
+    return n
 
 
 def fill_memory(files, shapes, load, kept=None, prefix=""):

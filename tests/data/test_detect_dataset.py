@@ -134,6 +134,32 @@ def test_disk_cache_writes_npy(det_copy):
     assert ds[0]["img"].shape == (3, 96, 96)
 
 
+def test_disk_cache_on_a_read_only_dataset_warns_once_and_reads_the_images(det_copy, monkeypatch, yolo_log):
+    """--cache disk where the filesystem refuses some copies (a read-only dataset: issue 61) is no traceback: the
+    copies that can be written are, the others' images are read from their files, one warning says how many."""
+    import errno
+
+    import data.image_cache as image_cache
+
+    val = det_copy / "images" / "val"
+    refused = set(sorted(str(f) for f in val.glob("*.jpg"))[::2])
+    write = image_cache.write_disk_cache
+
+    def read_only(npy, im):
+        if any(str(npy).startswith(str(disk_cache_path(f))) for f in refused):
+            raise OSError(errno.EROFS, "Read-only file system", str(npy))
+        write(npy, im)
+
+    monkeypatch.setattr(image_cache, "write_disk_cache", read_only)
+    ds = YOLODataset(str(val), imgsz=96, cache="disk", nc=3)
+    warned = [m for m in yolo_log if "--cache disk:" in m]
+    assert len(warned) == 1 and f"{len(refused)} of {len(ds.im_files)} copies could not be written" in warned[0]
+    assert "Read-only file system" in warned[0] and str(val) in warned[0]
+    for f in ds.im_files:
+        assert disk_cache_path(f).exists() == (f not in refused)
+        np.testing.assert_array_equal(ds._read(ds.im_files.index(f)), cv2.imread(f))
+
+
 def test_npy_files_are_not_read_without_disk_cache(det_copy):
     """A user's own x.npy (a depth map) or a cache left by an earlier --cache disk run is never the image."""
     val = det_copy / "images" / "val"
