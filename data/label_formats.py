@@ -9,10 +9,12 @@ through the augmentations in data/augment.py as `Instances.keypoints`, and a lef
 the format's `flip_idx`.
 """
 
+import cv2
 import numpy as np
 import torch
 
 from data.augment import polygons_to_masks
+from utils.rotated import corners_to_xywhr
 
 COORD_TOL = 0.01  # coordinates this far outside [0, 1] are clipped (rounding in exporters), further is an error
 MIN_AREA = 1e-9  # normalised polygon area below which it has no inside (a pixel of a 10000 px image is 1e-8)
@@ -241,8 +243,52 @@ class PoseLabels(DetectLabels):
         out["keypoints"] = torch.cat([b["keypoints"] for b in batch], 0)
 
 
+class OBBLabels(DetectLabels):
+    """Oriented boxes, DOTA's YOLO form (Ultralytics' OBB labels): lines `cls x1 y1 x2 y2 x3 y3 x4 y4`, the four
+    corners normalised, in either turning direction. The corners are the instance's outline, so the augmentations
+    carry them as they carry polygons (data/augment.py: resampled, warped, clipped); the box the detection layer sees
+    is their axis-aligned bounding box. Samples carry `rboxes` (n, 5), the minimum-area rectangle of the augmented
+    outline as canonical xywhr (utils/rotated.py; xywh normalised to the sample's image, the angle in radians);
+    batches carry them as `targets`' xywh (replacing the axis-aligned box) and `angles` (N,)."""
+
+    name = "obb"
+    line_format = "corners-4"
+
+    def parse(self, xy):
+        if len(xy) != 8:
+            raise BadLine(f"{len(xy) + 1} values, expected 9 (cls x1 y1 x2 y2 x3 y3 x4 y4)")
+        return parse_polygon(xy)
+
+    def line(self, box, polygon, keypoints):
+        """The corners of the outline's minimum-area rectangle, else of the box."""
+        if polygon is None:
+            cx, cy, w, h = box
+            return [cx - w / 2, cy - h / 2, cx + w / 2, cy - h / 2, cx + w / 2, cy + h / 2, cx - w / 2, cy + h / 2]
+        corners = cv2.boxPoints(cv2.minAreaRect(np.asarray(polygon, np.float32).reshape(-1, 2)))
+        return np.clip(corners, 0, 1).reshape(-1).tolist()
+
+    finish_packed = SegmentLabels.finish_packed  # every instance has its outline, the four corners
+
+    def add_to_sample(self, sample, inst, shape):
+        h, w = shape
+        rboxes = np.zeros((len(inst), 5), np.float32)
+        for i, outline in enumerate(inst.segments or ()):
+            # the part inside the image (the augmentations leave outlines unclipped): its rectangle is what is seen
+            rboxes[i] = corners_to_xywhr(np.clip(outline, 0, (w, h))[None])[0]
+        rboxes[:, [0, 2]] /= w
+        rboxes[:, [1, 3]] /= h
+        sample["rboxes"] = torch.from_numpy(rboxes)
+        return inst
+
+    def collate(self, batch, out):
+        """`targets`' xywh become the rotated boxes' (in the same rows), `angles` (N,) their angles."""
+        rboxes = torch.cat([b["rboxes"] for b in batch], 0)
+        out["targets"][:, 2:6] = rboxes[:, :4]
+        out["angles"] = rboxes[:, 4]
+
+
 # by name: the formats a name alone configures (pose needs its dataset's kpt_shape and flip_idx: pass the object)
-FORMATS = {"detect": DetectLabels, "segment": SegmentLabels}
+FORMATS = {"detect": DetectLabels, "segment": SegmentLabels, "obb": OBBLabels}
 
 
 def get_format(task):

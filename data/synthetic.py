@@ -12,6 +12,9 @@ Layouts written (YOLO format, coordinates normalised to the image size):
               order before its rotation (top-left, top-right, bottom-right, bottom-left: a left-right mirror swaps
               0 <-> 1 and 2 <-> 3, so flip_idx is [1, 0, 3, 2]); v is 2 where the corner is seen, 0 where a later shape
               covers it
+    obb:      the detect images, labels `cls x1 y1 x2 y2 x3 y3 x4 y4` (DOTA's corners, Ultralytics' OBB labels): a
+              rectangle's own corners (upright or turned up to 45 degrees), a triangle's minimum-area rectangle, a
+              circle's axis-aligned square (a circle has no angle to learn); corners clipped to the image
     classify: {train,val}/<class>/*.jpg, one centred-ish shape per image
 
 CLI:
@@ -32,7 +35,7 @@ from utils.budget import SYNTHETIC_FILE_PIXELS
 from utils.files import is_published, publish
 
 CLASS_NAMES = ("circle", "rectangle", "triangle")
-TASKS = ("detect", "segment", "classify", "pose")
+TASKS = ("detect", "segment", "classify", "pose", "obb")
 POSE_CLASS = CLASS_NAMES.index("rectangle")  # the one shape with 4 named corners
 POSE_FLIP_IDX = (1, 0, 3, 2)
 SPLITS = ("train", "val")
@@ -180,9 +183,25 @@ def _pose_lines(shapes, height, width):
     return lines
 
 
+def _obb_lines(shapes, height, width):
+    scale = np.array([width, height], np.float32)
+    lines = []
+    for s in shapes:
+        if CLASS_NAMES[s.cls] == "circle":
+            (x1, y1), (x2, y2) = s.polygon.min(0), s.polygon.max(0)
+            corners = np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]])
+        else:
+            corners = cv2.boxPoints(cv2.minAreaRect(s.polygon))
+        pts = np.clip(corners / scale, 0, 1)
+        lines.append(f"{s.cls} " + " ".join(f"{v:.6f}" for v in pts.reshape(-1)))
+    return lines
+
+
 def _label_lines(shapes, height, width, task):
     if task == "pose":
         return _pose_lines(shapes, height, width)
+    if task == "obb":
+        return _obb_lines(shapes, height, width)
     scale = np.array([width, height], np.float32)
     lines = []
     for s in shapes:

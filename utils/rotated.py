@@ -13,6 +13,7 @@ Conventions are Ultralytics' OBB ones, so that its labels, weights and numbers c
 
 import math
 
+import cv2
 import numpy as np
 import torch
 
@@ -48,8 +49,6 @@ def regularize(x):
 def corners_to_xywhr(corners):
     """(N, 4, 2) or (N, 8) corners (any quadrilateral: an augmented box is its minimum-area rectangle) -> (N, 5)
     canonical xywhr, numpy float32 in, numpy out."""
-    import cv2  # the data layer's dependency; the models never call this
-
     pts = np.asarray(corners, dtype=np.float32).reshape(len(corners), -1, 2)
     out = np.zeros((len(pts), 5), dtype=np.float32)
     for i, p in enumerate(pts):
