@@ -28,6 +28,7 @@ from pathlib import Path
 
 from data.image_files import disk_cache_path, read_disk_cache, write_disk_cache
 from utils.budget import CACHE_FLOOR, CACHE_RATIO, DISK_MARGIN, MAX_DECODE_BYTES, MEMORY_MARGIN
+from utils.dist import get_local_world_size
 from utils.errors import BadDataset
 from utils.imageio import header_size
 from utils.log import LOGGER
@@ -136,13 +137,15 @@ def check_budget(mode, files, shapes, kept=None, copies=None, prefix=""):
                                 f"{_gib(sum(whole))} of pixels, more than {CACHE_RATIO}x the {held} bytes of their "
                                 f"files (at least {_gib(CACHE_FLOOR)}) that a cache may take (docs/safety.md); train "
                                 "without --cache")
+    ranks = get_local_world_size()  # this machine's ranks fill their caches at once, each its own share
+    share = f" (a {ranks}th, for each of the {ranks} processes of this machine)" if ranks > 1 else ""
     if mode == "ram":
         need = sum(whole) if kept is None else sum(decoded_bytes(s) for s in kept)
         free = available_memory()
-        if free is not None and need > free - MEMORY_MARGIN:
-            raise CacheTooLarge(f"{prefix}--cache ram: {len(files)} images take {_gib(need)} cached, more than the "
-                                f"{_gib(max(free - MEMORY_MARGIN, 0))} of memory this process may still take less "
-                                f"{_gib(MEMORY_MARGIN)} (docs/safety.md); give --cache disk, or none")
+        if free is not None and need > (free - MEMORY_MARGIN) / ranks:
+            raise CacheTooLarge(f"{prefix}--cache ram: {len(files)} images take {_gib(need)} cached, more than "
+                                f"{_gib(max(free - MEMORY_MARGIN, 0) / ranks)}{share} of the memory this process may "
+                                f"still take less {_gib(MEMORY_MARGIN)} (docs/safety.md); give --cache disk, or none")
         return
     new = {}  # device -> (a folder on it, bytes the missing copies add there)
     for f, size in zip(files, whole):
@@ -153,10 +156,10 @@ def check_budget(mode, files, shapes, kept=None, copies=None, prefix=""):
             new[dev] = (new.get(dev, (folder, 0))[0], new.get(dev, (folder, 0))[1] + size + NPY_HEADER)
     for folder, need in new.values():
         free = shutil.disk_usage(folder).free
-        if need > free - DISK_MARGIN:
+        if need > (free - DISK_MARGIN) / ranks:
             raise CacheTooLarge(f"{prefix}--cache disk: the copies take {_gib(need)} more on {folder}, which has "
-                                f"{_gib(free)} free and keeps {_gib(DISK_MARGIN)} so (docs/safety.md); give --cache "
-                                "ram, or none")
+                                f"{_gib(free)} free and keeps {_gib(DISK_MARGIN)} so{share} (docs/safety.md); give "
+                                "--cache ram, or none")
 
 
 def same_size(im_file, shape):

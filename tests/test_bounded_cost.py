@@ -10,6 +10,8 @@ import struct
 import sys
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import cv2
 import numpy as np
@@ -361,9 +363,30 @@ def test_a_ram_cache_over_the_memory_left_is_refused(cache_bombs, monkeypatch):
     """Resized to --img for detection, the bombs take little; the budget is the memory this process may still take
     (here made 1.2 GiB, less the 1 GiB margin)."""
     monkeypatch.setattr(image_cache, "available_memory", lambda: int(1.2 * 2**30))
-    with pytest.raises(image_cache.CacheTooLarge, match=r"--cache ram: 8 images take 0.\d\d GiB cached, more than the "
-                                                         r"0.20 GiB of memory this process may still take"):
+    with pytest.raises(image_cache.CacheTooLarge, match=r"--cache ram: 8 images take 0.\d\d GiB cached, more than "
+                                                         r"0.20 GiB of the memory this process may still take"):
         YOLODataset(str(cache_bombs / "images" / "train"), imgsz=4096, cache="ram", nc=3)
+
+
+def test_the_ranks_of_one_machine_share_the_cache_budget(cache_bombs, monkeypatch):
+    """Each rank caches its own share at the same time as the others of its machine: each is judged against its part
+    of the memory (and of the free disk), not the whole, which all of them see (issue 61)."""
+    monkeypatch.setattr(image_cache, "available_memory", lambda: 2**30 + 2**28)  # 0.25 GiB over the margin
+    files = [str(f) for f in sorted((cache_bombs / "images" / "train").iterdir())]
+    kept = [(240, 240)] * len(files)  # 1.32 MiB: fits a quarter, not a 256th
+    image_cache.check_budget("ram", files, [(9000, 9000)] * len(files), kept=kept)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "256")
+    with pytest.raises(image_cache.CacheTooLarge, match=r"more than 0.00 GiB \(a 256th, for each of the 256 processes "
+                                                         r"of this machine\) of the memory"):
+        image_cache.check_budget("ram", files, [(9000, 9000)] * len(files), kept=kept)
+    free = image_cache.shutil.disk_usage(cache_bombs).free
+    monkeypatch.setattr(image_cache.shutil, "disk_usage", lambda p: SimpleNamespace(free=free))
+    monkeypatch.setattr(image_cache, "DISK_MARGIN", free - 256 * 2**20)  # 256 MiB to spare: 1 MiB a rank
+    small = [(300, 300)] * len(files)  # 2.06 MiB of copies
+    with pytest.raises(image_cache.CacheTooLarge, match=r"keeps .* so \(a 256th, for each of the 256 processes"):
+        image_cache.check_budget("disk", files, small, copies=lambda f: Path(f + ".npy"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    image_cache.check_budget("disk", files, small, copies=lambda f: Path(f + ".npy"))
 
 
 def test_a_disk_cache_writes_beside_images_only_inside_the_split(tmp_path):
