@@ -21,6 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
+import cv2
 import torch
 
 from evaluation.coco import box_to_coco_json, coco_keypoints, image_id_from_path, masks_to_rle
@@ -30,9 +31,11 @@ from evaluation.metrics import (
     process_batch,
     process_keypoint_batch,
     process_mask_batch,
+    process_rotated_batch,
 )
 from evaluation.plots import colors
 from utils import ops
+from utils.rotated import regularize, xywhr_to_corners
 from utils.torch_utils import labels_to
 
 MAX_PLOTTED_PREDS = 30  # per image in val_batch*_pred.jpg: the most confident, enough to judge a tile
@@ -196,6 +199,81 @@ class Boxes(Field):
 
     def to_json(self, rows, image, native, batch, si):
         return rows + box_to_coco_json(native[:, :6], image_id_from_path(Path(batch["paths"][si])))
+
+
+def _unletterbox_xywh(xywh, fit):
+    """Rotated boxes' xywh (n, 4) from input to original-image pixels, in place: the centre as any point, the sides
+    by the mean of the two axes' gains (a rotated side runs along neither axis; the two differ by a rounding)."""
+    (gx, gy), pad = ops._gains_pad(fit.input, fit.shape, fit.ratio_pad)
+    xywh[:, 0] = (xywh[:, 0] - pad[0]) / gx
+    xywh[:, 1] = (xywh[:, 1] - pad[1]) / gy
+    xywh[:, 2:4] /= (gx + gy) / 2
+
+
+class RotatedBoxes(Boxes):
+    """Oriented boxes (the OBB head's rows: xywh, conf, cls, then the angle in radians, the last column); matched by
+    exact polygon IoU with the labels' rotated boxes (cls, xywhr: `labels`), in original-image pixels. Rows are
+    regularised on decode as Ultralytics reports them (utils/rotated.regularize: angle in [0, pi/2)). Written as the
+    four corners (DOTA's form: the --save-txt label line and JSON's `poly`, with `rbox` xywhr); not in pycocotools,
+    which has no rotated boxes (`iou_type` None)."""
+
+    iou_type = None
+
+    @staticmethod
+    def xywhr(rows):
+        """(n, 5) xywhr of NMS rows."""
+        return torch.cat((rows[:, :4], rows[:, -1:]), 1)
+
+    @staticmethod
+    def corners(rows):
+        return xywhr_to_corners(RotatedBoxes.xywhr(rows).float())
+
+    @staticmethod
+    def labels(batch, si):
+        """Labels of image si as (m, 6) cls, xywhr in original-image pixels (`targets`' xywh and `angles`)."""
+        keep = batch["targets"][:, 0] == si
+        t, angles = batch["targets"][keep], batch["angles"][keep]
+        h, w = batch["img"].shape[2:]
+        xywh = t[:, 2:6] * torch.tensor((w, h, w, h), device=t.device)
+        _unletterbox_xywh(xywh, Letterbox.of_batch(batch, si))
+        return torch.cat((t[:, 1:2], xywh, angles[:, None].to(t.dtype)), 1)
+
+    def decode(self, image, fit):
+        rows = image.boxes.clone()
+        rb = regularize(self.xywhr(rows))
+        rows[:, :4], rows[:, -1] = rb[:, :4], rb[:, 4]
+        return dataclasses.replace(image, boxes=rows)
+
+    def scale(self, native, fit):
+        _unletterbox_xywh(native[:, :4], fit)
+
+    @staticmethod
+    def objects(image):
+        """(xyxy of the corners' bounding box, class, confidence) of each prediction: what --save-crop cuts."""
+        c = RotatedBoxes.corners(image.boxes)
+        xyxy = torch.cat((c.amin(1), c.amax(1)), 1)
+        return [(b, int(k), conf) for b, (conf, k) in zip(xyxy.tolist(), image.boxes[:, 4:6].tolist())]
+
+    def draw(self, annotator, image, label):
+        for corners, (conf, c) in zip(reversed(self.corners(image.boxes).tolist()),
+                                      reversed(image.boxes[:, 4:6].tolist())):
+            pts = torch.tensor(corners).round().int().numpy()
+            cv2.polylines(annotator.im, [pts], True, colors(int(c), True), annotator.lw, cv2.LINE_AA)
+            annotator.text(tuple(int(v) for v in pts[pts[:, 1].argmin()]), label(int(c), conf))
+
+    def match(self, image, native, labels, batch, si, iouv):
+        return process_rotated_batch(native[:, :6], native[:, -1], labels, iouv)
+
+    def txt_columns(self, native, shape):
+        h, w = shape
+        return (self.corners(native) / torch.tensor((w, h), device=native.device)).flatten(1)
+
+    def to_json(self, rows, image, native, batch, si):
+        image_id = image_id_from_path(Path(batch["paths"][si]))
+        return rows + [{"image_id": image_id, "category_id": int(r[5]), "score": round(float(r[4]), 5),
+                        "rbox": [round(v, 3) for v in xywhr], "poly": [round(v, 3) for v in poly]}
+                       for r, xywhr, poly in zip(native.tolist(), self.xywhr(native).tolist(),
+                                                 self.corners(native).flatten(1).tolist())]
 
 
 class Masks(Field):

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from evaluation.charts import draw_confusion_matrix
 from utils.log import LOGGER
 from utils.ops import box_iou
+from utils.rotated import polygon_iou, xywhr_to_corners
 
 _trapezoid = getattr(np, "trapezoid", None) or np.trapz  # renamed in numpy 2.0
 
@@ -77,6 +78,14 @@ def process_batch(detections, labels, iouv):
     """
     iou = box_iou(labels[:, 1:], detections[:, :4])
     return match_predictions(detections[:, 5], labels[:, 0], iou, iouv)
+
+
+def process_rotated_batch(detections, angles, labels, iouv):
+    """Oriented-box matching for one image by exact polygon IoU (as DOTA's evaluation): detections (n, 6) xywh conf
+    cls and their angles (n,), labels (m, 6) cls xywhr, same pixel space. Returns bool (n, len(iouv))."""
+    boxes = torch.cat((detections[:, :4], angles[:, None]), 1)
+    iou = polygon_iou(xywhr_to_corners(labels[:, 1:].double()), xywhr_to_corners(boxes.double()))
+    return match_predictions(detections[:, 5], labels[:, 0], iou.to(detections.dtype), iouv)
 
 
 def mask_iou(masks1, masks2, eps=1e-7):
