@@ -28,6 +28,8 @@ from evaluation.coco import box_to_coco_json, coco_keypoints, image_id_from_path
 from evaluation.metrics import (
     instance_masks,
     keypoint_sigmas,
+    labels_box_iou,
+    labels_rotated_iou,
     process_batch,
     process_keypoint_batch,
     process_mask_batch,
@@ -159,6 +161,19 @@ class Boxes(Field):
     """Axis-aligned boxes: columns 0-3 of the rows, xyxy; matched by IoU with the labels' boxes."""
 
     key, metric, suffix, title, curve, iou_type = "tp", "box", "B", "Box", "", "bbox"
+    pair_iou = staticmethod(labels_box_iou)  # (labels, rows) -> (m, n) overlaps: what the confusion matrix matches by
+
+    @staticmethod
+    def plotted_labels(batch):
+        """A batch's labels as plot_images rows (N, 6): image, cls, xywh normalised."""
+        return batch["targets"]
+
+    @staticmethod
+    def plotted(boxes):
+        """Per-image NMS rows (n, 6+) -> plot_images rows (N, 7): image, cls, xywh pixels, conf."""
+        rows = [torch.cat((torch.full_like(p[:, :1], i), p[:, 5:6], ops.xyxy2xywh(p[:, :4]), p[:, 4:5]), 1)
+                for i, p in enumerate(boxes)]
+        return torch.cat(rows).float() if rows else torch.zeros((0, 7))
 
     @staticmethod
     def labels(batch, si):
@@ -218,6 +233,27 @@ class RotatedBoxes(Boxes):
     which has no rotated boxes (`iou_type` None)."""
 
     iou_type = None
+    pair_iou = staticmethod(labels_rotated_iou)
+
+    @staticmethod
+    def envelopes(rows, angles):
+        """plot_images rows (N, 6+) [image, cls, x, y, w, h, ...] of rotated boxes and their angles (N,) -> the same
+        rows with each box's axis-aligned bounding box: what plot_images, which draws upright boxes, can show."""
+        corners = xywhr_to_corners(torch.cat((rows[:, 2:6], angles[:, None].to(rows.dtype)), 1))
+        lo, hi = corners.amin(1), corners.amax(1)
+        return torch.cat((rows[:, :2], (lo + hi) / 2, hi - lo, rows[:, 6:]), 1)
+
+    @staticmethod
+    def plotted_labels(batch):
+        return RotatedBoxes.envelopes(batch["targets"], batch["angles"])
+
+    @staticmethod
+    def plotted(boxes):
+        rows = [torch.cat((torch.full_like(p[:, :1], i), p[:, 5:6], p[:, :4], p[:, 4:5]), 1)
+                for i, p in enumerate(boxes)]
+        if not rows:
+            return torch.zeros((0, 7))
+        return RotatedBoxes.envelopes(torch.cat(rows).float(), torch.cat([p[:, -1] for p in boxes]).float())
 
     @staticmethod
     def xywhr(rows):

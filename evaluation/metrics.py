@@ -80,11 +80,21 @@ def process_batch(detections, labels, iouv):
     return match_predictions(detections[:, 5], labels[:, 0], iou, iouv)
 
 
+def labels_box_iou(labels, detections):
+    """(m, n) IoU of labels (cls, xyxy) and detection rows (xyxy, conf, cls, ...)."""
+    return box_iou(labels[:, 1:5], detections[:, :4])
+
+
+def labels_rotated_iou(labels, detections):
+    """(m, n) polygon IoU of labels (cls, xywhr) and oriented-box rows (xywh, conf, cls, ..., angle)."""
+    boxes = torch.cat((detections[:, :4], detections[:, -1:]), 1)
+    return polygon_iou(xywhr_to_corners(labels[:, 1:6].double()), xywhr_to_corners(boxes.double()))
+
+
 def process_rotated_batch(detections, angles, labels, iouv):
     """Oriented-box matching for one image by exact polygon IoU (as DOTA's evaluation): detections (n, 6) xywh conf
     cls and their angles (n,), labels (m, 6) cls xywhr, same pixel space. Returns bool (n, len(iouv))."""
-    boxes = torch.cat((detections[:, :4], angles[:, None]), 1)
-    iou = polygon_iou(xywhr_to_corners(labels[:, 1:].double()), xywhr_to_corners(boxes.double()))
+    iou = labels_rotated_iou(labels, torch.cat((detections[:, :6], angles[:, None]), 1))
     return match_predictions(detections[:, 5], labels[:, 0], iou.to(detections.dtype), iouv)
 
 
@@ -349,10 +359,13 @@ class ClassifyMetrics:
 class ConfusionMatrix:
     """Confusion matrix indexed [predicted, true]; detection adds a background row/column at index nc."""
 
-    def __init__(self, nc, conf=0.25, iou_thres=0.45, task="detect"):
+    def __init__(self, nc, conf=0.25, iou_thres=0.45, task="detect", iou=None):
+        """`iou(labels, detections)` -> (m, n) overlaps of an image's labels and detection rows; default box IoU of
+        labels (cls, xyxy) and rows (xyxy, conf, cls)."""
         if task not in ("detect", "classify"):
             raise ValueError(f"task must be 'detect' or 'classify', got {task!r}")
         self.nc, self.conf, self.iou_thres, self.task = nc, conf, iou_thres, task
+        self.iou = iou or labels_box_iou
         n = nc + 1 if task == "detect" else nc
         self.matrix = np.zeros((n, n), dtype=np.int64)
 
@@ -380,7 +393,7 @@ class ConfusionMatrix:
         if not len(gt_cls):
             np.add.at(self.matrix, (det_cls, bg), 1)
             return
-        iou = box_iou(labels[:, 1:], dets[:, :4]).cpu().numpy()
+        iou = self.iou(labels, dets).cpu().numpy()
         li, di = _unique_pairs(*np.nonzero(iou > self.iou_thres), iou, label_by_score=False)
         np.add.at(self.matrix, (det_cls[di], gt_cls[li]), 1)
         np.add.at(self.matrix, (bg, np.delete(gt_cls, li)), 1)

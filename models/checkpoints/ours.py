@@ -18,6 +18,7 @@ from models.registry import with_needs
 from models.yolo import (
     ClassificationModel,
     DetectionModel,
+    OBBModel,
     PoseModel,
     SegmentationModel,
     check_values,
@@ -29,7 +30,7 @@ from utils.errors import BadCheckpoint
 from utils.files import atomic_save
 from utils.text import escape_controls, has_controls
 
-MODEL_CLASSES = {c.__name__: c for c in (DetectionModel, SegmentationModel, PoseModel, ClassificationModel)}
+MODEL_CLASSES = {c.__name__: c for c in (DetectionModel, SegmentationModel, PoseModel, OBBModel, ClassificationModel)}
 
 
 def model_to_ckpt(model, half=True):

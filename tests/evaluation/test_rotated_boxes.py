@@ -95,3 +95,23 @@ def test_decode_regularises_and_lines_are_corners():
     assert d.min(1).values.max() < 1e-4  # the same rectangle
     cols = field.txt_columns(out, (40, 20))
     assert cols.shape == (1, 8) and (cols >= 0).all() and (cols <= 1).all()
+
+
+def test_confusion_matrix_and_plotted_rows_read_the_rotated_geometry():
+    """The first field tells the confusion matrix its overlap and the plots their rows: a long box and the same box
+    turned a quarter share little (a background pair), the same box turned by pi is a match; each plotted row is
+    the rotated box's axis-aligned envelope."""
+    from evaluation.metrics import ConfusionMatrix
+
+    field = RotatedBoxes()
+    labels = torch.tensor([[0.0, 50, 50, 40, 10, 0.0]])
+    cm = ConfusionMatrix(nc=1, iou=field.pair_iou)
+    cm.process_batch(rows([[50, 50, 40, 10, math.pi / 2]], [0.9], [0]), labels)
+    assert cm.matrix.tolist() == [[0, 1], [1, 0]]
+    cm = ConfusionMatrix(nc=1, iou=field.pair_iou)
+    cm.process_batch(rows([[50, 50, 40, 10, math.pi]], [0.9], [0]), labels)
+    assert cm.matrix.tolist() == [[1, 0], [0, 0]]
+    plotted = field.plotted([rows([[50, 50, 40, 10, math.pi / 2]], [0.9], [0])])
+    torch.testing.assert_close(plotted, torch.tensor([[0.0, 0, 50, 50, 10, 40, 0.9]]))
+    batch = {"targets": torch.tensor([[0.0, 0, 0.5, 0.5, 0.4, 0.1]]), "angles": torch.tensor([math.pi / 2])}
+    torch.testing.assert_close(field.plotted_labels(batch), torch.tensor([[0.0, 0, 0.5, 0.5, 0.1, 0.4]]))
