@@ -15,10 +15,12 @@ dependencies = ["torch", "numpy", "cv2", "yaml"]
 def _wrap(model, autoshape, device):
     import torch
 
+    from engine.tasks import TASKS
+    from models.backend import model_task
     from models.hub import HubModel
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return (HubModel(model) if autoshape else model.eval()).to(device)
+    return (HubModel(model, TASKS[model_task(model)].fields) if autoshape else model.eval()).to(device)
 
 
 def custom(path, autoshape=True, device=None):
@@ -30,14 +32,14 @@ def custom(path, autoshape=True, device=None):
 
 def _create(name, pretrained=True, channels=3, classes=80, autoshape=True, device=None):
     """Official weights `name`.pt when pretrained (downloaded once), else the YAML `name` with `classes` classes."""
+    from engine.tasks import TASKS
     from models.checkpoints import attempt_load
-    from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
+    from yolo.scripts import model_task
 
     if pretrained:
         return _wrap(attempt_load(f"{name}.pt", device="cpu", fuse=True), autoshape, device)
-    by_suffix = {"-cls": ClassificationModel, "-seg": SegmentationModel, "-pose": PoseModel}
-    cls = next((c for suffix, c in by_suffix.items() if name.endswith(suffix)), DetectionModel)
-    return _wrap(cls(f"{name}.yaml", ch=channels, nc=classes), autoshape, device)
+    model = TASKS[model_task(f"{name}.yaml")].model  # the class of the task the YAML's name says
+    return _wrap(model(f"{name}.yaml", ch=channels, nc=classes), autoshape, device)
 
 
 def _entry(name):

@@ -32,12 +32,12 @@ def parse_opt(argv=None):
 def main(opt, callbacks=None):
     """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
     from engine.evolve import evolve  # imports torch: after parsing, for a quick --help
-    from engine.tasks.detect import DetectionTrainer
+    from engine.tasks import TASKS
     from engine.trainer import run as run_training
 
     if opt.evolve:
-        return evolve(DetectionTrainer, opt, partial(run_training, callbacks=callbacks))
-    return run_training(DetectionTrainer, opt, callbacks)
+        return evolve(TASKS["detect"].trainer, opt, partial(run_training, callbacks=callbacks))
+    return run_training(TASKS["detect"].trainer, opt, callbacks)
 
 
 def run(callbacks=None, **options):

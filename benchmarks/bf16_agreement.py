@@ -15,11 +15,13 @@ import argparse
 import torch
 
 from engine.options import DetectPredictOptions
-from engine.tasks.detect import DetectionPredictor, DetectionValidator
+from engine.tasks import TASKS
 from engine.validator import ValOptions
 from models.checkpoints import attempt_load
 from utils.cli import predict_parser
 from utils.ops import box_iou
+
+DetectionPredictor, DetectionValidator = TASKS["detect"].predictor, TASKS["detect"].validator
 
 
 def predictions(weights, source, imgsz, amp):

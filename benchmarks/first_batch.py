@@ -31,7 +31,9 @@ class Waits:
 
 def ours(opt, out):
     import train
-    from engine.tasks.detect import DetectionTrainer
+
+    from engine.tasks import TASKS
+    DetectionTrainer = TASKS["detect"].trainer
     from engine.trainer import run
 
     waits = Waits()

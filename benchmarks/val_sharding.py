@@ -24,10 +24,12 @@ import yaml
 from torch.utils.data import DataLoader
 
 from data.synthetic import generate_dataset
-from engine.tasks.detect import DetectionValidator
+from engine.tasks import TASKS
 from engine.validator import ShardedBatchSampler, ValOptions
 from models.yolo import DetectionModel
 from utils import dist as du
+
+DetectionValidator = TASKS["detect"].validator
 
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
 

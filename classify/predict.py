@@ -17,12 +17,12 @@ def parse_opt(argv=None):
 
 
 def main(opt):
-    from engine.tasks.classify import ClassificationPredictor  # imports torch: after parsing, for a quick --help
+    from engine.tasks import TASKS  # imports torch: after parsing, for a quick --help
     from utils.dist import get_rank
     from utils.log import set_logging
 
     set_logging(get_rank())
-    return ClassificationPredictor(opt)()
+    return TASKS["classify"].predictor(opt)()
 
 
 if __name__ == "__main__":

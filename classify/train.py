@@ -21,10 +21,10 @@ def parse_opt(argv=None):
 
 def main(opt, callbacks=None):
     """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
-    from engine.tasks.classify import ClassificationTrainer  # imports torch: after parsing, for a quick --help
+    from engine.tasks import TASKS  # imports torch: after parsing, for a quick --help
     from engine.trainer import run as run_training
 
-    return run_training(ClassificationTrainer, opt, callbacks)
+    return run_training(TASKS["classify"].trainer, opt, callbacks)
 
 
 def run(callbacks=None, **options):

@@ -17,9 +17,9 @@ def parse_opt(argv=None):
 
 
 def main(opt):
-    from engine.tasks.classify import ClassificationValidator  # imports torch: after parsing, for a quick --help
+    from engine.tasks import TASKS  # imports torch: after parsing, for a quick --help
 
-    return ClassificationValidator.run_val(opt)
+    return TASKS["classify"].validator.run_val(opt)
 
 
 if __name__ == "__main__":

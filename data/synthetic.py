@@ -33,9 +33,9 @@ import numpy as np
 
 from utils.budget import SYNTHETIC_FILE_PIXELS
 from utils.files import is_published, publish
+from utils.tasks import TASKS
 
 CLASS_NAMES = ("circle", "rectangle", "triangle")
-TASKS = ("detect", "segment", "classify", "pose", "obb")
 POSE_CLASS = CLASS_NAMES.index("rectangle")  # the one shape with 4 named corners
 POSE_FLIP_IDX = (1, 0, 3, 2)
 SPLITS = ("train", "val")

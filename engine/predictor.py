@@ -1,8 +1,9 @@
 """BasePredictor: load weights (.pt, .onnx, .torchscript), read a source (image, folder, glob, video, URL, webcam,
 stream), run, draw and save results.
 
-Task subclasses declare what their model predicts (`declare_fields`: evaluation/fields.py) and implement `postprocess`
-(raw model output -> one `utils/fields.Predictions` record per image, in original-image pixels); the predictor walks
+The task's predictor (engine/tasks: a family's class bound to the task's record) declares what its model predicts
+(`declare_fields`: evaluation/fields.py, as the record says) and implements `postprocess` (raw model output -> one
+`evaluation/fields.Predictions` record per image, in original-image pixels); the predictor walks
 the fields to draw each image, and asks the first one for its --save-txt lines (`lines`, in the task's label format),
 the crops and csv rows (`objects`) and the log line (`summary`). Each image's record is what the run returns.
 """
@@ -32,9 +33,11 @@ from utils.torch_utils import inference_bf16, time_sync
 
 
 class BasePredictor:
-    default_project = "runs/detect"
-    tasks = ("detect", "segment", "pose")  # the models whose output this predictor reads (a head's `task`)
-    options = PredictOptions  # the task's options class (engine/options.py)
+    # the task record's (engine/tasks), set on the class the task binds: its run folder, the tasks of the models whose
+    # output it reads (a head's `task`) and its options class (engine/options.py)
+    default_project = None
+    tasks = ()
+    options = PredictOptions
 
     def __init__(self, args):
         """`args`: a predict script's parsed command line, read once into the task's options (`self.args`)."""

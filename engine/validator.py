@@ -5,9 +5,10 @@ batch (matches, confidences, classes, losses, COCO JSON rows); rank 0 gathers th
 order and computes the metrics from them. Each batch holds the same images at the same letterbox shape as in a
 single process, so the model sees the same tensors and the metrics come out identical to one process.
 
-Task subclasses implement `get_data`, `build_dataset`, `init_metrics`, `postprocess` (the batch's predictions, one
-record per image holding what the later steps need), `update_metrics` (returns the batch's record of matches),
-`get_stats` (from the merged records) and `print_results`. What a batch is (e.g. how its masks read) travels in the
+The task's validator (engine/tasks: a family's class bound to the task's record) implements `get_data`,
+`build_dataset`, `init_metrics`, `postprocess` (the batch's predictions, one record per image holding what the later
+steps need), `update_metrics` (returns the batch's record of matches), `get_stats` (from the merged records) and
+`print_results`. What a batch is (e.g. how its masks read) travels in the
 batch dict; nothing per batch is kept on the validator between these calls.
 """
 
@@ -69,7 +70,7 @@ class BaseValidator:
     """
 
     postprocess_name = "post-process"
-    tasks = ("detect", "segment", "pose")  # the models whose output this validator reads (a head's `task`)
+    tasks = ()  # the tasks of the models whose output it reads (a head's `task`): the task record's (engine/tasks)
     profile = RunProfile(enabled=False)  # the trainer's, under --profile
     options = ValOptions  # the task's options class (engine/options.py), its extras its own fields
 

@@ -21,7 +21,6 @@ import torch.nn as nn
 
 from models.checkpoints import load_model, run_record
 from models.graphs import onnx_dry_run, read_onnx
-from models.heads import TASKS
 from models.runtimes import OpenVINORunner, TensorRTRunner
 from models.untrusted import UnsafeTorchScript, check_torchscript
 from utils.budget import MAX_CLASSES, MAX_EXPORT_BATCH, MAX_EXPORT_INPUT, MAX_EXPORT_SIDE
@@ -29,6 +28,7 @@ from utils.dist import is_main_process
 from utils.dry_run import DryRunError, dry_run, inference_seconds, wall_clock_guard
 from utils.errors import BadFile, BadOption
 from utils.ops import OutputLayout
+from utils.tasks import TASKS
 from utils.text import has_controls
 from utils.torch_utils import memory_format, to_float32
 

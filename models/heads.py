@@ -35,9 +35,6 @@ def no_autocast(t):
     return contextlib.nullcontext() if t.device.type == "meta" else torch.autocast(t.device.type, enabled=False)
 
 
-TASKS = ("detect", "segment", "pose", "obb", "classify")  # what a head serves (its `task`)
-
-
 class Detect(nn.Module):
     """Anchor-based head (YOLOv5; also YOLOv7's deploy head): one 1x1 conv per level predicting na x (5 + nc + nm)."""
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from data.augment import letterbox
-from evaluation.fields import Boxes, ClassScores, Keypoints, Letterbox, Masks, Predictions, in_original_pixels
+from evaluation.fields import Letterbox, Predictions, in_original_pixels
 from evaluation.results import Results, nms_iou
 from models.tta import TTAModel
 from models.yolo import ClassificationModel
@@ -101,11 +101,13 @@ class ResultsList(list):
 
 class HubModel(nn.Module):
     """Inference wrapper: letterbox (or resize for classifiers), forward in eval mode, NMS, back to the image's
-    pixels. `conf`, `iou`, `classes`, `max_det` are NMS settings the caller may change; returns a ResultsList."""
+    pixels. `conf`, `iou`, `classes`, `max_det` are NMS settings the caller may change; returns a ResultsList.
+    `fields(names, layout)`: the fields of the model's task, its record's (engine/tasks: hubconf.py and the `YOLO`
+    class, above the engine, look it up)."""
 
     conf, iou, classes, agnostic, max_det = 0.25, None, None, False, 1000  # iou None: the family's (nms_iou)
 
-    def __init__(self, model):
+    def __init__(self, model, fields):
         """`model`: a model of ours (nn.Module), or a models.backend.InferenceBackend of an export."""
         super().__init__()
         self.model = model.eval()
@@ -114,9 +116,7 @@ class HubModel(nn.Module):
         self.classify = self.layout is None
         self.stride = 32 if self.classify else int(torch.as_tensor(model.stride).max())
         self.static = None if getattr(model, "dynamic", True) else model.imgsz  # the one size an export takes
-        kpt_shape = None if self.classify else self.layout.kpt_shape
-        self.fields = (ClassScores(self.names),) if self.classify else (
-            (Boxes(),) + ((Masks(),) if self.layout.proto else ()) + ((Keypoints(kpt_shape),) if kpt_shape else ()))
+        self.fields = fields(self.names, self.layout)
 
     @torch.no_grad()
     def forward(self, ims, size=640, augment=False):

@@ -24,12 +24,12 @@ def parse_opt(argv=None):
 def main(opt, callbacks=None):
     """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
     from engine.evolve import evolve  # imports torch: after parsing, for a quick --help
-    from engine.tasks.pose import PoseTrainer
+    from engine.tasks import TASKS
     from engine.trainer import run as run_training
 
     if opt.evolve:
-        return evolve(PoseTrainer, opt, partial(run_training, callbacks=callbacks))
-    return run_training(PoseTrainer, opt, callbacks)
+        return evolve(TASKS["pose"].trainer, opt, partial(run_training, callbacks=callbacks))
+    return run_training(TASKS["pose"].trainer, opt, callbacks)
 
 
 def run(callbacks=None, **options):

@@ -18,9 +18,9 @@ def parse_opt(argv=None):
 
 
 def main(opt):
-    from engine.tasks.segment import SegmentationValidator  # imports torch: after parsing, for a quick --help
+    from engine.tasks import TASKS  # imports torch: after parsing, for a quick --help
 
-    return SegmentationValidator.run_val(opt)
+    return TASKS["segment"].validator.run_val(opt)
 
 
 if __name__ == "__main__":

@@ -54,16 +54,22 @@ def main():
     task, args = sys.argv[1], sys.argv[2:]
     if task == "train":
         import train as script
-        from engine.tasks.detect import DetectionTrainer as trainer_cls
+
+        from engine.tasks import TASKS
+        trainer_cls = TASKS["detect"].trainer
     elif task == "segment":
-        from engine.tasks.segment import SegmentationTrainer as trainer_cls
+        from engine.tasks import TASKS
+        trainer_cls = TASKS["segment"].trainer
         from segment import train as script
     elif task == "pose":
-        from engine.tasks.pose import PoseTrainer as trainer_cls
+        from engine.tasks import TASKS
+        trainer_cls = TASKS["pose"].trainer
         from pose import train as script
     else:
         from classify import train as script
-        from engine.tasks.classify import ClassificationTrainer as trainer_cls
+
+        from engine.tasks import TASKS
+        trainer_cls = TASKS["classify"].trainer
     run(trainer_cls, script.parse_opt(args), callbacks={"on_train_start": [instrument], "on_train_end": [report]})
 
 

@@ -14,9 +14,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train  # noqa: E402
-from engine.tasks.detect import DetectionTrainer  # noqa: E402
+
+from engine.tasks import TASKS  # noqa: E402
 from engine.trainer import run  # noqa: E402
 from utils.dist import get_rank  # noqa: E402
+
+DetectionTrainer = TASKS["detect"].trainer
 
 
 def params_hash(model, trainable):

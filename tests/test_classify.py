@@ -12,15 +12,18 @@ import cv2
 import pytest
 import torch
 import yaml
-
 from classify import predict as cls_predict
 from classify import train as cls_train
 from classify import val as cls_val
-from engine.tasks.classify import ClassificationTrainer, build_classifier
+
+from engine.tasks import TASKS
+from engine.tasks.classify import build_classifier
 from engine.trainer import run
 from tests.ddp_utils import free_port, spawn, train_mode
 from utils import dist as du
 from utils.files import ROOT, yaml_load
+
+ClassificationTrainer = TASKS["classify"].trainer
 
 DRIVER = Path(__file__).with_name("ddp_driver.py")
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}

@@ -234,7 +234,8 @@ def test_classifier_stops_on_ctrl_c_too(shapes_classify, tmp_path, monkeypatch):
 
         trainer.preprocess_batch = counting
 
-    from engine.tasks.classify import ClassificationTrainer
+    from engine.tasks import TASKS
+    ClassificationTrainer = TASKS["classify"].trainer
     from engine.trainer import run
 
     with pytest.raises(Interrupted) as e:
@@ -253,8 +254,10 @@ def _hyp(tmp_path, text):
 def test_an_interrupted_evolution_says_what_it_keeps(shapes_detect, tmp_path):
     """The generation's trainer says how to resume its own training; the evolution adds that it does not resume."""
     import train
+
     from engine.evolve import evolve
-    from engine.tasks.detect import DetectionTrainer
+    from engine.tasks import TASKS
+    DetectionTrainer = TASKS["detect"].trainer
 
     def run(trainer_cls, opt, given):
         if opt.name == "gen1":
@@ -270,8 +273,10 @@ def test_an_interrupted_evolution_says_what_it_keeps(shapes_detect, tmp_path):
 def test_an_evolution_does_not_take_resume(shapes_detect, tmp_path):
     """--resume auto in a scheduler's command line would reach every generation: refused before any folder is made."""
     import train
+
     from engine.evolve import evolve
-    from engine.tasks.detect import DetectionTrainer
+    from engine.tasks import TASKS
+    DetectionTrainer = TASKS["detect"].trainer
     from utils.errors import BadOption
 
     opt = train.parse_opt(["--data", str(shapes_detect), "--project", str(tmp_path), "--evolve", "3", "--resume",

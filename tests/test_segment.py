@@ -8,8 +8,10 @@ from torch import nn
 
 from data.dataset_yaml import check_det_dataset
 from engine.options import SegmentValOptions
-from engine.tasks.segment import SegmentationValidator
+from engine.tasks import TASKS
 from models.heads import Segment
+
+SegmentationValidator = TASKS["segment"].validator
 
 NC = 3
 

@@ -3,16 +3,18 @@
 import csv
 import dataclasses
 
+import detect
 import pytest
 import torch
-import yaml
-
-import detect
 import train
 import val
-from engine.tasks.detect import DetectionTrainer, DetectionValidator
+import yaml
+
+from engine.tasks import TASKS
 from engine.trainer import run
 from models.backend import InferenceBackend, flatten_outputs, validation_model
+
+DetectionTrainer, DetectionValidator = TASKS["detect"].trainer, TASKS["detect"].validator
 
 
 def _train_args(data, tmp_path, *extra):

@@ -15,14 +15,16 @@ import pytest
 import torch
 import yaml
 
-from engine.tasks.classify import ClassificationValidator
-from engine.tasks.detect import DetectionValidator
-from engine.tasks.segment import SegmentationValidator
+from engine.tasks import TASKS
 from engine.validator import ShardedBatchSampler, ValOptions
 from models.checkpoints import from_safe, to_safe
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from tests.ddp_utils import free_port, spawn
 from utils.files import ROOT
+
+ClassificationValidator = TASKS["classify"].validator
+DetectionValidator = TASKS["detect"].validator
+SegmentationValidator = TASKS["segment"].validator
 
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
 N_VAL = 7  # odd: with batches of 2, rank 0 validates 4 images and rank 1 three (classify: 21, 12 and 9)

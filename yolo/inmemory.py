@@ -27,6 +27,7 @@ def hub_predict(yolo, source, options):
     """The Results of each image of `source`, one at a time, drawn, written and shown as `options` ask."""
     import torch
 
+    from engine.tasks import TASKS
     from evaluation.results import window_problem
     from models.backend import InferenceBackend
     from models.hub import HubModel
@@ -44,7 +45,7 @@ def hub_predict(yolo, source, options):
     # a .pt model back in torch's default layout (the backend's channels_last changes float rounding): the boxes
     # torch.hub's model gives, to the bit
     model = backend.model.to(memory_format=torch.contiguous_format) if backend.model is not None else backend
-    hub = HubModel(model)
+    hub = HubModel(model, TASKS[yolo.task].fields)
     hub.conf, hub.iou, hub.classes = float(o.get("conf", hub.conf)), o.get("iou"), o.get("classes")
     hub.max_det = int(o.get("max_det", hub.max_det))
     saving = o.get("save") or o.get("save_txt") or o.get("save_crop")

@@ -19,18 +19,12 @@ from pathlib import Path
 from yolo.metrics import ValMetrics
 from yolo.scripts import check_model, check_words, load_script, model_task
 
-# the task's predictor and validator classes (engine/tasks/), which the predict and val scripts run
-ENGINE = {"detect": ("engine.tasks.detect", "DetectionPredictor", "DetectionValidator"),
-          "segment": ("engine.tasks.segment", "SegmentationPredictor", "SegmentationValidator"),
-          "pose": ("engine.tasks.pose", "PosePredictor", "PoseValidator"),
-          "classify": ("engine.tasks.classify", "ClassificationPredictor", "ClassificationValidator")}
 
+def _task(name):
+    """The task's record (engine/tasks), whose predictor and validator the predict and val scripts run."""
+    from engine.tasks import TASKS
 
-def _engine_class(task, kind):
-    import importlib
-
-    module, predictor, validator = ENGINE[task]
-    return getattr(importlib.import_module(module), predictor if kind == "predict" else validator)
+    return TASKS[name]
 
 
 class YOLO:
@@ -64,11 +58,7 @@ class YOLO:
         model."""
         if self._backend is None or self._backend[0] != self.model:
             if self.model.endswith((".yaml", ".yml")):
-                from models import yolo as models
-
-                kind = {"segment": models.SegmentationModel, "pose": models.PoseModel,
-                        "classify": models.ClassificationModel}.get(self.task, models.DetectionModel)
-                net = kind(self.model)
+                net = _task(self.task).model(self.model)
             else:
                 from models.backend import InferenceBackend
 
@@ -136,7 +126,7 @@ class YOLO:
         _, opt = self._opt("val", options)
         seen = []
 
-        class Kept(_engine_class(self.task, "val")):  # run_val as the script runs it, keeping the validator
+        class Kept(_task(self.task).validator):  # run_val as the script runs it, keeping the validator
             def __call__(self, *args, **kwargs):
                 seen.append(self)
                 return super().__call__(*args, **kwargs)
@@ -188,7 +178,7 @@ class YOLO:
             raise BadOption("track: give the source as a path, video or stream (the predict scripts' sources)")
         verbose = options.pop("verbose", True)
         _, opt = self._opt("predict", {"save": False, **options, "source": str(source), "track": tracker})
-        predictor = _engine_class(self.task, "predict")(opt)
+        predictor = _task(self.task).predictor(opt)
         if persist and self._tracker is not None:
             predictor.tracker = self._tracker
         self._tracker = predictor.tracker
@@ -201,7 +191,7 @@ class YOLO:
     def _script_predict(self, source, options):
         """The task's predictor over `source`, its Results one at a time."""
         _, opt = self._opt("predict", {"save": False, **options, "source": str(source)})
-        yield from _engine_class(self.task, "predict")(opt).stream()
+        yield from _task(self.task).predictor(opt).stream()
 
 
 def _quiet(gen):

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 from utils.errors import BadOption
+from utils.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
-TASKS = ("detect", "segment", "pose", "classify")  # engine.messages.SCRIPTS' (which imports torch: not for --help)
 MODES = ("train", "val", "predict", "export", "track")  # track: the predict script with --track
-SUFFIX_TASKS = {"seg": "segment", "cls": "classify", "pose": "pose"}  # yolov8n-seg.yaml, yolov8n-cls.pt
+SUFFIX_TASKS = {"seg": "segment", "cls": "classify", "pose": "pose", "obb": "obb"}  # yolov8n-seg.yaml, yolov8n-cls.pt
 
 
 def script_path(task, mode):
@@ -40,7 +40,7 @@ def load_script(task, mode):
 def model_task(model):
     """The task of a model YAML or weights file: its name's suffix (yolov8n-seg.yaml), else, for a file that exists,
     what its head declares; 'detect' otherwise (the detection scripts then say where another model belongs)."""
-    found = re.search(r"-(seg|cls|pose)\d*(\.\w+)?$", Path(str(model)).name)
+    found = re.search(rf"-({'|'.join(SUFFIX_TASKS)})\d*(\.\w+)?$", Path(str(model)).name)
     if found:
         return SUFFIX_TASKS[found.group(1)]
     path = Path(str(model))

@@ -1,4 +1,5 @@
-"""Classification task: trainer, validator and predictor hooks for YOLOv5-cls and YOLOv8-cls."""
+"""Classification: the trainer, validator and predictor of YOLOv5-cls and YOLOv8-cls, which read the task's record
+(`record`: engine/tasks/__init__.py) for its options and run folders."""
 
 import shlex
 from pathlib import Path
@@ -12,7 +13,7 @@ from data.streams import open_source
 from engine.messages import check_task
 from engine.predictor import BasePredictor
 from engine.trainer import BaseTrainer
-from engine.validator import BaseValidator, ValOptions
+from engine.validator import BaseValidator
 from evaluation.fields import ClassScores, Predictions
 from evaluation.metrics import ClassifyMetrics, ConfusionMatrix
 from evaluation.plots import plot_images
@@ -60,12 +61,16 @@ def whole_image_targets(cls, conf=None):
     return torch.cat(cols, 1)
 
 
+def cls_data(data, options, role, autodownload=True):
+    """The dataset dict of a classification run: one class map for every split (data/dataset_yaml.py)."""
+    return check_cls_dataset(data, autodownload)
+
+
 class ClassificationTrainer(BaseTrainer):
-    default_project = "runs/train-cls"
-    task = "classify"
+    record = None  # the task's, set on the class the task binds
 
     def get_data(self):
-        return check_cls_dataset(self.opt.data, autodownload=not self.resume_from)
+        return self.record.data(self.opt.data, self.opt, "train", autodownload=not self.resume_from)
 
     def predict_source(self):
         """The validation images, which sit in class folders: a glob, since --source reads a folder itself only."""
@@ -99,18 +104,18 @@ class ClassificationTrainer(BaseTrainer):
                         names=self.names)
 
     def build_validator(self):
-        return ClassificationValidator(ValOptions.from_train(self.opt, self.batch_size * 2), self.save_dir,
-                                       self.names, criterion=self.criterion)
+        return self.record.validator(self.record.val.from_train(self.opt, self.batch_size * 2), self.save_dir,
+                                     self.names, criterion=self.criterion)
 
 
 class ClassificationValidator(BaseValidator):
     """Top-1 / top-5 accuracy, per-class accuracy and the confusion matrix."""
 
-    tasks = ("classify",)
+    record = None  # the task's, set on the class the task binds
 
-    @staticmethod
-    def get_data(data, options):
-        return check_cls_dataset(data)
+    @classmethod
+    def get_data(cls, data, options):
+        return cls.record.data(data, options, "val")
 
     @classmethod
     def val_names(cls, data, model, options):
@@ -181,8 +186,7 @@ class ClassificationValidator(BaseValidator):
 
 
 class ClassificationPredictor(BasePredictor):
-    tasks = ("classify",)
-    default_project = "runs/predict-cls"
+    record = None  # the task's, set on the class the task binds
 
     def load_source(self):
         size = self.imgsz if self.model.dynamic else self.imgsz[0]  # classifiers are exported square
@@ -195,7 +199,7 @@ class ClassificationPredictor(BasePredictor):
         return im[None] if im.ndim == 3 else im
 
     def declare_fields(self):
-        return (ClassScores(self.names),)
+        return self.record.fields(self.names, None)
 
     def postprocess(self, preds, im, im0):
         probs = preds[0] if isinstance(preds, (list, tuple)) else preds

@@ -196,7 +196,7 @@ def test_bad_kpt_shape_is_one_error_line_and_exit_2(tmp_path, pose_set):
 def test_the_keypoint_keys_are_checked_before_the_data_is_generated(tmp_path):
     """A pose YAML given to a detection script, or a pose YAML with a mistake, is refused before its synthetic set is
     generated (minutes for a large one)."""
-    from engine.tasks.detect import box_data
+    from engine.tasks.boxes import box_data
     from utils.errors import BadDataset
 
     spec = {"path": str(tmp_path / "gen"), "train": "images/train", "val": "images/val", "names": ["a"],

@@ -4,11 +4,13 @@ GPU, and this is the path CUDA training takes by default."""
 import pytest
 import torch
 import torch.nn as nn
-
 import train
+
 import utils.torch_utils
-from engine.tasks.detect import DetectionTrainer, DetectionValidator
+from engine.tasks import TASKS
 from engine.trainer import BaseTrainer, run
+
+DetectionTrainer, DetectionValidator = TASKS["detect"].trainer, TASKS["detect"].validator
 
 
 class _Criterion:

@@ -6,7 +6,9 @@ import copy
 import train
 from engine.evolve import evolve
 from engine.options import DetectTrainOptions
-from engine.tasks.detect import DetectionTrainer
+from engine.tasks import TASKS
+
+DetectionTrainer = TASKS["detect"].trainer
 
 
 def test_each_generation_gets_its_own_options_and_the_command_line_s_names(tmp_path):

@@ -9,12 +9,14 @@ import torch
 
 import detect
 from engine.options import DetectPredictOptions, PoseValOptions
-from engine.tasks.detect import DetectionPredictor
-from engine.tasks.pose import PoseValidator
+from engine.tasks import TASKS
 from evaluation.fields import Boxes, ClassScores, Field, Keypoints, Masks, Predictions
 from evaluation.plots import colors
 from utils import ops
 from utils.ops import OutputLayout
+
+DetectionPredictor = TASKS["detect"].predictor
+PoseValidator = TASKS["pose"].validator
 
 IM0 = (100, 200, 3)
 INPUT = torch.zeros(1, 3, 48, 64)
@@ -55,6 +57,7 @@ def test_pose_record_lines_and_drawing(tmp_path):
     assert tuple(im0[45, 160]) == colors(1, bgr=True) and not im0[45, 165].any()  # the second box's right edge
     # val.py writes the same line for the same rows
     v = PoseValidator(PoseValOptions(imgsz=64, kpt_shape=(2, 3)), tmp_path, p.names)
+    v.init_metrics(p.model)
     v.save_txt(image.boxes, IM0[:2], tmp_path / "val.txt")
     assert (tmp_path / "val.txt").read_text() == "".join(lines)
 

@@ -27,10 +27,10 @@ def test_every_option_of_a_predict_script_is_a_field_of_its_class(script, option
 
 
 def test_each_predictor_names_its_script_s_options_class():
-    from engine.tasks.classify import ClassificationPredictor
-    from engine.tasks.detect import DetectionPredictor
-    from engine.tasks.pose import PosePredictor
-    from engine.tasks.segment import SegmentationPredictor
+    from engine.tasks import TASKS
+
+    ClassificationPredictor, DetectionPredictor = TASKS["classify"].predictor, TASKS["detect"].predictor
+    PosePredictor, SegmentationPredictor = TASKS["pose"].predictor, TASKS["segment"].predictor
 
     assert (ClassificationPredictor.options, DetectionPredictor.options, SegmentationPredictor.options,
             PosePredictor.options) == (PredictOptions, DetectPredictOptions, DetectPredictOptions, PosePredictOptions)

@@ -7,14 +7,16 @@ import threading
 
 import pytest
 import torch
+import train
 import yaml
 
-import train
 from engine.options import DetectTrainOptions
-from engine.tasks.detect import DetectionTrainer
+from engine.tasks import TASKS
 from engine.trainer import run
 from models.checkpoints import releases
 from utils.errors import BadCheckpoint, run_cli
+
+DetectionTrainer = TASKS["detect"].trainer
 
 
 @pytest.fixture

@@ -4,11 +4,13 @@ the positives) and the progress bar's one copy of the mean losses. Pinned, so th
 figures with both tools are in docs/performance.md ("Host-device synchronisations")."""
 
 import pytest
-
 import train
 from benchmarks.sync_counter import SyncCounter
-from engine.tasks.detect import DetectionTrainer
+
+from engine.tasks import TASKS
 from engine.trainer import run
+
+DetectionTrainer = TASKS["detect"].trainer
 
 STEP = {"_local_scalar_dense": 1, "nonzero": 2, "tolist": 1}
 

@@ -6,10 +6,12 @@ from types import SimpleNamespace
 import torch
 
 from engine.options import PoseValOptions
-from engine.tasks.detect import DetectionValidator
-from engine.tasks.pose import PoseValidator
+from engine.tasks import TASKS
 from engine.validator import ValOptions
 from utils.ops import OutputLayout
+
+DetectionValidator = TASKS["detect"].validator
+PoseValidator = TASKS["pose"].validator
 
 
 class OnDevice(torch.Tensor):

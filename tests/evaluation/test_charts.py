@@ -96,7 +96,8 @@ def test_pr_curve_is_the_precision_envelope():
 
 
 def test_classification_val_batch_grid(tmp_path):
-    from engine.tasks.classify import ClassificationValidator
+    from engine.tasks import TASKS
+    ClassificationValidator = TASKS["classify"].validator
     from engine.validator import ValOptions
 
     names = {0: "circle", 1: "rectangle", 2: "triangle"}

@@ -1,4 +1,6 @@
-"""Detection task: the trainer, validator and predictor hooks for YOLOv5/v7/v8 detectors."""
+"""The box tasks' trainer, validator and predictor (detect, segment, pose: every model ending in a box head), each
+reading its task's record (engine/tasks/__init__.py: `record`) for what differs: the model class, the fields, the
+label format, the dataset check and the options."""
 
 import dataclasses
 import json
@@ -7,18 +9,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.dataset_yaml import check_det_dataset, has_keypoints
+from data.dataset_yaml import check_det_dataset, check_pose_dataset, has_keypoints, pose_skeleton
 from data.detect_dataset import YOLODataset
 from data.image_weights import ImageWeightSampler
 from engine.messages import SCRIPTS, check_task
-from engine.options import DetectPredictOptions, DetectTrainOptions
 from engine.predictor import BasePredictor
 from engine.track import FrameTracker
 from engine.trainer import BaseTrainer
-from engine.validator import BaseValidator, ValOptions
+from engine.validator import BaseValidator
 from evaluation.charts import plot_metric_curves
 from evaluation.coco import eval_coco_json, labels_to_coco_json
-from evaluation.fields import MAX_PLOTTED_PREDS, Boxes, Letterbox, Predictions, in_original_pixels, txt_lines
+from evaluation.fields import MAX_PLOTTED_PREDS, Letterbox, Predictions, in_original_pixels, txt_lines
 from evaluation.metrics import ConfusionMatrix, DetMetrics, iou_vector
 from evaluation.plots import plot_images
 from evaluation.results import nms_iou
@@ -26,11 +27,11 @@ from models.autoanchor import check_anchors
 from models.backend import InferenceBackend
 from models.checkpoints import attempt_load, model_yaml, transfer_weights
 from models.tta import TTAModel, augment_backend
-from models.yolo import DetectionModel, head_task
+from models.yolo import head_task
 from utils import ops
 from utils.cli import check_imgsz
 from utils.dist import get_rank, get_world_size
-from utils.errors import BadDataset, BadOption
+from utils.errors import BadCheckpoint, BadDataset, BadOption
 from utils.log import LOGGER
 
 
@@ -58,20 +59,33 @@ def box_data(data, options, role, autodownload=True):
     return single_class(d) if options.single_cls else d
 
 
-class DetectionTrainer(BaseTrainer):
-    default_project = "runs/train"
-    options = DetectTrainOptions
+def pose_data(data, options, role, autodownload=True):
+    """The dataset dict of a pose run: kpt_shape, flip_idx and skeleton checked (data/dataset_yaml.py)."""
+    d = check_pose_dataset(data, autodownload)
+    return single_class(d) if options.single_cls else d
+
+
+# COCO's person skeleton (0-based keypoint pairs), drawn for 17 keypoints when the dataset gives none
+COCO_SKELETON = [[15, 13], [13, 11], [16, 14], [14, 12], [11, 12], [5, 11], [6, 12], [5, 6], [5, 7], [6, 8], [7, 9],
+                 [8, 10], [1, 2], [0, 1], [0, 2], [1, 3], [2, 4], [3, 5], [4, 6]]
+
+
+def pose_skeleton_of(data, k):
+    """The keypoint pairs drawn for `k` keypoints: the `skeleton` of the dataset YAML `data` when given, else COCO's
+    for 17 keypoints."""
+    skeleton = pose_skeleton(data, k) if data else None
+    if skeleton is None and k == 17:
+        return COCO_SKELETON
+    return skeleton
+
+
+class BoxTrainer(BaseTrainer):
+    """Training of a box task; `record` (the task's, engine/tasks/__init__.py) is set on the class each task binds."""
+
+    record = None
 
     def get_data(self):
-        return box_data(self.opt.data, self.opt, "train", autodownload=not self.resume_from)
-
-    @staticmethod
-    def model_class():
-        return DetectionModel
-
-    def model_kwargs(self):
-        """What the model class takes from the dataset besides nc (pose: kpt_shape)."""
-        return {}
+        return self.record.data(self.opt.data, self.opt, "train", autodownload=not self.resume_from)
 
     def build_model(self, nc, names, resumed=None):
         """--cfg's model (a YAML, or a .pt's own model: what --weights without --cfg trains, engine/resume.py), seeded
@@ -85,12 +99,9 @@ class DetectionTrainer(BaseTrainer):
         # the loss and the labels fit one kind of head
         check_task(head_task(cfg), (self.task,), f"--weights {self.opt.weights}" if own else f"--cfg {self.opt.cfg}",
                    "train")
-        model = self.model_class()(cfg, nc=nc, **self.model_kwargs())
+        model = self.record.model(cfg, nc=nc, **self.record.model_kwargs(self.data))
         model.names = dict(names)
         return model, (None if src is None else transfer_weights(model, src, self.opt.weights))
-
-    def dataset_kwargs(self, mode):
-        return {}
 
     def build_dataset(self, path, mode, stride):
         """The training set (the validation set comes from the validator's `build_dataset`)."""
@@ -113,7 +124,7 @@ class DetectionTrainer(BaseTrainer):
             seed=self.opt.seed,
             device_hsv=self.device.type == "cuda",  # colour on the GPU: a third of a loader core's time per sample
             names_from=None if self.opt.skip_unknown_classes else self.data.get("yaml_file") or "the dataset dict",
-            **self.dataset_kwargs(mode),
+            task=self.record.train_labels(self.opt, self.data),
         )
 
     def fit_model_to_data(self):
@@ -140,10 +151,17 @@ class DetectionTrainer(BaseTrainer):
         metrics = self.validator.metrics
         return metrics.maps(self.nc) if metrics is not None else np.zeros(self.nc)
 
+    def preprocess_batch(self, batch):
+        batch = super().preprocess_batch(batch)
+        if "masks" in batch:  # a segmentation batch's overlap maps come as integers
+            batch["masks"] = batch["masks"].float()
+        return batch
+
     def build_validator(self):
-        options = ValOptions.from_train(self.opt, self.batch_size * 2, single_cls=self.opt.single_cls)
-        return DetectionValidator(options, self.save_dir, self.names, criterion=self.criterion,
-                                  label_names=self.data.get("label_names"))
+        options = self.record.val.from_train(self.opt, self.batch_size * 2, **self.record.val_extras(self.opt,
+                                                                                                    self.data))
+        return self.record.validator(options, self.save_dir, self.names, criterion=self.criterion,
+                                     label_names=self.data.get("label_names"))
 
     def plot_training_batch(self, batch, step):
         if step < 3:
@@ -152,42 +170,47 @@ class DetectionTrainer(BaseTrainer):
                         keypoints=batch.get("keypoints"))
 
 
-class DetectionValidator(BaseValidator):
+class BoxValidator(BaseValidator):
     """mAP50 and mAP50-95 with per-threshold matching, in original-image coordinates as the official validators, of
-    each field the task declares (`declare_fields`: boxes here; evaluation/fields.py)."""
+    each field the task's record declares for the model's output layout (evaluation/fields.py)."""
 
     postprocess_name = "NMS"
+    record = None  # the task's (engine/tasks/__init__.py), set on the class each task binds
 
     def __init__(self, args, save_dir, names, criterion=None, label_names=None):
         super().__init__(args, save_dir, names, criterion, label_names)
         self.iouv = iou_vector()
-        self.fields = self.declare_fields()
+        self.fields = ()  # what the model predicts of each object, boxes first: init_metrics reads its layout
         self.layout = None  # the model's output_layout, read by init_metrics
         # the last validation's: every image's matches (for inspection), COCO JSON rows, whether any image had a
         # prediction, labels per class
         self.records, self.jdict, self.has_preds, self.nt_per_class = {}, [], False, None
 
-    def declare_fields(self):
-        """What the task predicts of each object, boxes first (evaluation/fields.py)."""
-        return (Boxes(),)
+    @classmethod
+    def get_data(cls, data, options):
+        return cls.record.data(data, options, "val")
 
-    @staticmethod
-    def get_data(data, options):
-        return box_data(data, options, "val")
-
-    def dataset_kwargs(self):
-        return {}
+    @classmethod
+    def val_names(cls, data, model, options):
+        """The dataset's names (BaseValidator.val_names); a dataset with keypoints must have the model's kpt_shape."""
+        names = super().val_names(data, model, options)
+        if "kpt_shape" in data and tuple(model.output_layout.kpt_shape or ()) != tuple(data["kpt_shape"]):
+            raise BadCheckpoint(f"--weights {options.weights} predicts kpt_shape "
+                                f"{list(model.output_layout.kpt_shape or ())} but --data {options.data} has "
+                                f"{data['kpt_shape']}")
+        return names
 
     def build_dataset(self, path, stride):
         return YOLODataset(path, imgsz=self.args.imgsz, batch_size=self.args.batch, augment=False, rect=True,
                            stride=stride, pad=0.5, prefix="val: ", nc=self.label_nc,
                            names=self.label_names, single_cls=self.args.single_cls, names_from=self.args.names_from,
-                           **self.dataset_kwargs())
+                           task=self.record.val_labels(self.args))
 
     def init_metrics(self, model):
+        self.layout = model.output_layout
+        self.fields = self.record.fields(self.names, self.layout)
         self.metrics = DetMetrics(names=self.names, parts=[(f.metric, f.suffix) for f in self.fields])
         self.confusion = ConfusionMatrix(nc=self.nc)  # at its own conf 0.25: val's 0.001 floods the background row
-        self.layout = model.output_layout
 
     def description(self):
         columns = ("P", "R", "mAP50", "mAP50-95")
@@ -348,9 +371,11 @@ class DetectionValidator(BaseValidator):
         return stats
 
 
-class DetectionPredictor(BasePredictor):
-    default_project = "runs/detect"
-    options = DetectPredictOptions
+class BoxPredictor(BasePredictor):
+    """Prediction of a box task: NMS, then each field of the task's record (`record`, set on the class each task
+    binds) in original-image pixels."""
+
+    record = None
 
     def __init__(self, args):
         super().__init__(args)
@@ -367,7 +392,8 @@ class DetectionPredictor(BasePredictor):
         return FrameTracker(self.args.track) if self.args.track else None
 
     def declare_fields(self):
-        return (Boxes(),)
+        layout = self.model.output_layout
+        return self.record.fields(self.names, layout, self.record.skeleton(self.args, layout))
 
     def postprocess(self, preds, im, im0):
         """The image's record in original-image pixels: its NMS rows (xyxy, conf, cls, the columns after the class
