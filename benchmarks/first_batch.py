@@ -31,7 +31,6 @@ class Waits:
 
 def ours(opt, out):
     import train
-
     from engine.tasks import TASKS
     DetectionTrainer = TASKS["detect"].trainer
     from engine.trainer import run

@@ -54,7 +54,6 @@ def main():
     task, args = sys.argv[1], sys.argv[2:]
     if task == "train":
         import train as script
-
         from engine.tasks import TASKS
         trainer_cls = TASKS["detect"].trainer
     elif task == "segment":
@@ -67,7 +66,6 @@ def main():
         from pose import train as script
     else:
         from classify import train as script
-
         from engine.tasks import TASKS
         trainer_cls = TASKS["classify"].trainer
     run(trainer_cls, script.parse_opt(args), callbacks={"on_train_start": [instrument], "on_train_end": [report]})

@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-import train  # noqa: E402
 
 import engine.checkpointer as checkpointer_module  # noqa: E402
+import train  # noqa: E402
 from engine.tasks import TASKS  # noqa: E402
 from engine.trainer import run  # noqa: E402
 from utils import dist as du  # noqa: E402

@@ -14,7 +14,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train  # noqa: E402
-
 from engine.tasks import TASKS  # noqa: E402
 from engine.trainer import run  # noqa: E402
 from utils.dist import get_rank  # noqa: E402

@@ -12,10 +12,10 @@ import cv2
 import pytest
 import torch
 import yaml
+
 from classify import predict as cls_predict
 from classify import train as cls_train
 from classify import val as cls_val
-
 from engine.tasks import TASKS
 from engine.tasks.classify import build_classifier
 from engine.trainer import run

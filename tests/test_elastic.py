@@ -230,7 +230,6 @@ def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tm
     """An interrupted run resumed by hand with --resume ends with the weights of an uninterrupted one: between
     epochs with 0 workers, inside an epoch with 2."""
     import train
-
     from engine.tasks import TASKS
     DetectionTrainer = TASKS["detect"].trainer
     from engine.trainer import run
@@ -319,7 +318,6 @@ def test_resume_auto_starts_a_run_continues_it_and_refuses_what_cannot_continue(
     no change, --device is this launch's), another value is refused, and so is a finished run or a folder holding a
     run without last.pt."""
     import train
-
     from engine.resume import plan_run
     from utils.errors import BadOption
 
@@ -350,7 +348,6 @@ def test_resume_auto_starts_a_run_continues_it_and_refuses_what_cannot_continue(
 
 def test_resume_refuses_options_that_change_the_run_and_extends_epochs(tmp_path, capsys):
     import train
-
     from engine.resume import resume_opt
     from utils.errors import BadOption
 

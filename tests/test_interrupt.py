@@ -254,7 +254,6 @@ def _hyp(tmp_path, text):
 def test_an_interrupted_evolution_says_what_it_keeps(shapes_detect, tmp_path):
     """The generation's trainer says how to resume its own training; the evolution adds that it does not resume."""
     import train
-
     from engine.evolve import evolve
     from engine.tasks import TASKS
     DetectionTrainer = TASKS["detect"].trainer
@@ -273,7 +272,6 @@ def test_an_interrupted_evolution_says_what_it_keeps(shapes_detect, tmp_path):
 def test_an_evolution_does_not_take_resume(shapes_detect, tmp_path):
     """--resume auto in a scheduler's command line would reach every generation: refused before any folder is made."""
     import train
-
     from engine.evolve import evolve
     from engine.tasks import TASKS
     DetectionTrainer = TASKS["detect"].trainer

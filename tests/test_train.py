@@ -3,13 +3,13 @@
 import csv
 import dataclasses
 
-import detect
 import pytest
 import torch
-import train
-import val
 import yaml
 
+import detect
+import train
+import val
 from engine.tasks import TASKS
 from engine.trainer import run
 from models.backend import InferenceBackend, flatten_outputs, validation_model

@@ -4,8 +4,8 @@ GPU, and this is the path CUDA training takes by default."""
 import pytest
 import torch
 import torch.nn as nn
-import train
 
+import train
 import utils.torch_utils
 from engine.tasks import TASKS
 from engine.trainer import BaseTrainer, run

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 import torch
-import train
 import yaml
 
+import train
 from engine.options import DetectTrainOptions
 from engine.tasks import TASKS
 from engine.trainer import run

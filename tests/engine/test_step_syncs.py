@@ -4,9 +4,9 @@ the positives) and the progress bar's one copy of the mean losses. Pinned, so th
 figures with both tools are in docs/performance.md ("Host-device synchronisations")."""
 
 import pytest
+
 import train
 from benchmarks.sync_counter import SyncCounter
-
 from engine.tasks import TASKS
 from engine.trainer import run
 
