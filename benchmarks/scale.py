@@ -7,7 +7,7 @@ labels hard-linked N/128 times into a scratch folder (`make`; never commit it), 
     python -m benchmarks.scale open --root /tmp/scale/d12800 --repeats 3
     python -m benchmarks.scale memory --root /tmp/scale/d12800 --batches 200 --workers 2
 
-`open` times the dataset as each trainer builds it (ours: YOLODataset as engine/tasks/detect.py asks; theirs:
+`open` times the dataset as each trainer builds it (ours: YOLODataset as engine/tasks/boxes.py asks; theirs:
 ultralytics.data.build_yolo_dataset in train mode), first with its label cache deleted, then with it in place, and
 reports each side's peak RSS (the process, and its largest child: our scan forks processes). `memory` starts each
 side's training loader (ours: build_dataloader with its GroupedLoader; theirs: its build_dataloader) and reads every

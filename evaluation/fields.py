@@ -1,10 +1,10 @@
 """What a model predicts, one field object per kind: boxes, masks, keypoints of each object; a classifier's class
 scores of the whole image (`ClassScores`).
 
-The validator (`engine/tasks/detect.DetectionValidator`) and the predictor (`engine/tasks/detect.DetectionPredictor`)
-walk the fields their task declares, boxes first (the first field also reads each image's labels, `labels`: cls and
-its geometry in original-image pixels, and gives what --save-crop/--save-csv and the log line say of each image,
-`objects` and `summary`); each field does for one image what is particular to it:
+The validator (`engine/tasks/boxes.BoxValidator`) and the predictor (`engine/tasks/boxes.BoxPredictor`) walk the
+fields their task's record declares (engine/tasks), boxes first (the first field also reads each image's labels,
+`labels`: cls and its geometry in original-image pixels, and gives what --save-crop/--save-csv and the log line say of
+each image, `objects` and `summary`); each field does for one image what is particular to it:
 - `decode`: completes the image's record with what its matching or drawing needs, on the device (masks: from the
   prototypes, at the input size);
 - `scale`: brings its columns of the image's NMS rows back to original-image pixels (`Letterbox`: how the image was

@@ -23,6 +23,10 @@ from utils.budget import ACTIVATION_BYTES_PER_INPUT, MAX_MODEL_BYTES, MAX_WEIGHT
 from utils.dry_run import DryRunError, Unrunnable, dry_run
 from utils.errors import BadModelYaml
 from utils.log import LOGGER
+from utils.tasks import TASKS
+
+CLASSIFY_TASKS = ("classify",)  # the heads ClassificationModel builds; DetectionModel builds every other task's
+BOX_TASKS = tuple(t for t in TASKS if t not in CLASSIFY_TASKS)
 
 
 def check_cost(d, ch, s=MODEL_PROBE_SIDE):
@@ -196,7 +200,7 @@ class DetectionModel(BaseModel):
             self.yaml["nc"] = nc
         if anchors is not None:
             self.yaml["anchors"] = anchors
-        check_head(self.yaml, ("detect", "segment", "pose", "obb"))
+        check_head(self.yaml, BOX_TASKS)
         _check_budget(cfg, self.yaml, ch)
         self.model, self.save = parse_model(self.yaml, ch)
         self.eval_idle = eval_idle_layers(self.model)
@@ -280,7 +284,7 @@ class ClassificationModel(BaseModel):
         ch = self.yaml["ch"] = self.yaml.get("ch", ch)
         if nc is not None:
             self.yaml["nc"] = nc
-        check_head(self.yaml, ("classify",))
+        check_head(self.yaml, CLASSIFY_TASKS)
         _check_budget(cfg, self.yaml, ch)
         self.model, self.save = parse_model(self.yaml, ch)
         self.names = {i: str(i) for i in range(self.yaml["nc"])}

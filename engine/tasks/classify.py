@@ -18,7 +18,7 @@ from evaluation.fields import ClassScores, Predictions
 from evaluation.metrics import ClassifyMetrics, ConfusionMatrix
 from evaluation.plots import plot_images
 from models.checkpoints import attempt_load, load_pretrained, transfer_weights
-from models.yolo import ClassificationModel, DetectionModel, head_task, yaml_model_load
+from models.yolo import CLASSIFY_TASKS, ClassificationModel, DetectionModel, head_task, yaml_model_load
 from utils.dist import get_rank, get_world_size
 from utils.errors import BadCheckpoint
 from utils.log import LOGGER
@@ -44,7 +44,7 @@ def build_classifier(model_arg, nc, names):
             given = transfer_weights(model, src, model_arg, exclude=())
     else:
         d = yaml_model_load(model_arg)
-        check_task(head_task(d), ("classify",), f"--model {model_arg}", "train")
+        check_task(head_task(d), CLASSIFY_TASKS, f"--model {model_arg}", "train")
         model = ClassificationModel(d, nc=nc)
     model.names = dict(names)
     return model, given
