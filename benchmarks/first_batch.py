@@ -37,20 +37,15 @@ def ours(opt, out):
 
     waits = Waits()
 
-    def hook(trainer):
-        preprocess = trainer.preprocess_batch
-
-        def timed(batch):
+    class Timed(DetectionTrainer):
+        def preprocess_batch(self, batch):
             waits.arrived()
-            return preprocess(batch)
-
-        trainer.preprocess_batch = timed
-        waits.start()
+            return super().preprocess_batch(batch)
 
     args = train.parse_opt(["--data", opt.data, "--cfg", opt.cfg, "--img", str(opt.img), "--epochs", str(opt.epochs),
                             "--batch-size", str(opt.batch), "--workers", str(opt.workers), "--device", "cpu",
                             "--noplots", "--project", out, "--name", "ours"])
-    run(DetectionTrainer, args, callbacks={"on_train_start": [hook], "on_fit_epoch_end": [waits.start]})
+    run(Timed, args, callbacks={"on_train_start": [waits.start], "on_fit_epoch_end": [waits.start]})
     return waits.waits
 
 

@@ -1,10 +1,11 @@
 """The events a training run fires, and the callbacks that listen to them.
 
-A callback is a function taking the trainer, or an object whose methods are named after events (`on_fit_epoch_end
-(self, trainer)`); `Callbacks.attach` adds every such method. Names are checked against `EVENTS` when a callback is
-added, so a misspelled event is refused instead of never firing. The run's pictures (`evaluation.charts.RunPlots`) and
-the --loggers (results.csv, TensorBoard, trackers such as W&B and MLflow: engine/loggers/) are callbacks attached on
-rank 0 by `BaseTrainer.default_callbacks`.
+A callback is a function taking the event (`Event`: its name and the data it carries), or an object whose methods are
+named after events (`on_fit_epoch_end(self, event)`); `Callbacks.attach` adds every such method. A listener reads what
+the event gives it, never the trainer's attributes: the trainer's parts are its own to change. Names are checked
+against `EVENTS` when a callback is added, so a misspelled event is refused instead of never firing. The run's pictures
+(`evaluation.charts.RunPlots`) and the --loggers (results.csv, TensorBoard, trackers such as W&B and MLflow:
+engine/loggers/) are callbacks attached on rank 0 by `BaseTrainer.default_callbacks`.
 
 A listener object may keep state that a run's checkpoints hold (the trackers' run ids, which a resumed run
 continues): it names the checkpoint entry (`checkpoint_entry`, one of `STATE_ENTRIES`) and has `state_dict()` (its
@@ -16,27 +17,63 @@ listener never ends the training it listens to. A BaseException (Ctrl-C, `utils.
 passes through, so a callback can still stop a run on purpose.
 """
 
+import dataclasses
+from pathlib import Path
+from typing import Any, Optional
+
 from utils.log import LOGGER
 
-# event: what has just happened, and what the trainer holds for a callback to read then
+# event: what has just happened, and the fields of its `Event` beyond those every event carries
 EVENTS = {
-    "on_pretrain_routine_end": "set-up is done (data, model, criterion, optimizer, a resumed state); save_dir exists",
-    "on_train_start": "the first epoch is about to start at state.epoch, state.batch (a resumed run starts inside)",
-    "on_train_batch_end": "a batch is done: state.batch of state.epoch, state.mean_losses (the epoch's so far)",
-    "on_train_epoch_end": "an epoch's batches are done, before its validation: train_losses (means over every rank)",
-    "on_val_end": "a validation is done (each epoch's and the final one): state.metrics",
-    "on_fit_epoch_end": "state.epoch is done, validated and saved: epoch_row (the row results.csv gets)",
-    "on_model_save": "last.pt (and best.pt where fitness improved) was written: checkpointer.last, checkpointer.best",
+    "on_pretrain_routine_end": "set-up is done (data, model, criterion, optimizer, a resumed state); save_dir exists: "
+                               "project, config, names, labels, model",
+    "on_train_start": "the first epoch is about to start after `epoch` epochs and `batch` batches (a resumed run "
+                      "starts inside one)",
+    "on_train_batch_end": "`batch` batches of the epoch after `epoch` are done",
+    "on_train_epoch_end": "the batches of epoch `epoch` are done, before its validation: losses (means over every "
+                          "rank)",
+    "on_val_end": "a validation is done (each epoch's and the final one): metrics",
+    "on_fit_epoch_end": "epoch `epoch` is done, validated and saved: row (what results.csv gets), metrics, "
+                        "best_fitness, best_epoch",
+    "on_model_save": "last.pt was written, and best.pt where `improved`: last, best, best_fitness, best_epoch",
     "on_train_interrupted": "the run stops on request or a signal (Ctrl-C, SIGTERM); last.pt holds the position to "
                             "resume from (written at the stop inside the loop, the last checkpoint's elsewhere)",
     "on_train_failed": "the run ends with an error (a user's mistake or a bug): listeners close what they opened",
-    "on_train_end": "training and the final validation are done: state.metrics holds best.pt's results",
+    "on_train_end": "training and the final validation are done: metrics (best.pt's), class_table, best_fitness, "
+                    "best_epoch",
 }
-# fired on every rank (a callback that writes files checks `trainer.is_main`); every other event fires on rank 0 only
+# fired on every rank (a callback that writes files checks `event.main`); every other event fires on rank 0 only
 EVERY_RANK = frozenset({"on_train_start", "on_train_end"})
 # checkpoint entry: what listeners keep in it. Each is in every checkpoint, empty where no listener of the run keeps
 # state there (listeners run on rank 0 alone, and a run may have none)
 STATE_ENTRIES = {"tracker_runs": "{tracker name: run id}: a --resume or a torchrun restart continues that run"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """What a listener is told: the event's name, what every event carries (the run folder, the weights' paths, the
+    position), and the event's own data (EVENTS says which; the others keep their empty defaults). Built only when
+    the event has listeners, on the ranks it fires on."""
+
+    name: str
+    save_dir: Path  # the run folder (results.csv, the pictures, weights/)
+    main: bool  # global rank 0: an every-rank event fires on the others too
+    epoch: int  # epochs done, one this event ends included: results.csv's number of the last (0: none yet)
+    batch: int = 0  # batches done of the epoch after `epoch` (a run stopped or resumed inside one)
+    best: Optional[Path] = None  # weights/best.pt and last.pt, written or not
+    last: Optional[Path] = None
+    best_fitness: float = 0.0  # the best validation fitness so far, and the epoch (numbered from 0) that had it
+    best_epoch: int = -1
+    improved: bool = False  # on_model_save: best.pt was written too
+    losses: dict = dataclasses.field(default_factory=dict)  # {results.csv column: the epoch's mean training loss}
+    metrics: dict = dataclasses.field(default_factory=dict)  # the validation's {name: value} (fitness included)
+    row: dict = dataclasses.field(default_factory=dict)  # the epoch's results.csv row: losses, metrics, learning rates
+    project: str = ""  # --project as given, or the task's default (runs/train): what trackers name their project
+    config: dict = dataclasses.field(default_factory=dict)  # every option, and the hyperparameters under `hyp`
+    names: dict = dataclasses.field(default_factory=dict)  # {class id: name}
+    labels: Any = None  # (classes (n,), normalised xywh boxes (n, 4) or None) of the training labels
+    model: Any = None  # the model being trained (unwrapped): a listener may read it, never change it
+    class_table: tuple = ((), ())  # (columns, rows) of the final validation's per-class results
 
 
 def callback_name(fn):
@@ -106,18 +143,17 @@ class Callbacks:
             for listener in callbacks or ():
                 self.attach(listener)
 
-    def has(self, event):
-        return bool(self.listeners[event])
-
-    def fire(self, event, trainer, main=True):
-        """Call the event's listeners with `trainer`; rank-0 events are skipped where `main` is False."""
+    def fires(self, event, main=True):
+        """Whether `event` has listeners to call here (rank-0 events none where `main` is False)."""
         if event not in EVENTS:
             raise ValueError(f"unknown event {event!r}")
-        if not main and event not in EVERY_RANK:
-            return
-        for fn in self.listeners[event]:
+        return bool(self.listeners[event]) and (main or event in EVERY_RANK)
+
+    def fire(self, event):
+        """Call the listeners of `event` (an Event) with it."""
+        for fn in self.listeners[event.name]:
             try:
-                fn(trainer)
+                fn(event)
             except Exception as e:  # a BaseException (a stop) passes; anything else must not end the run
-                LOGGER.warning(f"WARNING: callback {callback_name(fn)} failed on {event} and is skipped this time: "
-                               f"{type(e).__name__}: {e}")
+                LOGGER.warning(f"WARNING: callback {callback_name(fn)} failed on {event.name} and is skipped this "
+                               f"time: {type(e).__name__}: {e}")

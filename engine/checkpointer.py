@@ -54,6 +54,10 @@ class LoopState:
     metrics: dict = dataclasses.field(default_factory=dict)  # the last validation's results
     mean_losses: torch.Tensor = None  # this rank's running mean of the epoch's loss items
     done: bool = False  # no epoch is left to train (the last one, or early stopping): only the run's end is
+    # what the epoch's batches leave for its results.csv row, by column; never saved: the row is made before a
+    # checkpoint could end the epoch
+    losses: dict = dataclasses.field(default_factory=dict)  # the mean loss items over every rank
+    learning_rates: dict = dataclasses.field(default_factory=dict)  # each parameter group's lr at the epoch's end
 
     def state_dict(self):
         # "epoch" is the last finished epoch (-1: none), as every checkpoint of this project has stored it

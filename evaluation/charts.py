@@ -189,11 +189,11 @@ class RunPlots:
     The validator draws its own charts (val batches, curves, confusion matrices) on the final validation.
     """
 
-    def on_pretrain_routine_end(self, trainer):
-        cls, boxes = trainer.train_set.label_arrays()
-        plot_labels(cls, boxes, trainer.names, trainer.save_dir / "labels.jpg")
+    def on_pretrain_routine_end(self, event):
+        cls, boxes = event.labels
+        plot_labels(cls, boxes, event.names, event.save_dir / "labels.jpg")
 
-    def on_train_end(self, trainer):
-        results = trainer.save_dir / "results.csv"
-        if trainer.is_main and results.is_file():  # an event of every rank
+    def on_train_end(self, event):
+        results = event.save_dir / "results.csv"
+        if event.main and results.is_file():  # an event of every rank
             plot_results(results)

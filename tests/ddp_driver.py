@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from engine.trainer import run  # noqa: E402
+from tests.probes import probing  # noqa: E402
 from utils.dist import get_rank  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def report(trainer):
     (d / f"weights_rank{rank}.sha").write_text(weights_hash(trainer.model))
     (d / f"saved_rank{rank}.txt").write_text(str(int(trainer.n_saves > 0)))
     (d / f"empty_batches_rank{rank}.txt").write_text(str(trainer.n_empty))
-    torch.save(trainer.ema.ema.state_dict(), d / f"ema_rank{rank}.pt")  # the weights the last validation used
+    torch.save(trainer.optim.ema.ema.state_dict(), d / f"ema_rank{rank}.pt")  # the weights the last validation used
 
 
 def main():
@@ -68,7 +69,7 @@ def main():
         from classify import train as script
         from engine.tasks import TASKS
         trainer_cls = TASKS["classify"].trainer
-    run(trainer_cls, script.parse_opt(args), callbacks={"on_train_start": [instrument], "on_train_end": [report]})
+    run(probing(trainer_cls, {"on_train_start": [instrument], "on_train_end": [report]}), script.parse_opt(args))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import engine.checkpointer as checkpointer_module  # noqa: E402
 import train  # noqa: E402
 from engine.tasks import TASKS  # noqa: E402
 from engine.trainer import run  # noqa: E402
+from tests.probes import probing  # noqa: E402
 from utils import dist as du  # noqa: E402
 from utils.errors import run_cli  # noqa: E402
 
@@ -50,7 +51,7 @@ def arm(trainer):
     seen = {"n": 0}
 
     def reached():
-        return seen["n"] >= epoch * trainer.batches_per_epoch + batch
+        return seen["n"] >= epoch * trainer.data_plan.batches_per_epoch + batch
 
     def counting_preprocess(b):
         if reached() and not os.environ.get("KILL_IN_SAVE"):
@@ -74,7 +75,7 @@ def report(trainer):
     imported = [m for m in ("wandb", "mlflow", "clearml", "comet_ml") if m in sys.modules]
     (trainer.save_dir / f"trackers_rank{rank}.txt").write_text(" ".join(imported))
     if du.is_main_process():
-        weights = {"model": trainer.model.state_dict(), "ema": trainer.ema.ema.state_dict()}
+        weights = {"model": trainer.model.state_dict(), "ema": trainer.optim.ema.ema.state_dict()}
         torch.save({k: {n: t.detach().float().cpu() for n, t in sd.items()} for k, sd in weights.items()},
                    trainer.save_dir / "final_weights.pt")
 
@@ -83,5 +84,6 @@ if __name__ == "__main__":
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # a test that times out asks every worker where it is
     # (SIGUSR1 would ask the training loop to stop)
     # as train.py's own __main__ does, so that what a worker prints when it fails is what a user would see
-    run_cli(lambda opt: run(DetectionTrainer, opt, callbacks={"on_train_start": [arm], "on_train_end": [report]}),
+    probed = probing(DetectionTrainer, {"on_train_start": [arm], "on_train_end": [report]})
+    run_cli(lambda opt: run(probed, opt),
             lambda: train.parse_opt(sys.argv[1:]))

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train  # noqa: E402
 from engine.tasks import TASKS  # noqa: E402
 from engine.trainer import run  # noqa: E402
+from tests.probes import probing  # noqa: E402
 from utils.dist import get_rank  # noqa: E402
 
 DetectionTrainer = TASKS["detect"].trainer
@@ -55,5 +56,5 @@ def on_end(trainer):
 
 
 if __name__ == "__main__":
-    run(DetectionTrainer, train.parse_opt(sys.argv[1:]), callbacks={"on_train_start": [on_start],
-                                                                    "on_train_end": [on_end]})
+    run(probing(DetectionTrainer, {"on_train_start": [on_start], "on_train_end": [on_end]}),
+        train.parse_opt(sys.argv[1:]))

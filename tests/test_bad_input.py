@@ -113,7 +113,8 @@ def test_item2_a_val_class_that_train_lacks_is_an_error(cls_run, tmp_path, capsy
 
 def test_item3_a_last_batch_of_one_image_is_left_out(cls_run):
     trainer, _, lines = cls_run
-    assert trainer.train_loader.drop_last and trainer.batches_per_epoch == 6 and len(trainer.train_set) == 25
+    plan = trainer.data_plan
+    assert plan.train_loader.drop_last and plan.batches_per_epoch == 6 and len(plan.train_set) == 25
     assert ("WARNING: 25 training images per rank at 4 per batch: the last batch would hold one image, which "
             "BatchNorm cannot train on; it is left out, a different image each epoch") in lines
     assert (trainer.save_dir / "results.csv").is_file()

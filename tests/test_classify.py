@@ -20,6 +20,7 @@ from engine.tasks import TASKS
 from engine.tasks.classify import build_classifier
 from engine.trainer import run
 from tests.ddp_utils import free_port, spawn, train_mode
+from tests.probes import probing
 from utils import dist as du
 from utils.files import ROOT, yaml_load
 
@@ -173,7 +174,7 @@ def test_classifier_seeded_from_detector_backbone(cfg, shapes_classify, tmp_path
 
     opt = cls_train.parse_opt(_train_args(shapes_classify, tmp_path / "runs", "--model", str(tmp_path / "det.pt")))
     with pytest.raises(_Stop):
-        run(ClassificationTrainer, opt, callbacks={"on_train_start": [capture]})
+        run(probing(ClassificationTrainer, {"on_train_start": [capture]}), opt)
     state = seen["state"]
     backbone = [k for k in det if int(k.split(".")[1]) <= 8]
     assert backbone and all(torch.equal(state[k], det[k]) for k in backbone)

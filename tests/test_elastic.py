@@ -233,6 +233,7 @@ def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tm
     from engine.tasks import TASKS
     DetectionTrainer = TASKS["detect"].trainer
     from engine.trainer import run
+    from tests.probes import probing
 
     data = elastic_setup[0]
     weights = {}
@@ -248,7 +249,7 @@ def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tm
             preprocess, seen = trainer.preprocess_batch, {"n": 0}
 
             def counting(b):
-                if seen["n"] == epoch * trainer.batches_per_epoch + batch:
+                if seen["n"] == epoch * trainer.data_plan.batches_per_epoch + batch:
                     raise Stop
                 seen["n"] += 1
                 return preprocess(b)
@@ -257,19 +258,19 @@ def test_single_process_exact_resume_between_and_inside_epochs(elastic_setup, tm
         return arm
 
     single = ["--batch-size", "2"]  # 8 batches per epoch in one process
-    run(DetectionTrainer, train.parse_opt(_train_args(data, tmp_path, "ref", 0) + single),
-        callbacks={"on_train_end": [keep]})
+    keeping = probing(DetectionTrainer, {"on_train_end": [keep]})
+    run(keeping, train.parse_opt(_train_args(data, tmp_path, "ref", 0) + single))
     for name, workers, (epoch, batch) in (("between", 0, (1, 0)), ("inside", 2, (1, 3))):
         with pytest.raises(Stop):
-            run(DetectionTrainer, train.parse_opt(_train_args(data, tmp_path, name, workers) + single),
-                callbacks={"on_train_start": [stop_at(epoch, batch)]})
+            run(probing(DetectionTrainer, {"on_train_start": [stop_at(epoch, batch)]}),
+                train.parse_opt(_train_args(data, tmp_path, name, workers) + single))
         last = tmp_path / name / "weights" / "last.pt"
         ckpt = torch.load(last, weights_only=True)
         # the last checkpoint: the end of epoch 0, or one inside epoch 1 (--save-interval 1it saves after each
         # optimizer step, and accumulation spaces the steps)
         assert ckpt["epoch"] + 1 == epoch and (0 < ckpt["batch"] <= batch if batch else ckpt["batch"] == 0)
         opt = train.parse_opt(["--resume", str(last), "--workers", str(workers), "--device", "cpu"])
-        run(DetectionTrainer, opt, callbacks={"on_train_end": [keep]})
+        run(keeping, opt)
         assert _max_diff(weights[name], weights["ref"]) <= 1e-6, name
         epochs = [int(r["epoch"]) for r in csv.DictReader(open(tmp_path / name / "results.csv"))]
         assert epochs == list(range(1, EPOCHS + 1))

@@ -237,9 +237,10 @@ def test_classifier_stops_on_ctrl_c_too(shapes_classify, tmp_path, monkeypatch):
     from engine.tasks import TASKS
     ClassificationTrainer = TASKS["classify"].trainer
     from engine.trainer import run
+    from tests.probes import probing
 
     with pytest.raises(Interrupted) as e:
-        run(ClassificationTrainer, opt, callbacks={"on_train_start": [ctrl_c_at_third_batch]})
+        run(probing(ClassificationTrainer, {"on_train_start": [ctrl_c_at_third_batch]}), opt)
     assert e.value.code == 130 and len(seen) == 3
     ckpt = torch.load(tmp_path / "exp" / "weights" / "last.pt", weights_only=True)
     assert (ckpt["epoch"], ckpt["batch"]) == (-1, 3) and ckpt["optimizer"] is not None

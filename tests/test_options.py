@@ -110,7 +110,8 @@ def test_noautoanchor_keeps_yaml_anchors_and_image_weights(bars, tmp_path):
                                                   "--noval", "--image-weights")))
     np.testing.assert_array_equal(head_anchors_px(trainer.model),
                                   head_anchors_px(DetectionModel("yolov5n.yaml", nc=2)))
-    assert isinstance(trainer.train_loader.sampler, ImageWeightSampler) and trainer.train_loader.sampler.weights.all()
+    sampler = trainer.data_plan.train_loader.sampler
+    assert isinstance(sampler, ImageWeightSampler) and sampler.weights.all()
 
 
 @pytest.mark.ddp

@@ -213,7 +213,7 @@ def test_interrupted_pose_run_resumes(tmp_path):
     generate_dataset(tmp_path / "data", task="pose", n_train=4, n_val=2, seed=1, min_side=64, max_side=96)
     data = _pose_yaml(tmp_path)
 
-    def stop(trainer):
+    def stop(event):
         raise Interrupted(2)
 
     opt = pose_train.parse_opt(["--data", str(data), "--imgsz", "64", "--batch-size", "2", "--epochs", "2",

@@ -13,6 +13,7 @@ import val
 from engine.tasks import TASKS
 from engine.trainer import run
 from models.backend import InferenceBackend, flatten_outputs, validation_model
+from tests.probes import probing
 
 DetectionTrainer, DetectionValidator = TASKS["detect"].trainer, TASKS["detect"].validator
 
@@ -99,8 +100,8 @@ class _Interrupt(BaseException):  # a callback's Exception is a warning (engine/
     pass
 
 
-def _interrupt_after_first_epoch(trainer):
-    if trainer.state.epoch == 0:
+def _interrupt_after_first_epoch(event):
+    if event.epoch == 1:
         raise _Interrupt
 
 
@@ -116,16 +117,16 @@ def test_resume_restores_exact_state(shapes_detect, tmp_path):
 
     def capture(trainer):
         seen["start_epoch"] = trainer.state.epoch
-        seen["lrs"] = [g["lr"] for g in trainer.optimizer.param_groups]
-        seen["opt_state"] = trainer.optimizer.state_dict()
-        seen["ema_updates"] = trainer.ema.updates
+        seen["lrs"] = [g["lr"] for g in trainer.optim.optimizer.param_groups]
+        seen["opt_state"] = trainer.optim.optimizer.state_dict()
+        seen["ema_updates"] = trainer.optim.ema.updates
         seen["save_dir"] = trainer.save_dir
         seen["profile"] = trainer.profile.enabled
         raise _Interrupt  # stop right after set-up: the state is what we check
 
     resume = train.parse_opt(["--resume", str(last), "--device", "cpu", "--workers", "0", "--profile"])
     with pytest.raises(_Interrupt):
-        run(DetectionTrainer, resume, callbacks={"on_train_start": [capture]})
+        run(probing(DetectionTrainer, {"on_train_start": [capture]}), resume)
     assert seen["start_epoch"] == 1
     assert seen["save_dir"] == last.parent.parent
     assert seen["profile"]  # profiling is this launch's choice, allowed with --resume
@@ -152,11 +153,11 @@ def test_a_new_class_layer_steps_faster_and_a_resume_rebuilds_its_groups(shapes_
     seen = {}
 
     def first_epoch(trainer):
-        seen.setdefault("lrs", [g["lr"] for g in trainer.optimizer.param_groups])
-        _interrupt_after_first_epoch(trainer)
+        seen.setdefault("lrs", [g["lr"] for g in trainer.optim.optimizer.param_groups])
+        raise _Interrupt
 
     with pytest.raises(_Interrupt):
-        run(DetectionTrainer, opt, callbacks={"on_fit_epoch_end": [first_epoch]})
+        run(probing(DetectionTrainer, {"on_fit_epoch_end": [first_epoch]}), opt)
     new = [f"model.22.cv3.{i}.2.{k}" for i in range(3) for k in ("bias", "weight")]
     run_dir = tmp_path / "runs" / "exp"
     assert yaml.safe_load((run_dir / "opt.yaml").read_text())["new_params"] == new
@@ -165,12 +166,12 @@ def test_a_new_class_layer_steps_faster_and_a_resume_rebuilds_its_groups(shapes_
     saved = torch.load(run_dir / "weights" / "last.pt", weights_only=True)
 
     def capture(trainer):
-        seen["groups"] = trainer.optimizer.state_dict()["param_groups"]
+        seen["groups"] = trainer.optim.optimizer.state_dict()["param_groups"]
         raise _Interrupt
 
     resume = train.parse_opt(["--resume", str(run_dir / "weights" / "last.pt"), "--device", "cpu", "--workers", "0"])
     with pytest.raises(_Interrupt):
-        run(DetectionTrainer, resume, callbacks={"on_train_start": [capture]})
+        run(probing(DetectionTrainer, {"on_train_start": [capture]}), resume)
     assert seen["groups"] == saved["optimizer"]["param_groups"]
 
 
@@ -186,12 +187,13 @@ def test_a_resume_that_extends_the_run_keeps_the_optimizer_auto_chose(shapes_det
     seen = {}
 
     def capture(trainer):
-        seen["optimizer"], seen["groups"] = type(trainer.optimizer).__name__, trainer.optimizer.state_dict()
+        optimizer = trainer.optim.optimizer
+        seen["optimizer"], seen["groups"] = type(optimizer).__name__, optimizer.state_dict()
         raise _Interrupt
 
     resume = train.parse_opt(["--resume", str(last), "--epochs", "20000", "--device", "cpu", "--workers", "0"])
     with pytest.raises(_Interrupt):
-        run(DetectionTrainer, resume, callbacks={"on_train_start": [capture]})
+        run(probing(DetectionTrainer, {"on_train_start": [capture]}), resume)
     assert seen["optimizer"] == "AdamW"
     assert [sorted(g) for g in seen["groups"]["param_groups"]] == [sorted(g) for g in
                                                                    saved["optimizer"]["param_groups"]]
@@ -219,7 +221,7 @@ def test_a_resume_trains_with_the_run_s_hyperparameters_not_the_file_s_new_ones(
 
     resume = train.parse_opt(["--resume", str(last), "--device", "cpu", "--workers", "0"])
     with pytest.raises(_Interrupt):
-        run(DetectionTrainer, resume, callbacks={"on_train_start": [capture]})
+        run(probing(DetectionTrainer, {"on_train_start": [capture]}), resume)
     assert seen["hyp"] == saved and seen["box_gain"] == pytest.approx(0.05)  # 0.05 x 3 / 3 levels
 
 
@@ -361,7 +363,7 @@ def test_epochs_loaded_ahead_train_as_loaded_at_their_start(shapes_detect, tmp_p
                         lambda self: dropped.append(self.ahead is not None) or stop_loading(self))
     args = ["--cfg", "yolov5n.yaml", "--seed", "3", "--deterministic", "--noplots"]
     ahead, _ = train.main(train.parse_opt(_train_args(shapes_detect, tmp_path / "w", *args, "--workers", "2")))
-    assert ahead.train_loader.num_workers == 2
+    assert ahead.data_plan.train_loader.num_workers == 2
     assert started == [(0, 0), (1, 0)] and not any(dropped)  # both epochs went on with what was started
     at_start, _ = train.main(train.parse_opt(_train_args(shapes_detect, tmp_path / "0", *args)))
     rows = [list(csv.DictReader(open(t.save_dir / "results.csv"))) for t in (ahead, at_start)]

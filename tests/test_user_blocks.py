@@ -42,8 +42,8 @@ class _Stop(BaseException):  # a callback's Exception is only a warning (engine/
     pass
 
 
-def _stop_after_first_epoch(trainer):
-    if trainer.state.epoch == 0:
+def _stop_after_first_epoch(event):
+    if event.epoch == 1:
         raise _Stop
 
 

@@ -1,7 +1,7 @@
 """The loggers `--loggers` chooses among: the
 per-epoch results.csv and TensorBoard writers here, and the experiment trackers, one module each beside this file
 (wandb.py, mlflow.py, clearml.py, comet.py, on the shared rules of tracker.py). Each is a training callback
-(engine/callbacks.py) that reads what the trainer holds at an event, such as the epoch's row (`trainer.epoch_row`)."""
+(engine/callbacks.py) that reads what an event carries, such as the epoch's row (`event.row`), never the trainer."""
 
 import copy
 import csv
@@ -22,8 +22,8 @@ class CSVLogger:
     def __init__(self, path):
         self.path = path
 
-    def on_fit_epoch_end(self, trainer):
-        self.log(trainer.state.epoch + 1, trainer.epoch_row)
+    def on_fit_epoch_end(self, event):
+        self.log(event.epoch, event.row)
 
     def rows(self):
         if not self.path.exists():
@@ -57,7 +57,7 @@ class TensorBoardLogger:
         self.plots, self.graph = plots, graph
         self.writer = None
 
-    def on_pretrain_routine_end(self, trainer):
+    def on_pretrain_routine_end(self, event):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -66,21 +66,21 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(str(self.log_dir))
         LOGGER.info(f"TensorBoard: tensorboard --logdir {self.log_dir.parent}")
         if self.plots and self.graph:
-            _add_graph(self.writer, trainer.model, int(max(trainer.model.stride)))
+            _add_graph(self.writer, event.model, int(max(event.model.stride)))
 
-    def on_fit_epoch_end(self, trainer):
-        self.log(trainer.epoch_row, trainer.state.epoch + 1)
+    def on_fit_epoch_end(self, event):
+        self.log(event.row, event.epoch)
 
-    def on_train_end(self, trainer):
+    def on_train_end(self, event):
         if self.writer is not None and self.plots:  # results.png is drawn by then (evaluation.charts.RunPlots, before)
             for f in sorted([*self.log_dir.glob("*.png"), *self.log_dir.glob("*.jpg")]):
                 _add_image_file(self.writer, f)
         self.close()
 
-    def on_train_interrupted(self, trainer):
+    def on_train_interrupted(self, event):
         self.close()
 
-    def on_train_failed(self, trainer):
+    def on_train_failed(self, event):
         self.close()
 
     def log(self, scalars, step):

@@ -33,7 +33,7 @@ a stub or the parent's task: the run asked for a task of its own, so that inheri
 
 import os
 
-from engine.loggers.tracker import Tracker, TrackerOff, project_name, run_config
+from engine.loggers.tracker import Tracker, TrackerOff
 
 # every key Task.init's auto_connect_frameworks knows, off; a key left out would be on
 FRAMEWORKS = ("matplotlib", "tensorflow", "tensorboard", "pytorch", "xgboost", "scikit", "fastai", "lightgbm",
@@ -56,7 +56,7 @@ class ClearMLTracker(Tracker):
         super().__init__(log_model)
         self.task = None
 
-    def open(self, trainer, run_id):
+    def open(self, event, run_id):
         clearml = self.require("clearml")
         from clearml.backend_api.session.defs import ENV_OFFLINE_MODE
 
@@ -70,7 +70,7 @@ class ClearMLTracker(Tracker):
                 del os.environ[var]
         Task.set_random_seed(None)
         Task._report_subprocess_enabled = False  # what clearml.conf's development.report_use_subprocess sets
-        self.task = Task.init(project_name=project_name(trainer), task_name=trainer.save_dir.name,
+        self.task = Task.init(project_name=event.project, task_name=event.save_dir.name,
                               continue_last_task=run_id or False, reuse_last_task_id=False,
                               auto_connect_frameworks=dict.fromkeys(FRAMEWORKS, False), auto_connect_arg_parser=False,
                               auto_connect_streams=False, auto_resource_monitoring=False)
@@ -78,7 +78,7 @@ class ClearMLTracker(Tracker):
 
         PatchOsFork.patch_fork(None)
         self.task.set_initial_iteration(0)  # a continued task would shift every iteration past its last one
-        config = run_config(trainer)
+        config = event.config
         self.task.connect({k: v for k, v in config.items() if k != "hyp"}, name="Args")
         self.task.connect(config["hyp"], name="Hyperparameters")
         return self.task.id

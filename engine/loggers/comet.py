@@ -25,7 +25,7 @@ on under the same key from its checkpoint. Online, each epoch is flushed to the 
 
 import os
 
-from engine.loggers.tracker import Tracker, TrackerOff, project_name, run_config, service_project_name
+from engine.loggers.tracker import Tracker, TrackerOff, service_project_name
 
 # comet_ml's own collection, off: this tracker sends what the other trackers send, once
 COLLECT = dict(auto_output_logging=False, log_code=False, log_git_metadata=False, log_git_patch=False,
@@ -42,7 +42,7 @@ class CometTracker(Tracker):
         super().__init__(log_model)
         self.experiment = None
 
-    def open(self, trainer, run_id):
+    def open(self, event, run_id):
         os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")  # read when comet_ml is imported
         comet_ml = self.require("comet_ml")
         config = comet_ml.get_config()
@@ -50,15 +50,15 @@ class CometTracker(Tracker):
         online = online and os.environ.get("COMET_MODE", "").lower() != "offline"
         if online and not config.get_string(None, "comet.api_key"):
             raise TrackerOff("comet: no API key (COMET_API_KEY, or comet login); COMET_START_ONLINE=false needs none")
-        folder = os.environ.get("COMET_OFFLINE_DIRECTORY") or str(trainer.save_dir / "comet")
-        settings = comet_ml.ExperimentConfig(name=trainer.save_dir.name, offline_directory=folder, **COLLECT)
-        project = service_project_name(project_name(trainer), 100)
+        folder = os.environ.get("COMET_OFFLINE_DIRECTORY") or str(event.save_dir / "comet")
+        settings = comet_ml.ExperimentConfig(name=event.save_dir.name, offline_directory=folder, **COLLECT)
+        project = service_project_name(event.project, 100)
         self.experiment = comet_ml.start(project_name=project, experiment_key=run_id,
                                          mode="get" if run_id else "create", online=online, experiment_config=settings)
         if not self.experiment.alive:
             raise TrackerOff("comet: the experiment did not start (no answer from the Comet server?); "
                              "COMET_START_ONLINE=false needs none")
-        self.experiment.log_parameters(run_config(trainer))
+        self.experiment.log_parameters(event.config)
         return self.experiment.get_key()
 
     def where(self):

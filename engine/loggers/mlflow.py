@@ -12,7 +12,7 @@ import re
 import time
 from pathlib import Path
 
-from engine.loggers.tracker import Tracker, project_name, run_config
+from engine.loggers.tracker import Tracker
 
 BATCH = 100  # parameters per log_batch call, MLflow's limit
 
@@ -40,23 +40,23 @@ class MLflowTracker(Tracker):
         self.mlflow = self.client = self.run_id = None
         self.uri = ""
 
-    def open(self, trainer, run_id):
+    def open(self, event, run_id):
         self.mlflow = self.require("mlflow")
         from mlflow.entities import Param
 
-        default = Path(trainer.save_dir).resolve().parent  # the --project folder
+        default = Path(event.save_dir).resolve().parent  # the --project folder
         local = f"sqlite:///{default / 'mlflow.db'}"
         # set: MLFLOW_TRACKING_URI, or mlflow.set_tracking_uri by a Python caller
         self.uri = self.mlflow.get_tracking_uri() if self.mlflow.is_tracking_uri_set() else local
         self.client = self.mlflow.MlflowClient(tracking_uri=self.uri)
         run = self._existing(run_id)
         if run is None:
-            experiment = self._experiment(project_name(trainer), default)
-            run = self.client.create_run(experiment, run_name=trainer.save_dir.name)
+            experiment = self._experiment(event.project, default)
+            run = self.client.create_run(experiment, run_name=event.save_dir.name)
         else:
             self.client.update_run(run.info.run_id, status="RUNNING")
         self.run_id = run.info.run_id
-        new = {k: v for k, v in flat_params(run_config(trainer)).items() if k not in run.data.params}
+        new = {k: v for k, v in flat_params(event.config).items() if k not in run.data.params}
         items = list(new.items())
         for i in range(0, len(items), BATCH):
             self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in items[i: i + BATCH]])

@@ -59,8 +59,9 @@ class Tracker:
         self.resumed_id = entry.get(self.name)
 
     # ---------------------------------------------------------------- what a subclass implements
-    def open(self, trainer, run_id):
-        """Open a run, or continue `run_id` (None: a new run); return the run's id."""
+    def open(self, event, run_id):
+        """Open a run, or continue `run_id` (None: a new run), as set-up's `event` describes it (its run folder,
+        `project`, `config`); return the run's id."""
         raise NotImplementedError
 
     def log_step(self, metrics, pictures, step):
@@ -86,24 +87,24 @@ class Tracker:
         return ""
 
     # ---------------------------------------------------------------- the events
-    def on_pretrain_routine_end(self, trainer):
-        self._guarded("starting", self._start, trainer)
+    def on_pretrain_routine_end(self, event):
+        self._guarded("starting", self._start, event)
 
-    def on_fit_epoch_end(self, trainer):
+    def on_fit_epoch_end(self, event):
         if self.active:
-            self._guarded("logging the epoch", self._log_epoch, trainer)
+            self._guarded("logging the epoch", self._log_epoch, event)
 
-    def on_train_end(self, trainer):
+    def on_train_end(self, event):
         if self.active:
-            self._guarded("finishing", self._finish, trainer)
+            self._guarded("finishing", self._finish, event)
 
-    def on_train_interrupted(self, trainer):
+    def on_train_interrupted(self, event):
         if self.active:
-            self._guarded("closing", self._end, trainer, "killed")
+            self._guarded("closing", self._end, event, "killed")
 
-    def on_train_failed(self, trainer):
+    def on_train_failed(self, event):
         if self.active:
-            self._guarded("closing", self._end, trainer, "failed")
+            self._guarded("closing", self._end, event, "failed")
 
     def _guarded(self, what, fn, *args):
         with kept_process_state():  # closing after a failure too: ClearML's close sets signal handlers of its own
@@ -130,35 +131,33 @@ class Tracker:
         except ImportError as e:
             raise TrackerOff(f"{module} cannot be imported ({e}); pip install {self.install}") from None
 
-    def _start(self, trainer):
+    def _start(self, event):
         previous = self.resumed_id
-        run_id = self.open(trainer, previous)
+        run_id = self.open(event, previous)
         if not isinstance(run_id, str) or not run_id:  # the checkpoint stores it: plain text, or it could not be saved
             raise TrackerOff(f"{self.name}: the package gave no run id ({type(run_id).__name__} {run_id!r})")
         self.opened_id = run_id
         self.active = True
         LOGGER.info(f"{self.name}: {'continuing' if previous == run_id else 'started'} run {run_id}{self.where()}")
-        pictures = self._new_pictures(trainer.save_dir)
+        pictures = self._new_pictures(event.save_dir)
         if previous != run_id and pictures:  # a continued run sent what it drew before it stopped
-            self.log_step({}, pictures, trainer.state.epoch)
+            self.log_step({}, pictures, event.epoch)
 
-    def _log_epoch(self, trainer):
-        self.log_step(dict(trainer.epoch_row), self._new_pictures(trainer.save_dir), trainer.state.epoch + 1)
+    def _log_epoch(self, event):
+        self.log_step(dict(event.row), self._new_pictures(event.save_dir), event.epoch)
 
-    def _finish(self, trainer):
-        step = trainer.state.epoch  # the loop has moved past the last epoch: its results.csv number
-        self.log_final(self._new_pictures(trainer.save_dir), trainer.validator.class_table(), step)
-        self._send_best(trainer, step)
+    def _finish(self, event):
+        self.log_final(self._new_pictures(event.save_dir), event.class_table, event.epoch)
+        self._send_best(event.best, event.epoch)
         self._close("finished")
 
-    def _end(self, trainer, status):
+    def _end(self, event, status):
         """A run that ended early: best.pt where it exists, then the run closed as `status`."""
-        self._send_best(trainer, trainer.state.epoch)
+        self._send_best(event.best, event.epoch)
         self._close(status)
 
-    def _send_best(self, trainer, step):
-        best = trainer.checkpointer.best
-        if self.log_model and best.is_file():
+    def _send_best(self, best, step):
+        if self.log_model and best is not None and best.is_file():
             self.log_weights(best, step)
 
     def _new_pictures(self, save_dir):
@@ -199,16 +198,6 @@ def kept_process_state():
             for s, handler in handlers.items():
                 if handler is not None and signal.getsignal(s) is not handler:  # None: set outside Python
                     signal.signal(s, handler)
-
-
-def run_config(trainer):
-    """A run's config for a tracker: every option, and the hyperparameters under `hyp`."""
-    return {**trainer.opt.to_dict(), "hyp": dict(trainer.hyp)}
-
-
-def project_name(trainer):
-    """--project as given, or the task's default (runs/train)."""
-    return str(trainer.opt.project or trainer.default_project)
 
 
 def service_project_name(project, max_len):

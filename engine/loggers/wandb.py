@@ -10,7 +10,7 @@ the other WANDB_* variables are wandb's own settings.
 
 from pathlib import Path
 
-from engine.loggers.tracker import Tracker, TrackerOff, project_name, run_config, service_project_name
+from engine.loggers.tracker import Tracker, TrackerOff, service_project_name
 
 
 class WandbTracker(Tracker):
@@ -21,15 +21,15 @@ class WandbTracker(Tracker):
         super().__init__(log_model)
         self.wandb = self.run = None
 
-    def open(self, trainer, run_id):
+    def open(self, event, run_id):
         wandb = self.wandb = self.require("wandb")
         if wandb.setup().settings.mode in ("online", "shared") and not wandb.login(prompt=False, verify=False):
             raise TrackerOff("wandb: not logged in (wandb login, or WANDB_API_KEY); WANDB_MODE=offline needs no login")
         # reinit: a process may train several runs (train.run from Python, --evolve); resume "allow": a run id the
         # W&B server never received (an offline run not yet synced) is opened under that id
-        self.run = wandb.init(project=service_project_name(project_name(trainer), 128), name=trainer.save_dir.name,
-                              dir=trainer.save_dir, id=run_id, resume="allow" if run_id else None,
-                              config=run_config(trainer), allow_val_change=True, reinit="create_new")
+        self.run = wandb.init(project=service_project_name(event.project, 128), name=event.save_dir.name,
+                              dir=event.save_dir, id=run_id, resume="allow" if run_id else None,
+                              config=event.config, allow_val_change=True, reinit="create_new")
         return self.run.id
 
     def where(self):

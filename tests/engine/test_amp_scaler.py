@@ -1,14 +1,20 @@
 """The fp16 GradScaler path of the trainer, on CPU (torch runs fp16 autocast and GradScaler there too): CI has no
 GPU, and this is the path CUDA training takes by default."""
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
 
 import train
 import utils.torch_utils
+from engine.parts import Optimisation, RunContext
 from engine.tasks import TASKS
-from engine.trainer import BaseTrainer, run
+from engine.trainer import run
+from tests.probes import probing
+from utils.torch_utils import ModelEMA
 
 DetectionTrainer, DetectionValidator = TASKS["detect"].trainer, TASKS["detect"].validator
 
@@ -22,15 +28,14 @@ class _Criterion:
 
 
 def _trainer(init_scale=2.0**10):
-    """A trainer with only what forward_backward/optimizer_step use: a linear model, SGD, fp16 autocast."""
+    """The optimisation of a linear model (SGD, an fp16 scaler) and a one-process run context with fp16 autocast:
+    what forward_backward and step use."""
     torch.manual_seed(0)
-    t = BaseTrainer.__new__(BaseTrainer)
-    t.device, t.amp, t.amp_dtype, t.world_size, t.ema = torch.device("cpu"), True, torch.float16, 1, None
-    t.model = t.train_model = nn.Linear(4, 1)
-    t.criterion = _Criterion()
-    t.optimizer = torch.optim.SGD(t.model.parameters(), lr=0.01)
-    t.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=1000)
-    return t
+    model = nn.Linear(4, 1)
+    optim = Optimisation(model, model, _Criterion(), optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+                         scaler=torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=1000),
+                         ema=ModelEMA(model))
+    return optim, RunContext(Path("run"), torch.device("cpu"), -1, -1, 1, True, torch.float16, "runs")
 
 
 def _params(model):
@@ -38,18 +43,18 @@ def _params(model):
 
 
 def test_overflowing_step_is_skipped_and_scale_lowered_then_next_step_taken():
-    t = _trainer()
+    t, run = _trainer()
     before = _params(t.model)
     x = torch.ones(2, 4)
     # a target beyond fp16 range makes the scaled gradients inf: the step must be skipped, not applied as NaN
-    t.forward_backward({"img": x, "y": torch.full((2, 1), 1e30)})
-    t.optimizer_step()
+    t.forward_backward({"img": x, "y": torch.full((2, 1), 1e30)}, run)
+    t.step()
     assert all(torch.equal(a, b) for a, b in zip(before, _params(t.model)))
     assert t.scaler.get_scale() == 2.0**9
     assert all(p.grad is None or not p.grad.any() for p in t.model.parameters())  # zeroed for the next step
 
-    t.forward_backward({"img": x, "y": torch.zeros(2, 1)})
-    t.optimizer_step()
+    t.forward_backward({"img": x, "y": torch.zeros(2, 1)}, run)
+    t.step()
     after = _params(t.model)
     assert all(torch.isfinite(p).all() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(before, after))
@@ -59,13 +64,13 @@ def test_overflowing_step_is_skipped_and_scale_lowered_then_next_step_taken():
 def test_scaled_step_equals_fp32_step():
     """With finite gradients, the scaler's unscale makes the fp16 step the plain step (up to fp16 rounding)."""
     batch = {"img": torch.rand(3, 4), "y": torch.rand(3, 1)}
-    ref = _trainer()
-    ref.amp, ref.scaler = False, torch.amp.GradScaler("cpu", enabled=False)
-    ref.forward_backward(batch)
-    ref.optimizer_step()
-    t = _trainer()
-    t.forward_backward(batch)
-    t.optimizer_step()
+    ref, run = _trainer()
+    ref.scaler = torch.amp.GradScaler("cpu", enabled=False)
+    ref.forward_backward(batch, dataclasses.replace(run, amp=False))
+    ref.step()
+    t, run = _trainer()
+    t.forward_backward(batch, run)
+    t.step()
     for a, b in zip(_params(ref.model), _params(t.model)):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-3)
 
@@ -77,10 +82,11 @@ class _Stop(BaseException):  # a listener's Exception is only a warning (engine/
 def _as_precision(monkeypatch, where):
     """Train this process as a run `where` does, on the CPU: "cuda-fp16" as CUDA's default (fp16 autocast, an
     enabled GradScaler, which torch's CPU one stands in for, and a fused optimizer), "cpu-bf16" and "cpu-fp32"."""
+    import engine.parts
     import engine.trainer
 
     dtype = {"cuda-fp16": torch.float16, "cpu-bf16": torch.bfloat16, "cpu-fp32": None}[where]
-    monkeypatch.setattr(engine.trainer, "amp_settings", lambda device, amp: (dtype is not None, dtype or torch.float32))
+    monkeypatch.setattr(engine.parts, "amp_settings", lambda device, amp: (dtype is not None, dtype or torch.float32))
     build = utils.torch_utils.build_optimizer
     monkeypatch.setattr(engine.trainer, "build_optimizer",
                         lambda *a, fused, **k: build(*a, fused=where == "cuda-fp16", **k))
@@ -98,12 +104,12 @@ def test_a_run_continues_across_devices_and_precisions_and_validates_in_its_own(
     seen = []
 
     def stop_after(epoch):
-        def listener(trainer):
-            seen.append((trainer.amp_dtype if trainer.amp else None, trainer.scaler.is_enabled(),
-                         trainer.optimizer.param_groups[0]["fused"]))
+        def probe(trainer):
+            seen.append((trainer.run.amp_dtype if trainer.run.amp else None, trainer.optim.scaler.is_enabled(),
+                         trainer.optim.optimizer.param_groups[0]["fused"]))
             if trainer.state.epoch == epoch:
                 raise _Stop
-        return {"on_fit_epoch_end": [listener]}
+        return probing(DetectionTrainer, {"on_fit_epoch_end": [probe]})
 
     validated = []  # the dtype of the weights each validation runs
     init_metrics = DetectionValidator.init_metrics
@@ -118,9 +124,9 @@ def test_a_run_continues_across_devices_and_precisions_and_validates_in_its_own(
         opt = train.parse_opt(args if epoch == 0 else ["--resume", str(last), "--device", "cpu", "--workers", "0"])
         if epoch < 3:
             with pytest.raises(_Stop):
-                run(DetectionTrainer, opt, callbacks=stop_after(epoch))
+                run(stop_after(epoch), opt)
         else:
-            run(DetectionTrainer, opt, callbacks=stop_after(None))
+            run(stop_after(None), opt)
     assert seen == [(None, False, None), (torch.float16, True, True), (torch.bfloat16, False, None),
                     (torch.float16, True, True)]
     assert sum("starts at its initial scale" in m for m in yolo_log) == 2  # after fp32 and after bf16

@@ -1,12 +1,14 @@
 """Declared events: names are checked when a callback is added, a failing callback is a warning, the default
 listeners (results.csv, TensorBoard) hang off the same events a user's callback does."""
 
+import ast
 import csv
+from pathlib import Path
 
 import pytest
 
 import train
-from engine.callbacks import EVENTS, EVERY_RANK, Callbacks
+from engine.callbacks import EVENTS, EVERY_RANK, Callbacks, Event
 
 
 def test_a_misspelled_event_is_refused():
@@ -15,10 +17,10 @@ def test_a_misspelled_event_is_refused():
         callbacks.add("on_epoch_end", print)
 
     class Listener:
-        def on_fit_epoch_end(self, trainer):
+        def on_fit_epoch_end(self, event):
             pass
 
-        def on_fit_epoch_ends(self, trainer):  # a typo in an object's method name is refused too
+        def on_fit_epoch_ends(self, event):  # a typo in an object's method name is refused too
             pass
 
     with pytest.raises(ValueError, match="on_fit_epoch_ends"):
@@ -29,21 +31,22 @@ def test_rank_zero_events_are_skipped_elsewhere_and_a_failure_is_one_warning(yol
     fired = []
     callbacks = Callbacks()
 
-    def broken(trainer):
+    def broken(event):
         raise RuntimeError("tracker offline")
 
     for event in EVENTS:
         callbacks.add(event, broken)
-        callbacks.add(event, lambda t, e=event: fired.append(e))
+        callbacks.add(event, lambda ev: fired.append(ev.name))
     for event in EVENTS:
-        callbacks.fire(event, None, main=False)
+        if callbacks.fires(event, main=False):
+            callbacks.fire(Event(event, Path("run"), main=False, epoch=0))
     assert fired == [e for e in EVENTS if e in EVERY_RANK]
     warnings = [m for m in yolo_log if "broken" in m]
     assert len(warnings) == len(EVERY_RANK)
     assert "failed on on_train_start" in warnings[0] and "RuntimeError: tracker offline" in warnings[0]
     with pytest.raises(KeyboardInterrupt):  # a stop passes through
-        callbacks.add("on_train_end", lambda t: (_ for _ in ()).throw(KeyboardInterrupt()))
-        callbacks.fire("on_train_end", None)
+        callbacks.add("on_train_end", lambda ev: (_ for _ in ()).throw(KeyboardInterrupt()))
+        callbacks.fire(Event("on_train_end", Path("run"), main=True, epoch=1))
 
 
 class Recorder:
@@ -52,25 +55,27 @@ class Recorder:
     def __init__(self):
         self.events, self.rows = [], []
 
-    def on_pretrain_routine_end(self, trainer):
+    def on_pretrain_routine_end(self, event):
         self.events.append("on_pretrain_routine_end")
-        assert trainer.save_dir.is_dir()
+        assert event.save_dir.is_dir() and event.names and event.config["hyp"] and event.model is not None
 
-    def on_train_batch_end(self, trainer):
+    def on_train_batch_end(self, event):
         self.events.append("on_train_batch_end")
 
-    def on_val_end(self, trainer):
+    def on_val_end(self, event):
         self.events.append("on_val_end")
+        assert "fitness" in event.metrics
 
-    def on_model_save(self, trainer):
+    def on_model_save(self, event):
         self.events.append("on_model_save")
-        assert trainer.checkpointer.last.is_file()
+        assert event.last.is_file() and event.improved == event.best.is_file()
 
-    def on_fit_epoch_end(self, trainer):
+    def on_fit_epoch_end(self, event):
         self.events.append("on_fit_epoch_end")
-        self.rows.append(dict(trainer.epoch_row))
+        self.rows.append(dict(event.row))
+        assert event.epoch == 1 and event.best_epoch == 0
 
-    def on_train_end(self, trainer):
+    def on_train_end(self, event):
         self.events.append("on_train_end")
         raise RuntimeError("a failing logger")  # reported, and the run still returns its metrics
 
@@ -83,7 +88,7 @@ class Keeper:
     def __init__(self, name, run_id=None):
         self.name, self.run_id, self.resumed = name, run_id, None
 
-    def on_train_end(self, trainer):
+    def on_train_end(self, event):
         pass
 
     def state_dict(self):
@@ -118,7 +123,7 @@ def test_a_listener_keeping_state_outside_the_declared_entries_is_refused():
     callbacks = Callbacks()
     with pytest.raises(ValueError, match="checkpoint entry 'model'; entries: tracker_runs"):
         callbacks.attach(keeper)
-    assert not callbacks.has("on_train_end")
+    assert not callbacks.fires("on_train_end")
 
 
 def test_a_run_fires_the_declared_events_and_survives_a_failing_callback(shapes_detect, tmp_path, yolo_log):
@@ -128,7 +133,7 @@ def test_a_run_fires_the_declared_events_and_survives_a_failing_callback(shapes_
         workers=0, device="cpu", project=str(tmp_path), noplots=True,
     )
     assert "fitness" in metrics
-    n = trainer.batches_per_epoch
+    n = trainer.data_plan.batches_per_epoch
     assert recorder.events == (["on_pretrain_routine_end"] + ["on_train_batch_end"] * n
                                + ["on_val_end", "on_model_save", "on_fit_epoch_end", "on_val_end", "on_train_end"])
     assert any("Recorder.on_train_end failed on on_train_end" in m for m in yolo_log)
@@ -136,3 +141,38 @@ def test_a_run_fires_the_declared_events_and_survives_a_failing_callback(shapes_
     assert len(rows) == 1 and float(rows[0]["train/box_loss"]) == pytest.approx(recorder.rows[0]["train/box_loss"],
                                                                                 rel=1e-5)
     assert list(trainer.save_dir.glob("events.out.tfevents*"))
+
+
+def test_no_listener_reads_the_trainer():
+    """The project's listeners (engine/loggers/, evaluation/charts.py) read what an event carries: no name `trainer`
+    in their code, and every `on_*` method takes the event alone."""
+    root = Path(__file__).resolve().parents[2]
+    files = [*sorted((root / "engine" / "loggers").glob("*.py")), root / "evaluation" / "charts.py"]
+    for path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args}
+        assert "trainer" not in names, f"{path.relative_to(root)} reads a trainer"
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in EVENTS):
+            assert [a.arg for a in fn.args.args] == ["self", "event"], f"{path.name}: {fn.name}"
+
+
+def test_the_default_listeners_run_on_events_alone(tmp_path):
+    """results.csv, TensorBoard and the run's pictures from events alone, with no trainer anywhere: what a listener
+    needs is in the event."""
+    from engine.loggers import build_loggers
+    from evaluation.charts import RunPlots
+
+    callbacks = Callbacks()
+    for listener in [RunPlots(), *build_loggers(["csv", "tensorboard"], tmp_path)]:
+        callbacks.attach(listener)
+    common = dict(save_dir=tmp_path, main=True, best=tmp_path / "weights" / "best.pt")
+    labels = ([0, 1], [[0.5, 0.5, 0.2, 0.2], [0.3, 0.3, 0.1, 0.1]])
+    callbacks.fire(Event("on_pretrain_routine_end", epoch=0, names={0: "a", 1: "b"}, labels=labels, **common))
+    for epoch in (1, 2):
+        row = {"train/box_loss": 1.0 / epoch, "metrics/mAP50(B)": 0.1 * epoch, "lr/pg0": 0.01}
+        callbacks.fire(Event("on_fit_epoch_end", epoch=epoch, row=row, **common))
+    callbacks.fire(Event("on_train_end", epoch=2, **common))
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert [r["epoch"] for r in rows] == ["1", "2"] and rows[1]["train/box_loss"] == "0.5"
+    assert (tmp_path / "labels.jpg").is_file() and (tmp_path / "results.png").is_file()

@@ -12,6 +12,7 @@ import train
 from engine.callbacks import Callbacks
 from engine.checkpointer import Checkpointer, LoopState
 from engine.options import TrainOptions
+from engine.parts import Optimisation
 from engine.trainer import BaseTrainer
 from models.checkpoints import load_checkpoint
 from models.yolo import DetectionModel
@@ -22,12 +23,11 @@ def _trainer(seed, epochs=10):
     torch.manual_seed(seed)
     model = DetectionModel("yolov5n.yaml", nc=2)
     optimizer = build_optimizer(model, "SGD", 0.01, 0.9, 0.0005)
-    return SimpleNamespace(
-        model=model, ema=ModelEMA(model), optimizer=optimizer, state=LoopState(), callbacks=Callbacks(),
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1 - e / epochs),
-        scaler=torch.amp.GradScaler("cpu", enabled=False), opt=TrainOptions.from_values(train.parse_opt([])),
-        hyp={"lr0": 0.01},
-    )
+    optim = Optimisation(model, model, None, optimizer=optimizer, ema=ModelEMA(model),
+                         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1 - e / epochs),
+                         scaler=torch.amp.GradScaler("cpu", enabled=False))
+    return SimpleNamespace(optim=optim, state=LoopState(), callbacks=Callbacks(),
+                           opt=TrainOptions.from_values(train.parse_opt([])), hyp={"lr0": 0.01})
 
 
 def _save(checkpointer, trainer, state):
@@ -46,7 +46,7 @@ def test_loop_state_round_trips_through_a_checkpoint(tmp_path):
     saved = LoopState(epoch=3, batch=5, last_opt_step=25, best_fitness=0.25, best_epoch=2,
                       metrics={"fitness": 0.25, "metrics/mAP50(B)": 0.5}, mean_losses=torch.tensor([0.5, 0.25, 1.0]))
     source = _trainer(0)
-    source.ema.updates = 9
+    source.optim.ema.updates = 9
     source.callbacks.states["tracker_runs"].loaded = {"wandb": "abc123", "mlflow": "0f9e"}  # as a resumed run's
     ckpt = checkpointer.checkpoint(BaseTrainer.components(source, saved), ranks=[Checkpointer.rank_state(saved)])
     checkpointer.save(ckpt, epoch=2, improved=True)
@@ -58,10 +58,10 @@ def test_loop_state_round_trips_through_a_checkpoint(tmp_path):
     restored = _restore(checkpointer, target)
     assert restored is target.state and restored == dataclasses.replace(saved, mean_losses=restored.mean_losses)
     assert torch.equal(restored.mean_losses, saved.mean_losses)
-    assert target.ema.updates == 9
+    assert target.optim.ema.updates == 9
     assert target.callbacks.components()["tracker_runs"].state_dict() == {"wandb": "abc123", "mlflow": "0f9e"}
-    assert all(torch.equal(a, b) for a, b in zip(source.model.state_dict().values(),
-                                                  target.model.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(source.optim.model.state_dict().values(),
+                                                  target.optim.model.state_dict().values()))
     assert checkpointer.last_save[1] == 3 * 7 + 5 - 1  # --save-interval counts from the restored position
     assert checkpointer.due(3 * 7 + 5 + 2, False, True) == (False, True)
 
@@ -118,12 +118,12 @@ def test_a_checkpoint_holds_each_component_under_its_name_in_the_format_of_every
     without state_dict) is written and never loaded."""
     checkpointer, state = Checkpointer(tmp_path), LoopState(epoch=2, batch=3, mean_losses=torch.zeros(3))
     source = _trainer(0)
-    source.ema.updates = 5
+    source.optim.ema.updates = 5
     ckpt = checkpointer.checkpoint(BaseTrainer.components(source, state), [Checkpointer.rank_state(state)])
     assert list(ckpt) == FORMAT
     assert (ckpt["epoch"], ckpt["batch"], ckpt["updates"], ckpt["hyp"]) == (1, 3, 5, {"lr0": 0.01})
     assert ckpt["model"].keys() == ckpt["ema"].keys() == {"class", "yaml", "state_dict", "names"}
-    assert ckpt["opt"] == source.opt.to_dict() and ckpt["scheduler"] == source.scheduler.state_dict()
+    assert ckpt["opt"] == source.opt.to_dict() and ckpt["scheduler"] == source.optim.scheduler.state_dict()
 
     record = {"kept": 1}
     checkpointer.save_last(checkpointer.checkpoint({"loop": state, "counter": Counter(7), "note": record},
@@ -191,17 +191,17 @@ RUNS = {"cpu": (False, False), "cuda-fp16": (True, True), "cuda-bf16": (False, T
 def _run_like(where, seed):
     scaler_on, fused = RUNS[where]
     t = _trainer(seed)
-    t.optimizer = build_optimizer(t.model, "AdamW", 0.01, 0.9, 0.0005, fused=fused)
-    t.scheduler = torch.optim.lr_scheduler.LambdaLR(t.optimizer, lambda e: 1.0)
-    t.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10 if seed == 0 else 2.0**16, enabled=scaler_on)
+    t.optim.optimizer = build_optimizer(t.optim.model, "AdamW", 0.01, 0.9, 0.0005, fused=fused)
+    t.optim.scheduler = torch.optim.lr_scheduler.LambdaLR(t.optim.optimizer, lambda e: 1.0)
+    t.optim.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10 if seed == 0 else 2.0**16, enabled=scaler_on)
     return t
 
 
 def _step(t):
-    for p in t.model.parameters():
+    for p in t.optim.model.parameters():
         p.grad = torch.full_like(p, 0.01)
-    t.scaler.scale(torch.ones(()))  # an enabled scaler has a state once it scaled a loss
-    t.optimizer.step()
+    t.optim.scaler.scale(torch.ones(()))  # an enabled scaler has a state once it scaled a loss
+    t.optim.optimizer.step()
 
 
 @pytest.mark.parametrize("target", RUNS)
@@ -219,17 +219,17 @@ def test_resume_across_devices_and_precisions(tmp_path, source, target, yolo_log
     dst = _run_like(target, seed=1)
     _restore(checkpointer, dst)
     fused = RUNS[target][1] or None
-    assert [g["fused"] for g in dst.optimizer.param_groups] == [fused] * 3
-    saved, loaded = src.optimizer.state_dict()["state"], dst.optimizer.state_dict()["state"]
+    assert [g["fused"] for g in dst.optim.optimizer.param_groups] == [fused] * 3
+    saved, loaded = src.optim.optimizer.state_dict()["state"], dst.optim.optimizer.state_dict()["state"]
     assert saved.keys() == loaded.keys() and saved
     for k in saved:
         assert float(loaded[k]["step"]) == 1.0
         assert torch.equal(loaded[k]["exp_avg"], saved[k]["exp_avg"])
     if RUNS[target][0]:  # the saved scale where there is one, else the initial one
-        assert dst.scaler.get_scale() == (2.0**10 if RUNS[source][0] else 2.0**16)
+        assert dst.optim.scaler.get_scale() == (2.0**10 if RUNS[source][0] else 2.0**16)
         assert any("starts at its initial scale" in m for m in yolo_log) == (not RUNS[source][0])
     _step(dst)  # and it trains on
-    assert all(float(s["step"]) == 2.0 for s in dst.optimizer.state_dict()["state"].values())
+    assert all(float(s["step"]) == 2.0 for s in dst.optim.optimizer.state_dict()["state"].values())
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from engine.callbacks import Event
 from engine.loggers import CSVLogger
+from utils.cli import check_loggers
 
 
 def _epochs(path):
@@ -57,14 +59,15 @@ def test_tensorboard_traces_the_model_graph_only_when_asked(tmp_path, monkeypatc
 
     traced = []
     monkeypatch.setattr(loggers, "_add_graph", lambda writer, model, stride: traced.append(model))
-    trainer = SimpleNamespace(model=SimpleNamespace(stride=torch.tensor([8.0, 16.0, 32.0])))
+    event = Event("on_pretrain_routine_end", tmp_path, main=True, epoch=0,
+                  model=SimpleNamespace(stride=torch.tensor([8.0, 16.0, 32.0])))
     for names, graphs in ((["csv", "tensorboard"], 0), (["tensorboard-graph"], 1),
                           (["tensorboard", "csv", "tensorboard-graph"], 1)):
         traced.clear()
-        listeners = loggers.build_loggers(loggers.check_loggers(names), tmp_path / "_".join(names))
+        listeners = loggers.build_loggers(check_loggers(names), tmp_path / "_".join(names))
         boards = [x for x in listeners if isinstance(x, loggers.TensorBoardLogger)]
         assert len(boards) == 1
-        boards[0].on_pretrain_routine_end(trainer)
+        boards[0].on_pretrain_routine_end(event)
         boards[0].close()
         assert len(traced) == graphs, names
 

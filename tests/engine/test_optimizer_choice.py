@@ -34,10 +34,11 @@ def test_yolov5_from_scratch_trains_at_the_scaled_lr_and_fine_tuning_at_the_fit(
             "--epochs", "1", "--workers", "0", "--device", "cpu", "--noplots", "--project", str(tmp_path)]
     scratch, _ = train.main(train.parse_opt([*args, "--name", "scratch"]))
     fit = 0.002 * 5 / (4 + scratch.nc)
-    assert type(scratch.optimizer).__name__ == "AdamW"
-    assert scratch.schedule.lr0 == pytest.approx(fit * scratch.hyp["lr_auto_gain"], abs=1e-6)
+    optim = scratch.optim
+    assert type(optim.optimizer).__name__ == "AdamW"
+    assert optim.schedule.lr0 == pytest.approx(fit * scratch.hyp["lr_auto_gain"], abs=1e-6)
     assert scratch.hyp["lr_auto_gain"] == 10.0
-    assert [g["initial_lr"] for g in scratch.optimizer.param_groups] == [pytest.approx(scratch.schedule.lr0)] * 3
+    assert [g["initial_lr"] for g in optim.optimizer.param_groups] == [pytest.approx(optim.schedule.lr0)] * 3
     weights = str(scratch.save_dir / "weights" / "last.pt")
     tuned, _ = train.main(train.parse_opt([*args, "--name", "tuned", "--weights", weights]))
-    assert tuned.schedule.lr0 == pytest.approx(fit, abs=1e-6)
+    assert tuned.optim.schedule.lr0 == pytest.approx(fit, abs=1e-6)

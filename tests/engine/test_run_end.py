@@ -22,7 +22,7 @@ from tests.engine.test_trackers import SMALL
 from utils.cli import options_from_kwargs
 from utils.errors import run_cli
 calls = []
-def kill(trainer):
+def kill(event):
     calls.append(1)
     if len(calls) == 2:
         os.kill(os.getpid(), int(sys.argv[3]))

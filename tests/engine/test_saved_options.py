@@ -14,6 +14,7 @@ from engine.options import DetectTrainOptions
 from engine.tasks import TASKS
 from engine.trainer import run
 from models.checkpoints import releases
+from tests.probes import probing
 from utils.errors import BadCheckpoint, run_cli
 
 DetectionTrainer = TASKS["detect"].trainer
@@ -69,7 +70,7 @@ def interrupted(shapes_detect, tmp_path_factory):
     class Stop(BaseException):
         pass
 
-    def stop(trainer):
+    def stop(event):
         raise Stop
 
     opt = train.parse_opt(["--data", str(shapes_detect), "--imgsz", "64", "--batch-size", "8", "--epochs", "2",
@@ -117,8 +118,8 @@ def test_a_resumed_run_fetches_none_of_the_weights_it_names(interrupted, tmp_pat
         raise Stop
 
     with pytest.raises(Stop):
-        run(DetectionTrainer, train.parse_opt(["--resume", str(path), "--device", "cpu", "--workers", "0"]),
-            callbacks={"on_train_start": [capture]})
+        run(probing(DetectionTrainer, {"on_train_start": [capture]}),
+            train.parse_opt(["--resume", str(path), "--device", "cpu", "--workers", "0"]))
     assert seen["model"].endswith("yolov5n.yaml") and seen["epoch"] == 1 and not requested
 
 

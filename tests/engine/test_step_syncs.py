@@ -27,8 +27,8 @@ def test_a_training_step_reads_from_the_device_four_times(shapes_detect, tmp_pat
             "--project", str(tmp_path), "--name", "exp"]
     done = []
 
-    def stop_after_four(trainer):
-        done.append(trainer.state.batch)
+    def stop_after_four(event):
+        done.append(event.batch)
         if len(done) == 4:
             raise _Enough
 

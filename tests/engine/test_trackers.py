@@ -197,8 +197,8 @@ def test_a_resume_by_hand_continues_the_same_tracker_runs(shapes_detect, tracker
     --no-log-model, kept too, sends no best.pt."""
     project = tracker_env / "runs"
 
-    def ctrl_c_after_first_epoch(trainer):
-        if trainer.state.epoch == 0:
+    def ctrl_c_after_first_epoch(event):
+        if event.epoch == 1:
             os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C: the loop stops at the epoch's end
 
     with pytest.raises(Interrupted):
@@ -306,7 +306,7 @@ class Flaky(Tracker):
         if what in self.fail_on:
             raise ConnectionError(f"{what} refused")
 
-    def open(self, trainer, run_id):
+    def open(self, event, run_id):
         self._call("open", run_id)
         return run_id or "run1"
 
@@ -323,33 +323,30 @@ class Flaky(Tracker):
         self._call("close", status)
 
 
-def _fake_trainer(tmp_path, epoch=0):
-    from types import SimpleNamespace
-
-    from engine.checkpointer import LoopState
+def _run_events(tmp_path):
+    """event(name, epoch): what a run in `tmp_path` tells its listeners after `epoch` epochs (weights/best.pt and
+    labels.jpg written; every epoch's row {"a": 1.0})."""
+    from engine.callbacks import Event
 
     (tmp_path / "weights").mkdir(exist_ok=True)
     (tmp_path / "weights" / "best.pt").write_bytes(b"w")
     (tmp_path / "labels.jpg").write_bytes(b"j")
-    return SimpleNamespace(state=LoopState(epoch=epoch), save_dir=tmp_path,
-                           epoch_row={"a": 1.0}, checkpointer=SimpleNamespace(best=tmp_path / "weights" / "best.pt"),
-                           validator=SimpleNamespace(class_table=lambda: (["class"], [["x"]])))
+    return lambda name, epoch: Event(name, tmp_path, main=True, epoch=epoch, best=tmp_path / "weights" / "best.pt",
+                                     row={"a": 1.0}, class_table=(["class"], [["x"]]))
 
 
-def _drive(tracker, trainer, epochs):
-    tracker.on_pretrain_routine_end(trainer)
+def _drive(tracker, event, epochs):
+    """Set-up after `epochs[0]` epochs, then each epoch of `epochs` (numbered from 0), then the end."""
+    tracker.on_pretrain_routine_end(event("on_pretrain_routine_end", epochs[0]))
     for e in epochs:
-        trainer.state.epoch = e
-        tracker.on_fit_epoch_end(trainer)
-    trainer.state.epoch = epochs[-1] + 1
-    tracker.on_train_end(trainer)
+        tracker.on_fit_epoch_end(event("on_fit_epoch_end", e + 1))
+    tracker.on_train_end(event("on_train_end", epochs[-1] + 1))
 
 
 @pytest.mark.parametrize("fail_on", ["open", "log_step", "log_final", "log_weights", "close"])
 def test_a_tracker_failing_anywhere_warns_once_and_stops_calling(tmp_path, yolo_log, fail_on):
     tracker = Flaky(fail_on=(fail_on,))
-    trainer = _fake_trainer(tmp_path)
-    _drive(tracker, trainer, [0, 1])
+    _drive(tracker, _run_events(tmp_path), [0, 1])
     warnings = [m for m in yolo_log if m.startswith("WARNING: flaky:")]
     assert len(warnings) == 1 and f"ConnectionError: {fail_on} refused" in warnings[0]
     failed_at = next(i for i, c in enumerate(tracker.calls) if c[0] == fail_on)
@@ -360,18 +357,16 @@ def test_a_tracker_failing_anywhere_warns_once_and_stops_calling(tmp_path, yolo_
 
 def test_a_continued_tracker_run_opens_the_recorded_id_and_sends_no_step_twice(tmp_path, yolo_log):
     first = Flaky()
-    trainer = _fake_trainer(tmp_path)
-    first.on_pretrain_routine_end(trainer)
-    trainer.state.epoch = 0
-    first.on_fit_epoch_end(trainer)
-    first.on_train_interrupted(trainer)
+    event = _run_events(tmp_path)
+    first.on_pretrain_routine_end(event("on_pretrain_routine_end", 0))
+    first.on_fit_epoch_end(event("on_fit_epoch_end", 1))
+    first.on_train_interrupted(event("on_train_interrupted", 0))
     assert first.calls == [("open", None), ("log_step", [], ["labels.jpg"], 0), ("log_step", ["a"], [], 1),
                            ("log_weights", "best.pt", 0), ("close", "killed")]
     assert first.state_dict() == {"flaky": "run1"}
     resumed = Flaky()  # a new process: the run id comes from the checkpoint
     resumed.load_state_dict(first.state_dict())
-    trainer = _fake_trainer(tmp_path, epoch=1)
-    _drive(resumed, trainer, [1])
+    _drive(resumed, event, [1])
     assert resumed.calls == [("open", "run1"), ("log_step", ["a"], [], 2), ("log_final", [], 2),
                              ("log_weights", "best.pt", 2), ("close", "finished")]
     assert any("flaky: continuing run run1" in m for m in yolo_log)

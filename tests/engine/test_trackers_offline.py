@@ -4,6 +4,7 @@ Comet's offline zip is read back message by message, each checked by comet_ml's 
 validators its `comet upload` applies). A --resume continues the same task / experiment key; a package raising, a
 missing package and missing credentials are each one warning and the run goes on."""
 
+import dataclasses
 import json
 import os
 import random
@@ -11,7 +12,6 @@ import signal
 import subprocess
 import sys
 import zipfile
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -161,8 +161,8 @@ def test_a_resume_by_hand_continues_the_same_task_and_experiment(shapes_detect, 
     zip holds both epochs, each once); Comet writes a second zip under the same key, holding epoch 2 only."""
     project = offline_env / "runs"
 
-    def ctrl_c_after_first_epoch(trainer):
-        if trainer.state.epoch == 0:
+    def ctrl_c_after_first_epoch(event):
+        if event.epoch == 1:
             os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(Interrupted):
@@ -192,8 +192,8 @@ def test_a_clearml_session_gone_from_the_cache_goes_on_in_a_new_one_under_the_sa
 
     project = offline_env / "runs"
 
-    def ctrl_c_after_first_epoch(trainer):
-        if trainer.state.epoch == 0:
+    def ctrl_c_after_first_epoch(event):
+        if event.epoch == 1:
             os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(Interrupted):
@@ -213,8 +213,8 @@ import os, signal, sys
 import train
 from tests.engine.test_trackers import SMALL
 
-def die(trainer):  # after the trackers' on_fit_epoch_end and last.pt: the loggers are attached first
-    if trainer.state.epoch == 0:
+def die(event):  # after the trackers' on_fit_epoch_end and last.pt: the loggers are attached first
+    if event.epoch == 1:
         os.kill(os.getpid(), signal.SIGKILL)
 
 train.run(data=sys.argv[1], epochs=2, project=sys.argv[2], loggers="clearml,comet", noplots=True,
@@ -313,17 +313,17 @@ def test_a_missing_package_is_one_warning(shapes_detect, offline_env, monkeypatc
         assert f"pip install {package}" in w
 
 
-def _tracker_and_trainer(name, tmp_path):
-    from engine.checkpointer import LoopState
+def _tracker_and_event(name, tmp_path):
+    """The tracker `name` and a set-up event of a run in tmp_path/exp."""
+    from engine.callbacks import Event
     from engine.loggers import TRACKERS, build_loggers
 
     [_, tracker] = build_loggers([name], tmp_path)  # results.csv first, always
     assert type(tracker).__name__ == TRACKERS[name][1]
-    trainer = SimpleNamespace(state=LoopState(), save_dir=tmp_path / "exp", default_project="runs/train",
-                              opt=SimpleNamespace(project=str(tmp_path), to_dict=lambda: {"epochs": 1}),
-                              hyp={"lr0": 0.01})
-    trainer.save_dir.mkdir(parents=True)
-    return tracker, trainer
+    event = Event("on_pretrain_routine_end", tmp_path / "exp", main=True, epoch=0, project=str(tmp_path),
+                  config={"epochs": 1, "hyp": {"lr0": 0.01}})
+    event.save_dir.mkdir(parents=True)
+    return tracker, event
 
 
 def test_a_start_failing_after_the_task_opened_closes_it(tmp_path, offline_env, monkeypatch, yolo_log):
@@ -338,8 +338,8 @@ def test_a_start_failing_after_the_task_opened_closes_it(tmp_path, offline_env, 
     monkeypatch.setattr(Task, "connect", refused)
     monkeypatch.setattr(CometExperiment, "log_parameters", refused)
     for name in ("clearml", "comet"):
-        tracker, trainer = _tracker_and_trainer(name, tmp_path / name)
-        tracker.on_pretrain_routine_end(trainer)
+        tracker, event = _tracker_and_event(name, tmp_path / name)
+        tracker.on_pretrain_routine_end(event)
         [w] = _warnings_naming(yolo_log, name)
         assert "starting failed" in w and "RuntimeError: config refused" in w and not tracker.active
     assert Task.current_task() is None
@@ -350,12 +350,12 @@ def test_a_start_failing_after_the_task_opened_closes_it(tmp_path, offline_env, 
 def test_starting_a_tracker_leaves_the_process_as_it_was(tmp_path, offline_env, name):
     """The random streams, the signal handlers, sys.excepthook and sys.exit after a tracker's start are those before
     it, and a forked child (a DataLoader worker) starts no ClearML of its own."""
-    tracker, trainer = _tracker_and_trainer(name, tmp_path)
+    tracker, event = _tracker_and_event(name, tmp_path)
     handler = signal.signal(signal.SIGINT, lambda *a: None)
     before = (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist(),
               signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.excepthook, sys.exit)
     try:
-        tracker.on_pretrain_routine_end(trainer)
+        tracker.on_pretrain_routine_end(event)
         assert tracker.active and tracker.state_dict()[name]
         after = (random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist(),
                  signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.excepthook, sys.exit)
@@ -365,22 +365,22 @@ def test_starting_a_tracker_leaves_the_process_as_it_was(tmp_path, offline_env, 
 
             assert PatchOsFork._current_task is None, "a forked worker would start ClearML's reporting"
     finally:
-        tracker.on_train_interrupted(trainer)
+        tracker.on_train_interrupted(dataclasses.replace(event, name="on_train_interrupted"))
         signal.signal(signal.SIGINT, handler)
 
 
 def test_a_run_id_that_is_not_text_is_one_warning_and_never_reaches_the_checkpoint(tmp_path, yolo_log):
     """A package handing back an object for an id (ClearML's stub task does): the checkpoint, which stores the id,
     could not be saved with it; the tracker is off instead."""
-    from tests.engine.test_trackers import Flaky, _drive, _fake_trainer
+    from tests.engine.test_trackers import Flaky, _drive, _run_events
 
     class Odd(Flaky):
-        def open(self, trainer, run_id):
-            super().open(trainer, run_id)
+        def open(self, event, run_id):
+            super().open(event, run_id)
             return object()
 
-    tracker, trainer = Odd(), _fake_trainer(tmp_path)
-    _drive(tracker, trainer, [0, 1])
+    tracker = Odd()
+    _drive(tracker, _run_events(tmp_path), [0, 1])
     [w] = _warnings_naming(yolo_log, "flaky")
     assert "starting failed" in w and "gave no run id" in w
     assert tracker.state_dict() == {} and [c[0] for c in tracker.calls] == ["open", "close"]
