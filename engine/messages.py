@@ -18,6 +18,7 @@ SCRIPTS = {  # where each task's scripts are, so that a model given to the wrong
     "detect": {"train": "train.py", "val": "val.py", "predict": "detect.py"},
     "segment": {"train": "segment/train.py", "val": "segment/val.py", "predict": "segment/predict.py"},
     "pose": {"train": "pose/train.py", "val": "pose/val.py", "predict": "pose/predict.py"},
+    "obb": {"train": "obb/train.py", "val": "obb/val.py", "predict": "obb/predict.py"},
     "classify": {"train": "classify/train.py", "val": "classify/val.py", "predict": "classify/predict.py"},
 }
 

@@ -31,6 +31,7 @@ ONNX_OPS = frozenset({
     "Transpose", "Unsqueeze", "Upsample",
     "Clip", "HardSwish", "ReduceMax", "ReduceMean", "ReduceSum", "Relu",  # the attention series
     "Erf", "Exp", "LayerNormalization", "ReduceL2",  # Swin V2
+    "Cos", "Sin",  # the oriented-box head (its boxes turned by their angles)
     "AveragePool",  # not in the official families, but the commonest pooling of users' blocks (docs/blocks.md)
 })
 ONNX_OPSETS = range(7, 21)
@@ -318,6 +319,7 @@ _NODES = {
     "Add": _binary(torch.add), "Sub": _binary(torch.sub), "Mul": _binary(torch.mul), "Div": _div,
     "Pow": _binary(torch.pow), "Cast": lambda node, x: x.to(_dtype(_attr(node, "to"))),
     "Ceil": lambda node, x: torch.ceil(x), "Sigmoid": lambda node, x: torch.sigmoid(x), "Identity": lambda node, x: x,
+    "Cos": lambda node, x: torch.cos(x), "Sin": lambda node, x: torch.sin(x),
     "LeakyRelu": lambda node, x: F.leaky_relu(x, _attr(node, "alpha", 0.01)),
     "Softmax": lambda node, x: torch.softmax(x, _attr(node, "axis", -1)),
     "Concat": lambda node, *xs: torch.cat(xs, _attr(node, "axis")),

@@ -402,7 +402,8 @@ TORCHSCRIPT_OPS = frozenset({
         # the attention series and Swin V2 (models/attention.py, models/swin.py)
         "__or__", "abs", "amax", "clamp", "clamp_min", "exp", "expand_as", "fill_", "floor_divide", "ge", "gelu",
         "hardswish", "index", "layer_norm", "linalg_vector_norm", "log2", "mean", "ne", "neg", "ones_like", "relu",
-        "relu_", "roll", "sign", "sum", "unbind", "where", "zeros", "zeros_like")),
+        "relu_", "roll", "sign", "sum", "unbind", "where", "zeros", "zeros_like",
+        "cos", "sin")),  # the oriented-box head
     "ops.prim.NumToTensor",
 })
 _TORCHSCRIPT_CALLS = frozenset({"annotate", "getattr", "int", "float"})

@@ -15,7 +15,7 @@ import dataclasses
 from functools import cached_property
 from typing import Callable
 
-from data.label_formats import DetectLabels, PoseLabels, SegmentLabels
+from data.label_formats import DetectLabels, OBBLabels, PoseLabels, SegmentLabels
 from engine.messages import SCRIPTS
 from engine.options import (
     DetectPredictOptions,
@@ -30,8 +30,8 @@ from engine.options import (
 )
 from engine.tasks.boxes import BoxPredictor, BoxTrainer, BoxValidator, box_data, pose_data, pose_skeleton_of
 from engine.tasks.classify import ClassificationPredictor, ClassificationTrainer, ClassificationValidator, cls_data
-from evaluation.fields import Boxes, ClassScores, Keypoints, Masks
-from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
+from evaluation.fields import Boxes, ClassScores, Keypoints, Masks, RotatedBoxes
+from models.yolo import ClassificationModel, DetectionModel, OBBModel, PoseModel, SegmentationModel
 from utils.tasks import TASKS as NAMES
 
 
@@ -131,6 +131,15 @@ POSE = Task(
     skeleton=lambda options, layout: pose_skeleton_of(options.data, layout.kpt_shape[0]),
 )
 
+OBB = Task(
+    "obb", "OBB", OBBModel,
+    fields=lambda names, layout, skeleton=None: (RotatedBoxes(),),
+    data=box_data, train=DetectTrainOptions, val=ValOptions, predict=DetectPredictOptions,
+    projects={"train": "runs/train-obb", "val": "runs/val-obb", "predict": "runs/predict-obb"}, engine=BOXES,
+    train_labels=lambda options, data: OBBLabels(), val_labels=lambda options: OBBLabels(),
+    val_extras=lambda options, data: {"single_cls": options.single_cls},
+)
+
 CLASSIFY = Task(
     "classify", "Classify", ClassificationModel,
     fields=lambda names, layout, skeleton=None: (ClassScores(names),),
@@ -139,6 +148,6 @@ CLASSIFY = Task(
     engine=(ClassificationTrainer, ClassificationValidator, ClassificationPredictor),
 )
 
-TASKS = {t.name: t for t in (DETECT, SEGMENT, POSE, CLASSIFY)}
+TASKS = {t.name: t for t in (DETECT, SEGMENT, POSE, OBB, CLASSIFY)}
 # a record under a name the floors below do not know would be refused there (exports, synthetic sets, `yolo`)
 assert set(TASKS) <= set(NAMES), f"tasks {sorted(set(TASKS) - set(NAMES))} are not in utils.tasks.TASKS"

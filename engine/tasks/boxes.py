@@ -35,13 +35,6 @@ from utils.errors import BadCheckpoint, BadDataset, BadOption
 from utils.log import LOGGER
 
 
-def prediction_targets(boxes):
-    """Per-image NMS outputs (n, 6+) xyxy conf cls -> plot_images rows (N, 7): image, cls, xywh pixels, conf."""
-    rows = [torch.cat((torch.full_like(p[:, :1], i), p[:, 5:6], ops.xyxy2xywh(p[:, :4]), p[:, 4:5]), 1)
-            for i, p in enumerate(boxes)]
-    return torch.cat(rows).float() if rows else torch.zeros((0, 7))
-
-
 def single_class(data):
     """The dataset dict for --single-cls: one class, named as the dataset's only class or else 'item' (YOLOv5's
     name); `label_names` keeps the classes the label files are read with, `label_nc` their count."""
@@ -210,7 +203,8 @@ class BoxValidator(BaseValidator):
         self.layout = model.output_layout
         self.fields = self.record.fields(self.names, self.layout)
         self.metrics = DetMetrics(names=self.names, parts=[(f.metric, f.suffix) for f in self.fields])
-        self.confusion = ConfusionMatrix(nc=self.nc)  # at its own conf 0.25: val's 0.001 floods the background row
+        # at its own conf 0.25 (val's 0.001 floods the background row), overlaps as the first field measures them
+        self.confusion = ConfusionMatrix(nc=self.nc, iou=self.fields[0].pair_iou)
 
     def description(self):
         columns = ("P", "R", "mAP50", "mAP50-95")
@@ -265,7 +259,7 @@ class BoxValidator(BaseValidator):
                                  else torch.zeros((len(native), len(self.iouv)), dtype=torch.bool))
         record["conf"].append(native[:, 4])
         record["pred_cls"].append(native[:, 5])
-        self.confusion.process_batch(native[:, :6], labels)
+        self.confusion.process_batch(native, labels)  # whole rows: an oriented box's angle is the last column
         if self.args.save_txt:
             file = self.save_dir / "labels" / f"{Path(batch['paths'][si]).stem}.txt"
             self.save_txt(native, batch["shapes"][si][0], file)
@@ -327,15 +321,16 @@ class BoxValidator(BaseValidator):
                 plot_metric_curves(metric.curves, self.names, self.save_dir, f.curve)
 
     def plot_val_batch(self, batch, preds, bi):
-        plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"val_batch{bi}_labels.jpg",
+        labels = self.fields[0].plotted_labels(batch)  # boxes as plot_images draws them (upright)
+        plot_images(batch["img"], labels, batch["paths"], self.save_dir / f"val_batch{bi}_labels.jpg",
                     self.names, masks=batch.get("masks"), overlap=batch.get("overlap"),
                     keypoints=batch.get("keypoints"))
         drawn = {"masks": None, "keypoints": None}
         for f in self.fields:
             drawn.update(f.plot_kwargs(preds, batch))
         boxes = [image.boxes[:MAX_PLOTTED_PREDS] for image in preds]
-        plot_images(batch["img"], prediction_targets(boxes), batch["paths"], self.save_dir / f"val_batch{bi}_pred.jpg",
-                    self.names, overlap=False, **drawn)
+        plot_images(batch["img"], self.fields[0].plotted(boxes), batch["paths"],
+                    self.save_dir / f"val_batch{bi}_pred.jpg", self.names, overlap=False, **drawn)
 
     @classmethod
     def adapt_to_weights(cls, model, stride, options):
@@ -353,7 +348,8 @@ class BoxValidator(BaseValidator):
         pred_json.write_text(json.dumps(self.jdict))
         LOGGER.info(f"Saved {len(self.jdict)} predictions to {pred_json}")
         for f in self.fields:
-            stats = self.coco_eval(stats, pred_json, f.iou_type, f.suffix, **f.coco_kwargs(self.args))
+            if f.iou_type:  # pycocotools has no rotated boxes
+                stats = self.coco_eval(stats, pred_json, f.iou_type, f.suffix, **f.coco_kwargs(self.args))
         return stats
 
     def coco_eval(self, stats, pred_json, iou_type="bbox", key="B", **kwargs):

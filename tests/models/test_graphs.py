@@ -17,7 +17,7 @@ from onnx import helper
 from engine.exporter import Exporter
 from models.backend import InferenceBackend
 from models.graphs import ONNX_OPS, UnsafeOnnx, onnx_dry_run, read_onnx
-from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
+from models.yolo import ClassificationModel, DetectionModel, OBBModel, PoseModel, SegmentationModel
 from tests.capped import refused_once, run_capped
 from utils.errors import BadFile
 
@@ -28,7 +28,7 @@ FAMILIES = [("yolov5n.yaml", DetectionModel), ("yolov5n-seg.yaml", SegmentationM
             ("yolov5nu.yaml", DetectionModel), ("yolo11n-seg.yaml", SegmentationModel),
             ("yolo11n-cls.yaml", ClassificationModel), ("yolov3-tiny.yaml", DetectionModel),
             ("yolov5s-transformer.yaml", DetectionModel), ("yolov8n-ghost.yaml", DetectionModel),
-            ("yolov8n-p2.yaml", DetectionModel)]
+            ("yolov8n-p2.yaml", DetectionModel), ("yolov8n-obb.yaml", OBBModel)]
 
 
 def _export(weights, opset=17, dynamic=True):

@@ -29,7 +29,7 @@ from engine.exporter import Exporter
 from models.backend import InferenceBackend
 from models.checkpoints import UnsafeCheckpoint, attempt_load, load_checkpoint, model_to_ckpt
 from models.untrusted import TORCHSCRIPT_OPS, UnsafeTorchScript, check_torchscript
-from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
+from models.yolo import ClassificationModel, DetectionModel, OBBModel, PoseModel, SegmentationModel
 from utils.errors import BadCheckpoint, BadFile, UserError, run_cli
 from utils.files import ROOT
 
@@ -143,7 +143,8 @@ FAMILIES = [("yolov5n.yaml", DetectionModel), ("yolov5n-seg.yaml", SegmentationM
             ("yolov5n-cls.yaml", ClassificationModel), ("yolov7-tiny.yaml", DetectionModel),
             ("yolov8n.yaml", DetectionModel), ("yolov8n-seg.yaml", SegmentationModel),
             ("yolov8n-cls.yaml", ClassificationModel), ("yolo11n-pose.yaml", PoseModel),  # attention, slices to the end
-            ("yolov3-tiny.yaml", DetectionModel), ("yolov5s-transformer.yaml", DetectionModel)]  # padding; bmm
+            ("yolov3-tiny.yaml", DetectionModel), ("yolov5s-transformer.yaml", DetectionModel),  # padding; bmm
+            ("yolov8n-obb.yaml", OBBModel)]  # cos, sin
 
 
 def _export(weights, dynamic=True):
