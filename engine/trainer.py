@@ -159,12 +159,13 @@ class BaseTrainer:
         loggers = build_loggers(self.opt.loggers, self.run.save_dir, plots=plots, log_model=self.opt.log_model)
         return [RunPlots(), *loggers] if plots else loggers
 
-    def run_callbacks(self, event, **data):
-        """Fire `event` with its `data` (engine/callbacks.Event) on rank 0 only, unless the event is declared for
-        every rank; listeners' time is charged to plotting/logging. The event is built only where it has listeners."""
+    def run_callbacks(self, event, more=None, **data):
+        """Fire `event` with its `data` (engine/callbacks.Event), and what `more()` returns where that data costs
+        work, on rank 0 only unless the event is declared for every rank; listeners' time is charged to
+        plotting/logging. The event is built only where it has listeners."""
         if self.callbacks.fires(event, main=self.run.is_main):
             with self.profile("plots_logs"):
-                self.callbacks.fire(self.event(event, **data))
+                self.callbacks.fire(self.event(event, **data, **(more() if more else {})))
 
     def event(self, name, **data):
         """What every event tells its listeners (the run folder, the weights' paths, the position, the best fitness),
@@ -178,6 +179,12 @@ class BaseTrainer:
         """on_pretrain_routine_end's data: what the trackers open their run with, and what labels.jpg draws."""
         return dict(project=self.run.project, config={**self.opt.to_dict(), "hyp": dict(self.hyp)},
                     names=self.data_plan.names, labels=self.data_plan.train_set.label_arrays(), model=self.optim.model)
+
+    def _end_event(self):
+        """on_train_end's data: best.pt's metrics, and its per-class rows, which rank 0 alone holds (it merged the
+        validation's shards)."""
+        table = self.data_plan.validator.class_table() if self.run.is_main else ((), ())
+        return dict(metrics=dict(self.state.metrics), class_table=table)
 
     # ---------------------------------------------------------------- set-up
     def _setup(self):
@@ -325,8 +332,7 @@ class BaseTrainer:
         try:
             if not self.state.done:  # a run killed in its final validation: --resume only finishes it
                 self.load_ahead(first, self.state.batch)  # with workers it loads while the listeners start
-            if self.callbacks.fires("on_pretrain_routine_end", main=self.run.is_main):
-                self.run_callbacks("on_pretrain_routine_end", **self._setup_event())
+            self.run_callbacks("on_pretrain_routine_end", more=self._setup_event)
             self.run_callbacks("on_train_start")
             if self.run.is_main:
                 LOGGER.info(f"Image sizes {self.opt.train_imgsz} train, {self.opt.train_imgsz} val; {n} batches of "
@@ -346,9 +352,7 @@ class BaseTrainer:
             forget_run_dir()
         du.barrier()
         # the trackers close their run: until then --resume finishes this one
-        table = self.data_plan.validator.class_table() if self.callbacks.fires("on_train_end", self.run.is_main) \
-            else ((), ())
-        self.run_callbacks("on_train_end", metrics=dict(self.state.metrics), class_table=table)
+        self.run_callbacks("on_train_end", more=self._end_event)
         if self.run.is_main:
             self.finish_run()
         self.profile.report(self.run.save_dir)
