@@ -7,8 +7,10 @@ original-image pixels) and the task's fields, which draw it and write its --save
         r.boxes.id                                       # the track ids, None where nothing tracked the boxes
         r.save_txt("labels.txt", save_conf=True)         # the predict script's --save-txt lines
 
-The views (`ResultBoxes`, `ResultMasks`, `ResultKeypoints`, `Probs`) hold tensors or, after `.numpy()`, arrays;
-indexing one (`r.boxes[0]`, `r.boxes[r.boxes.conf > 0.5]`) keeps its rows two-dimensional, as Ultralytics' do.
+An oriented-box model's boxes are `r.obb` (`ResultOBB`: `xywhr`, `xyxyxyxy`, `conf`, `cls`) and `r.boxes` is None,
+as in Ultralytics. The views (`ResultBoxes`, `ResultMasks`, `ResultKeypoints`, `ResultOBB`, `Probs`) hold tensors
+or, after `.numpy()`, arrays; indexing one (`r.boxes[0]`, `r.boxes[r.boxes.conf > 0.5]`) keeps its rows
+two-dimensional, as Ultralytics' do.
 """
 
 import dataclasses
@@ -21,11 +23,12 @@ import cv2
 import numpy as np
 import torch
 
-from evaluation.fields import ClassScores, Keypoints, Masks, Predictions
+from evaluation.fields import ClassScores, Keypoints, Masks, Predictions, RotatedBoxes
 from evaluation.plots import Annotator, save_one_box
 from utils.errors import UserError
 from utils.imageio import printable, write_image
 from utils.log import LOGGER
+from utils.rotated import xywhr_to_corners
 
 
 def nms_iou(layout):
@@ -170,6 +173,39 @@ class ResultBoxes(_View):
         return self.xywh / self._scale()
 
 
+class ResultOBB(_View):
+    """Oriented boxes in the image's pixels, from NMS rows (n, 7) xywh, conf, cls, angle; `data` is Ultralytics'
+    table (n, 7): x, y, w, h, angle (radians), conf, cls."""
+
+    @property
+    def xywhr(self):
+        return self._data[:, :5]
+
+    @property
+    def conf(self):
+        return self._data[:, 5]
+
+    @property
+    def cls(self):
+        return self._data[:, 6]
+
+    @property
+    def xyxyxyxy(self):
+        """(n, 4, 2) the corners."""
+        corners = xywhr_to_corners(_torch(self.xywhr))
+        return corners.numpy() if isinstance(self._data, np.ndarray) else corners
+
+    @property
+    def xyxyxyxyn(self):
+        return self.xyxyxyxy / self._scale()[:2]
+
+    @property
+    def xyxy(self):
+        """(n, 4) each box's axis-aligned bounding box."""
+        c = self.xyxyxyxy
+        return _cat([c.min(1), c.max(1)]) if isinstance(c, np.ndarray) else _cat([c.amin(1), c.amax(1)])
+
+
 class ResultMasks(_View):
     """Instance masks at the original image's size, binary (n, h, w), in the boxes' order; `xy` / `xyn` the outline
     (largest contour) of each, in pixels / normalised, as the segmentation --save-txt lines hold it."""
@@ -249,7 +285,14 @@ class Results:
     @property
     def boxes(self):
         rows = self.record.boxes
-        return None if rows is None else ResultBoxes(rows, self.orig_shape, id=self.id)
+        return None if rows is None or self._field(RotatedBoxes) else ResultBoxes(rows, self.orig_shape, id=self.id)
+
+    @property
+    def obb(self):
+        rows = self.record.boxes
+        if rows is None or not self._field(RotatedBoxes):
+            return None
+        return ResultOBB(_cat([rows[:, :4], rows[:, -1:], rows[:, 4:6]]), self.orig_shape)
 
     @property
     def masks(self):

@@ -42,6 +42,8 @@ def tta_layout(layout, n=len(SCALES)):
     if layout.kpt_shape:
         raise BadOption("--augment: test-time augmentation of keypoint models is not supported (its mirrored pass "
                         "would need the dataset's flip_idx to rename left and right keypoints)")
+    if layout.angle:  # a mirrored pass's angles would need turning back, which its rows do not say how to do
+        raise BadOption("--augment: test-time augmentation of oriented-box (OBB) models is not supported")
     return dataclasses.replace(layout, nm=layout.nm * n, channels_last=True, proto=(1,) if layout.nm else ())
 
 

@@ -63,6 +63,12 @@ def test_val_and_predict_write_dota_rows(obb_run, tmp_path):
     obb_predict.main(obb_predict.parse_opt([
         "--weights", str(best), "--source", str(source), "--img", "64", "--project", str(tmp_path / "pred"),
         "--device", "cpu", "--save-txt", "--conf-thres", "0.001", "--max-det", "5"]))
+    from yolo import YOLO
+
+    r = YOLO(str(best)).predict(str(source), imgsz=64, conf=0.001, max_det=5, device="cpu")[0]
+    # Ultralytics' names: r.obb, and no r.boxes
+    assert r.boxes is None and r.obb.xywhr.shape == (len(r), 5) and r.obb.xyxyxyxy.shape == (len(r), 4, 2)
+    assert r.obb.numpy().xyxy.shape == (len(r), 4) and r.obb[0].cls.shape == (1,)
     lines = [line.split() for f in (tmp_path / "pred" / "exp" / "labels").glob("*.txt")
              for line in f.read_text().splitlines()]
     assert lines and all(len(v) == 9 for v in lines)  # the label format: cls and four corners
@@ -116,6 +122,15 @@ def test_exports_give_the_pt_rotated_boxes(obb_run, tmp_path):
             assert len(runs[suffix][stem]) == len(rows)
             for row in runs[suffix][stem]:
                 assert any(same_box(row, r) for r in rows), (suffix, stem, row)
+
+
+def test_augment_is_refused():
+    from models.tta import tta_layout
+    from models.yolo import OBBModel
+    from utils.errors import BadOption
+
+    with pytest.raises(BadOption, match="oriented-box"):
+        tta_layout(OBBModel("yolov8n-obb.yaml").output_layout)
 
 
 def test_yolo_names_and_script_defaults():
