@@ -108,6 +108,20 @@ def no_leaked_launcher_env():
     assert not leaked, f"test left launcher environment variables changed: {leaked}"
 
 
+_IMPORT = __import__("builtins").__import__
+
+
+@pytest.fixture(autouse=True)
+def builtin_import_restored():
+    """ClearML, once imported, wraps builtins.__import__ for the rest of the process (its import hooks, set up as
+    early as a module fixture): a later test that pickles a payload naming builtins.__import__ then fails to pickle
+    it. After each test the process's own import is back."""
+    import builtins
+
+    yield
+    builtins.__import__ = _IMPORT
+
+
 class LogLines(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
