@@ -151,3 +151,33 @@ def test_yolo_names_and_script_defaults():
     assert obb_val.parse_opt(["--weights", "w.pt"]).run_defaults["data"] == "data/shapes-obb.yaml"
     assert obb_predict.parse_opt([]).weights == "runs/train-obb/exp/weights/best.pt"
     assert yaml_load(find_dataset_yaml(opt.data))["synthetic"]["task"] == "obb"
+
+
+@pytest.mark.slow
+def test_short_run_learns_rotated_boxes(tmp_path):
+    """yolov8n-obb overfitting 8 images (validated on themselves) for 30 epochs of 4 optimizer steps, as the pose and
+    segmentation learning tests (nbs 2, no warmup, no augmentation, AdamW at 0.002, BatchNorm momentum 0.3). Measured:
+    rotated-box mAP50-95 0.0 after the first epoch, 0.32 after the 30th (mAP50 0.58); the angle loss 0.52 -> 0.10."""
+    import csv
+
+    generate_dataset(tmp_path / "data", task="obb", n_train=8, n_val=1, seed=0, min_side=96, max_side=120,
+                     max_objects=3)
+    data = tmp_path / "data.yaml"
+    data.write_text(yaml.safe_dump({"path": str(tmp_path / "data"), "train": "images/train", "val": "images/train",
+                                    "names": dict(enumerate(CLASS_NAMES))}))
+    hyp = yaml.safe_load((ROOT / "data" / "hyps" / "hyp.v8.yaml").read_text())
+    hyp.update(lr0=0.002, nbs=2, warmup_epochs=0.0, mosaic=0.0, translate=0.0, scale=0.0, fliplr=0.0, hsv_h=0.0,
+               hsv_s=0.0, hsv_v=0.0, close_mosaic=0)
+    (tmp_path / "hyp.yaml").write_text(yaml.safe_dump(hyp))
+    cfg = yaml.safe_load((ROOT / "models" / "yolov8-obb.yaml").read_text())
+    cfg.update(scale="n", bn_momentum=0.3)
+    (tmp_path / "yolov8n-obb.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    from obb import train as obb_train
+
+    trainer, _ = obb_train.main(obb_train.parse_opt([
+        "--data", str(data), "--cfg", str(tmp_path / "yolov8n-obb.yaml"), "--hyp", str(tmp_path / "hyp.yaml"),
+        "--img", "96", "--batch-size", "2", "--epochs", "30", "--optimizer", "AdamW", "--workers", "0", "--device",
+        "cpu", "--project", str(tmp_path / "runs"), "--name", "exp"]))
+    rows = [{k.strip(): float(v) for k, v in r.items()} for r in csv.DictReader(open(trainer.save_dir / "results.csv"))]
+    assert rows[-1]["metrics/mAP50-95(B)"] > 0.15
+    assert rows[-1]["train/angle_loss"] < 0.5 * rows[0]["train/angle_loss"]

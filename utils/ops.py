@@ -355,19 +355,22 @@ def non_max_suppression(
         if not x.shape[0]:
             continue
         x = x[x[:, 4].argsort(descending=True)[:max_nms]]
-        offsets = x[:, 5:6] * (0 if agnostic else max_wh)
-        if layout.angle:  # the class offset moves the centre: xywhr boxes of other classes never overlap
-            keep = first_kept(torch.cat((x[:, :2] + offsets, x[:, 2:4], x[:, -1:]), 1), x[:, 4], iou_thres,
-                              max_det, rotated_nms)
-        else:
-            keep = first_kept(x[:, :4] + offsets, x[:, 4], iou_thres, max_det)
-        output[xi] = x[keep]
+        output[xi] = x[_kept(x, x[:, 5:6] * (0 if agnostic else max_wh), iou_thres, max_det, layout.angle)]
         if time_limit is not None and time.time() - t0 > time_limit:
             LOGGER.warning(
                 f"NMS time limit {time_limit:.2f}s exceeded: images after {xi + 1} of {bs} get no detections"
             )
             break  # a safety valve for untrained models that emit thousands of boxes
     return output
+
+
+def _kept(rows, offsets, iou_thres, n, rotated):
+    """The rows NMS keeps (sorted by score): boxes moved by their class's offset so that classes never overlap; an
+    oriented box (`rotated`: xywh, then its angle in the last column) is moved by its centre."""
+    if rotated:
+        boxes = torch.cat((rows[:, :2] + offsets, rows[:, 2:4], rows[:, -1:]), 1)
+        return first_kept(boxes, rows[:, 4], iou_thres, n, rotated_nms)
+    return first_kept(rows[:, :4] + offsets, rows[:, 4], iou_thres, n)
 
 
 def first_kept(boxes, scores, iou_thres, n, nms=None):
