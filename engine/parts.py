@@ -84,6 +84,9 @@ class DataPlan:
     data: dict = dataclasses.field(default_factory=dict)  # train/val paths, names, nc (a task's get_data)
     train_set: Any = None
     train_loader: Any = None
+    # this rank's batches in a whole epoch, counted when the loader is built: the loader's len() is what is left of
+    # the epoch it is set to (a run resumed inside one starts there)
+    batches_per_epoch: int = 0
     validator: Any = None
 
     @property
@@ -93,11 +96,6 @@ class DataPlan:
     @property
     def names(self):
         return self.data.get("names", {})
-
-    @property
-    def batches_per_epoch(self):
-        """This rank's batches in an epoch."""
-        return len(self.train_loader) if self.train_loader is not None else 0
 
 
 @dataclasses.dataclass

@@ -246,6 +246,7 @@ class BaseTrainer:
                 plan.train_set = self.build_dataset(plan.data["train"], "train", stride)
         self.fit_model_to_data()
         plan.train_loader = self._build_train_loader()
+        plan.batches_per_epoch = len(plan.train_loader)
         # every rank validates its share of the val set (engine/validator.py), so every rank has the loader
         plan.validator = self.build_validator()
         plan.validator.profile = self.profile  # its plots are timed apart from validation
