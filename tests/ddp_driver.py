@@ -1,7 +1,7 @@
 """Run a task's training under torchrun with instrumentation the DDP tests read back: each rank writes the hash
 of its final weights, how many checkpoints it saved, how many of its batches had no labels, and its EMA weights.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/ddp_driver.py train|segment|pose|classify <script args>
+    python -m torch.distributed.run --nproc_per_node 2 tests/ddp_driver.py train|segment|pose|obb|classify <script args>
 """
 
 import hashlib
@@ -65,6 +65,10 @@ def main():
         from engine.tasks import TASKS
         trainer_cls = TASKS["pose"].trainer
         from pose import train as script
+    elif task == "obb":
+        from engine.tasks import TASKS
+        from obb import train as script
+        trainer_cls = TASKS["obb"].trainer
     else:
         from classify import train as script
         from engine.tasks import TASKS

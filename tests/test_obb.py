@@ -181,3 +181,42 @@ def test_short_run_learns_rotated_boxes(tmp_path):
     rows = [{k.strip(): float(v) for k, v in r.items()} for r in csv.DictReader(open(trainer.save_dir / "results.csv"))]
     assert rows[-1]["metrics/mAP50-95(B)"] > 0.15
     assert rows[-1]["train/angle_loss"] < 0.5 * rows[0]["train/angle_loss"]
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_torchrun_two_ranks_obb(tmp_path):
+    """2 ranks with gloo: identical weights on both ranks, only rank 0 saves, the angle loss and rotated-box metrics
+    logged; then obb/val.py sharded over 2 ranks gives the single-process metrics."""
+    from obb import val as obb_val
+    from tests.test_ddp import DRIVER, plain_hyp, torchrun
+
+    generate_dataset(tmp_path / "data", task="obb", n_train=8, n_val=4, seed=0, min_side=96, max_side=128)
+    data = tmp_path / "data.yaml"
+    data.write_text(yaml.safe_dump({"path": str(tmp_path / "data"), "train": "images/train", "val": "images/val",
+                                    "names": dict(enumerate(CLASS_NAMES))}))
+    project = tmp_path / "runs"
+    args = ["--data", str(data), "--cfg", "yolov8n-obb.yaml", "--imgsz", "64", "--batch-size", "4", "--epochs", "1",
+            "--workers", "0", "--device", "cpu", "--project", str(project), "--name", "exp",
+            "--hyp", str(plain_hyp(tmp_path, "hyp.v8.yaml")), "--sync-bn"]  # BatchNorm statistics the same on both
+    r = torchrun([str(DRIVER), "obb", *args], ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    exp = project / "exp"
+    hashes = [(exp / f"weights_rank{i}.sha").read_text() for i in range(2)]
+    assert hashes[0] == hashes[1], "ranks ended with different weights"
+    assert [(exp / f"saved_rank{i}.txt").read_text() for i in range(2)] == ["1", "0"]
+    assert {"train/angle_loss", "metrics/mAP50-95(B)"} <= set((exp / "results.csv").read_text().replace(" ", "")
+                                                              .splitlines()[0].split(","))
+    val_args = ["--weights", str(exp / "weights" / "last.pt"), "--data", str(data), "--imgsz", "64", "--batch-size",
+                "1", "--device", "cpu", "--workers", "0", "--conf", "0.0001", "--name", "exp"]
+    r = torchrun(["-m", "tests.val_driver", str(tmp_path), "obb", *val_args, "--project", str(tmp_path / "ddp")],
+                 ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank: kernels then sum in the same order
+    try:
+        single = obb_val.main(obb_val.parse_opt([*val_args, "--project", str(tmp_path / "one")]))
+    finally:
+        torch.set_num_threads(threads)
+    for rank in range(2):
+        assert json.loads((tmp_path / f"stats_rank{rank}.json").read_text()) == json.loads(json.dumps(single))

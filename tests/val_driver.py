@@ -1,6 +1,6 @@
 """Run a val script's own parse_opt/main (under torchrun or alone) and write what main returned, per rank, as JSON:
 
-    python -m torch.distributed.run --nproc_per_node 2 -m tests.val_driver OUT_DIR val|segment|pose|classify <args>
+    python -m torch.distributed.run --nproc_per_node 2 -m tests.val_driver OUT_DIR val|segment|pose|obb|classify <args>
 """
 
 import importlib
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from utils.dist import get_rank
 
-SCRIPTS = {"val": "val", "segment": "segment.val", "pose": "pose.val", "classify": "classify.val"}
+SCRIPTS = {"val": "val", "segment": "segment.val", "pose": "pose.val", "obb": "obb.val", "classify": "classify.val"}
 
 
 def main():
