@@ -117,6 +117,7 @@ def test_the_default_hyp_file_follows_the_model_family(name):
                                    f"criterion of its {head.__name__} head, {loss.__name__}")
     expected = {"v5": "hyp.scratch-low.yaml", "v5seg": "hyp.scratch-low.yaml", "ota": "hyp.v7.yaml",
                 "aux_ota": "hyp.v7-p6.yaml", "v8": "hyp.v8.yaml", "v8seg": "hyp.v8.yaml", "v8pose": "hyp.v8.yaml",
+                "v8obb": "hyp.v8.yaml",
                 "cls": "hyp.cls.yaml"}
     assert family == expected[head.default_loss]
 
