@@ -74,6 +74,7 @@ class Task:
 
     @property
     def accepts(self):
+        """The tasks of the models its val and predict scripts take (a head's `task`)."""
         return self.reads or (self.name,)
 
     # each a class made once per record: the trainer's run(), evolve() and the val scripts take classes
