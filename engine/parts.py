@@ -19,10 +19,12 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from data.loader import build_dataloader, dropped_batch_warning
 from engine.resume import run_dir
 from engine.run_lock import RunLock, busy
 from utils import dist as du
 from utils.errors import BadOption
+from utils.log import LOGGER
 from utils.torch_utils import amp_settings, to_float32
 
 
@@ -88,6 +90,17 @@ class DataPlan:
     # the epoch it is set to (a run resumed inside one starts there)
     batches_per_epoch: int = 0
     validator: Any = None
+
+    def build_train_loader(self, opt, run, sampler=None):
+        """The training loader of this rank's share, `sampler` a task's own (--image-weights) or None for the
+        default shuffle; a last batch of one image is left out (BatchNorm cannot train on it), with a warning."""
+        self.train_loader = build_dataloader(
+            self.train_set, self.batch_size, opt.loader_workers, shuffle=True, rank=run.rank,
+            world_size=run.world_size, seed=opt.seed, sampler=sampler, drop_single=True,
+        )
+        self.batches_per_epoch = len(self.train_loader)
+        if self.train_loader.drop_last and run.is_main:
+            LOGGER.warning(dropped_batch_warning(self.train_loader, self.batch_size))
 
     @property
     def nc(self):

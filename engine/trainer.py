@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from data.augment import apply_hsv_batch, multi_scale
 from data.labels import problems_listed_on_failure, write_problems
-from data.loader import build_dataloader, default_workers, dropped_batch_warning, set_loader_epoch
+from data.loader import default_workers, set_loader_epoch
 from engine.callbacks import Callbacks, Event
 from engine.checkpointer import AGREE_EVERY, Checkpointer, EMAWeights, LoopState, Weights, sigterm_deferred
 from engine.hyp import read_hyp, run_hyp
@@ -245,8 +245,7 @@ class BaseTrainer:
             with du.torch_distributed_zero_first(run.local_rank):
                 plan.train_set = self.build_dataset(plan.data["train"], "train", stride)
         self.fit_model_to_data()
-        plan.train_loader = self._build_train_loader()
-        plan.batches_per_epoch = len(plan.train_loader)
+        plan.build_train_loader(self.opt, run, self.train_sampler())
         # every rank validates its share of the val set (engine/validator.py), so every rank has the loader
         plan.validator = self.build_validator()
         plan.validator.profile = self.profile  # its plots are timed apart from validation
@@ -480,16 +479,6 @@ class BaseTrainer:
             batch["img"] = multi_scale(batch["img"], self.opt.train_imgsz, int(self.optim.model.stride.max()),
                                        f"{self.opt.seed}-{step}")
         return batch
-
-    def _build_train_loader(self):
-        run, batch_size = self.run, self.data_plan.batch_size
-        loader = build_dataloader(
-            self.data_plan.train_set, batch_size, self.opt.loader_workers, shuffle=True, rank=run.rank,
-            world_size=run.world_size, seed=self.opt.seed, sampler=self.train_sampler(), drop_single=True,
-        )
-        if loader.drop_last and run.is_main:
-            LOGGER.warning(dropped_batch_warning(loader, batch_size))
-        return loader
 
     def end_epoch(self, epoch):
         """Every rank validates its share; rank 0 logs and saves while the others wait at the barrier. Returns the
