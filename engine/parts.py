@@ -28,9 +28,10 @@ from utils.log import LOGGER
 from utils.torch_utils import amp_settings, to_float32
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunContext:
-    """This process's run: fixed once the trainer is made (engine/trainer.BaseTrainer.__init__)."""
+    """This process's run, fixed once the trainer is made (engine/trainer.BaseTrainer.__init__): every rank agrees
+    on it before any work, so nothing may change it later."""
 
     save_dir: Path  # the run folder, agreed on by every rank
     device: torch.device
