@@ -9,6 +9,7 @@ import contextlib
 import multiprocessing
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -266,7 +267,19 @@ def _forked_pool(workers):
     None where forking is not how processes start here or this process may not have children (a loader worker)."""
     if workers < 2 or sys.platform != "linux" or multiprocessing.current_process().daemon:
         return None
-    return multiprocessing.get_context("fork").Pool(workers, initializer=cv2.setNumThreads, initargs=(0,))
+    return multiprocessing.get_context("fork").Pool(workers, initializer=_scanner_start)
+
+
+def _scanner_start():
+    """A forked scanning process: OpenCV at one thread, and the signals as a plain process has them. It would
+    otherwise keep the training's handlers (engine/interrupt.py): the pool's terminate() sends SIGTERM, which the
+    inherited handler turned into an exception inside the worker's read of the task queue, and a worker that died
+    holding that queue's lock left its siblings, and the training waiting on them, blocked for ever (one fresh scan
+    in six hung). Ctrl-C is the parent's to handle: it stops the pool."""
+    cv2.setNumThreads(0)
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _records(im_files, label_files, nc, workers, fmt, source, names, desc):

@@ -1,4 +1,5 @@
 import os
+import signal
 
 import cv2
 import numpy as np
@@ -124,3 +125,28 @@ def test_image_listing_rules(det_copy, tmp_path):
         scan_files(str(tmp_path / "nowhere"))
     ds = YOLODataset(str(lst), imgsz=96, nc=3)
     assert len(ds) == 2 and (det_copy / "train.yolo-engine.cache").is_file()
+
+
+def _signal_dispositions(_):
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def test_the_scanning_processes_do_not_keep_the_trainings_signal_handlers():
+    """The label scan forks its pool after the training has set its SIGTERM and Ctrl-C handlers (engine/interrupt.py).
+    Inherited, the SIGTERM one turned the pool's terminate() into an exception inside a worker's read of the task
+    queue; one fresh scan in six then hung for ever. The workers die on SIGTERM and leave Ctrl-C to the parent."""
+    from data.labels import _forked_pool
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for s in handlers:
+            signal.signal(s, lambda *_: None)
+        pool = _forked_pool(2)
+        try:
+            assert pool.map(_signal_dispositions, range(4)) == [(True, True)] * 4
+        finally:
+            pool.terminate()
+            pool.join()
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
