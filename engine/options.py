@@ -374,7 +374,7 @@ class DetectPredictOptions(PredictOptions):
     """detect.py and segment/predict.py: NMS and test-time augmentation."""
 
     conf_thres: float = _cli("--conf-thres", default=0.25, text="confidence threshold")
-    # None: the family's (utils/results.nms_iou), so a checkpoint gives the boxes its own tool's predict gives
+    # None: the family's (evaluation/results.nms_iou), so a checkpoint gives the boxes its own tool's predict gives
     iou_thres: Optional[float] = _cli("--iou-thres", default=None,
                                       text="NMS IoU threshold (default: 0.7 for anchor-free models, YOLOv8, YOLO11 and "
                                            "YOLOv5u, as Ultralytics; 0.45 for YOLOv5 and YOLOv7, as yolov5)")

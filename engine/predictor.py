@@ -142,11 +142,11 @@ class BasePredictor:
         return first.summary(image, self.names)
 
     def __call__(self):
-        """Every image's record (`utils/fields.Predictions`, original-image pixels), in the source's order."""
+        """Every image's record (`evaluation/fields.Predictions`, original-image pixels), in the source's order."""
         return [r.record for r in self.stream(keep_original=False)]
 
     def stream(self, keep_original=True):
-        """Yields each image's or frame's `utils/results.Results` as soon as it is predicted, drawn, written and
+        """Yields each image's or frame's `evaluation/results.Results` as soon as it is predicted, drawn, written and
         saved as the options say; nothing is kept between frames, so a long video takes the memory of one. With
         `keep_original` a Results' `orig_img` is the image as read, else the drawn one (no copy)."""
         dataset, dt, n = self.dataset, [0.0, 0.0, 0.0], 0

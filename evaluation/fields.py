@@ -367,8 +367,8 @@ class Masks(Field):
 
 class Keypoints(Field):
     """K keypoints of ndim values (x, y in pixels, a visibility probability with ndim 3): the rows' last K x ndim
-    columns; matched by OKS (utils/metrics.keypoint_oks) in original-image pixels, with the label's box area x 0.53 as
-    its scale, as the official validator."""
+    columns; matched by OKS (evaluation/metrics.keypoint_oks) in original-image pixels, with the label's box area
+    x 0.53 as its scale, as the official validator."""
 
     key, metric, suffix, title, curve, iou_type = "tp_p", "pose", "P", "Pose", "Pose", "keypoints"
 

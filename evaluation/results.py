@@ -1,5 +1,5 @@
 """`Results`: one image's predictions as Ultralytics' users read them (`r.boxes.xyxy`, `r.masks.xy`, `r.probs.top1`,
-`r.plot()`, `r.save_txt()`, `r.to_json()`), over the record the predictors make (`utils/fields.Predictions`, in
+`r.plot()`, `r.save_txt()`, `r.to_json()`), over the record the predictors make (`evaluation/fields.Predictions`, in
 original-image pixels) and the task's fields, which draw it and write its --save-txt lines: no second box format.
 
     for r in YOLO("best.pt").predict("data/images", stream=True):

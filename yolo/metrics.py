@@ -1,11 +1,11 @@
 """`ValMetrics`: what `YOLO.val()` and `YOLO.train()` return, as Ultralytics' users read it (`metrics.box.map`,
 `metrics.seg.map50`, `metrics.pose.maps`, `metrics.top1`, `metrics.results_dict`, `metrics.speed`), over the
-validator's own metrics (utils/metrics.DetMetrics' parts, ClassifyMetrics). It is also the results dict the val
+validator's own metrics (evaluation/metrics.DetMetrics' parts, ClassifyMetrics). It is also the results dict the val
 scripts return (results.csv's names: `metrics/mAP50-95(B)`, ...), so code that read that dict keeps working."""
 
 import numpy as np
 
-MAP75 = 5  # the column of IoU 0.75 among the ten thresholds 0.50:0.05:0.95 (utils/metrics.IOU_THRESHOLDS)
+MAP75 = 5  # the column of IoU 0.75 among the ten thresholds 0.50:0.05:0.95 (evaluation/metrics.IOU_THRESHOLDS)
 
 
 class PartMetrics:

@@ -213,7 +213,7 @@ class BoxValidator(BaseValidator):
         return ("%22s" + "%11s" * (2 + len(columns))) % ("Class", "Images", "Instances", *columns)
 
     def postprocess(self, preds, batch):
-        """One record per image (utils/fields.Predictions): its NMS rows (n, 6 + nm + nk), xyxy input pixels, conf,
+        """One record per image (evaluation/fields.Predictions): its NMS rows (n, 6 + nm + nk), xyxy input pixels, conf,
         cls and the columns after the class scores; and its prototypes where the model has them."""
         det, protos = self.layout.split(preds)
         boxes = ops.non_max_suppression(

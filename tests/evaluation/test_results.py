@@ -1,6 +1,7 @@
-"""utils/results.Results: what Ultralytics' users read of a prediction. The geometry is checked against hand-computed
-values, and against Ultralytics 8.4's own Results of the same boxes (tests/models/fixtures/make_predict_defaults.py:
-its xywh, xyxyn, xywhn, summary() and save_txt lines for an Ultralytics-trained checkpoint on a COCO128 photo)."""
+"""evaluation/results.Results: what Ultralytics' users read of a prediction. The geometry is checked against
+hand-computed values, and against Ultralytics 8.4's own Results of the same boxes
+(tests/models/fixtures/make_predict_defaults.py: its xywh, xyxyn, xywhn, summary() and save_txt lines for an
+Ultralytics-trained checkpoint on a COCO128 photo)."""
 
 import builtins
 import json
