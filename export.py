@@ -13,7 +13,7 @@ Usage:
 
 from engine.options import ExportOptions
 from utils.cli import export_parser
-from utils.errors import run_cli
+from utils.run import run_cli
 
 
 def parse_opt(argv=None):

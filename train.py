@@ -21,7 +21,7 @@ from functools import partial
 
 from engine.options import DetectTrainOptions
 from utils.cli import options_from_kwargs, train_parser
-from utils.errors import run_cli
+from utils.run import run_cli
 
 
 def parse_opt(argv=None):

@@ -10,7 +10,7 @@ Usage:
 
 from engine.options import TrainOptions
 from utils.cli import DATA_HELP, options_from_kwargs, train_parser
-from utils.errors import run_cli
+from utils.run import run_cli
 
 
 def parse_opt(argv=None):

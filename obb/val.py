@@ -9,7 +9,7 @@ Usage:
 
 from engine.options import ValOptions
 from utils.cli import val_parser
-from utils.errors import run_cli
+from utils.run import run_cli
 
 
 def parse_opt(argv=None):

@@ -7,7 +7,7 @@ Usage:
 
 from engine.options import PosePredictOptions
 from utils.cli import inherited, predict_parser
-from utils.errors import run_cli
+from utils.run import run_cli
 
 
 def parse_opt(argv=None):

@@ -29,7 +29,7 @@ from engine.tasks import TASKS  # noqa: E402
 from engine.trainer import run  # noqa: E402
 from tests.probes import probing  # noqa: E402
 from utils import dist as du  # noqa: E402
-from utils.errors import run_cli  # noqa: E402
+from utils.run import run_cli  # noqa: E402
 
 DetectionTrainer = TASKS["detect"].trainer
 

@@ -24,8 +24,8 @@ from models.checkpoints import model_to_ckpt
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from tests.conftest import LogLines
 from utils.budget import MAX_IMGSZ
-from utils.errors import run_cli
 from utils.files import ROOT
+from utils.run import run_cli
 
 NAMES = {0: "circle", 1: "rectangle", 2: "triangle"}
 

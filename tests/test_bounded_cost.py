@@ -27,8 +27,8 @@ from models.checkpoints import model_to_ckpt, save_checkpoint
 from models.yolo import DetectionModel, yaml_model_load
 from tests.capped import refused_once, run_capped
 from utils.budget import MAX_IMGSZ, MAX_STREAM_PIXELS, MAX_STREAMS
-from utils.errors import run_cli
 from utils.files import ROOT
+from utils.run import run_cli
 
 
 def cli(argv, capsys):

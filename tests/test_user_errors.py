@@ -16,8 +16,8 @@ import yaml
 from models.checkpoints import model_to_ckpt
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from tests.ddp_utils import free_port
-from utils.errors import run_cli
 from utils.files import ROOT
+from utils.run import run_cli
 
 NAMES = ["circle", "rectangle", "triangle"]
 
@@ -177,7 +177,7 @@ def test_more_user_errors(world, name, capsys):
 
 def test_a_bug_keeps_its_traceback(tmp_path):
     script = tmp_path / "bug.py"
-    script.write_text("from utils.errors import run_cli\n\n\ndef main(opt):\n    return {}[opt]\n\n\n"
+    script.write_text("from utils.run import run_cli\n\n\ndef main(opt):\n    return {}[opt]\n\n\n"
                       "run_cli(main, lambda: 'key')\n")
     p, _ = _run([str(script)], tmp_path, timeout=60)
     assert p.returncode == 1 and "Traceback" in p.stderr and "KeyError" in p.stderr and "error: " not in p.stderr
@@ -193,7 +193,7 @@ def test_a_bug_keeps_its_traceback(tmp_path):
 ])
 def test_running_out_of_memory_is_one_line(tmp_path, raise_it, what):
     script = tmp_path / "oom.py"
-    script.write_text(f"from utils.errors import run_cli\n\n\ndef main(opt):\n    {raise_it}\n\n\n"
+    script.write_text(f"from utils.run import run_cli\n\n\ndef main(opt):\n    {raise_it}\n\n\n"
                       "run_cli(main, lambda: None)\n")
     p, _ = _run([str(script)], tmp_path, timeout=60)
     errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]

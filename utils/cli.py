@@ -210,7 +210,7 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         """argparse's own complaints (an unknown option, `--epochs ten`) end as every user error does: one
-        `error:` line and exit status 2 (utils/errors.run_cli), not a usage dump."""
+        `error:` line and exit status 2 (utils/run.run_cli), not a usage dump."""
         unknown = re.match(r"unrecognized arguments: (\S+)", message)
         hint = ""
         if unknown and unknown.group(1).startswith("--"):

@@ -273,7 +273,7 @@ def cleanup_ddp():
 @contextlib.contextmanager
 def session(device):
     """A script's time in the process group: joined on entry (`setup_ddp`; nothing under one process), left when the
-    block ends cleanly. After an exception the group is left as it is: the process exits next (utils/errors.run_cli
+    block ends cleanly. After an exception the group is left as it is: the process exits next (utils/run.run_cli
     gives the peers a bounded grace, then os._exit), and rank 0 tearing the group down, whose store it hosts, while a
     peer still reports its own error would turn that peer's exit into a failure."""
     setup_ddp(device)

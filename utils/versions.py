@@ -2,7 +2,7 @@
 against one torch release and one CUDA (or CPU) build of it. pip checks only the version numbers, and a CPU torch
 beside a CUDA torchvision of the same release (what pip installs when the CPU index cannot be reached) passes that
 check, imports, and fails at the first NMS, an epoch into training, with `operator torchvision::nms does not exist`.
-`check_torch_pair` finds that at the start of every script (utils/errors.run_cli) and says which command fixes it.
+`check_torch_pair` finds that at the start of every script (utils/run.run_cli) and says which command fixes it.
 """
 
 import importlib.machinery

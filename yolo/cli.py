@@ -18,7 +18,8 @@ After a run, what to run next is said as `yolo` lines. torchrun launches the scr
 import logging
 import sys
 
-from utils.errors import BadOption, run_cli
+from utils.errors import BadOption
+from utils.run import run_cli
 from yolo.scripts import MODES, TASKS, check_model, check_words, load_script, model_task, track_words
 
 USAGE = "yolo [TASK] MODE [key=value ...] [--flag value ...]\n\n" + __doc__.split("\n\n", 1)[1]

@@ -22,8 +22,9 @@ from engine.hyp import (
 )
 from losses import V5DetectionLoss
 from models.yolo import DetectionModel, head_class, yaml_model_load
-from utils.errors import BadModelYaml, BadOption, run_cli
+from utils.errors import BadModelYaml, BadOption
 from utils.files import ROOT
+from utils.run import run_cli
 
 
 def cli(argv, capsys):

@@ -20,7 +20,7 @@ import os, sys
 import train
 from tests.engine.test_trackers import SMALL
 from utils.cli import options_from_kwargs
-from utils.errors import run_cli
+from utils.run import run_cli
 calls = []
 def kill(event):
     calls.append(1)

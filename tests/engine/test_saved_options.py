@@ -15,7 +15,8 @@ from engine.tasks import TASKS
 from engine.trainer import run
 from models.checkpoints import releases
 from tests.probes import probing
-from utils.errors import BadCheckpoint, run_cli
+from utils.errors import BadCheckpoint
+from utils.run import run_cli
 
 DetectionTrainer = TASKS["detect"].trainer
 

@@ -30,8 +30,9 @@ from models.backend import InferenceBackend
 from models.checkpoints import UnsafeCheckpoint, attempt_load, load_checkpoint, model_to_ckpt
 from models.untrusted import TORCHSCRIPT_OPS, UnsafeTorchScript, check_torchscript
 from models.yolo import ClassificationModel, DetectionModel, OBBModel, PoseModel, SegmentationModel
-from utils.errors import BadCheckpoint, BadFile, UserError, run_cli
+from utils.errors import BadCheckpoint, BadFile, UserError
 from utils.files import ROOT
+from utils.run import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,7 @@ def test_openmp_threads_spin_a_bounded_while_unless_told_before_torch_is_importe
     a training step (issue 57). What the user set is kept; a wait policy of theirs is theirs alone."""
     keys = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
     probe = ("import os, sys\n"
-             "from utils.errors import run_cli\n"
+             "from utils.run import run_cli\n"
              f"run_cli(lambda seen: print(seen), lambda: ('torch' in sys.modules, *map(os.environ.get, {keys})))\n")
     env = {**{k: v for k, v in os.environ.items() if k not in keys}, **given}
     r = subprocess.run(["timeout", "300", sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import utils.errors
 import utils.heap
+import utils.run
 from utils.heap import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,8 +58,8 @@ def test_a_users_own_malloc_settings_stand(env):
 @glibc
 def test_every_script_keeps_freed_memory(monkeypatch):
     calls = []
-    monkeypatch.setattr(utils.errors, "keep_freed_memory", lambda: calls.append(1))
-    assert utils.errors.run_cli(lambda opt: opt, lambda: "parsed") == "parsed"
+    monkeypatch.setattr(utils.run, "keep_freed_memory", lambda: calls.append(1))
+    assert utils.run.run_cli(lambda opt: opt, lambda: "parsed") == "parsed"
     assert calls == [1]
 
 
