@@ -96,8 +96,9 @@ class YOLO:
         return self
 
     def add_callback(self, event, fn):
-        """`fn(trainer)` runs at `event` (engine/callbacks.EVENTS) of the next `train`; a misspelled event is
-        refused here."""
+        """`fn(event)` runs at `event` (engine/callbacks.EVENTS) of the next `train`, given an engine/callbacks.Event
+        (the names Ultralytics' callbacks read on their trainer: `epoch`, `metrics`, `save_dir`, `best`, `last`); a
+        misspelled event is refused here."""
         from engine.callbacks import EVENTS
         from utils.cli import did_you_mean
         from utils.errors import BadOption
