@@ -49,10 +49,17 @@ def _to_bgr(im, i=0):
     return name, np.ascontiguousarray(im[..., ::-1]).astype(np.uint8)
 
 
+def _cat_columns(xyxy, conf, cls):
+    """(n, 6) rows of upright boxes, confidences and classes, as a tensor or an array as the boxes are."""
+    if isinstance(xyxy, torch.Tensor):
+        return torch.cat([xyxy, conf[:, None], cls[:, None]], 1)
+    return np.concatenate([xyxy, conf[:, None], cls[:, None]], 1)
+
+
 class ResultsList(list):
     """One `evaluation.results.Results` per image, in the call's order, as Ultralytics' `predict` returns them; also
     what torch.hub's YOLOv5 models give: `files`, `xyxy` (per image (n, 6): x1, y1, x2, y2, conf, class), `masks`,
-    `keypoints` or `probs`, and `tolist()`."""
+    `keypoints`, `obb` or `probs`, and `tolist()`."""
 
     def __init__(self, results, names):
         super().__init__(results)
@@ -64,7 +71,12 @@ class ResultsList(list):
 
     @property
     def xyxy(self):
-        return [r.boxes.data for r in self]
+        """Per image (n, 6); an oriented-box model's rows are each box's upright bounds (yolov5 has no such model)."""
+        return [r.boxes.data if r.obb is None else _cat_columns(r.obb.xyxy, r.obb.conf, r.obb.cls) for r in self]
+
+    @property
+    def obb(self):
+        return [r.obb.data for r in self] if self and self[0].obb is not None else None
 
     @property
     def masks(self):
@@ -86,6 +98,10 @@ class ResultsList(list):
         for r in self:
             if r.probs is not None:
                 out.append([{"class": c, "name": self.names[c], "conf": float(r.probs.data[c])} for c in r.probs.top5])
+                continue
+            if r.obb is not None:  # Ultralytics' table: x, y, w, h, angle (radians), conf, cls
+                out.append([{"xywhr": d[:5].tolist(), "corners": c.tolist(), "conf": float(d[5]), "class": int(d[6]),
+                             "name": self.names[int(d[6])]} for d, c in zip(r.obb.data, r.obb.xyxyxyxy)])
                 continue
             rows = [{"box": d[:4].tolist(), "conf": float(d[4]), "class": int(d[5]), "name": self.names[int(d[5])]}
                     for d in r.boxes.data]

@@ -10,7 +10,7 @@ import detect
 import hubconf
 from evaluation.results import Results
 from models.checkpoints import model_to_ckpt
-from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
+from models.yolo import ClassificationModel, DetectionModel, OBBModel, SegmentationModel
 from utils.files import ROOT
 
 IMAGE = ROOT / "data" / "images" / "shapes1.jpg"
@@ -70,6 +70,23 @@ def test_segment_and_classify_checkpoints(tmp_path):
                    device="cpu")
     top = cls(str(IMAGE), size=64).tolist()[0]
     assert [r["name"] for r in top] and abs(sum(r["conf"] for r in top) - 1) < 1e-4  # 3 classes: all of them
+
+
+def test_an_oriented_box_checkpoint_gives_its_boxes_through_the_hub(tmp_path):
+    """An OBB model's results have `obb` and no `boxes`: `xyxy` gives each rotated box's upright bounds with its
+    confidence and class, `obb` Ultralytics' (n, 7) table, `tolist()` the rotated box and its corners."""
+    model = hub_load("custom", path=str(checkpoint(tmp_path, OBBModel("yolov8n-obb.yaml", nc=3))), device="cpu")
+    model.conf = CONF
+    res = model(str(IMAGE), size=96)
+    (xyxy,), (table,), (rows,) = res.xyxy, res.obb, res.tolist()
+    assert len(table) > 0 and res[0].boxes is None and table.shape[1] == 7
+    corners = res[0].obb.xyxyxyxy
+    torch.testing.assert_close(xyxy[:, :2], corners.min(1).values)
+    torch.testing.assert_close(xyxy[:, 2:4], corners.max(1).values)
+    assert torch.equal(xyxy[:, 4:], table[:, 5:])
+    assert [r["xywhr"] for r in rows] == table[:, :5].tolist()
+    assert [r["class"] for r in rows] == table[:, 6].int().tolist()
+    assert rows[0]["name"] == NAMES[rows[0]["class"]] and len(rows[0]["corners"]) == 4
 
 
 def test_named_entry_points_build_offline():
