@@ -24,6 +24,7 @@ from engine.export_targets import (
 )
 from engine.inherit import run_values
 from engine.options import ExportOptions
+from engine.tasks import TASKS
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
 from models.checkpoints import load_model
 from models.registry import use_modules
@@ -108,7 +109,8 @@ class Exporter:
         LOGGER.info(f"Exporting {opt.weights} with input {tuple(im.shape)} and {len(flat)} outputs "
                     f"{[tuple(y.shape) for y in flat]}")
         wrapper = ExportWrapper(model).eval()
-        calib = calibration_images(opt.data, meta["task"], imgsz, opt.calib_images) if opt.int8 else None
+        inputs = TASKS[meta["task"]].inputs  # how the task's predictor prepares its images
+        calib = calibration_images(opt.data, inputs, imgsz, opt.calib_images) if opt.int8 else None
         files = []
         for fmt in dict.fromkeys(opt.include):  # each format once, in the order given
             f = Path(opt.weights).with_suffix(f".{fmt}")

@@ -2,8 +2,9 @@
 
 A record says what differs between tasks as data: the model class, the fields a prediction holds
 (evaluation/fields.py), the label format the datasets read (data/label_formats.py), the dataset check, the options
-classes (engine/options.py), the default run folders and the scripts. One trainer, validator and predictor per family
-read it (engine/tasks/boxes.py for the box tasks, classify.py for classification); `Task.trainer`, `.validator` and
+classes (engine/options.py), the default run folders, the scripts and how its images reach the model (which INT8
+calibration follows: engine/calibration.py). One trainer, validator and predictor per family read it
+(engine/tasks/boxes.py for the box tasks, classify.py for classification); `Task.trainer`, `.validator` and
 `.predictor` are those classes bound to the record, which the scripts and the trainer use. No task's class subclasses
 another task's.
 
@@ -16,6 +17,7 @@ from functools import cached_property
 from typing import Callable
 
 from data.label_formats import DetectLabels, OBBLabels, PoseLabels, SegmentLabels
+from engine.calibration import CENTRE_CROPPED, LETTERBOXED, POSE_LETTERBOXED, Inputs
 from engine.messages import SCRIPTS
 from engine.options import (
     DetectPredictOptions,
@@ -66,6 +68,7 @@ class Task:
     model_kwargs: Callable = _no_extras  # (data) -> what the model class takes from the dataset besides nc
     val_extras: Callable = _no_extras  # (train options, data) -> the val options' task fields in training
     skeleton: Callable = _none  # (predict options, layout) -> the keypoint pairs drawn, or None
+    inputs: Inputs = LETTERBOXED  # how its images reach the model: INT8 calibration follows it (engine/calibration)
 
     @property
     def scripts(self):
@@ -130,6 +133,7 @@ POSE = Task(
     model_kwargs=lambda data: {"kpt_shape": data["kpt_shape"]},
     val_extras=lambda options, data: {"single_cls": options.single_cls, "kpt_shape": tuple(data["kpt_shape"])},
     skeleton=lambda options, layout: pose_skeleton_of(options.data, layout.kpt_shape[0]),
+    inputs=POSE_LETTERBOXED,
 )
 
 OBB = Task(
@@ -147,6 +151,7 @@ CLASSIFY = Task(
     data=cls_data, train=TrainOptions, val=ValOptions, predict=PredictOptions,
     projects={"train": "runs/train-cls", "val": "runs/val-cls", "predict": "runs/predict-cls"},
     engine=(ClassificationTrainer, ClassificationValidator, ClassificationPredictor),
+    inputs=CENTRE_CROPPED,
 )
 
 TASKS = {t.name: t for t in (DETECT, SEGMENT, POSE, OBB, CLASSIFY)}

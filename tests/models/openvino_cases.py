@@ -16,9 +16,10 @@ import pytest
 import torch
 from models_testutil import NAMES, assert_close_per_channel, save_checkpoint
 
-from engine.calibration import CalibrationError, prepare, spread
+from engine.calibration import CalibrationError, letterboxed, spread
 from engine.export_targets import check_engine_onnx
 from engine.exporter import Exporter
+from engine.tasks import TASKS
 from models.backend import InferenceBackend, flatten_outputs
 from models.checkpoints import attempt_load
 from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
@@ -88,8 +89,8 @@ def test_openvino_int8_calibrates_on_the_training_images(calib_data, tmp_path, c
     fq_layers = re.findall(r'<layer id="\d+" name="([^"]+)" type="FakeQuantize"', xml)
     assert len(fq_layers) > 20 and not any(re.search(r"model\.22/aten::(mul|sub|add|div)", n) for n in fq_layers)
     assert (int8 / "model.bin").stat().st_size < 0.4 * (fp32 / "model.bin").stat().st_size
-    x = torch.from_numpy(prepare(cv2.imread(str(next((calib_data.parent / "images" / "val").iterdir()))), (64, 64),
-                                 "detect"))[None]
+    x = torch.from_numpy(letterboxed(cv2.imread(str(next((calib_data.parent / "images" / "val").iterdir()))),
+                                     (64, 64)))[None]
     a, b = InferenceBackend(fp32)(x)[0], InferenceBackend(int8)(x)[0]
     boxes = a[:, :4]
     assert (b[:, :4] - boxes).abs().mean() < 0.05 * boxes.abs().mean()
@@ -112,10 +113,15 @@ def test_calibration_images_are_spread_and_prepared_as_the_predictor_sees_them()
     assert spread(list(range(10)), 4) == [0, 3, 6, 9] and spread([1, 2], 5) == [1, 2]
     im = np.full((50, 100, 3), 255, np.uint8)
     im[:, :, 0] = 0  # BGR: no blue
-    x = prepare(im, (64, 64), "detect")
-    assert x.shape == (3, 64, 64) and x.dtype == np.float32
-    assert x[2, 32, 32] == 0 and x[0, 32, 32] == 1  # RGB: blue is the last plane
-    assert abs(x[0, 0, 32] - 114 / 255) < 1e-6  # letterbox padding above the 64 x 32 picture
+    for task in ("detect", "segment", "pose", "obb"):
+        x = TASKS[task].inputs.prepare(im, (64, 64))
+        assert x.shape == (3, 64, 64) and x.dtype == np.float32
+        assert x[2, 32, 32] == 0 and x[0, 32, 32] == 1  # RGB: blue is the last plane
+        assert abs(x[0, 0, 32] - 114 / 255) < 1e-6  # letterbox padding above the 64 x 32 picture
+    im[:, :50, 1] = 0  # the left half blue-free and green-free: red; the right half yellow
+    x = TASKS["classify"].inputs.prepare(im, (64, 96))  # shorter side to 64, the centre square: no padding
+    assert x.shape == (3, 64, 64) and x.dtype == np.float32 and x.min() == 0 and x[0].min() == 1
+    assert x[1, 32, 0] == 0 and x[1, 32, 63] == 1  # the centre of the 128 x 64 resize: red left, yellow right
 
 
 def test_openvino_folder_problems_are_one_line(tmp_path, monkeypatch):
