@@ -12,15 +12,13 @@ import torch
 from utils import dist as du
 from utils.errors import BadOption
 from utils.files import ROOT
+from utils.tasks import TASKS
 from utils.torch_utils import precision_text
 
-SCRIPTS = {  # where each task's scripts are, so that a model given to the wrong script is sent to the right one
-    "detect": {"train": "train.py", "val": "val.py", "predict": "detect.py"},
-    "segment": {"train": "segment/train.py", "val": "segment/val.py", "predict": "segment/predict.py"},
-    "pose": {"train": "pose/train.py", "val": "pose/val.py", "predict": "pose/predict.py"},
-    "obb": {"train": "obb/train.py", "val": "obb/val.py", "predict": "obb/predict.py"},
-    "classify": {"train": "classify/train.py", "val": "classify/val.py", "predict": "classify/predict.py"},
-}
+# where each task's scripts are, so that a model given to the wrong script is sent to the right one: detection's at the
+# root (detect.py predicts), every other task's in a folder of its name (obb/train.py), so a new task adds no line here
+SCRIPTS = {t: {"train": "train.py", "val": "val.py", "predict": "detect.py"} if t == "detect" else
+           {role: f"{t}/{role}.py" for role in ("train", "val", "predict")} for t in TASKS}
 
 
 def check_task(task, accepted, what, role):

@@ -11,6 +11,10 @@ hold similar numbers of targets, as in the official repos; so are pose's keypoin
 positives, as official) and oriented boxes' angle term. Classification returns sum of CE / 64, exact under DDP.
 """
 
+import importlib
+import pkgutil
+
+# re-exported for callers; the registry below finds every criterion whether or not it is named here
 from losses.cls import ClassificationLoss
 from losses.obb import V8OBBLoss
 from losses.seg import V5SegmentationLoss, V8SegmentationLoss
@@ -22,24 +26,31 @@ from losses.v8pose import V8PoseLoss
 from utils.dist import de_parallel
 from utils.errors import BadOption
 
-REGISTRY = {
-    "v5": V5DetectionLoss,
-    "ota": OTADetectionLoss,
-    "aux_ota": AuxOTADetectionLoss,
-    "v8": V8DetectionLoss,
-    "v5seg": V5SegmentationLoss,
-    "v8seg": V8SegmentationLoss,
-    "v8pose": V8PoseLoss,
-    "v8obb": V8OBBLoss,
-    "cls": ClassificationLoss,
-}
+
+def _criteria():
+    """{name: class} of every class a module of this package defines with a `name` of its own: a new criterion's
+    module is found here, so no list of criteria is kept by hand (tests/utils/loss/test_loss_build.py checks that
+    every class with `loss_names` declares one). Sorted by name: the order messages list them in."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for cls in vars(module).values():
+            if isinstance(cls, type) and cls.__module__ == module.__name__ and "name" in vars(cls) \
+                    and hasattr(cls, "loss_names"):
+                if cls.name in found:
+                    raise TypeError(f"criteria {found[cls.name].__qualname__} and {cls.__qualname__} share the name "
+                                    f"{cls.name!r}")
+                found[cls.name] = cls
+    return dict(sorted(found.items()))
 
 
-# the heads (by their `default_loss`) each criterion can train: the anchor-based detection losses stand in for each
-# other (`loss: v5` trains a YOLOv7 model); any other pairing reads outputs the head does not make (a v5 or OTA loss
-# would read IAuxDetect's auxiliary maps as more levels)
-FITS = {"v5": {"v5", "ota"}, "ota": {"v5", "ota"}, "aux_ota": {"aux_ota"}, "v8": {"v8"}, "v5seg": {"v5seg"},
-        "v8seg": {"v8seg"}, "v8pose": {"v8pose"}, "v8obb": {"v8obb"}, "cls": {"cls"}}
+REGISTRY = _criteria()
+
+# the heads (by their `default_loss`) each criterion can train: its own `trains` where it declares one (own, not
+# inherited: a subclass trains its own head), else the head whose loss it is. The anchor-based detection losses stand
+# in for each other (`loss: v5` trains a YOLOv7 model); any other pairing reads outputs the head does not make (a v5
+# or OTA loss would read IAuxDetect's auxiliary maps as more levels)
+FITS = {name: set(vars(cls).get("trains", (name,))) for name, cls in REGISTRY.items()}
 
 
 # the hyp key this module reads: which criterion trains the model (default: the head's own)

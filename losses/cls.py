@@ -12,6 +12,7 @@ class ClassificationLoss:
     v8-era official classifier). A per-rank mean would make DDP W times too large (or need a different rule).
     """
 
+    name = "cls"  # what `hyp loss:` and a head's `default_loss` call it
     loss_names = ("cls",)
     nbs = 64
     hyp_keys = {"label_smoothing": "[0, 1)"}  # what engine/hyp.py checks files against

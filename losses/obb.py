@@ -52,6 +52,7 @@ class V8OBBLoss(V8DetectionLoss):
     """v8 terms on oriented boxes plus the angle term (gain `angle`). Labels: `batch['targets']` (N, 6) rows
     [image, class, cx, cy, w, h] normalised (w, h the box's own sides) and `batch['angles']` (N,) radians."""
 
+    name = "v8obb"
     loss_names = ("box", "cls", "dfl", "angle")
     hyp_keys = {**V8DetectionLoss.hyp_keys, "angle": "[0, inf)"}
     hyp_defaults = {"angle": 1.0}  # Ultralytics' default; the v8 hyp files do not name it

@@ -46,6 +46,7 @@ class V5SegmentationLoss(V5DetectionLoss):
     (mean over an image's positives per level) and scaled by the (scaled) box gain / B, as official.
     """
 
+    name = "v5seg"
     loss_names = ("box", "seg", "obj", "cls")
 
     def __call__(self, preds, batch):
@@ -91,6 +92,7 @@ class V8SegmentationLoss(V8DetectionLoss):
     """v8 detection loss + mask BCE for the task-aligned positives, over `Segment` train output
     `(x_list, mc (B, nm, A), proto (B, nm, h, w))`; the mask term is summed over images and scaled by box / B."""
 
+    name = "v8seg"
     loss_names = ("box", "seg", "cls", "dfl")
 
     def __call__(self, preds, batch):

@@ -93,6 +93,8 @@ def match_anchors(level_shapes, anchors, targets, anchor_t, g=NEIGHBOUR_BIAS):
 class V5DetectionLoss:
     """YOLOv5 detection loss over the anchor `Detect` head's train output: list of (B, na, ny, nx, 5 + nc)."""
 
+    name = "v5"  # what `hyp loss:` and a head's `default_loss` call it (losses.REGISTRY)
+    trains = ("v5", "ota")  # the heads it fits, by their default_loss: v7's have the v5 layout
     loss_names = ("box", "obj", "cls")
     # the hyp keys it reads (engine/hyp.py checks files against them) and the defaults of those a file may leave out
     hyp_keys = {"box": "[0, inf)", "cls": "[0, inf)", "obj": "[0, inf)", "anchor_t": "(1, inf)", "cls_pw": "(0, inf)",

@@ -75,6 +75,8 @@ class OTADetectionLoss(V5DetectionLoss):
     sqrt(sigmoid(cls) * sigmoid(obj)), as official) plus 3 * -log IoU of its decoded box.
     """
 
+    name = "ota"
+    trains = ("v5", "ota")
     hyp_file = "hyp.v7.yaml"  # YOLOv7's (yolov7-tiny's own file is named by its YAML, and found by its layers)
     n_top = 10  # a target's dynamic k: the sum of its n_top best candidate IoUs
 
@@ -147,6 +149,7 @@ class AuxOTADetectionLoss(OTADetectionLoss):
     the lead's loss.
     """
 
+    name = "aux_ota"
     hyp_file = "hyp.v7-p6.yaml"
     n_top = 20
     aux_bias, aux_weight = 1.0, 0.25

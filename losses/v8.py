@@ -48,6 +48,7 @@ class V8DetectionLoss:
     where w is a positive's target-score mass and S = max(total target score, 1); gains box, cls, dfl from the hyp.
     """
 
+    name = "v8"  # what `hyp loss:` and a head's `default_loss` call it (losses.REGISTRY)
     loss_names = ("box", "cls", "dfl")
     hyp_keys = {"box": "[0, inf)", "cls": "[0, inf)", "dfl": "[0, inf)"}  # what engine/hyp.py checks files against
     hyp_defaults = {}

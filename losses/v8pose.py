@@ -25,6 +25,7 @@ class V8PoseLoss(V8DetectionLoss):
     ndim 3) over the task-aligned positives. Labels come as `batch['keypoints']` (N, K, 3): x, y normalised to the
     image, visibility (0: not labelled, or outside the image after augmentation)."""
 
+    name = "v8pose"
     loss_names = ("box", "pose", "kobj", "cls", "dfl")
     hyp_keys = {**V8DetectionLoss.hyp_keys, "pose": "[0, inf)", "kobj": "[0, inf)"}
     hyp_defaults = {}

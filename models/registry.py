@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
+from models import heads
 from models.attention import C2PSA, C3TR, CBAM, ECA, SE, CoordAtt, SimAM
 from models.common import (
     C2,
@@ -42,19 +43,23 @@ from models.common import (
     RepConv,
     Shortcut,
 )
-from models.heads import OBB, AnchorFreeDetect, AnchorFreeSegment, Classify, Detect, IAuxDetect, IDetect, Pose, Segment
+from models.heads import AnchorFreeDetect, AnchorFreeSegment, Detect, Segment
 from models.swin import C3STR
 from utils.errors import BadCheckpoint, BadOption
 from utils.log import LOGGER
+from utils.tasks import TASKS
 
 BLOCKS = (Conv, DWConv, GhostConv, Bottleneck, GhostBottleneck, C3, C3Ghost, C3TR, C3STR, C2, C2f, C3k2, C2PSA, SPP,
-          SPPF, SPPCSPC, RepConv, MP, SP, Concat, ReOrg, DownC, Shortcut, SE, CBAM, ECA, CoordAtt, SimAM,
-          Classify, IDetect, IAuxDetect, AnchorFreeDetect, AnchorFreeSegment, Pose, OBB)
-# torch layers official YAMLs name (yolov3-tiny: a zero pad and a size-keeping max-pool); their channels pass through
-TORCH_LAYERS = {f"nn.{c.__name__}": c for c in (nn.Upsample, nn.MaxPool2d, nn.ZeroPad2d, nn.Identity)}
-REGISTRY = {**{c.__name__: c for c in BLOCKS}, **TORCH_LAYERS}
+          SPPF, SPPCSPC, RepConv, MP, SP, Concat, ReOrg, DownC, Shortcut, SE, CBAM, ECA, CoordAtt, SimAM)
+# every head models/heads.py defines: a class of that module declaring the task it serves (`task`), so a new head is
+# nameable without a line here; only classes of that module, never a subclass made elsewhere
+HEADS = tuple(c for c in vars(heads).values()
+              if isinstance(c, type) and c.__module__ == heads.__name__ and getattr(c, "task", None) in TASKS)
 # Official v5 and v8 YAMLs both say Detect/Segment: the YAML's `anchors` key decides which head that is.
 AMBIGUOUS_HEADS = {"Detect": (Detect, AnchorFreeDetect), "Segment": (Segment, AnchorFreeSegment)}
+# torch layers official YAMLs name (yolov3-tiny: a zero pad and a size-keeping max-pool); their channels pass through
+TORCH_LAYERS = {f"nn.{c.__name__}": c for c in (nn.Upsample, nn.MaxPool2d, nn.ZeroPad2d, nn.Identity)}
+REGISTRY = {**{c.__name__: c for c in (*BLOCKS, *HEADS) if c.__name__ not in AMBIGUOUS_HEADS}, **TORCH_LAYERS}
 ACTIVATIONS = {c.__name__: c for c in (nn.LeakyReLU, nn.ReLU, nn.SiLU, nn.Hardswish, nn.Mish, nn.Sigmoid,
                                        nn.Identity)}
 

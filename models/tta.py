@@ -36,14 +36,23 @@ def scale_img(img, ratio, gs=32):
     return F.pad(img, (0, pw, 0, ph), value=PAD), (h, w)
 
 
+# the layout fields a pass is undone for (boxes, scores, mask coefficients and prototypes): any other set, such as a
+# new task's columns, is refused rather than left mirrored, so a new task need not add a refusal here
+UNDONE = {"nc", "nm", "objectness", "channels_last", "proto", "train"}
+WHY_NOT = {  # what a refusal says of the columns known not to be undone
+    "kpt_shape": "keypoint models is not supported (its mirrored pass would need the dataset's flip_idx to rename "
+                 "left and right keypoints)",
+    "angle": "oriented-box (OBB) models is not supported (a mirrored pass's angles would need turning back)",
+}
+
+
 def tta_layout(layout, n=len(SCALES)):
     """The layout of `augmented_forward`'s output: rows channels-last, n blocks of mask coefficients, the stacked
-    prototypes second. Keypoints are refused: un-mirroring them needs the dataset's flip_idx, which a model lacks."""
-    if layout.kpt_shape:
-        raise BadOption("--augment: test-time augmentation of keypoint models is not supported (its mirrored pass "
-                        "would need the dataset's flip_idx to rename left and right keypoints)")
-    if layout.angle:  # a mirrored pass's angles would need turning back, which its rows do not say how to do
-        raise BadOption("--augment: test-time augmentation of oriented-box (OBB) models is not supported")
+    prototypes second. A layout with columns no pass is undone for (keypoints, angles, ...) is refused."""
+    for f in dataclasses.fields(layout):
+        if f.name not in UNDONE and getattr(layout, f.name) != f.default:
+            raise BadOption("--augment: test-time augmentation of "
+                            + WHY_NOT.get(f.name, f"models whose predictions hold {f.name} is not supported"))
     return dataclasses.replace(layout, nm=layout.nm * n, channels_last=True, proto=(1,) if layout.nm else ())
 
 

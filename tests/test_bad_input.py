@@ -188,7 +188,7 @@ def test_item7_exit_status_of_the_real_script(tmp_path):
     ({"lr0": "1e-3"}, "lr0 must be a number in (0, inf), got str '1e-3' (YAML reads 1e-3 as text: write 1.0e-3)"),
     ({"fliplr": True}, "fliplr must be a number in [0, 1], got bool True"),
     ({"close_mosaic": 2.5}, "close_mosaic must be a whole number in [0, inf), got float 2.5"),
-    ({"loss": "v9"}, "loss 'v9' is not a criterion; known: v5, ota, aux_ota, v8, v5seg, v8seg, v8pose, v8obb, cls"),
+    ({"loss": "v9"}, "loss 'v9' is not a criterion; known: aux_ota, cls, ota, v5, v5seg, v8, v8obb, v8pose, v8seg"),
 ])
 def test_item8_hyp_values_are_checked_before_any_work(shapes_detect, tmp_path, capsys, hyp, error):
     f = tmp_path / "hyp.yaml"

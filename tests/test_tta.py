@@ -115,6 +115,21 @@ def test_val_and_predict_run_with_augment(cfg, task, shapes_detect, shapes_segme
     assert len(det) > 0 and (det.shape[1] == 6 if task == "detect" else len(out[0].masks) == len(det))
 
 
+def test_a_layout_with_columns_no_pass_undoes_is_refused():
+    """A new task's layout field is refused by default, not left un-mirrored: tta.py lists what it undoes."""
+    import dataclasses
+
+    from utils.errors import BadOption
+
+    @dataclasses.dataclass(frozen=True)
+    class Deeper(OutputLayout):
+        depth: bool = False
+
+    assert tta_layout(Deeper(nc=1, channels_last=False)).nm == 0
+    with pytest.raises(BadOption, match="models whose predictions hold depth is not supported"):
+        tta_layout(Deeper(nc=1, channels_last=False, depth=True))
+
+
 def test_keypoint_layouts_are_refused():
     """A mirrored pass would need the dataset's flip_idx to rename left and right keypoints, which a model lacks."""
     from utils.errors import BadOption

@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 
 from utils.errors import BadOption
-from utils.tasks import TASKS
+from utils.tasks import SUFFIX_TASKS, TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("train", "val", "predict", "export", "track")  # track: the predict script with --track
-SUFFIX_TASKS = {"seg": "segment", "cls": "classify", "pose": "pose", "obb": "obb"}  # yolov8n-seg.yaml, yolov8n-cls.pt
 
 
 def script_path(task, mode):

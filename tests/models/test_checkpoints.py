@@ -20,6 +20,7 @@ from models.checkpoints import (
     official_url,
     releases,
 )
+from models.checkpoints.ours import MODEL_CLASSES
 from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 from utils.errors import BadCheckpoint, BadFile
 from utils.files import ROOT
@@ -194,10 +195,36 @@ def test_official_v5_classifier_without_yaml(monkeypatch, tmp_path):
         torch.testing.assert_close(loaded(X), model(X), atol=0, rtol=0)
 
 
+def test_every_model_class_of_models_yolo_loads_from_our_checkpoints():
+    """The classes our checkpoints may name are found in models/yolo.py, not listed: a new task's model class cannot
+    be left out (its checkpoints would all be refused)."""
+    import models.yolo
+    from engine.tasks import TASKS
+
+    defined = {c.__name__: c for c in vars(models.yolo).values()  # by class name: `Model` is DetectionModel's alias
+               if isinstance(c, type) and issubclass(c, nn.Module) and c.__module__ == "models.yolo"}
+    assert MODEL_CLASSES == {n: c for n, c in defined.items() if n != "BaseModel"} and len(MODEL_CLASSES) == 5
+    assert all(MODEL_CLASSES[t.model.__name__] is t.model for t in TASKS.values())
+
+
+@pytest.mark.parametrize("kind", ["Elsewhere", "BaseModel", "Module"])
+def test_a_checkpoint_naming_a_class_we_do_not_define_is_refused(tmp_path, kind):
+    """A subclass of our models made elsewhere (here, by this test) is not one a checkpoint may name."""
+
+    class Elsewhere(DetectionModel):
+        pass
+
+    model = Elsewhere("yolov5n.yaml", nc=3)
+    torch.save({"model": {**model_to_ckpt(model), "class": kind}}, tmp_path / "m.pt")
+    assert model_to_ckpt(model)["class"] == "Elsewhere"
+    with pytest.raises(BadCheckpoint, match="its model entry is not one this project wrote"):
+        attempt_load(tmp_path / "m.pt")
+
+
 def test_unknown_official_class(monkeypatch, tmp_path):
     model = DetectionModel("yolov5n.yaml", nc=3)
-    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "OBBModel")
-    with pytest.raises(ValueError, match="models.yolo.OBBModel"):
+    path = save_official(monkeypatch, tmp_path, model, V5_PATHS, v5_where, "WorldModel")  # Ultralytics', not ours
+    with pytest.raises(ValueError, match="models.yolo.WorldModel"):
         attempt_load(path)
 
 

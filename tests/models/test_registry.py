@@ -5,7 +5,9 @@ import json
 
 import pytest
 import torch
+import torch.nn as nn
 
+import models.heads as heads
 import models.registry as registry
 from models.checkpoints import attempt_load, load_checkpoint, model_to_ckpt, save_checkpoint
 from models.yolo import DetectionModel
@@ -178,3 +180,24 @@ def test_an_edited_block_whose_weights_no_longer_fit_is_one_error(blocks, tmp_pa
     with pytest.raises(BadCheckpoint, match=r"m\.pt: its model is malformed .*size mismatch for model\.10\.g"):
         attempt_load(tmp_path / "m.pt")
     assert len(warnings) == 1 and "whose sha256 differs" in warnings[0]
+
+
+def test_every_head_class_is_nameable():
+    """The heads a YAML row may name are found in models/heads.py, not listed: each nn.Module class it defines
+    resolves by its own name (an ambiguous name by the YAML's anchors), so a new head cannot be left out."""
+    defined = [c for c in vars(heads).values()
+               if isinstance(c, type) and issubclass(c, nn.Module) and c.__module__ == heads.__name__]
+    assert len(defined) == len(registry.HEADS) == 9
+    for c in defined:
+        assert c in registry.HEADS and c in (registry.resolve(c.__name__, True), registry.resolve(c.__name__, False))
+    assert registry.resolve("Detect", True) is heads.Detect
+    assert registry.resolve("Detect", False) is heads.AnchorFreeDetect
+    assert registry.resolve("Segment", False) is heads.AnchorFreeSegment
+
+
+def test_a_head_made_outside_heads_py_is_no_builtin():
+    class Elsewhere(heads.AnchorFreeDetect):
+        pass
+
+    assert Elsewhere not in registry.HEADS and registry.resolve("Elsewhere", False) is None
+

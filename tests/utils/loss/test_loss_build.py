@@ -1,10 +1,13 @@
 import copy
+import importlib
+import pkgutil
 
 import pytest
 import torch
 from loss_fakes import HYP_V5, HYP_V8, box_masks, fake_model, missing_grads
 
-from losses import REGISTRY, build_criterion
+import losses
+from losses import FITS, REGISTRY, build_criterion
 
 CASES = [  # (fake kind, nm, default_loss, hyp)
     ("anchor", 0, "v5", HYP_V5),
@@ -17,6 +20,22 @@ CASES = [  # (fake kind, nm, default_loss, hyp)
 
 def test_registry_names():
     assert set(REGISTRY) == {"v5", "ota", "aux_ota", "v8", "v5seg", "v8seg", "v8pose", "v8obb", "cls"}
+
+
+def test_every_criterion_class_is_registered_under_its_name():
+    """The registry is found, not kept: every class with `loss_names` any module of losses/ defines declares a `name`
+    of its own and is REGISTRY[name], so a criterion left out of a list cannot happen."""
+    criteria = [c for info in pkgutil.iter_modules(losses.__path__)
+                for c in vars(importlib.import_module(f"losses.{info.name}")).values()
+                if isinstance(c, type) and c.__module__ == f"losses.{info.name}" and hasattr(c, "loss_names")]
+    assert len(criteria) == len(REGISTRY) == 9
+    for c in criteria:
+        assert "name" in vars(c) and REGISTRY[c.name] is c, c.__qualname__
+
+
+def test_fits_from_the_classes_is_the_table_it_replaced():
+    assert FITS == {"v5": {"v5", "ota"}, "ota": {"v5", "ota"}, "aux_ota": {"aux_ota"}, "v8": {"v8"},
+                    "v5seg": {"v5seg"}, "v8seg": {"v8seg"}, "v8pose": {"v8pose"}, "v8obb": {"v8obb"}, "cls": {"cls"}}
 
 
 @pytest.mark.parametrize("kind,nm,name,hyp", CASES)
@@ -33,7 +52,7 @@ def test_hyp_loss_overrides_head_default():
 
 
 def test_unknown_loss_lists_known_names():
-    with pytest.raises(ValueError, match="v5, ota, aux_ota, v8, v5seg, v8seg, v8pose, v8obb, cls"):
+    with pytest.raises(ValueError, match="aux_ota, cls, ota, v5, v5seg, v8, v8obb, v8pose, v8seg"):
         build_criterion(fake_model("anchor"), dict(HYP_V5, loss="yolo9000"))
 
 
