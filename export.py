@@ -22,11 +22,12 @@ def parse_opt(argv=None):
 
 def main(opt):
     from engine.exporter import Exporter  # imports torch: after parsing, for a quick --help
+    from engine.tasks import TASKS
     from utils.dist import get_rank
     from utils.log import set_logging
 
     set_logging(get_rank())
-    return Exporter(opt)()
+    return Exporter(opt, {name: task.inputs for name, task in TASKS.items()})()
 
 
 if __name__ == "__main__":

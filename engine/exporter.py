@@ -24,7 +24,6 @@ from engine.export_targets import (
 )
 from engine.inherit import run_values
 from engine.options import ExportOptions
-from engine.tasks import TASKS
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
 from models.checkpoints import load_model
 from models.registry import use_modules
@@ -63,10 +62,12 @@ def _forget_symbolic_shapes(model):
 
 
 class Exporter:
-    def __init__(self, opt):
+    def __init__(self, opt, task_inputs=None):
         """`opt`: export.py's parsed command line (or a namespace naming some of its options), read once into
-        ExportOptions."""
+        ExportOptions. `task_inputs`: {task: engine/calibration.Inputs}, how each task's images are prepared, from
+        the task records (export.py gives them: the records stand a floor above the engine); --int8 reads it."""
         self.opt = ExportOptions.from_values(opt)
+        self.task_inputs = task_inputs or {}
         unknown = set(self.opt.include) - set(FORMATS)
         if unknown:
             raise BadOption(f"--include {' '.join(sorted(unknown))}: supported formats are {', '.join(FORMATS)}")
@@ -109,8 +110,8 @@ class Exporter:
         LOGGER.info(f"Exporting {opt.weights} with input {tuple(im.shape)} and {len(flat)} outputs "
                     f"{[tuple(y.shape) for y in flat]}")
         wrapper = ExportWrapper(model).eval()
-        inputs = TASKS[meta["task"]].inputs  # how the task's predictor prepares its images
-        calib = calibration_images(opt.data, inputs, imgsz, opt.calib_images) if opt.int8 else None
+        calib = calibration_images(opt.data, self.task_inputs[meta["task"]], imgsz, opt.calib_images) \
+            if opt.int8 else None
         files = []
         for fmt in dict.fromkeys(opt.include):  # each format once, in the order given
             f = Path(opt.weights).with_suffix(f".{fmt}")

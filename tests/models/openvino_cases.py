@@ -35,7 +35,7 @@ MODELS = [("yolov5n.yaml", DetectionModel), ("yolov8n-seg.yaml", SegmentationMod
 def export(weights, include=("openvino",), **options):
     opt = SimpleNamespace(weights=str(weights), include=list(include), imgsz=[64], batch_size=1, device="cpu",
                           **options)
-    return Exporter(opt)()
+    return Exporter(opt, {name: task.inputs for name, task in TASKS.items()})()
 
 
 @pytest.fixture(scope="module")
