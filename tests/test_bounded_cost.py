@@ -300,7 +300,7 @@ def _synthetic_yaml(path, spec):
      f"its synthetic images would take {120_000 * (1024 ** 2 + 65536)} pixels' worth to draw, more than the "
      "150000000 a dataset YAML may ask for"),
     ({"n_train": 10, "min_side": 200, "max_side": 100}, "synthetic.min_side 200 is larger than max_side 100"),
-    ({"task": "paint"}, "synthetic.task must be one of detect, segment, classify, pose, got 'paint'"),
+    ({"task": "paint"}, "synthetic.task must be one of detect, segment, pose, obb, classify, got 'paint'"),
     ("lots", "'synthetic' must be a mapping of"),
 ])
 def test_a_synthetic_entry_over_its_budget_is_refused_before_anything_is_drawn(tmp_path, capsys, spec, error):
