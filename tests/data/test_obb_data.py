@@ -31,11 +31,21 @@ def test_parse_reads_four_corners():
 @pytest.mark.parametrize("values,why", [
     ([0.5, 0.5, 0.4, 0.2], "5 values, expected 9"),
     ([0.1, 0.1, 0.2, 0.2, 0.3, 0.3, 0.4, 0.4], "zero-area polygon"),
-    ([0.1, 0.1, 1.5, 0.1, 0.5, 0.5, 0.1, 0.5], "outside"),
+    ([0.1, 0.1, 1.5, 0.1, 1.5, 0.5, 2.1, 0.5], "centred outside the image"),
+    ([823, 90, 900, 95, 898, 140, 821, 135], r"centred outside the image \(860, 115\): corners are normalised"),
 ])
 def test_parse_refuses_bad_lines(values, why):
     with pytest.raises(BadLine, match=why):
         OBBLabels().parse(np.array(values, float))
+
+
+def test_a_box_cut_by_the_tile_edge_is_kept_clipped():
+    """DOTA's tiles cut the objects on their borders: DOTA8's corners reach 1.06 (3 of its 4 training images). Such a
+    box is kept, its corners clipped to the image and the line counted as clipped; only its centre must be inside."""
+    box, corners, clipped = OBBLabels().parse(np.array([0.9, 0.4, 1.06, 0.45, 1.0, 0.6, 0.84, 0.55]))
+    assert clipped and corners.max() == 1.0 and corners.min() == 0.4
+    np.testing.assert_allclose(box, [0.92, 0.5, 0.16, 0.2], atol=1e-6)  # the clipped corners' bounds
+    assert not OBBLabels().parse(np.array([0.2, 0.1, 0.6, 0.3, 0.5, 0.5, 0.1, 0.3]))[2]
 
 
 def test_synthetic_obb_labels_are_rectangles(obb_set):
