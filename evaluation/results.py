@@ -116,7 +116,21 @@ class _View:
         return scale if isinstance(self._data, np.ndarray) else torch.as_tensor(scale, device=self._data.device)
 
 
-class ResultBoxes(_View):
+class _Scored(_View):
+    """A view whose rows hold each object's confidence and class, in the columns its table puts them."""
+
+    conf_column, cls_column = 4, 5
+
+    @property
+    def conf(self):
+        return self._data[:, self.conf_column]
+
+    @property
+    def cls(self):
+        return self._data[:, self.cls_column]
+
+
+class ResultBoxes(_Scored):
     """Boxes in the image's pixels: NMS rows (n, 6+) xyxy, conf, cls (the columns after cls are the masks' and
     keypoints' own), and `id` (n,), the track ids, None where no tracker gave them. `data` is Ultralytics' table:
     (n, 6), or (n, 7) with the id before conf where tracked."""
@@ -151,14 +165,6 @@ class ResultBoxes(_View):
         return self._data[:, :4]
 
     @property
-    def conf(self):
-        return self._data[:, 4]
-
-    @property
-    def cls(self):
-        return self._data[:, 5]
-
-    @property
     def xywh(self):
         b = self.xyxy
         xy, wh = (b[:, :2] + b[:, 2:4]) / 2, b[:, 2:4] - b[:, :2]
@@ -173,21 +179,15 @@ class ResultBoxes(_View):
         return self.xywh / self._scale()
 
 
-class ResultOBB(_View):
+class ResultOBB(_Scored):
     """Oriented boxes in the image's pixels, from NMS rows (n, 7) xywh, conf, cls, angle; `data` is Ultralytics'
     table (n, 7): x, y, w, h, angle (radians), conf, cls."""
+
+    conf_column, cls_column = 5, 6
 
     @property
     def xywhr(self):
         return self._data[:, :5]
-
-    @property
-    def conf(self):
-        return self._data[:, 5]
-
-    @property
-    def cls(self):
-        return self._data[:, 6]
 
     @property
     def xyxyxyxy(self):
