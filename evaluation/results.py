@@ -65,7 +65,23 @@ def _cat(parts):
     return np.concatenate(parts, 1) if isinstance(parts[0], np.ndarray) else torch.cat(parts, 1)
 
 
-class _View:
+class _Moves:
+    """`cpu()`, `numpy()`, `cuda()`, `to(...)` as Ultralytics' results have them: each a copy made by `_apply`."""
+
+    def cpu(self):
+        return self._apply("cpu")
+
+    def numpy(self):
+        return self._apply("numpy")
+
+    def cuda(self):
+        return self._apply(((), {"device": "cuda"}))
+
+    def to(self, *args, **kwargs):
+        return self._apply((args, kwargs))
+
+
+class _View(_Moves):
     """What every view shares: `data`, its length, `shape`, indexing, iteration and the conversions."""
 
     def __init__(self, data, orig_shape):
@@ -93,18 +109,6 @@ class _View:
 
     def _apply(self, how):
         return self._new(_convert(self._data, how))
-
-    def cpu(self):
-        return self._apply("cpu")
-
-    def numpy(self):
-        return self._apply("numpy")
-
-    def cuda(self):
-        return self._apply(((), {"device": "cuda"}))
-
-    def to(self, *args, **kwargs):
-        return self._apply((args, kwargs))
 
     def __repr__(self):
         return f"{type(self).__name__}(data={self.data!r}, orig_shape={self.orig_shape})"
@@ -266,7 +270,7 @@ class Probs(_View):
         return self._data[self.top5]
 
 
-class Results:
+class Results(_Moves):
     """One image's predictions: `boxes`, `masks`, `keypoints` (None where the task has none) or `probs`, the image
     as read (`orig_img`, BGR), its `path`, the model's `names`, and the milliseconds each step took (`speed`:
     preprocess, inference, postprocess). `fields` are the task's (evaluation/fields.py): they draw the image
@@ -326,18 +330,6 @@ class Results:
                                 for k in dataclasses.fields(Predictions)})
         return Results(self.orig_img, self.path, self.names, self.fields, record, self.speed,
                        id=_convert(self.id, how))
-
-    def cpu(self):
-        return self._apply("cpu")
-
-    def numpy(self):
-        return self._apply("numpy")
-
-    def cuda(self):
-        return self._apply(((), {"device": "cuda"}))
-
-    def to(self, *args, **kwargs):
-        return self._apply((args, kwargs))
 
     def _torch_record(self):
         """The record as tensors on the CPU, what the fields draw and write from."""
