@@ -184,7 +184,11 @@ def _refuse_calls(path, calls):
         if op == "NEWOBJ" and args != ():
             raise UnsafeCheckpoint(f"refusing {path}: it makes {func if isinstance(func, str) else 'an object'} with "
                                    f"arguments {reprlib.repr(shown(args))}, which no checkpoint does")
-        if op == "REDUCE" and not (isinstance(func, str) and func in CALLABLE and CALLABLE[func](args)):
+        # an official class called with no arguments is its empty stand-in, as NEWOBJ makes it: Ultralytics'
+        # trainer checkpoints pickle the model's `args` (IterableSimpleNamespace, a SimpleNamespace) that way
+        official = isinstance(func, str) and func.startswith(OFFICIAL_PREFIXES) and args == ()
+        if op == "REDUCE" and not official and not (isinstance(func, str) and func in CALLABLE
+                                                    and CALLABLE[func](args)):
             if func == "builtins.getattr" and isinstance(args, tuple) and args:
                 raise UnsafeCheckpoint(f"refusing {path}: it calls getattr on {args[0]}, which no model checkpoint "
                                        "needs")
