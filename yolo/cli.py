@@ -21,6 +21,7 @@ import sys
 from utils.errors import BadOption
 from utils.run import run_cli
 from yolo.scripts import MODES, TASKS, check_model, check_words, load_script, model_task, track_words
+from yolo.untrained import Untrained, is_yaml
 
 USAGE = "yolo [TASK] MODE [key=value ...] [--flag value ...]\n\n" + __doc__.split("\n\n", 1)[1]
 
@@ -34,6 +35,20 @@ def model_argument(args):
         if flag in ("--weights", "--cfg", "--model"):
             return value if eq else (args[i + 1] if i + 1 < len(args) else None)
     return None
+
+
+def with_model(args, model):
+    """`args` with the model they name (as `model_argument` finds it) replaced by `model`."""
+    out = list(args)
+    for i, tok in enumerate(out):
+        flag, eq, _ = tok.partition("=")
+        if eq and flag in ("model", "--weights", "--cfg", "--model"):
+            out[i] = f"{flag}={model}"
+            return out
+        if tok in ("--weights", "--cfg", "--model") and i + 1 < len(out):
+            out[i + 1] = model
+            return out
+    return out
 
 
 def _on(word):
@@ -102,11 +117,15 @@ def run(argv):
         model = model_argument(args)
         if model:  # a misspelt name is refused now, with the closest, not once the run has set up
             check_model(model)
+        untrained = Untrained(model, task) if model and mode != "train" and is_yaml(model) else None
+        if untrained:  # predict, val and export run a YAML's model with its random weights, as Ultralytics does
+            args = with_model(args, untrained.checkpoint())
         module = load_script(task, mode)
-        return task, module, module.parse_opt(args), verbose(argv)
+        # `untrained` goes on with the options: its folder, the weights they name, lives as long as it
+        return task, module, module.parse_opt(args), verbose(argv), untrained, mode
 
     def main(parsed):
-        task, module, opt, loud = parsed
+        task, module, opt, loud, untrained, mode = parsed
         from engine import messages
 
         messages.YOLO_TASK = task  # what the run says to run next (and to resume it) are `yolo` lines
@@ -114,7 +133,11 @@ def run(argv):
         if quiet:
             logging.getLogger("yolo").addFilter(quiet)
         try:
-            return module.main(opt)
+            if untrained is None:
+                return module.main(opt)
+            with untrained.named():
+                out = module.main(opt)
+            return untrained.publish(out) if mode == "export" else out
         finally:
             messages.YOLO_TASK = None
             if quiet:

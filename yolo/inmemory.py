@@ -38,7 +38,7 @@ def hub_predict(yolo, source, options):
     o = _checked(options)
     device = torch.device(o.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
     half = bool(o.get("half")) and device.type == "cuda"
-    backend = InferenceBackend(yolo.model, device=device, half=half)
+    backend = InferenceBackend(yolo._weights(), device=device, half=half)
     if o.get("augment") and backend.model is None:
         raise BadOption(f"augment=True needs .pt weights, not {yolo.model} (an export takes one input size)")
     size = int(o.get("imgsz") or backend.run.get("imgsz") or 640)

@@ -2,6 +2,7 @@
 
     from yolo import YOLO
     model = YOLO("yolov8n.yaml")                      # a model YAML to train, or weights: .pt, .onnx, .torchscript
+    # (a YAML's model predicts, validates and exports untrained, as Ultralytics': yolo/untrained.py)
     model.train(data="data/shapes.yaml", epochs=3, imgsz=160, batch=8)   # then `model` is the run's best.pt
     metrics = model.val()                             # metrics.box.map, .map50, .maps; the run's dataset and size
     for r in model.predict("data/images", stream=True):   # evaluation.results.Results, one per image or frame
@@ -14,10 +15,12 @@ line is; a mistake is a utils.errors.UserError naming the option, with the close
 """
 
 import logging
+from contextlib import nullcontext
 from pathlib import Path
 
 from yolo.metrics import ValMetrics
 from yolo.scripts import check_model, check_words, load_script, model_task
+from yolo.untrained import Untrained, is_yaml
 
 
 def _task(name):
@@ -42,28 +45,37 @@ class YOLO:
         self.trainer = self.metrics = None
         self.callbacks = {}
         self._backend = None
+        self._untrained = Untrained(self.model, self.task) if is_yaml(self.model) else None
         self._tracker = None  # track(persist=True): the last call's tracks (engine/track.FrameTracker)
 
     def __repr__(self):
         return f"YOLO({self.model!r}, task={self.task!r})"
 
     def _opt(self, mode, options):
-        """The script module of `mode` and its options: `options` as `key=value` words, the model first."""
+        """The script module of `mode` and its options: `options` as `key=value` words, the model first (a YAML's
+        untrained checkpoint where weights are read)."""
         module = load_script(self.task, mode)
-        words = [f"{k}={v}" for k, v in {"model": self.model, **options}.items() if v is not None]
+        model = self.model if mode == "train" else self._weights()
+        words = [f"{k}={v}" for k, v in {"model": model, **options}.items() if v is not None]
         return module, module.parse_opt(words)
 
-    def _net(self):
-        """The model as the predictors load it (models/backend.py), once per weights file; a YAML builds its
-        model."""
-        if self._backend is None or self._backend[0] != self.model:
-            if self.model.endswith((".yaml", ".yml")):
-                net = _task(self.task).model(self.model)
-            else:
-                from models.backend import InferenceBackend
+    def _weights(self):
+        """The weights file predict, val, track and export read: the model's, or its YAML's untrained model's."""
+        return self._untrained.checkpoint() if self._untrained else self.model
 
-                net = InferenceBackend(self.model, device="cpu")
-            self._backend = (self.model, net)
+    def _named(self):
+        """Where a YAML's untrained checkpoint runs: its errors name the YAML, not that passing file."""
+        return self._untrained.named() if self._untrained else nullcontext()
+
+    def _net(self):
+        """The model as the predictors load it (models/backend.py), once per weights file; a YAML's untrained
+        model itself."""
+        if self._untrained:
+            return self._untrained.model
+        if self._backend is None or self._backend[0] != self.model:
+            from models.backend import InferenceBackend
+
+            self._backend = (self.model, InferenceBackend(self.model, device="cpu"))
         return self._backend[1]
 
     def _module(self):
@@ -90,6 +102,9 @@ class YOLO:
 
     def fuse(self):
         """Folds each BatchNorm into its convolution (as exports and the predictors do); returns self."""
+        if self._untrained:
+            self._untrained.fuse()
+            return self
         net = self._module()
         if net is not None:
             net.fuse()
@@ -117,6 +132,7 @@ class YOLO:
         self.trainer, stats = module.main(opt, listeners or None)
         ck = self.trainer.checkpointer
         self.model = str(ck.best if ck.best.is_file() else ck.last)
+        self._untrained = None
         validator = getattr(self.trainer, "validator", None)
         self.metrics = ValMetrics(stats or {}, validator, getattr(self.trainer, "save_dir", None))
         return self.metrics
@@ -132,15 +148,19 @@ class YOLO:
                 seen.append(self)
                 return super().__call__(*args, **kwargs)
 
-        stats = Kept.run_val(opt)
+        with self._named():
+            stats = Kept.run_val(opt)
         self.metrics = ValMetrics(stats, seen[-1] if seen else None, seen[-1].save_dir if seen else None)
         return self.metrics
 
     def export(self, **options):
         """Export (export.py's options; format= is --include); returns the path of the file, or the paths of several
-        formats."""
+        formats (a YAML's untrained model's: in the working folder, named after the YAML)."""
         module, opt = self._opt("export", options)
-        files = [str(f) for f in module.main(opt)]
+        with self._named():
+            files = [str(f) for f in module.main(opt)]
+        if self._untrained:
+            files = self._untrained.publish(files)
         return files[0] if len(files) == 1 else files
 
     def predict(self, source="data/images", stream=False, **options):
