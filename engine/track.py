@@ -5,6 +5,10 @@ file (`tracks/<stem>.txt`, `tracks/images.txt` for images).
 
 A record then holds only the boxes a confirmed track holds (a tracker drops the others: low-confidence boxes no
 track claims, a new object's first frame), in the same order as its `ids`, masks and keypoints kept alongside.
+
+An oriented-box model's rows (xywh, conf, cls, angle) are tracked as oriented boxes (xywhr: engine/tracking/tracker.py);
+the MOT file, which has no angle, holds each box's upright envelope (the bounding box of its corners), and the id is
+drawn there.
 """
 
 import dataclasses
@@ -12,20 +16,23 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import torch
 
 from engine.tracking.config import load_tracker_config, make_tracker
 from engine.tracking.mot import Trails, id_colour, mot_lines
 from utils.imageio import printable
 from utils.log import LOGGER
+from utils.rotated import xywhr_to_corners
 
 
 class FrameTracker:
     """`name`: --track's value (bytetrack, botsort or a tracker YAML); `save_dir`: where tracks/*.txt go (None: no
-    file)."""
+    file); `rotated`: the records' boxes are an oriented-box model's."""
 
-    def __init__(self, name, save_dir=None):
+    def __init__(self, name, save_dir=None, rotated=False):
         self.cfg = load_tracker_config(name)
         self.save_dir = Path(save_dir) if save_dir is not None else None
+        self.rotated = rotated
         self.sources = {}  # source path -> (tracker, trails, MOT file)
         self.one_sequence = False  # every source's frames one sequence (the API's persist=True, across its calls)
         LOGGER.info(f"--track {name}: {self.cfg.tracker_type}")
@@ -38,8 +45,19 @@ class FrameTracker:
                 mot = self.save_dir / "tracks" / f"{stem}.txt"
                 mot.parent.mkdir(parents=True, exist_ok=True)
                 mot.write_text("")
-            self.sources[path] = (make_tracker(self.cfg, frame_rate=fps or 30), Trails(), mot)
+            self.sources[path] = (make_tracker(self.cfg, frame_rate=fps or 30, rotated=self.rotated), Trails(), mot)
         return self.sources[path]
+
+    def _boxes(self, rows):
+        """What the tracker follows of NMS rows (numpy): xyxy, or an oriented box's xywhr."""
+        return np.c_[rows[:, :4], rows[:, -1]] if self.rotated else rows[:, :4]
+
+    def _upright(self, rows):
+        """xyxy of NMS rows (numpy): an oriented box's upright envelope."""
+        if not self.rotated:
+            return rows[:, :4]
+        corners = xywhr_to_corners(torch.from_numpy(self._boxes(rows)).double()).numpy()
+        return np.c_[corners.min(1), corners.max(1)]
 
     def update(self, record, im0, path, fps=30):
         """(record of the tracked boxes, their ids as an int64 array) for one frame of the video `path` (None: of
@@ -47,8 +65,8 @@ class FrameTracker:
         path = None if self.one_sequence else path
         tracker, _, mot = self._state(path, fps)
         rows = record.boxes
-        det = rows[:, :6].detach().cpu().numpy() if rows is not None else np.zeros((0, 6))
-        idx, ids = tracker.update(det[:, :4], det[:, 4], det[:, 5], im0)
+        det = rows.detach().cpu().double().numpy() if rows is not None else np.zeros((0, 7 if self.rotated else 6))
+        idx, ids = tracker.update(self._boxes(det), det[:, 4], det[:, 5], im0)
         order = np.argsort(ids, kind="stable")  # by id: the same object keeps its place in the record
         idx, ids = idx[order], ids[order]
         keep = {"boxes": rows[idx]} if rows is not None else {}
@@ -56,13 +74,14 @@ class FrameTracker:
             keep["masks"] = record.masks[idx]
         if mot is not None:
             with open(mot, "a") as f:
-                f.writelines(mot_lines(tracker.frame, det[idx, :4], ids, det[idx, 4]))
+                f.writelines(mot_lines(tracker.frame, self._upright(det[idx]), ids, det[idx, 4]))
         return dataclasses.replace(record, **keep), ids
 
     def draw(self, im0, record, ids, path):
-        """Each id at its box's top-left corner and its trail, on the drawn frame."""
+        """Each id at its box's top-left corner (an oriented box's envelope's) and its trail, on the drawn frame."""
         _, trails, _ = self.sources[None if self.one_sequence else path]
-        boxes = record.boxes[:, :4].detach().cpu().numpy() if record.boxes is not None else np.zeros((0, 4))
+        rows = record.boxes
+        boxes = self._upright(rows.detach().cpu().double().numpy()) if rows is not None else np.zeros((0, 4))
         trails.draw(im0, boxes, ids)
         for (x1, y1, _, _), i in zip(boxes, ids):
             org = (int(x1), max(int(y1) - 4, 10))

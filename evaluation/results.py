@@ -121,9 +121,15 @@ class _View(_Moves):
 
 
 class _Scored(_View):
-    """A view whose rows hold each object's confidence and class, in the columns its table puts them."""
+    """A view whose rows hold each object's confidence and class, in the columns its table puts them, and `id` (n,),
+    the track ids, None where no tracker gave them; `data` is Ultralytics' table, with the id before conf where
+    tracked."""
 
     conf_column, cls_column = 4, 5
+
+    def __init__(self, data, orig_shape, id=None):
+        super().__init__(data, orig_shape)
+        self.id = id
 
     @property
     def conf(self):
@@ -133,23 +139,14 @@ class _Scored(_View):
     def cls(self):
         return self._data[:, self.cls_column]
 
-
-class ResultBoxes(_Scored):
-    """Boxes in the image's pixels: NMS rows (n, 6+) xyxy, conf, cls (the columns after cls are the masks' and
-    keypoints' own), and `id` (n,), the track ids, None where no tracker gave them. `data` is Ultralytics' table:
-    (n, 6), or (n, 7) with the id before conf where tracked."""
-
-    def __init__(self, rows, orig_shape, id=None):
-        super().__init__(rows[:, :6], orig_shape)
-        self.id = id
-
     @property
     def data(self):
         if self.id is None:
             return self._data
         ids = self.id.reshape(-1, 1)
-        return _cat([self._data[:, :4], ids.astype(self._data.dtype) if isinstance(ids, np.ndarray) else
-                     ids.to(self._data.dtype), self._data[:, 4:6]])
+        c = self.conf_column
+        return _cat([self._data[:, :c], ids.astype(self._data.dtype) if isinstance(ids, np.ndarray) else
+                     ids.to(self._data.dtype), self._data[:, c:]])
 
     @property
     def is_track(self):
@@ -163,6 +160,14 @@ class ResultBoxes(_Scored):
 
     def _apply(self, how):
         return self._new(_convert(self._data, how), _convert(self.id, how))
+
+
+class ResultBoxes(_Scored):
+    """Boxes in the image's pixels: NMS rows (n, 6+) xyxy, conf, cls (the columns after cls are the masks' and
+    keypoints' own). `data` is Ultralytics' table: (n, 6), or (n, 7) with the id before conf where tracked."""
+
+    def __init__(self, rows, orig_shape, id=None):
+        super().__init__(rows[:, :6], orig_shape, id)
 
     @property
     def xyxy(self):
@@ -185,7 +190,7 @@ class ResultBoxes(_Scored):
 
 class ResultOBB(_Scored):
     """Oriented boxes in the image's pixels, from NMS rows (n, 7) xywh, conf, cls, angle; `data` is Ultralytics'
-    table (n, 7): x, y, w, h, angle (radians), conf, cls."""
+    table (n, 7): x, y, w, h, angle (radians), conf, cls; (n, 8) with the track id before conf where tracked."""
 
     conf_column, cls_column = 5, 6
 
@@ -296,7 +301,7 @@ class Results(_Moves):
         rows = self.record.boxes
         if rows is None or not self._field(RotatedBoxes):
             return None
-        return ResultOBB(_cat([rows[:, :4], rows[:, -1:], rows[:, 4:6]]), self.orig_shape)
+        return ResultOBB(_cat([rows[:, :4], rows[:, -1:], rows[:, 4:6]]), self.orig_shape, id=self.id)
 
     @property
     def masks(self):

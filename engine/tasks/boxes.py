@@ -385,7 +385,7 @@ class BoxPredictor(BasePredictor):
                             f"0-{len(self.names) - 1} only")
 
     def make_tracker(self):
-        return FrameTracker(self.args.track) if self.args.track else None
+        return FrameTracker(self.args.track, rotated=self.model.output_layout.angle) if self.args.track else None
 
     def declare_fields(self):
         layout = self.model.output_layout

@@ -73,7 +73,8 @@ def load_tracker_config(name):
     return cfg
 
 
-def make_tracker(cfg, frame_rate=30):
+def make_tracker(cfg, frame_rate=30, rotated=False):
+    """The tracker `cfg` names; `rotated`: it follows oriented boxes (xywhr)."""
     from engine.tracking.tracker import BotSort, ByteTracker
 
-    return (BotSort if cfg.tracker_type == "botsort" else ByteTracker)(cfg, frame_rate)
+    return (BotSort if cfg.tracker_type == "botsort" else ByteTracker)(cfg, frame_rate, rotated)

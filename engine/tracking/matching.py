@@ -1,7 +1,12 @@
 """Costs between tracks and detections, and the assignment that pairs them (scipy's Hungarian solver)."""
 
+import math
+
 import numpy as np
+import torch
 from scipy.optimize import linear_sum_assignment
+
+from utils.rotated import polygon_iou, xywhr_to_corners
 
 
 def box_iou(a, b):
@@ -15,9 +20,30 @@ def box_iou(a, b):
     return inter / np.maximum(area_a[:, None] + area_b[None] - inter, 1e-9)
 
 
-def iou_cost(track_boxes, det_boxes, det_scores=None):
+def rotated_iou(a, b):
+    """Exact IoU of each oriented box of a (n, 5) with each of b (m, 5), xywhr: (n, m). The polygons' overlap, as
+    box_iou's for upright boxes, so one tracker YAML's thresholds mean the same for both (Ultralytics' OBB tracking
+    uses probiou, which differs from the overlap away from 0 and 1)."""
+    a, b = (torch.from_numpy(np.asarray(x, dtype=np.float64).reshape(-1, 5)) for x in (a, b))
+    if not len(a) or not len(b):
+        return np.zeros((len(a), len(b)))
+    return polygon_iou(xywhr_to_corners(a), xywhr_to_corners(b)).numpy()
+
+
+def same_turn(box, angle):
+    """The oriented box (xywhr) written with the angle nearest `angle`: the same rectangle, turned by quarter turns
+    with w and h swapped for each odd one. A detector reports a box's angle in [0, pi/2), so a turning object's angle
+    wraps and its sides swap between frames; a track's filter must see its sides in one order."""
+    x, y, w, h, r = box
+    quarters = round((angle - r) / (math.pi / 2))
+    if quarters % 2:
+        w, h = h, w
+    return np.array([x, y, w, h, r + quarters * math.pi / 2])
+
+
+def iou_cost(track_boxes, det_boxes, det_scores=None, iou=box_iou):
     """1 - IoU; with `det_scores` (fuse_score) 1 - IoU x score, so a confident detection wins a tie."""
-    sim = box_iou(track_boxes, det_boxes)
+    sim = iou(track_boxes, det_boxes)
     if det_scores is not None and sim.size:
         sim = sim * np.asarray(det_scores)[None]
     return 1 - sim

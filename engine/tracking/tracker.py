@@ -9,41 +9,62 @@ score drops. BoT-SORT adds a Kalman filter over (cx, cy, w, h) and global motion
 A track is born tentative from a confident unmatched detection (>= `new_track_thresh`), confirmed by a match on the
 next frame (on the first frame at once), lost when unmatched, and forgotten `track_buffer` frames (at 30 fps) after
 it was last seen; a lost track matched again gets its id back.
+
+Oriented boxes (an OBB model's, `rotated=True`: xywhr rows, as Ultralytics' trackers carry them) are followed the same
+way: the filter over the centre and the box's own sides, the angle the last matched detection's (written in the
+track's turn, `matching.same_turn`), and boxes compared by their exact polygon IoU.
 """
+
+import math
 
 import numpy as np
 
 from engine.tracking.gmc import SparseFlowGMC
 from engine.tracking.kalman import KalmanXYAH, KalmanXYWH, to_xyxy, xyxy_to
-from engine.tracking.matching import assign, box_iou, iou_cost
+from engine.tracking.matching import assign, box_iou, iou_cost, rotated_iou, same_turn
 
 TENTATIVE, TRACKED, LOST = "tentative", "tracked", "lost"
+
+
+def _measured(box, form):
+    """The filter's measurement of a box: xyxy, or an oriented box's centre and sides (xywhr, the angle aside)."""
+    if len(box) == 5:
+        box = np.r_[box[:2] - box[2:4] / 2, box[:2] + box[2:4] / 2]
+    return xyxy_to(box, form)[0]
 
 
 class Track:
     def __init__(self, kf, form, box, score, cls, frame):
         self.kf, self.form = kf, form
-        self.mean, self.cov = kf.initiate(xyxy_to(box, form)[0])
+        self.angle = box[4] if len(box) == 5 else None  # an oriented box's, from the last detection matched
+        self.mean, self.cov = kf.initiate(_measured(box, form))
         self.score, self.cls, self.id = score, cls, None
         self.state, self.start, self.last_seen = TENTATIVE, frame, frame
 
     @property
     def box(self):
-        return to_xyxy(self.mean[:4], self.form)[0]
+        """Where the filter puts the box: xyxy, or xywhr for an oriented one."""
+        b = to_xyxy(self.mean[:4], self.form)[0]
+        return b if self.angle is None else np.r_[(b[:2] + b[2:]) / 2, b[2:] - b[:2], self.angle]
 
     def update(self, box, score, cls, frame):
-        self.mean, self.cov = self.kf.update(self.mean, self.cov, xyxy_to(box, self.form)[0])
+        if self.angle is not None:
+            box = same_turn(box, self.angle)
+            self.angle = box[4]
+        self.mean, self.cov = self.kf.update(self.mean, self.cov, _measured(box, self.form))
         self.score, self.cls, self.last_seen, self.state = score, cls, frame, TRACKED
 
 
 class ByteTracker:
-    """`cfg`: a engine/tracking/config.TrackerConfig; `frame_rate` scales how long a lost track is kept."""
+    """`cfg`: a engine/tracking/config.TrackerConfig; `frame_rate` scales how long a lost track is kept; `rotated`:
+    the boxes are oriented (xywhr)."""
 
     kalman, form = KalmanXYAH, "xyah"
     still = (7,)  # the size velocities a track not seen last frame loses (else the filter would shrink it away)
 
-    def __init__(self, cfg, frame_rate=30):
+    def __init__(self, cfg, frame_rate=30, rotated=False):
         self.cfg, self.kf = cfg, self.kalman()
+        self.width, self.iou = (5, rotated_iou) if rotated else (4, box_iou)
         self.max_lost = max(1, int(frame_rate / 30 * cfg.track_buffer))
         self.tracks, self.frame, self.next_id = [], 0, 1
 
@@ -66,18 +87,18 @@ class ByteTracker:
 
     def _match(self, tracks, boxes, scores, idx, thresh, fuse):
         """Pair `tracks` with detections `idx`: (matched (track, detection index) pairs, tracks left, indices left)."""
-        cost = iou_cost(np.array([t.box for t in tracks]).reshape(-1, 4), boxes[idx],
-                        scores[idx] if fuse else None)
+        cost = iou_cost(np.array([t.box for t in tracks]).reshape(-1, self.width), boxes[idx],
+                        scores[idx] if fuse else None, self.iou)
         pairs, rest_t, rest_d = assign(cost, thresh)
         return [(tracks[i], idx[j]) for i, j in pairs], [tracks[i] for i in rest_t], [idx[j] for j in rest_d]
 
     def update(self, boxes, scores, classes, frame=None):
-        """One frame: `boxes` (n, 4) xyxy, `scores` (n,), `classes` (n,); `frame` the image (BoT-SORT's motion
-        compensation reads it). Returns (detection indices, track ids), int arrays of the detections a confirmed
+        """One frame: `boxes` (n, 4) xyxy (oriented: (n, 5) xywhr), `scores` (n,), `classes` (n,); `frame` the image
+        (BoT-SORT's motion compensation reads it). Returns (detection indices, track ids), int arrays of the detections a confirmed
         track holds this frame."""
         cfg = self.cfg
         self.frame += 1
-        boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+        boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, self.width)
         scores, classes = np.asarray(scores, dtype=np.float64).reshape(-1), np.asarray(classes).reshape(-1)
         high = np.flatnonzero(scores >= cfg.track_high_thresh)
         low = np.flatnonzero((scores > cfg.track_low_thresh) & (scores < cfg.track_high_thresh))
@@ -117,7 +138,7 @@ class ByteTracker:
         lost = [t for t in self.tracks if t.state == LOST]
         if not tracked or not lost:
             return
-        iou = box_iou(np.array([t.box for t in tracked]), np.array([t.box for t in lost]))
+        iou = self.iou(np.array([t.box for t in tracked]), np.array([t.box for t in lost]))
         gone = set()
         for i, j in zip(*np.nonzero(iou > 0.85)):
             a, b = tracked[i], lost[j]
@@ -131,8 +152,8 @@ class BotSort(ByteTracker):
     kalman, form = KalmanXYWH, "xywh"
     still = (6, 7)
 
-    def __init__(self, cfg, frame_rate=30):
-        super().__init__(cfg, frame_rate)
+    def __init__(self, cfg, frame_rate=30, rotated=False):
+        super().__init__(cfg, frame_rate, rotated)
         self.gmc = SparseFlowGMC() if cfg.gmc_method == "sparseOptFlow" else None
 
     def reset(self):
@@ -146,7 +167,10 @@ class BotSort(ByteTracker):
         if not tracks or np.allclose(A, np.eye(2, 3)):
             return
         R8 = np.kron(np.eye(4), A[:, :2])  # the rotation and scale on each (x, y) pair of the state
+        turn = math.atan2(A[1, 0], A[0, 0])  # the camera's roll turns an oriented box with it
         for t in tracks:
             t.mean = R8 @ t.mean
             t.mean[:2] += A[:, 2]
             t.cov = R8 @ t.cov @ R8.T
+            if t.angle is not None:
+                t.angle += turn
