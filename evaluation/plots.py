@@ -10,6 +10,7 @@ import torch
 
 from utils.imageio import printable, write_image
 from utils.ops import xywh2xyxy
+from utils.rotated import xywhr_to_corners
 
 _HEX = (
     "FF3838", "FF9D97", "FF701F", "FFB21D", "CFD231", "48F90A", "92CC17", "3DDB86", "1A9334", "00D4BB",
@@ -41,6 +42,16 @@ class Annotator:
     def box_label(self, box, label="", color=(128, 128, 128), txt_color=(255, 255, 255)):
         p1, p2 = (int(box[0]), int(box[1])), (int(box[2]), int(box[3]))
         cv2.rectangle(self.im, p1, p2, color, thickness=self.lw, lineType=cv2.LINE_AA)
+        self._label(p1, label, color, txt_color)
+
+    def polygon_label(self, corners, label="", color=(128, 128, 128), txt_color=(255, 255, 255)):
+        """An oriented box's outline (corners (4, 2) in pixels), labelled at its top-most corner."""
+        pts = np.round(_numpy(corners)).astype(np.int32)
+        cv2.polylines(self.im, [pts], True, color, thickness=self.lw, lineType=cv2.LINE_AA)
+        self._label(tuple(int(v) for v in pts[pts[:, 1].argmin()]), label, color, txt_color)
+
+    def _label(self, p1, label, color, txt_color):
+        """`label` on a filled box of `color` whose bottom-left is p1, or below p1 where it would leave the image."""
         if not label:
             return
         label = printable(label)
@@ -125,20 +136,23 @@ def _draw_keypoints(ann, kpts, keep, origin, size, scale):
 
 
 def plot_images(images, targets, paths=None, fname="images.jpg", names=None, masks=None, max_size=1920,
-                max_subplots=16, overlap=True, keypoints=None):  # fmt: skip
+                max_subplots=16, overlap=True, keypoints=None, angles=None):  # fmt: skip
     """Save a mosaic JPEG of a batch with its boxes (and masks, or keypoints (N, K, 3) in `targets` order,
     normalised or in pixels as the boxes are).
 
     images: (B, 3, H, W) RGB, uint8 or float in [0, 1]. targets: (N, 6) [batch_idx, cls, cx, cy, w, h], boxes
     normalised (0..1) or in pixels; (N, 7) adds a confidence column (predictions, shown when >= 0.25).
     masks: with `overlap`, one map per image (B, h, w) whose value k marks the image's k-th target (a batch's
-    `overlap` says which it holds); else one per target (N, h, w). Returns the saved path.
+    `overlap` says which it holds); else one per target (N, h, w). angles: (N,) radians, oriented boxes (an OBB
+    batch's `angles`): each target's w and h are then its own sides, turned by its angle (utils/rotated.py), and it
+    is drawn as its outline. Returns the saved path.
     """
     ims = _to_uint8_hwc(images[:max_subplots])  # only the drawn images leave the GPU and are converted
     targets = _numpy(targets)
     targets = targets.reshape(-1, targets.shape[-1]) if targets.size else np.zeros((0, 6), dtype=np.float32)
     masks = None if masks is None else _numpy(masks)
     keypoints = None if keypoints is None else _numpy(keypoints)
+    angles = None if angles is None else _numpy(angles).reshape(-1)
     bs, h, w = ims.shape[0], ims.shape[1], ims.shape[2]
     ns = math.ceil(bs**0.5)
     scale = min(1.0, max_size / (ns * max(h, w)))
@@ -164,22 +178,29 @@ def plot_images(images, targets, paths=None, fname="images.jpg", names=None, mas
             ann.im[y0 : y0 + h, x0 : x0 + w] = sub.result()
         if keypoints is not None:
             _draw_keypoints(ann, keypoints[rows], show, (x0, y0), (w, h), scale)
-        boxes = xywh2xyxy(t[:, 2:6].astype(np.float32))
-        if len(boxes) and boxes.max() <= 1.1:  # normalised coordinates
-            boxes *= np.array([w, h, w, h], dtype=np.float32)
+        xywh = t[:, 2:6].astype(np.float32)
+        if len(xywh) and xywh2xyxy(xywh).max() <= 1.1:  # normalised coordinates
+            xywh *= np.array([w, h, w, h], dtype=np.float32)
         elif scale < 1:
-            boxes *= scale
-        boxes += np.array([x0, y0, x0, y0], dtype=np.float32)
-        for b, row, keep in zip(boxes, t, show):
-            if not keep:
-                continue
-            c = int(row[1])
-            label = _name(names, c)
-            if t.shape[1] > 6:
-                label = f"{label} {row[6]:.1f}"
-            ann.box_label(b, label, colors(c, bgr=True))
+            xywh *= scale
+        xywh[:, :2] += np.array([x0, y0], dtype=np.float32)
+        _draw_boxes(ann, t[show], xywh[show], None if angles is None else angles[rows][show], names)
     write_image(fname, ann.result())
     return Path(fname)
+
+
+def _draw_boxes(ann, t, xywh, angles, names):
+    """plot_images' rows `t` at `xywh` (mosaic pixels): upright boxes, or oriented ones' outlines with `angles`."""
+    corners = None
+    if angles is not None:
+        corners = xywhr_to_corners(torch.from_numpy(np.c_[xywh, angles]).double()).numpy()
+    for k, row in enumerate(t):
+        c = int(row[1])
+        label = _name(names, c) if t.shape[1] <= 6 else f"{_name(names, c)} {row[6]:.1f}"
+        if corners is None:
+            ann.box_label(xywh2xyxy(xywh[k : k + 1])[0], label, colors(c, bgr=True))
+        else:
+            ann.polygon_label(corners[k], label, colors(c, bgr=True))
 
 
 def save_one_box(xyxy, im, file, gain=1.02, pad=10):

@@ -160,7 +160,7 @@ class BoxTrainer(BaseTrainer):
         if step < 3:
             plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"train_batch{step}.jpg",
                         self.names, masks=batch.get("masks"), overlap=batch.get("overlap"),
-                        keypoints=batch.get("keypoints"))
+                        keypoints=batch.get("keypoints"), angles=batch.get("angles"))
 
 
 class BoxValidator(BaseValidator):
