@@ -216,8 +216,15 @@ class ResultOBB(_Scored):
 
 
 class ResultMasks(_View):
-    """Instance masks at the original image's size, binary (n, h, w), in the boxes' order; `xy` / `xyn` the outline
-    (largest contour) of each, in pixels / normalised, as the segmentation --save-txt lines hold it."""
+    """Instance masks at the original image's size, (n, h, w) uint8 0 / 1, in the boxes' order; `xy` / `xyn` the
+    outline (largest contour) of each, in the image's pixels / normalised, as the segmentation --save-txt lines hold
+    it. Ultralytics 8.4 gives uint8 masks too, at this size with `retina_masks=True` (its default: at the
+    letterboxed input's size, and `xy` scaled from there to the image); docs/api.md says what differs."""
+
+    def __init__(self, data, orig_shape):
+        super().__init__(data.astype(np.uint8) if isinstance(data, np.ndarray) and data.dtype == bool else
+                         data.to(torch.uint8) if isinstance(data, torch.Tensor) and data.dtype == torch.bool else data,
+                         orig_shape)
 
     @property
     def xy(self):
