@@ -13,7 +13,7 @@ from utils.run import run_cli
 
 
 def parse_opt(argv=None):
-    return predict_parser(DetectPredictOptions, "Run a YOLO detector", "runs/train/exp/weights/best.pt", 320,
+    return predict_parser(DetectPredictOptions, "Run a YOLO detector", "runs/train/exp/weights/best.pt",
                           "runs/detect").parse_args(argv)
 
 

@@ -14,7 +14,7 @@ from utils.run import run_cli
 
 
 def parse_opt(argv=None):
-    return val_parser(ValOptions, "Validate a YOLO detector", "data/shapes.yaml", 320, "runs/val").parse_args(argv)
+    return val_parser(ValOptions, "Validate a YOLO detector", "runs/val").parse_args(argv)
 
 
 def main(opt):

@@ -12,7 +12,7 @@ from utils.run import run_cli
 
 
 def parse_opt(argv=None):
-    return predict_parser(PredictOptions, "Run a YOLO classifier", "runs/train-cls/exp/weights/best.pt", 96,
+    return predict_parser(PredictOptions, "Run a YOLO classifier", "runs/train-cls/exp/weights/best.pt",
                           "runs/predict-cls", boxes=False).parse_args(argv)
 
 

@@ -14,17 +14,19 @@ from utils.run import run_cli
 
 
 def parse_opt(argv=None):
+    """utils/cli.Parsed: the options of `argv` (default: the command line) and the names it gave."""
     p = train_parser(TrainOptions, "Train a YOLO classifier", "yolov8n-cls.yaml", "data/shapes-cls", 96,
                      "runs/train-cls", cfg_flags=("--model", "--cfg"), data_help=DATA_HELP["classify"])
-    return p.parse_args(argv)
+    return p.parse(argv)
 
 
-def main(opt, callbacks=None):
-    """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
+def main(parsed, callbacks=None):
+    """(trainer, metrics) of the run `parsed` (parse_opt's: the options and the names given) asks for; `callbacks` as
+    engine.trainer.run takes them (listener objects, or {event: [functions]})."""
     from engine.tasks import TASKS  # imports torch: after parsing, for a quick --help
     from engine.trainer import run as run_training
 
-    return run_training(TASKS["classify"].trainer, opt, callbacks)
+    return run_training(TASKS["classify"].trainer, parsed, callbacks)
 
 
 def run(callbacks=None, **options):

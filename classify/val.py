@@ -6,14 +6,14 @@ Usage:
     $ python -m torch.distributed.run --nproc_per_node 4 classify/val.py --weights best.pt --data imagenet
 """
 
-from engine.options import ValOptions
+from engine.options import ClassifyValOptions
 from utils.cli import val_parser
 from utils.run import run_cli
 
 
 def parse_opt(argv=None):
-    return val_parser(ValOptions, "Validate a YOLO classifier", "data/shapes-cls", 96, "runs/val-cls",
-                      batch_default=64, boxes=False).parse_args(argv)
+    return val_parser(ClassifyValOptions, "Validate a YOLO classifier", "runs/val-cls", batch_default=64,
+                      boxes=False).parse_args(argv)
 
 
 def main(opt):

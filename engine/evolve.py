@@ -75,15 +75,15 @@ def append_row(csv_file, metrics, hyp, keys):
         w.writerow(row)
 
 
-def evolve(trainer_cls, opt, run):
-    """Run opt.evolve generations of `run(trainer_cls, options, given=...)`, each with its own copy of the options
-    (`opt`: a train script's parsed command line); returns the path of the best hyp YAML."""
+def evolve(trainer_cls, parsed, run):
+    """Run --evolve generations of `run(trainer_cls, options, given=...)`, each with its own copy of the options
+    (`parsed`: a train script's parsed command line, utils/cli.Parsed); returns the path of the best hyp YAML."""
+    opt, given = parsed
     if du.get_world_size() > 1:
         raise BadOption("--evolve runs in a single process (each generation is a whole training run): launch it "
                         "without torchrun, one evolution per GPU with --device")
     if opt.resume:  # a generation's own --resume would continue, or refuse, an earlier search's generation
         raise BadOption("--evolve starts a new search of new runs; it does not take --resume")
-    given = opt.given
     # the model whose default hyp the search starts from
     opt = weights_own_model(trainer_cls.options.from_values(opt), given)
     base = _base_hyp(opt)  # a mistake in --hyp ends the command before a folder is made

@@ -50,14 +50,18 @@ def _planned(**default):
     return dataclasses.field(**(default or {"default": False}), metadata={"planned": True})
 
 
-def _cli(*flags, text, resume=None, field_default=dataclasses.MISSING, boxes=False, **settings):
+def _cli(*flags, text, resume=None, field_default=dataclasses.MISSING, boxes=False, run_default=dataclasses.MISSING,
+         **settings):
     """A field the command line gives: its flags, help `text` (formatted with the script's own words: `{imgsz}`,
     `{project}`, `{data_help}`), what --resume may do with it (`resume`, see above) and argparse `settings` beyond
     what its type says (utils/cli.add_option_fields reads them). `field_default`: the value of an options object
     made without it (a checkpoint saved before the option existed); the command line's is `settings["default"]`.
-    `boxes`: a flag only the box tasks have (a classifier's parser leaves it out and gives the default)."""
+    `boxes`: a flag only the box tasks have (a classifier's parser leaves it out and gives the default).
+    `run_default`: the option is left to the run that made --weights when None (engine/inherit.py), and this is the
+    task's value where that run does not say; the help text names it as `{<field name>}`."""
     metadata = {"flags": flags, "help": text, "argparse": settings, **({"resume": resume} if resume else {}),
-                **({"boxes": True} if boxes else {})}
+                **({"boxes": True} if boxes else {}),
+                **({"run_default": run_default} if run_default is not dataclasses.MISSING else {})}
     if isinstance(field_default, list):  # each object its own list
         return dataclasses.field(default_factory=lambda: list(field_default), metadata=metadata)
     return dataclasses.field(default=field_default, metadata=metadata)
@@ -67,6 +71,14 @@ def _opt(*flags, text, **settings):
     """A `_cli` field whose value in an options object made in code (validation inside training, a test's
     validator, an exporter given a namespace) is the command line's default, off for an on-flag."""
     return _cli(*flags, text=text, field_default=settings.get("default", False), **settings)
+
+
+def _run_default(cls, name, value):
+    """`cls`'s field `name`, falling back to `value` where the weights' run does not say: a task's own fallback
+    (its dataset, its image size) in its options subclass."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return dataclasses.field(default=f.default, default_factory=f.default_factory,
+                             metadata={**f.metadata, "run_default": value})
 
 
 def _conforms(v, hint):
@@ -90,8 +102,7 @@ class Options:
     @classmethod
     def from_values(cls, values):
         """From a dict or namespace of option values (a parsed command line, a checkpoint's `opt`): the fields this
-        class declares, derived ones left to set-up; anything else (`given`, a field of another task, the parser's
-        `run_defaults`) is ignored."""
+        class declares, derived ones left to set-up; anything else (a field of another task) is ignored."""
         values = values if isinstance(values, dict) else vars(values)
         names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")]
         return cls(**{k: values[k] for k in names if k in values})
@@ -255,15 +266,15 @@ class ValOptions(Options):
     `from_cli` (the val scripts, `BaseValidator.run_val`) or `from_train` (the trainer), or in code with the command
     line's defaults."""
 
-    # None: the weights' run's dataset, else the script's (engine/inherit.py)
-    data: Optional[str] = _opt("--data", type=str, default=None,
+    # None: the weights' run's dataset, else the task's (engine/inherit.py)
+    data: Optional[str] = _opt("--data", type=str, default=None, run_default="data/shapes.yaml",
                                text="{data_help} (default: the weights' training set where its file still exists, "
                                     "else {data})")
     weights: Optional[str] = _cli("--weights", type=str, required=True, field_default=None,  # None: in training
                                   text="model weights: .pt, or a .onnx/.torchscript made with export.py (not "
                                        "--no-dynamic)")
     batch: int = _opt("--batch-size", default=32, metavar="BATCH_SIZE", text="images per batch on each process")
-    imgsz: int = _cli("--imgsz", "--img", "--img-size", default=None,
+    imgsz: int = _cli("--imgsz", "--img", "--img-size", default=None, run_default=320,
                       text="validation size, long side in pixels (default: the size the weights trained at, else "
                            "{imgsz})")
     # --task (the official scripts' name) is read into two options: this split and `speed`
@@ -320,6 +331,7 @@ class ValOptions(Options):
 class SegmentValOptions(ValOptions):
     """Segmentation validation: the form of the label masks, as the run trained with them."""
 
+    data: Optional[str] = _run_default(ValOptions, "data", "data/shapes-seg.yaml")
     no_overlap: bool = False  # one mask per instance instead of the overlap map
 
 
@@ -327,10 +339,27 @@ class SegmentValOptions(ValOptions):
 class PoseValOptions(ValOptions):
     """Pose validation: keypoints per instance and values per keypoint, the dataset's (its YAML's `kpt_shape`)."""
 
+    data: Optional[str] = _run_default(ValOptions, "data", "data/shapes-pose.yaml")
     kpt_shape: tuple[int, int] = (17, 3)
 
     def for_dataset(self, data):
         return dataclasses.replace(super().for_dataset(data), kpt_shape=tuple(data["kpt_shape"]))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OBBValOptions(ValOptions):
+    """Oriented-box validation: a detector's options, on the oriented-box dataset where the weights' run names none."""
+
+    data: Optional[str] = _run_default(ValOptions, "data", "data/shapes-obb.yaml")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClassifyValOptions(ValOptions):
+    """Classification validation: the box options unused (classify/val.py has no such flags), and the
+    classification dataset and size where the weights' run names none."""
+
+    data: Optional[str] = _run_default(ValOptions, "data", "data/shapes-cls")
+    imgsz: int = _run_default(ValOptions, "imgsz", 96)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,8 +373,9 @@ class PredictOptions(Options):
                        text="image, folder (its own files; 'DIR/**/*.jpg' also reads sub-folders), glob, video, .txt "
                             "list, URL, webcam index (0), rtsp/rtmp/http stream or .streams file")
     vid_stride: int = _cli("--vid-stride", default=1, text="process every n-th frame of videos and streams")
-    # None: the size the weights' run trained at (engine/inherit.py)
-    imgsz: Optional[int] = _cli("--imgsz", "--img", "--img-size", default=None,
+    # None: the size the weights' run trained at, else the task's: classify/predict.py's here, the box tasks' in
+    # DetectPredictOptions (engine/inherit.py)
+    imgsz: Optional[int] = _cli("--imgsz", "--img", "--img-size", default=None, run_default=96,
                                 text="inference size, long side in pixels (default: the size the weights trained at, "
                                      "else {imgsz}; a static export takes its own)")
     device: str = _cli("--device", default="", text="GPU 0, or cpu (default: GPU 0 if there is one, else cpu)")
@@ -371,8 +401,9 @@ class PredictOptions(Options):
 
 @dataclasses.dataclass(frozen=True)
 class DetectPredictOptions(PredictOptions):
-    """detect.py and segment/predict.py: NMS and test-time augmentation."""
+    """detect.py, segment/predict.py and obb/predict.py: NMS and test-time augmentation."""
 
+    imgsz: Optional[int] = _run_default(PredictOptions, "imgsz", 320)
     conf_thres: float = _cli("--conf-thres", default=0.25, text="confidence threshold")
     # None: the family's (evaluation/results.nms_iou), so a checkpoint gives the boxes its own tool's predict gives
     iou_thres: Optional[float] = _cli("--iou-thres", default=None,
@@ -393,8 +424,8 @@ class DetectPredictOptions(PredictOptions):
 class PosePredictOptions(DetectPredictOptions):
     """pose/predict.py: the dataset YAML whose skeleton is drawn (None: COCO's for 17 keypoints)."""
 
-    # default: the run's (utils/cli.inherited)
-    data: Optional[str] = _cli("--data", default=None,
+    # None: the run's, else no file (COCO's skeleton)
+    data: Optional[str] = _cli("--data", default=None, run_default=None,
                                text="pose dataset YAML whose `skeleton` is drawn (default: the weights' training set "
                                     "where its file still exists; COCO's for 17 keypoints)")
 
@@ -409,6 +440,7 @@ class ExportOptions(Options):
                               text=f"formats: {', '.join(EXPORT_FORMATS)}")
     # h [w] as given; None: the weights' run's size (an int), else 640 (engine/inherit.py)
     imgsz: Union[list[int], int, None] = _opt("--imgsz", "--img", "--img-size", nargs="+", type=int, default=None,
+                                              run_default=[640],
                                               text="example input size h [w]; with --no-dynamic the one size the file "
                                                    "takes (default: the size the weights trained at, else 640)")
     batch_size: int = _opt("--batch-size", "--batch", default=1,
@@ -423,12 +455,9 @@ class ExportOptions(Options):
                       text="ONNX opset version; the versions this torch exports are checked before exporting")
     int8: bool = _opt("--int8", text="openvino, engine: INT8 post-training quantisation, calibrated on --data's "
                                      "training images")
-    data: Optional[str] = _opt("--data", type=str, default=None,
+    data: Optional[str] = _opt("--data", type=str, default=None, run_default=None,
                                text="--int8's calibration images: a dataset YAML, whose train split is read (default: "
                                     "the weights' training set where its file still exists)")
     calib_images: int = _opt("--calib-images", default=300, text="--int8: how many training images calibrate it "
                                                                  "(at least 32; fewer where the split has fewer)")
     modules: list[str] = _opt("--modules", text=MODULES_HELP, **MODULES_ARG)
-    # {option: the script's fallback} for the options left to the weights' run: utils/cli.inherited sets it on the
-    # parser, engine/inherit.run_values reads it; a namespace made in code that leaves out --img gets export.py's
-    run_defaults: dict = dataclasses.field(default_factory=lambda: {"imgsz": [640], "data": None})

@@ -47,7 +47,7 @@ class BasePredictor:
         half = opt.half and self.device.type == "cuda"
         bf16 = inference_bf16(self.device, opt.amp)
         self.model = InferenceBackend(opt.weights, device=self.device, half=half, bf16=bf16)
-        self.args = dataclasses.replace(opt, **run_values(args, self.model.run))
+        self.args = dataclasses.replace(opt, **run_values(opt, self.model.run))
         check_task(self.model.task, self.tasks, f"--weights {opt.weights}", "predict")
         self.half = self.model.fp16
         self.names = self.model.names

@@ -40,7 +40,7 @@ from models.checkpoints import attempt_load
 from models.registry import use_modules
 from utils import dist as du
 from utils.autobatch import cpu_batch, cuda_auto_batch
-from utils.cli import check_imgsz
+from utils.cli import Parsed, check_imgsz
 from utils.errors import Interrupted
 from utils.files import yaml_save
 from utils.log import LOGGER, set_logging
@@ -565,15 +565,17 @@ class BaseTrainer:
 def run(trainer_cls, opt, callbacks=None, given=()):
     """Entry point shared by every task's train.py: device, process group, resume, train, clean exit.
 
-    `opt`: a train script's parsed command line, typed here once (its `given` names the options --resume may refuse),
-    or the task's options with the names its caller gave in `given`. `callbacks`: listener objects with `on_<event>`
-    methods, or a dict {event: [functions taking the event]}, added after the default ones (engine/callbacks.py names
-    the events and what each carries). Under torchrun, a restarted worker group continues the run it belongs to
-    (engine/resume.py).
+    `opt`: a train script's parsed command line (utils/cli.Parsed: its options, typed here once, and the names it
+    gave, which --resume may refuse), or the task's options with the names its caller gave in `given`. `callbacks`:
+    listener objects with `on_<event>` methods, or a dict {event: [functions taking the event]}, added after the
+    default ones (engine/callbacks.py names the events and what each carries). Under torchrun, a restarted worker
+    group continues the run it belongs to (engine/resume.py).
     """
     set_logging(du.get_rank())
+    if isinstance(opt, Parsed):
+        opt, given = opt
     if not isinstance(opt, TrainOptions):
-        given, opt = opt.given, trainer_cls.options.from_values(opt)
+        opt = trainer_cls.options.from_values(opt)
     if opt.hyp:  # checked before any work (the options were, by the parser)
         read_hyp(opt.hyp)
     use_modules(opt.modules)  # before any model is built or checkpoint read, on every rank

@@ -296,7 +296,7 @@ class BaseValidator:
         device = du.select_device(options.device)
         with du.session(device):
             backend = InferenceBackend(options.weights, device=device)
-            options = dataclasses.replace(options, **run_values(opt, backend.run))
+            options = dataclasses.replace(options, **run_values(options, backend.run))
             model, stride, task = validation_model(backend, options.imgsz)
             check_task(task, cls.tasks, f"--weights {options.weights}", "val")
             model, options = cls.adapt_to_weights(model, stride, options)

@@ -13,7 +13,7 @@ from utils.run import run_cli
 
 def parse_opt(argv=None):
     return predict_parser(DetectPredictOptions, "Run a YOLO oriented-box (OBB) model",
-                          "runs/train-obb/exp/weights/best.pt", 320, "runs/predict-obb").parse_args(argv)
+                          "runs/train-obb/exp/weights/best.pt", "runs/predict-obb").parse_args(argv)
 
 
 def main(opt):

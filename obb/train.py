@@ -17,19 +17,21 @@ from utils.run import run_cli
 
 
 def parse_opt(argv=None):
+    """utils/cli.Parsed: the options of `argv` (default: the command line) and the names it gave."""
     return train_parser(DetectTrainOptions, "Train a YOLO oriented-box (OBB) model", "yolov8n-obb.yaml",
-                        "data/shapes-obb.yaml", 320, "runs/train-obb").parse_args(argv)
+                        "data/shapes-obb.yaml", 320, "runs/train-obb").parse(argv)
 
 
-def main(opt, callbacks=None):
-    """(trainer, metrics); `callbacks` as engine.trainer.run takes them (listener objects, or {event: [functions]})."""
+def main(parsed, callbacks=None):
+    """(trainer, metrics) of the run `parsed` (parse_opt's: the options and the names given) asks for; `callbacks` as
+    engine.trainer.run takes them (listener objects, or {event: [functions]})."""
     from engine.evolve import evolve  # imports torch: after parsing, for a quick --help
     from engine.tasks import TASKS
     from engine.trainer import run as run_training
 
-    if opt.evolve:
-        return evolve(TASKS["obb"].trainer, opt, partial(run_training, callbacks=callbacks))
-    return run_training(TASKS["obb"].trainer, opt, callbacks)
+    if parsed.opt.evolve:
+        return evolve(TASKS["obb"].trainer, parsed, partial(run_training, callbacks=callbacks))
+    return run_training(TASKS["obb"].trainer, parsed, callbacks)
 
 
 def run(callbacks=None, **options):

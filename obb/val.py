@@ -7,14 +7,13 @@ Usage:
     $ python -m torch.distributed.run --nproc_per_node 4 obb/val.py --weights best.pt --data DOTAv1.yaml
 """
 
-from engine.options import ValOptions
+from engine.options import OBBValOptions
 from utils.cli import val_parser
 from utils.run import run_cli
 
 
 def parse_opt(argv=None):
-    return val_parser(ValOptions, "Validate a YOLO oriented-box (OBB) model", "data/shapes-obb.yaml", 320,
-                      "runs/val-obb").parse_args(argv)
+    return val_parser(OBBValOptions, "Validate a YOLO oriented-box (OBB) model", "runs/val-obb").parse_args(argv)
 
 
 def main(opt):

@@ -6,14 +6,13 @@ Usage:
 """
 
 from engine.options import PosePredictOptions
-from utils.cli import inherited, predict_parser
+from utils.cli import predict_parser
 from utils.run import run_cli
 
 
 def parse_opt(argv=None):
-    p = predict_parser(PosePredictOptions, "Run a YOLO pose model", "runs/train-pose/exp/weights/best.pt", 320,
-                       "runs/predict-pose")
-    return inherited(p, data=None).parse_args(argv)
+    return predict_parser(PosePredictOptions, "Run a YOLO pose model", "runs/train-pose/exp/weights/best.pt",
+                          "runs/predict-pose").parse_args(argv)
 
 
 def main(opt):

@@ -13,8 +13,7 @@ from utils.run import run_cli
 
 
 def parse_opt(argv=None):
-    return val_parser(PoseValOptions, "Validate a YOLO pose model", "data/shapes-pose.yaml", 320,
-                      "runs/val-pose").parse_args(argv)
+    return val_parser(PoseValOptions, "Validate a YOLO pose model", "runs/val-pose").parse_args(argv)
 
 
 def main(opt):

@@ -14,7 +14,7 @@ from utils.run import run_cli
 
 def parse_opt(argv=None):
     return predict_parser(DetectPredictOptions, "Run a YOLO segmentation model", "runs/train-seg/exp/weights/best.pt",
-                          320, "runs/predict-seg").parse_args(argv)
+                          "runs/predict-seg").parse_args(argv)
 
 
 def main(opt):

@@ -13,8 +13,7 @@ from utils.run import run_cli
 
 
 def parse_opt(argv=None):
-    return val_parser(SegmentValOptions, "Validate a YOLO segmentation model", "data/shapes-seg.yaml", 320,
-                      "runs/val-seg").parse_args(argv)
+    return val_parser(SegmentValOptions, "Validate a YOLO segmentation model", "runs/val-seg").parse_args(argv)
 
 
 def main(opt):

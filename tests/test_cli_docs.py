@@ -138,7 +138,7 @@ def test_the_kubernetes_manifest_runs_a_command_that_parses():
     [container] = pod["containers"]
     [line] = [x for x in container["args"][0].replace("\\\n", " ").splitlines() if x.strip().startswith("torchrun")]
     module, args = _script_args(shlex.split(line.split("&")[0]))
-    opt = importlib.import_module(module).parse_opt(args)
+    opt = importlib.import_module(module).parse_opt(args).opt  # a train script: utils/cli.Parsed
     assert opt.resume == "auto" and opt.project == "/runs"
     assert {"name": "runs", "mountPath": "/runs"} in container["volumeMounts"]
 

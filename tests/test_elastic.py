@@ -291,7 +291,7 @@ def _typed(argv):
     """train.py's options for `argv`, typed as engine/trainer.run types them before resume reads them."""
     import train
 
-    return TrainOptions.from_values(train.parse_opt(argv))
+    return TrainOptions.from_values(train.parse_opt(argv).opt)
 
 
 def test_bare_resume_picks_the_newest_unfinished_run(tmp_path):
@@ -327,8 +327,7 @@ def test_resume_auto_starts_a_run_continues_it_and_refuses_what_cannot_continue(
            "--imgsz", "64", "--device", "cpu"]
 
     def plan(argv):
-        opt = train.parse_opt(argv)
-        return plan_run(_typed(argv), "runs/train", opt.given)
+        return plan_run(_typed(argv), "runs/train", train.parse_opt(argv).given)
 
     opt, resume_from, run_dir = plan(cmd)
     assert (resume_from, run_dir, opt.resume, opt.name) == (None, project / "job7", "auto", "job7")
@@ -353,19 +352,19 @@ def test_resume_refuses_options_that_change_the_run_and_extends_epochs(tmp_path,
     from utils.errors import BadOption
 
     last = _fake_run(tmp_path, "exp", finished=False)
-    given = train.parse_opt(["--resume", str(last), "--batch-size", "16", "--img=128", "--workers", "0"])
+    opt, given = train.parse_opt(["--resume", str(last), "--batch-size", "16", "--img=128", "--workers", "0"])
     with pytest.raises(BadOption) as e:
-        resume_opt(TrainOptions.from_values(given), "runs/train", given.given)
+        resume_opt(TrainOptions.from_values(opt), "runs/train", given)
     assert "--batch-size, --imgsz would change it" in str(e.value)
-    opt = train.parse_opt(["--resume", str(last), "--epoch", "9", "--device", "cpu"])  # an abbreviation too
-    saved, _ = resume_opt(TrainOptions.from_values(opt), "runs/train", opt.given)
+    opt, given = train.parse_opt(["--resume", str(last), "--epoch", "9", "--device", "cpu"])  # an abbreviation too
+    saved, _ = resume_opt(TrainOptions.from_values(opt), "runs/train", given)
     assert (saved.epochs, saved.batch_size, saved.device) == (9, 8, "cpu")
     # options the checkpoint predates (the fake run saved only six) come from the defaults
-    defaults = vars(train.parse_opt([]))
+    defaults = vars(train.parse_opt([]).opt)
     assert saved.hyp == defaults["hyp"] and saved.optimizer == defaults["optimizer"] and saved.seed == defaults["seed"]
     with pytest.raises(BadOption, match="already trained 2 epochs"):
-        opt = train.parse_opt(["--resume", str(last), "--epochs", "2"])
-        resume_opt(TrainOptions.from_values(opt), "runs/train", opt.given)
+        opt, given = train.parse_opt(["--resume", str(last), "--epochs", "2"])
+        resume_opt(TrainOptions.from_values(opt), "runs/train", given)
     # the user's view: one line and exit status 2
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--resume", str(last), "--batch-size", "16",
                         "--device", "cpu"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
@@ -422,5 +421,6 @@ def test_older_launcher_local_rank_spellings(script, monkeypatch):
             monkeypatch.delenv("LOCAL_RANK", raising=False)
         else:
             monkeypatch.setenv("LOCAL_RANK", env)
-        assert parse(argv + extra).local_rank == 1
+        parsed = parse(argv + extra)
+        assert (parsed.opt if script == "train" else parsed).local_rank == 1  # a train script's: utils/cli.Parsed
         assert os.environ["LOCAL_RANK"] == expected

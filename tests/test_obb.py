@@ -137,6 +137,8 @@ def test_yolo_names_and_script_defaults():
     """`yolo obb ...` finds the obb scripts, a `-obb` model name is an obb model, and the scripts default to the
     synthetic shapes-obb set."""
     from data.dataset_yaml import find_dataset_yaml
+    from engine.inherit import run_values
+    from engine.options import OBBValOptions
     from obb import predict as obb_predict
     from obb import train as obb_train
     from obb import val as obb_val
@@ -146,9 +148,11 @@ def test_yolo_names_and_script_defaults():
     assert model_task("yolov8n-obb.yaml") == model_task("yolo11s-obb.pt") == "obb"
     assert [script_path("obb", m) for m in ("train", "val", "predict")] == ["obb/train.py", "obb/val.py",
                                                                             "obb/predict.py"]
-    opt = obb_train.parse_opt([])
+    opt = obb_train.parse_opt([]).opt
     assert (opt.data, opt.cfg) == ("data/shapes-obb.yaml", "yolov8n-obb.yaml")
-    assert obb_val.parse_opt(["--weights", "w.pt"]).run_defaults["data"] == "data/shapes-obb.yaml"
+    val_opt = OBBValOptions.from_cli(obb_val.parse_opt(["--weights", "w.pt"]))
+    assert val_opt.data is None  # the weights' run's dataset, else obb's own
+    assert run_values(val_opt, {}) == {"data": "data/shapes-obb.yaml", "imgsz": 320}
     assert obb_predict.parse_opt([]).weights == "runs/train-obb/exp/weights/best.pt"
     assert yaml_load(find_dataset_yaml(opt.data))["synthetic"]["task"] == "obb"
 

@@ -189,15 +189,17 @@ def test_torchrun_two_ranks_pose(tmp_path):
 def test_scripts_default_to_the_synthetic_pose_set():
     """`python pose/train.py` with no arguments trains yolov8n-pose on data/shapes-pose.yaml, generated offline."""
     from data.dataset_yaml import check_pose_dataset, find_dataset_yaml
+    from engine.inherit import run_values
+    from engine.options import PoseValOptions
     from pose import predict as pose_predict
     from pose import train as pose_train
     from pose import val as pose_val
     from utils.files import yaml_load
 
-    opt = pose_train.parse_opt([])
+    opt = pose_train.parse_opt([]).opt
     assert (opt.data, opt.cfg) == ("data/shapes-pose.yaml", "yolov8n-pose.yaml")
-    val_opt = pose_val.parse_opt(["--weights", "w.pt"])  # the data from the checkpoint's run, else this default
-    assert val_opt.data is None and val_opt.run_defaults["data"] == "data/shapes-pose.yaml"
+    val_opt = PoseValOptions.from_cli(pose_val.parse_opt(["--weights", "w.pt"]))  # the run's data, else this default
+    assert val_opt.data is None and run_values(val_opt, {})["data"] == "data/shapes-pose.yaml"
     assert pose_predict.parse_opt([]).weights == "runs/train-pose/exp/weights/best.pt"
     d = yaml_load(find_dataset_yaml(opt.data))
     assert d["synthetic"]["task"] == "pose" and d["kpt_shape"] == [4, 3] and d["flip_idx"] == list(POSE_FLIP_IDX)
@@ -216,11 +218,11 @@ def test_interrupted_pose_run_resumes(tmp_path):
     def stop(event):
         raise Interrupted(2)
 
-    opt = pose_train.parse_opt(["--data", str(data), "--imgsz", "64", "--batch-size", "2", "--epochs", "2",
-                                "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"),
-                                "--name", "exp", "--noplots"])
+    parsed = pose_train.parse_opt(["--data", str(data), "--imgsz", "64", "--batch-size", "2", "--epochs", "2",
+                                   "--workers", "0", "--device", "cpu", "--project", str(tmp_path / "runs"),
+                                   "--name", "exp", "--noplots"])
     with pytest.raises(Interrupted):
-        pose_train.main(opt, {"on_fit_epoch_end": [stop]})
+        pose_train.main(parsed, {"on_fit_epoch_end": [stop]})
     last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
     trainer, _ = pose_train.main(pose_train.parse_opt(["--resume", str(last)]))
     assert trainer.model.kpt_shape == (4, 3)

@@ -355,9 +355,10 @@ def test_torchrun_two_ranks_segment(tmp_path, cfg, base_hyp):
 
 
 def test_val_script_default_and_explicit_data():
+    from engine.inherit import run_values
     from segment import val as seg_val
 
     opt = seg_val.parse_opt(["--weights", "w.pt"])  # the data from the checkpoint's run, else this default
-    assert opt.data is None and opt.run_defaults["data"] == "data/shapes-seg.yaml"
+    assert opt.data is None and run_values(SegmentValOptions.from_cli(opt), {})["data"] == "data/shapes-seg.yaml"
     assert seg_val.parse_opt(["--weights", "w.pt", "--data=x.yaml"]).data == "x.yaml"
     assert seg_val.parse_opt(["--weights", "w.pt", "--data", "y.yaml"]).project == "runs/val-seg"

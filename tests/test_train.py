@@ -246,7 +246,7 @@ def test_interrupted_save_keeps_last_checkpoint(tmp_path, monkeypatch):
 
 def test_batch_size_must_divide_world_size(shapes_detect, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
-    opt = train.parse_opt(_train_args(shapes_detect, tmp_path))
+    opt = train.parse_opt(_train_args(shapes_detect, tmp_path)).opt
     with pytest.raises(ValueError, match="multiple of WORLD_SIZE"):
         DetectionTrainer(opt, torch.device("cpu"))
 
@@ -255,7 +255,7 @@ def test_workers_default_is_resolved_for_the_device(shapes_detect, tmp_path):
     from data.loader import default_workers
 
     args = [a for a in _train_args(shapes_detect, tmp_path) if a not in ("--workers", "0")]
-    trainer = DetectionTrainer(train.parse_opt(args), torch.device("cpu"))
+    trainer = DetectionTrainer(train.parse_opt(args).opt, torch.device("cpu"))
     assert trainer.opt.workers is None  # as given: the resolved count is a derived field
     assert trainer.opt.loader_workers == default_workers(torch.device("cpu"))
     with pytest.raises(dataclasses.FrozenInstanceError):  # the options are frozen once set up
@@ -330,12 +330,12 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
     source = DetectionModel("yolov8n.yaml", nc=3)
     weights = tmp_path / "v8.pt"
     torch.save({"model": model_to_ckpt(source)}, weights)
-    opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--epochs", "1",
-                                      "--imgsz", "64"))
-    own = weights_own_model(DetectTrainOptions.from_values(opt), opt.given)
-    assert opt.cfg == "yolov5n.yaml" and own.cfg == str(weights) and own.train_checkpoint_model
+    parsed = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--epochs", "1",
+                                         "--imgsz", "64"))
+    own = weights_own_model(DetectTrainOptions.from_values(parsed.opt), parsed.given)
+    assert parsed.opt.cfg == "yolov5n.yaml" and own.cfg == str(weights) and own.train_checkpoint_model
     assert "dfl" in _base_hyp(own)  # hyp.v8.yaml, not scratch-low
-    trainer, _ = train.main(opt)
+    trainer, _ = train.main(parsed)
     assert isinstance(trainer.model.model[-1], AnchorFreeDetect) and trainer.opt.cfg == str(weights)
     assert trainer.opt.train_checkpoint_model
     assert {k: v.shape for k, v in trainer.model.state_dict().items()} == \
@@ -343,11 +343,11 @@ def test_weights_without_cfg_train_the_checkpoint_s_own_model(shapes_detect, tmp
     saved = yaml.safe_load((trainer.save_dir / "opt.yaml").read_text())
     assert saved["cfg"] == str(weights) and saved["train_checkpoint_model"]
 
-    opt = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--cfg", "yolov5n.yaml",
-                                      "--epochs", "1", "--imgsz", "64", "--name", "given"))
-    typed = DetectTrainOptions.from_values(opt)
-    assert weights_own_model(typed, opt.given) is typed
-    trainer, _ = train.main(opt)
+    parsed = train.parse_opt(_train_args(shapes_detect, tmp_path, "--weights", str(weights), "--cfg", "yolov5n.yaml",
+                                         "--epochs", "1", "--imgsz", "64", "--name", "given"))
+    typed = DetectTrainOptions.from_values(parsed.opt)
+    assert weights_own_model(typed, parsed.given) is typed
+    trainer, _ = train.main(parsed)
     assert type(trainer.model.model[-1]) is Detect and not trainer.opt.train_checkpoint_model
 
 

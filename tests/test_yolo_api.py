@@ -58,8 +58,9 @@ def test_val_takes_the_runs_size_and_dataset_and_says_so(best, shapes_detect, tm
 def test_a_given_option_wins_and_a_vanished_dataset_falls_back_to_the_default(tmp_path, yolo_log):
     gone = run_checkpoint(tmp_path / "gone.pt", DetectionModel("yolov8n.yaml", nc=3), 64, tmp_path / "moved.yaml")
     from engine.inherit import run_values
+    from engine.options import ValOptions
 
-    opt = val.parse_opt(["--weights", str(gone), "--img", "96"])
+    opt = ValOptions.from_cli(val.parse_opt(["--weights", str(gone), "--img", "96"]))
     assert run_values(opt, InferenceBackend(gone).run) == {"data": "data/shapes.yaml"}
     assert yolo_log[-1] == f"its run's dataset {tmp_path / 'moved.yaml'} no longer exists, so --data data/shapes.yaml" \
                            " (give the option to choose another)"

@@ -24,14 +24,14 @@ def script_words(argv):
                                   ["detect", "train", "resume=true", "model=runs/train/exp/weights/last.pt"]])
 def test_both_ultralytics_resume_forms_are_resume_from_that_file(argv):
     words, loud = script_words(argv)
-    opt = train.parse_opt(words)
-    assert opt.resume == "runs/train/exp/weights/last.pt" and opt.weights == "" and opt.given == ["resume"]
+    opt, given = train.parse_opt(words)
+    assert opt.resume == "runs/train/exp/weights/last.pt" and opt.weights == "" and given == ["resume"]
     assert loud
 
 
 def test_resume_alone_is_the_newest_run_and_false_is_nothing():
     assert script_words(["train", "resume"])[0] == ["--resume"]
-    assert train.parse_opt(script_words(["train", "resume"])[0]).resume is True
+    assert train.parse_opt(script_words(["train", "resume"])[0]).opt.resume is True
     assert script_words(["train", "resume=False", "epochs=3"])[0] == ["epochs=3"]
 
 

@@ -139,20 +139,28 @@ def _check_run_folder(opt):
             raise BadOption(f"--project {project}: {blocker} is a file, not a folder")
 
 
+class Parsed(typing.NamedTuple):
+    """A train script's command line, read: `opt`, its options (a namespace holding nothing else), and `given`, the
+    names of those it named (--resume refuses those that would change the run; --weights without --cfg trains the
+    weights' own model)."""
+
+    opt: argparse.Namespace
+    given: list
+
+
 def options_from_kwargs(parse_opt, options):
-    """What `parse_opt` makes of an empty command line, with `options` (named as the flags, dashes as underscores:
-    `batch_size=8`) in place of the defaults, checked as a command line is; for scripts' `run(**options)`."""
-    opt = parse_opt([])
-    unknown = sorted(set(options) - set(vars(opt)) - {"given"})
+    """Parsed: what the train script's `parse_opt` makes of an empty command line, with `options` (named as the
+    flags, dashes as underscores: `batch_size=8`) in place of the defaults, checked as a command line is, and given;
+    for the train scripts' `run(**options)`."""
+    opt = parse_opt([]).opt
+    unknown = sorted(set(options) - set(vars(opt)))
     if unknown:
         raise BadOption(f"unknown option {', '.join(unknown)}; known: {', '.join(sorted(vars(opt)))}")
     vars(opt).update(options)
     if "loggers" in options:
         opt.loggers = LoggerWords([options["loggers"]] if isinstance(options["loggers"], str) else options["loggers"])
     check_options(opt)
-    if hasattr(opt, "given"):
-        opt.given = sorted(options)
-    return opt
+    return Parsed(opt, sorted(options))
 
 
 class LoggerWords(list):
@@ -197,12 +205,11 @@ class HelpFormatter(argparse.HelpFormatter):
 class Parser(argparse.ArgumentParser):
     """The scripts' parser. With `launcher`, it accepts the `--local-rank=N` / `--local_rank N` that the older
     launcher `python -m torch.distributed.launch` passes, used only where LOCAL_RANK is not set, listed last in
-    --help. With `record_given`, the namespace also holds `given`: the options this command line named (--resume
-    refuses those that would change the run)."""
+    --help. `parse_args` gives the options alone; `parse` gives them with the names of those the command line
+    named (Parsed), which training needs."""
 
-    def __init__(self, description, record_given=False, launcher=True):
+    def __init__(self, description, launcher=True):
         super().__init__(description=description, formatter_class=HelpFormatter)
-        self.record_given = record_given
         if launcher:
             self.add_argument_group("set by a launcher").add_argument(
                 "--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
@@ -219,6 +226,10 @@ class Parser(argparse.ArgumentParser):
         raise BadOption(f"{message}{hint} (see --help)")
 
     def parse_args(self, args=None, namespace=None):
+        return self.parse(args, namespace).opt
+
+    def parse(self, args=None, namespace=None):
+        """Parsed: the options of `args` (default: this process's command line), checked, and the names it gave."""
         args = self.expand_assignments(sys.argv[1:] if args is None else list(args))
         opt = super().parse_args(args, namespace)
         check_options(opt, {a.dest: a.option_strings[0] for a in self._actions if a.option_strings})
@@ -226,9 +237,7 @@ class Parser(argparse.ArgumentParser):
             from utils import dist as du  # here: it imports torch, which --help does without
 
             du.use_launcher_local_rank(opt.local_rank)
-        if self.record_given:
-            opt.given = self.named_options(args)
-        return opt
+        return Parsed(opt, self.named_options(args))
 
     def expand_assignments(self, args):
         """`key=value` words, as Ultralytics' users type them (`epochs=3 batch=8 model=yolov8n.yaml`), as the flags
@@ -333,15 +342,9 @@ def add_modules_arg(p):
 def train_parser(options, description, cfg_default, data_default, imgsz_default, project, cfg_flags=("--cfg",),
                  data_help=DATA_HELP["boxes"]):
     """The train scripts' options, made from the fields of `options` (their task's engine.options.TrainOptions)."""
-    return add_option_fields(Parser(description, record_given=True), options,
+    return add_option_fields(Parser(description), options,
                              {"cfg": cfg_default, "data": data_default, "imgsz": imgsz_default}, {"cfg": cfg_flags},
                              project=project, data_help=data_help)
-
-
-def inherited(p, **defaults):
-    """Options whose default is the run that made --weights (engine/inherit.py), else `defaults` {dest: value}."""
-    p.set_defaults(run_defaults={**(p.get_default("run_defaults") or {}), **defaults})
-    return p
 
 
 def _value_type(hint):
@@ -354,11 +357,14 @@ def _value_type(hint):
 def add_option_fields(p, options, defaults, flags=None, boxes=True, overrides=None, **words):
     """One argument per field of the dataclass `options` whose metadata names its flags (engine/options._cli), in
     field order: a bool field is an on-flag, an int or float one takes that type, unless its settings say otherwise;
-    the help text is formatted with `words`, and `defaults` {field: value}, `flags` {field: flags} and `overrides`
+    the help text is formatted with `words` and, as `{field}`, the fallback of each field the weights' run fills
+    (its `run_default`, engine/inherit.py); `defaults` {field: value}, `flags` {field: flags} and `overrides`
     {field: argparse settings} are the script's own. Without `boxes` the box tasks' flags are left out, their
     fields at their defaults."""
     hints = typing.get_type_hints(options)
-    for f in dataclasses.fields(options):
+    fields = dataclasses.fields(options)
+    words = {**{f.name: f.metadata["run_default"] for f in fields if "run_default" in f.metadata}, **words}
+    for f in fields:
         if "flags" not in f.metadata:
             continue
         settings = {**f.metadata["argparse"], **(overrides or {}).get(f.name, {}),
@@ -377,24 +383,23 @@ def add_option_fields(p, options, defaults, flags=None, boxes=True, overrides=No
     return p
 
 
-def predict_parser(options, description, weights_default, imgsz_default, project, boxes=True):
+def predict_parser(options, description, weights_default, project, boxes=True):
     """The predict scripts' options, made from the fields of `options` (their task's engine.options.PredictOptions);
     a classifier's (`boxes` False) has no box flags."""
-    return add_option_fields(inherited(Parser(description), imgsz=imgsz_default), options,
-                             {"weights": weights_default}, boxes=boxes, imgsz=imgsz_default, project=project)
+    return add_option_fields(Parser(description), options, {"weights": weights_default}, boxes=boxes,
+                             project=project)
 
 
-def val_parser(options, description, data_default, imgsz_default, project, batch_default=None, boxes=True):
+def val_parser(options, description, project, batch_default=None, boxes=True):
     """The val scripts' options, made from the fields of `options` (their task's engine.options.ValOptions): `boxes`
     keeps the box tasks' options (NMS, saved predictions, --task speed), which a classifier has no use for."""
-    p = inherited(Parser(description), imgsz=imgsz_default, data=data_default)
+    p = Parser(description)
     p.set_defaults(speed=False)  # ValTaskAction sets it with --task
     defaults = {"project": project, **({"batch": batch_default} if batch_default else {})}
     speed = ", or speed: val at conf 0.25, IoU 0.45, no JSON" if boxes else ""
     return add_option_fields(p, options, defaults, boxes=boxes,
                              overrides={} if boxes else {"split": {"choices": ["val", "test"]}},
-                             data_help=DATA_HELP["boxes" if boxes else "classify"], data=data_default,
-                             imgsz=imgsz_default, speed_help=speed)
+                             data_help=DATA_HELP["boxes" if boxes else "classify"], speed_help=speed)
 
 
 EXPORT_FORMATS = ("onnx", "torchscript", "openvino", "engine")
@@ -404,7 +409,7 @@ DEFAULT_OPSET = 17  # every model of this project exports at it (tests/models/te
 def export_parser(options, description):
     """export.py's options, made from the fields of `options` (engine.options.ExportOptions); --img defaults to the
     size the weights trained at (engine/inherit.py)."""
-    return add_option_fields(inherited(Parser(description, launcher=False), imgsz=[640], data=None), options, {})
+    return add_option_fields(Parser(description, launcher=False), options, {})
 
 
 def check_imgsz(imgsz, stride):

@@ -20,8 +20,10 @@ from data.label_formats import DetectLabels, OBBLabels, PoseLabels, SegmentLabel
 from engine.calibration import CENTRE_CROPPED, LETTERBOXED, POSE_LETTERBOXED, Inputs
 from engine.messages import SCRIPTS
 from engine.options import (
+    ClassifyValOptions,
     DetectPredictOptions,
     DetectTrainOptions,
+    OBBValOptions,
     PosePredictOptions,
     PoseValOptions,
     PredictOptions,
@@ -139,7 +141,7 @@ POSE = Task(
 OBB = Task(
     "obb", "OBB", OBBModel,
     fields=lambda names, layout, skeleton=None: (RotatedBoxes(),),
-    data=box_data, train=DetectTrainOptions, val=ValOptions, predict=DetectPredictOptions,
+    data=box_data, train=DetectTrainOptions, val=OBBValOptions, predict=DetectPredictOptions,
     projects={"train": "runs/train-obb", "val": "runs/val-obb", "predict": "runs/predict-obb"}, engine=BOXES,
     train_labels=lambda options, data: OBBLabels(), val_labels=lambda options: OBBLabels(),
     val_extras=lambda options, data: {"single_cls": options.single_cls},
@@ -148,7 +150,7 @@ OBB = Task(
 CLASSIFY = Task(
     "classify", "Classify", ClassificationModel,
     fields=lambda names, layout, skeleton=None: (ClassScores(names),),
-    data=cls_data, train=TrainOptions, val=ValOptions, predict=PredictOptions,
+    data=cls_data, train=TrainOptions, val=ClassifyValOptions, predict=PredictOptions,
     projects={"train": "runs/train-cls", "val": "runs/val-cls", "predict": "runs/predict-cls"},
     engine=(ClassificationTrainer, ClassificationValidator, ClassificationPredictor),
     inputs=CENTRE_CROPPED,

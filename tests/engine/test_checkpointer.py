@@ -27,7 +27,7 @@ def _trainer(seed, epochs=10):
                          scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 1 - e / epochs),
                          scaler=torch.amp.GradScaler("cpu", enabled=False))
     return SimpleNamespace(optim=optim, state=LoopState(), callbacks=Callbacks(),
-                           opt=TrainOptions.from_values(train.parse_opt([])), hyp={"lr0": 0.01})
+                           opt=TrainOptions.from_values(train.parse_opt([]).opt), hyp={"lr0": 0.01})
 
 
 def _save(checkpointer, trainer, state):

@@ -12,8 +12,9 @@ DetectionTrainer = TASKS["detect"].trainer
 
 
 def test_each_generation_gets_its_own_options_and_the_command_line_s_names(tmp_path):
-    opt = train.parse_opt(["--project", str(tmp_path), "--evolve", "2", "--cfg", "yolov5n.yaml", "--weights",
-                           "x.pt", "--name", "search"])
+    parsed = train.parse_opt(["--project", str(tmp_path), "--evolve", "2", "--cfg", "yolov5n.yaml", "--weights",
+                              "x.pt", "--name", "search"])
+    opt = parsed.opt
     before = copy.deepcopy(vars(opt))
     seen = []
 
@@ -21,11 +22,11 @@ def test_each_generation_gets_its_own_options_and_the_command_line_s_names(tmp_p
         seen.append((gen_opt, given))
         return None, {"fitness": 0.1 * len(seen)}
 
-    out = evolve(DetectionTrainer, opt, run)
+    out = evolve(DetectionTrainer, parsed, run)
     assert vars(opt) == before
     (first, given0), (second, given1) = seen
     assert type(first) is type(second) is DetectTrainOptions and first is not second
-    assert given0 == given1 == opt.given and "cfg" in given0  # so no generation trains --weights' own model
+    assert given0 == given1 == parsed.given and "cfg" in given0  # so no generation trains --weights' own model
     for g, gen_opt in enumerate((first, second)):
         assert (gen_opt.name, gen_opt.project, gen_opt.hyp) == (f"gen{g}", str(out.parent),
                                                                  str(out.parent / f"gen{g}_hyp.yaml"))

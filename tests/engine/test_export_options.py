@@ -13,8 +13,7 @@ from engine.options import ExportOptions
 def test_every_export_argument_is_a_field_with_the_command_line_s_default():
     parsed = export.parse_opt(["--weights", "w.pt"])
     assert set(vars(parsed)) == {f.name for f in dataclasses.fields(ExportOptions)}
-    defaults = {"imgsz": [640], "data": None}  # --data: --int8's calibration images, else the weights' run's
-    assert ExportOptions.from_values(parsed) == ExportOptions(weights="w.pt", run_defaults=defaults)
+    assert ExportOptions.from_values(parsed) == ExportOptions(weights="w.pt")
     opt = ExportOptions.from_values(export.parse_opt(["--weights", "w.pt", "--no-dynamic", "--img", "320", "192",
                                                       "--batch", "4", "format=onnx", "--opset", "12"]))
     assert (opt.dynamic, opt.imgsz, opt.batch_size, opt.include, opt.opset) == (False, [320, 192], 4, ["onnx"], 12)

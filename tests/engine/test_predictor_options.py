@@ -12,7 +12,7 @@ from pose import predict as pose_predict
 from segment import predict as seg_predict
 from utils.errors import BadOption
 
-PARSER_ONLY = {"local_rank", "run_defaults"}  # read by the parser (the launcher's rank) and engine/inherit.py
+PARSER_ONLY = {"local_rank"}  # read by the parser: the launcher's rank
 
 
 @pytest.mark.parametrize("script, options", [(detect, DetectPredictOptions), (seg_predict, DetectPredictOptions),
@@ -38,7 +38,7 @@ def test_each_predictor_names_its_script_s_options_class():
 
 def test_the_predict_arguments_made_from_the_fields_keep_their_defaults_types_and_help(capsys, monkeypatch):
     assert vars(cls_predict.parse_opt([])) == {
-        "local_rank": -1, "run_defaults": {"imgsz": 96}, "weights": "runs/train-cls/exp/weights/best.pt",
+        "local_rank": -1, "weights": "runs/train-cls/exp/weights/best.pt",
         "source": "data/images", "vid_stride": 1, "imgsz": None, "device": "", "view_img": False, "save_txt": False,
         "save_conf": False, "nosave": False, "save_crop": False, "save_csv": False, "line_thickness": None,
         "hide_labels": False, "hide_conf": False, "project": None, "name": "exp", "exist_ok": False, "half": False,

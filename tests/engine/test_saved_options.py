@@ -41,7 +41,7 @@ def server(tmp_path):
 
 def _saved(**changes):
     """The options a train.py run saves, with `changes`."""
-    return {**DetectTrainOptions.from_values(train.parse_opt([])).to_dict(), **changes}
+    return {**DetectTrainOptions.from_values(train.parse_opt([]).opt).to_dict(), **changes}
 
 
 @pytest.mark.parametrize("change,words", [

@@ -276,12 +276,12 @@ def test_a_missing_package_or_login_is_one_warning(shapes_detect, tracker_env, m
 def test_loggers_is_checked_before_any_work(tmp_path):
     with pytest.raises(BadOption, match="--loggers nope: unknown logger"):
         train.run(data="nowhere.yaml", loggers="wandb,nope")
-    assert train.parse_opt(["--loggers", "wandb", "mlflow", "--loggers", "csv,wandb"]).loggers == \
+    assert train.parse_opt(["--loggers", "wandb", "mlflow", "--loggers", "csv,wandb"]).opt.loggers == \
         ["csv", "tensorboard", "wandb", "mlflow"]
-    assert train.parse_opt([]).loggers == ["csv", "tensorboard"]
-    assert train.parse_opt(["--loggers", "wandb,no-tensorboard"]).loggers == ["csv", "wandb"]
-    assert train.parse_opt(["--loggers", "none", "mlflow"]).loggers == ["csv", "mlflow"]
-    assert options_from_kwargs(train.parse_opt, {"loggers": "none"}).loggers == ["csv"]
+    assert train.parse_opt([]).opt.loggers == ["csv", "tensorboard"]
+    assert train.parse_opt(["--loggers", "wandb,no-tensorboard"]).opt.loggers == ["csv", "wandb"]
+    assert train.parse_opt(["--loggers", "none", "mlflow"]).opt.loggers == ["csv", "mlflow"]
+    assert options_from_kwargs(train.parse_opt, {"loggers": "none"}).opt.loggers == ["csv"]
     with pytest.raises(BadOption, match="results.csv is the run's record and is always written"):
         train.parse_opt(["--loggers", "no-csv"])
     r = subprocess.run([sys.executable, "train.py", "--loggers", "csv,comet-typo", "--project", str(tmp_path)],

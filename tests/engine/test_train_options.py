@@ -14,10 +14,10 @@ from segment import train as seg_train
 @pytest.mark.parametrize("script, options", [(train, DetectTrainOptions), (seg_train, SegmentTrainOptions),
                                              (cls_train, TrainOptions)])
 def test_every_option_of_a_train_script_is_a_field_of_its_class(script, options):
-    parsed = script.parse_opt([])
+    parsed, given = script.parse_opt([])
     fields = {f.name for f in dataclasses.fields(options) if not f.metadata.get("derived")}
     planned = {f.name for f in dataclasses.fields(options) if f.metadata.get("planned")}
-    assert set(vars(parsed)) - {"given"} == fields - planned
+    assert set(vars(parsed)) == fields - planned and given == []
     assert planned == {"train_checkpoint_model", "new_params", "chosen_optimizer"}
     opt = options.from_values(parsed)
     assert opt.train_imgsz is None and opt.loader_workers is None  # set-up derives them
@@ -35,7 +35,7 @@ def test_what_resume_may_change_is_declared_on_the_fields():
 
 
 def test_a_checkpoint_s_derived_values_are_derived_again():
-    saved = {**TrainOptions.from_values(cls_train.parse_opt([])).to_dict(), "train_imgsz": 999, "loader_workers": 9,
+    saved = {**TrainOptions.from_values(cls_train.parse_opt([]).opt).to_dict(), "train_imgsz": 999, "loader_workers": 9,
              "single_cls": True, "train_checkpoint_model": True}  # single_cls: a detection run's, unknown here
     opt = TrainOptions.from_values(saved)
     assert (opt.train_imgsz, opt.loader_workers) == (None, None) and not hasattr(opt, "single_cls")
@@ -45,20 +45,20 @@ def test_a_checkpoint_s_derived_values_are_derived_again():
 
 
 def test_validation_in_training_names_the_dataset_file_unless_unknown_classes_are_skipped():
-    detect = dataclasses.replace(DetectTrainOptions.from_values(train.parse_opt([])), data_path="/d/data.yaml")
+    detect = dataclasses.replace(DetectTrainOptions.from_values(train.parse_opt([]).opt), data_path="/d/data.yaml")
     assert detect.val_names_from() == "/d/data.yaml"
     assert dataclasses.replace(detect, data_path=None).val_names_from() == "the dataset dict"
     assert dataclasses.replace(detect, skip_unknown_classes=True).val_names_from() is None
-    assert TrainOptions.from_values(cls_train.parse_opt([])).val_names_from() is None  # classes are its folders
+    assert TrainOptions.from_values(cls_train.parse_opt([]).opt).val_names_from() is None  # classes are its folders
 
 
 def test_the_train_arguments_made_from_the_fields_keep_the_script_s_defaults_flags_and_help(capsys, monkeypatch):
-    opt = cls_train.parse_opt(["--model", "m.yaml", "--no-log-model", "--cache", "--img", "64"])
+    opt = cls_train.parse_opt(["--model", "m.yaml", "--no-log-model", "--cache", "--img", "64"]).opt
     assert (opt.cfg, opt.log_model, opt.cache, opt.imgsz, opt.data, opt.freeze, opt.resume, opt.workers) == \
         ("m.yaml", False, "ram", 64, "data/shapes-cls", [0], False, None)
     opt.freeze.append(3)  # each parse its own default list
-    seg = seg_train.parse_opt(["--no-overlap", "--evolve"])
-    assert (seg.no_overlap, seg.evolve, seg.cfg, seg.imgsz, seg.freeze, cls_train.parse_opt([]).freeze) == \
+    seg = seg_train.parse_opt(["--no-overlap", "--evolve"]).opt
+    assert (seg.no_overlap, seg.evolve, seg.cfg, seg.imgsz, seg.freeze, cls_train.parse_opt([]).opt.freeze) == \
         (True, 300, "yolov5n-seg.yaml", 320, [0], [0])
     monkeypatch.setenv("COLUMNS", "300")  # no line broken inside a word (argparse breaks at hyphens)
     with pytest.raises(SystemExit):

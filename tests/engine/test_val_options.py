@@ -7,7 +7,7 @@ import pytest
 
 import val
 from classify import val as cls_val
-from engine.options import PoseValOptions, SegmentValOptions
+from engine.options import ClassifyValOptions, PoseValOptions, SegmentValOptions
 from engine.validator import BaseValidator, ValOptions
 from pose import val as pose_val
 from segment import val as seg_val
@@ -44,7 +44,8 @@ def test_a_task_s_extras_are_the_fields_of_its_validator_s_options(tmp_path):
     def extras(cls):
         return {f.name for f in dataclasses.fields(cls)} - {f.name for f in dataclasses.fields(ValOptions)}
 
-    assert ClassificationValidator.options is DetectionValidator.options is ValOptions
+    assert (ClassificationValidator.options, DetectionValidator.options) == (ClassifyValOptions, ValOptions)
+    assert extras(ClassifyValOptions) == extras(TASKS["obb"].val) == set()  # their own fallbacks only
     assert (SegmentationValidator.options, PoseValidator.options) == (SegmentValOptions, PoseValOptions)
     assert (extras(SegmentValOptions), extras(PoseValOptions)) == ({"no_overlap"}, {"kpt_shape"})
     seg = SegmentationValidator.options.from_cli(seg_val.parse_opt(["--weights", "x.pt"]))
@@ -55,11 +56,11 @@ def test_a_task_s_extras_are_the_fields_of_its_validator_s_options(tmp_path):
     assert PoseValidator.record.val_labels(pose).kpt_shape == (4, 3)  # the label lines read with the dataset's
 
 
-PARSER_ONLY = {"local_rank", "run_defaults"}  # read by the parser (the launcher's rank) and engine/inherit.py
+PARSER_ONLY = {"local_rank"}  # read by the parser: the launcher's rank
 
 
 @pytest.mark.parametrize("script, options", [(val, ValOptions), (seg_val, SegmentValOptions),
-                                             (pose_val, PoseValOptions), (cls_val, ValOptions)])
+                                             (pose_val, PoseValOptions), (cls_val, ClassifyValOptions)])
 def test_every_option_of_a_val_script_is_a_field_of_its_class_with_the_field_s_default(script, options):
     parsed = vars(script.parse_opt(["--weights", "w.pt"]))
     flagged = {f.name for f in dataclasses.fields(options) if "flags" in f.metadata}  # classify's box flags: defaults

@@ -286,7 +286,7 @@ def test_checkpoint_of_an_earlier_version_still_loads_resumes_and_strips(tmp_pat
     ckpt = load_checkpoint(path)
     np.testing.assert_array_equal(ckpt["rng"]["numpy"][1], old["rng"]["numpy"][1])
     argv = ["--resume", str(path), "--device", "cpu", "--workers", "0"]
-    opt, resume_from = resume_opt(DetectTrainOptions.from_values(train.parse_opt(argv)), "runs")
+    opt, resume_from = resume_opt(DetectTrainOptions.from_values(train.parse_opt(argv).opt), "runs")
     assert opt.epochs == 3 and resume_from == path
     strip_optimizer(path)
     stripped = torch.load(path, weights_only=True)
