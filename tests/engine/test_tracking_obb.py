@@ -103,11 +103,15 @@ def _video(tmp_path, n=12):
     return write_video(frames * n, tmp_path / "still.mp4")
 
 
-def test_obb_predict_track_writes_ids_and_the_mot_file(tmp_path):
+@pytest.mark.parametrize("how", ["script", "yolo"])
+def test_obb_predict_track_writes_ids_and_the_mot_file(tmp_path, how):
     video = _video(tmp_path)
-    run = subprocess.run([sys.executable, str(ROOT / "obb" / "predict.py"), "--weights", str(FIXTURE), "--source",
-                          str(video), "--img", "128", "--track", "bytetrack", "--project", str(tmp_path),
-                          "--name", "t", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    command = [str(ROOT / "obb" / "predict.py"), "--weights", str(FIXTURE), "--source", str(video), "--img", "128",
+               "--track", "bytetrack", "--project", str(tmp_path), "--name", "t", "--device", "cpu"]
+    if how == "yolo":
+        command = ["-m", "yolo", "obb", "track", f"model={FIXTURE}", f"source={video}", "imgsz=128",
+                   f"project={tmp_path}", "name=t", "device=cpu"]
+    run = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     hyp = read_mot(tmp_path / "t" / "tracks" / "still.txt")
     assert sorted(hyp) == list(range(1, 13))
