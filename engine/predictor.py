@@ -16,6 +16,7 @@ import cv2
 import torch
 
 from data.streams import open_source
+from engine.eval_memory import settle_batch
 from engine.inherit import run_values
 from engine.messages import check_task
 from engine.options import PredictOptions
@@ -55,8 +56,10 @@ class BasePredictor:
         self.fields = self.declare_fields()
         self.stride = self.model.stride
         self.imgsz = self._input_size(opt.imgsz)
+        # one image at this size (a run record may give up to 4096 px) must fit in memory; refused before any source
+        settle_batch(self.model, self.imgsz, 1, self.device, f"--weights {opt.weights}")
+        self.tracker = self.make_tracker()  # its settings are checked before a source opens (a stream reads at once)
         self.dataset = self.load_source()  # a source that is missing or empty is refused before a run folder exists
-        self.tracker = self.make_tracker()  # its settings are checked before a run folder exists, too
         project = Path(self.args.project or self.default_project)
         self.save_dir = increment_path(project / self.args.name, exist_ok=self.args.exist_ok)
         self.save_dir.mkdir(parents=True, exist_ok=True)

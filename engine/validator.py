@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from data.labels import problems_listed_on_failure, write_problems
 from data.loader import loader_workers, seed_worker
+from engine.eval_memory import settle_batch
 from engine.inherit import run_values
 from engine.messages import check_task
 from engine.options import ValOptions
@@ -300,6 +301,10 @@ class BaseValidator:
             model, stride, task = validation_model(backend, options.imgsz)
             check_task(task, cls.tasks, f"--weights {options.weights}", "val")
             model, options = cls.adapt_to_weights(model, stride, options)
+            # the batch its memory allows at this size (a run record may give up to 4096 px), decided by rank 0
+            batch = du.on_main(settle_batch, model, options.imgsz, options.batch, device,
+                               f"--weights {options.weights}")
+            options = dataclasses.replace(options, batch=batch)
             with du.torch_distributed_zero_first(du.get_local_rank()):
                 data = cls.get_data(options.data, options)
             options = options.for_dataset(data)

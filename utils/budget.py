@@ -48,6 +48,15 @@ CACHE_RATIO = 100
 CACHE_FLOOR = 256 << 20
 MEMORY_MARGIN = 1 << 30
 MAX_DECODE_BYTES = 1 << 30  # images decoded at once while caching (8 threads, fewer for images near the pixel limit)
+# a val or predict batch, as the memory its forward pass holds at its peak: EVAL_PEAK_FACTOR times what a dry run at
+# the image size counts as live at once (the real peak over a dry run's, measured on a CPU: 1.24-1.81, YOLOv8x at
+# 1280 px to YOLOv8x-seg at 640), plus the batch's input as uint8 and float32; EVAL_BYTES_PER_INPUT per input value
+# where no dry run can count (an export, a dry run that fails: the official models' real peaks are 24-241). The batch
+# must fit in EVAL_MEMORY_FRACTION of the memory the process may still take (each rank its part; the loader, the
+# post-processing and the machine's other processes need the rest); a smaller batch is taken where it does not
+EVAL_PEAK_FACTOR = 2
+EVAL_BYTES_PER_INPUT = 512
+EVAL_MEMORY_FRACTION = 0.5
 # listing a split or a --source: a list .txt file's bytes (Objects365's 1.7 M lines: 120 MB), and the entries one
 # scan may meet (list lines, folder entries and glob matches, repeats counted: twice the largest public sets with
 # their label files beside the images); a scan running longer than SCAN_NOTE_SECONDS says how far it has got

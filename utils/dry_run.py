@@ -12,6 +12,7 @@ import itertools
 import math
 import os
 import threading
+import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -90,7 +91,8 @@ _ELEMENTWISE = {_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.
                 _aten.add.Scalar, _aten.sub.Scalar, _aten.mul.Scalar, _aten.div.Scalar, _aten.rsub.Scalar,
                 _aten.pow.Tensor_Tensor, _aten.exp.default, _aten.tanh.default, _aten.hardsigmoid.default,
                 _aten.silu.default, _aten.sigmoid.default, _aten.relu.default, _aten.leaky_relu.default,
-                _aten.hardswish.default, _aten.mish.default, _aten.softmax.int, _aten._softmax.default}
+                _aten.hardswish.default, _aten.mish.default, _aten.softmax.int, _aten._softmax.default,
+                _aten.cos.default, _aten.sin.default}  # an oriented head's angles
 
 
 def _pair(v):
@@ -150,6 +152,14 @@ def _meta_shortcut(func, args):
         shape[dim] = sum(t.shape[dim] for t in tensors)
         dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
         return torch.empty(shape, dtype=dtype, device="meta")
+    if func is _aten.stack.default:  # a head's anchor grid (meshgrid)
+        tensors, dim = args[0], args[1] if len(args) > 1 else 0
+        shape = list(tensors[0].shape)
+        if any(list(t.shape) != shape for t in tensors):
+            raise Unrunnable(f"its stack cannot run (shapes {[list(t.shape) for t in tensors]})")
+        shape.insert(dim % (len(shape) + 1), len(tensors))
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+        return torch.empty(shape, dtype=dtype, device="meta")
     if func is _aten.mean.dim:  # global average pooling
         x, dims, keep = args[0], [d % args[0].dim() for d in args[1]], len(args) > 2 and args[2]
         shape = [1 if d in dims else n for d, n in enumerate(x.shape) if keep or d not in dims]
@@ -189,10 +199,11 @@ def broadcast(*shapes):
 
 
 def _arange(func, args, kwargs):
-    """arange's output, for real where it is small (indices a graph reads back), else on the meta device."""
+    """arange's output, for real where it is small (indices a graph reads back) and not asked for on the meta device
+    (a head's anchors, made on its input's device), else on the meta device."""
     start, end, step = ((0, *args, 1) if len(args) == 1 else (*args, 1) if len(args) == 2 else args)[:3]
     n = max(math.ceil((end - start) / step), 0)
-    if n <= _REAL_NUMEL:
+    if n <= _REAL_NUMEL and kwargs.get("device") != torch.device("meta"):  # torch's meta arange imports sympy
         return func(*args, **kwargs)
     ints = all(isinstance(v, int) for v in (start, end, step))
     dtype = kwargs.get("dtype") or (torch.int64 if ints else torch.get_default_dtype())
@@ -225,6 +236,9 @@ class DryRun(TorchDispatchMode):
         super().__init__()
         self.max_bytes, self.max_work, self.max_fixed = max_bytes, max_work, max_fixed
         self.bytes = self.work = self.largest = self.fixed = 0
+        # bytes of the outputs still referenced, and their most at once: what an eval pass holds at its peak (a
+        # tensor is freed when Python drops it, as on a real device; views and in-place results hold no new bytes)
+        self.live = self.peak = 0
         self.error = None  # the DryRunError that ended the run (TorchScript's interpreter re-raises it as another)
 
     def _fail(self, error):
@@ -264,9 +278,20 @@ class DryRun(TorchDispatchMode):
         small = all(t.numel() <= _REAL_NUMEL for t in tree_leaves(out) if isinstance(t, torch.Tensor))
         return func(*args, **kwargs) if real and small else out
 
+    def hold(self, t, nbytes):
+        """Count `nbytes` as live until `t` is garbage."""
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(t, self._free, nbytes)
+
+    def _free(self, nbytes):
+        self.live -= nbytes
+
     def _count(self, func, args, out, fixed):
         """Add an operator's output bytes and work; `fixed`: its inputs are weights and constants only (nothing
         that comes from the input), so its cost does not grow with the input and counts against `max_fixed`."""
+        schema = getattr(func, "_schema", None)
+        new = schema is None or all(r.alias_info is None for r in schema.returns)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 nbytes = t.numel() * t.element_size()
@@ -274,6 +299,8 @@ class DryRun(TorchDispatchMode):
                     self.fixed += nbytes
                 else:
                     self.bytes += nbytes
+                    if new:
+                        self.hold(t, nbytes)
                 self.largest = max(self.largest, nbytes)
         self.work += _work(func, args, out)
         if self.fixed > self.max_fixed:
