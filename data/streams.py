@@ -119,9 +119,11 @@ class LoadStreams:
         self.read, self.skipped = [0] * n, [0] * n  # frames decoded and frames replaced before inference took them
         self.last = [time.monotonic()] * n
         self.next_source, self.frame = 0, 0
-        # each source is opened in its own thread, all at once: a slow one does not hold back the others' frames;
-        # one whose frames would take the sources' pixels past MAX_STREAM_PIXELS reads none (`pixels`)
+        # each source is opened in its own thread, all at once: a slow one does not hold back the others; none reads
+        # a frame before every one has opened and the sources are accepted together (`go`): a refusal (one that
+        # cannot open, the sources' pixels past MAX_STREAM_PIXELS) comes before any frame is read
         self.opened = [threading.Event() for _ in range(n)]
+        self.go = threading.Event()
         self.pixels, self.refused = 0, False
         self.info = [None] * n  # (width, height, fps), read by the reader thread: a capture is not thread-safe
         self.threads = [threading.Thread(target=self._reader, args=(i,), daemon=True, name=f"stream-{i}")
@@ -130,11 +132,13 @@ class LoadStreams:
             t.start()
         try:
             self._check_opened()
-        except BadFile:
-            self.refused = True  # each reader stops and closes its capture: one still in OpenCV's code when the
-            for t in self.threads:  # interpreter ends aborts the process ("terminate called")
+        except BaseException:  # a refusal, or an interrupt while opening
+            self.refused = True  # each reader closes its capture unread: one still in OpenCV's code when the
+            self.go.set()  # interpreter ends aborts the process ("terminate called")
+            for t in self.threads:
                 t.join(self.timeout + 1)
             raise
+        self.go.set()
         for i, s in enumerate(self.sources):
             w, h, fps = self.info[i]
             LOGGER.info(f"stream {i + 1}/{n}: {s} {w}x{h} at {fps:.0f} fps")
@@ -168,7 +172,7 @@ class LoadStreams:
                         cap.get(cv2.CAP_PROP_FPS))
         with self.cond:
             self.pixels += self.info[i][0] * self.info[i][1]
-            if self.pixels > MAX_STREAM_PIXELS:  # refused: the readers already started stop at their next frame
+            if self.pixels > MAX_STREAM_PIXELS:  # refused: the sources opened already close unread
                 self.refused = True
         if self.refused or self.info[i][0] * self.info[i][1] > MAX_IMAGE_PIXELS:  # the constructor names the sizes
             cap.release()
@@ -176,11 +180,17 @@ class LoadStreams:
         return cap
 
     def _reader(self, i):
-        """Open the source, then grab every frame (so the decoder keeps up with it), decode every vid_stride-th."""
+        """Open the source; once all are accepted, grab every frame (so the decoder keeps up with it) and decode
+        every vid_stride-th."""
         try:
             cap = self._open(i)
         finally:
             self.opened[i].set()
+        if cap is not None:
+            self.go.wait()
+            if self.refused:
+                cap.release()
+                cap = None
         if cap is None:
             with self.cond:
                 self.alive[i], self.reported[i] = False, True  # the constructor reports it

@@ -258,10 +258,10 @@ def video_4k(tmp_path_factory):
 
 def test_a_streams_file_over_its_pixel_budget_reads_no_frame(video_4k, tmp_path):
     """A 93 KB .streams file listing a 4K video 40-100 times took 1.98 GB, then aborted ("terminate called"). Five
-    4K sources are over the 33,177,600 pixels read at once: one line, no abort. The sources open at once, and those
-    within the budget may read a frame before the fifth is refused: the peak stays under what four 4K streams, the
-    budget, take (about 0.5 GB beside the model). The cap is 4 GiB here: under 2 GiB of address space FFmpeg cannot
-    open a 4K decoder beside torch's libraries."""
+    4K sources are over the 33,177,600 pixels read at once: one line, no abort. The sources open at once, and none
+    reads a frame before all have opened and are accepted (tests/test_stream_refusal.py): the peak stays under what
+    four 4K streams, the budget, take (about 0.5 GB beside the model). The cap is 4 GiB here: under 2 GiB of address
+    space FFmpeg cannot open a 4K decoder beside torch's libraries."""
     names = []
     for k in range(5):
         (tmp_path / f"cam{k}.mp4").symlink_to(video_4k)
