@@ -5,9 +5,10 @@ holds gigabytes of activations.
 One image's cost is counted by a dry run of the model's forward pass at the image size (utils/dry_run.py: on the
 meta device, nothing allocated), as the bytes it holds live at its peak, times EVAL_PEAK_FACTOR for what a real
 device holds beyond them (allocator, convolution workspaces), plus the image as uint8 and float32. A model no dry
-run can count (an export, one whose forward reads values) is counted at EVAL_BYTES_PER_INPUT per input value. The
-batch must fit in half the memory the process may still take (docs/safety.md): a val batch that does not is made smaller, with one line saying so; one image that does not is refused (BadOption),
-naming an --img that fits.
+run can count (an export, one whose forward reads values) is counted at EVAL_BYTES_PER_INPUT per input value. A
+segmentation val adds the masks it decodes for one image (`mask_bytes`). The whole must fit in half the memory the
+process may still take (docs/safety.md): a val batch that does not is made smaller, with one line saying so; one
+image that does not is refused (BadOption), naming an --img that fits.
 """
 
 import dataclasses
@@ -17,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from data.image_cache import available_memory
-from utils.budget import EVAL_BYTES_PER_INPUT, EVAL_MEMORY_FRACTION, EVAL_PEAK_FACTOR
+from utils.budget import EVAL_BYTES_PER_INPUT, EVAL_MEMORY_FRACTION, EVAL_PEAK_FACTOR, MASK_DECODE_BYTES
 from utils.dist import get_local_world_size
 from utils.dry_run import DryRunError, dry_run
 from utils.errors import BadOption
@@ -52,11 +53,12 @@ def _module(model):
     return inner if isinstance(inner, nn.Module) else None
 
 
-def image_cost(model, imgsz, ch=3):
+def image_cost(model, imgsz):
     """The ImageCost of one `imgsz` (side, or (h, w)) image through `model` (a torch module or an InferenceBackend)."""
     h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
-    values = ch * h * w
     module = _module(model)
+    ch = (getattr(module, "yaml", None) or {}).get("ch", 3)  # a model YAML's input channels
+    values = ch * h * w
     fallback = f"{EVAL_BYTES_PER_INPUT} bytes per input value"
     if module is None:
         return ImageCost((ch, h, w), values * (EVAL_BYTES_PER_INPUT + INPUT_BYTES), f"{fallback}, an export")
@@ -78,32 +80,43 @@ def _gib(n):
     return f"{n / 2**30:.2f} GiB"
 
 
-def _fitting_side(cost, budget, stride=32):
-    """The largest square side, a multiple of `stride`, whose image would cost about `budget` (costs grow with the
-    pixels)."""
-    side = max(cost.shape[1:]) * math.sqrt(max(budget, 0) / cost.bytes)
-    return int(side // stride * stride)
+def mask_bytes(model, imgsz, masks):
+    """What decoding `masks` instance masks of one image at the input size holds (MASK_DECODE_BYTES a pixel each:
+    one image is decoded at a time, whatever the batch), for a model whose head predicts masks; else 0."""
+    layout = getattr(model, "output_layout", None)
+    if not masks or layout is None or not layout.nm:
+        return 0
+    h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
+    return MASK_DECODE_BYTES * masks * h * w
 
 
-def settle_batch(model, imgsz, batch, device, what, ch=3, free_memory=None):
-    """The batch size to evaluate `batch` images of `imgsz` with: `batch`, or fewer (one log line says why) where
-    they would not fit in the budget, EVAL_MEMORY_FRACTION of the memory `free_memory(device)` (device_memory)
-    gives; BadOption (one line naming the figure and an --img that fits) where even one image does not.
-    `what` names the weights for the message."""
+def _fitting_side(side, cost, budget, stride=32):
+    """The largest square side, a multiple of `stride`, at which what costs `cost` at `side` would cost about
+    `budget` (costs grow with the pixels)."""
+    return int(side * math.sqrt(max(budget, 0) / cost) // stride * stride)
+
+
+def settle_batch(model, imgsz, batch, device, what, masks=0, free_memory=None):
+    """The batch size to evaluate `batch` images of `imgsz` with (and to decode up to `masks` instance masks of each,
+    where the model predicts masks: a val's --max-det): `batch`, or fewer (one log line says why) where they would
+    not fit in the budget, EVAL_MEMORY_FRACTION of the memory `free_memory(device)` (device_memory) gives; BadOption
+    (one line naming the figures and an --img that fits) where even one image does not. `what` names the weights."""
     free = (free_memory or device_memory)(device)
     if free is None:
         return batch
-    cost = image_cost(model, imgsz, ch)
+    cost = image_cost(model, imgsz)
+    decode = mask_bytes(model, imgsz, masks)
     budget = int(free * EVAL_MEMORY_FRACTION)
-    fits = max(budget, 0) // cost.bytes
+    fits = max(budget - decode, 0) // cost.bytes
     if fits >= batch:
         return batch
     size = "x".join(map(str, cost.shape[1:]))
-    figure = (f"evaluating one {size} image takes about {_gib(cost.bytes)} ({cost.how}), and its budget is "
-              f"{_gib(max(budget, 0))} (of {_gib(free)} free on {torch.device(device).type})")
+    figure = (f"evaluating one {size} image takes about {_gib(cost.bytes)} ({cost.how})"
+              f"{f' and decoding its {masks} masks {_gib(decode)}' if decode else ''}, and the budget is "
+              f"{_gib(max(budget, 0))} (half the {_gib(free)} free on {torch.device(device).type})")
     if fits == 0:
-        side = _fitting_side(cost, budget)
+        side = _fitting_side(max(cost.shape[1:]), cost.bytes + decode, budget)
         hint = f"pass --img {side} or less" if side >= 32 else "free memory, or use a smaller model"
-        raise BadOption(f"{what}: {figure}: {hint} (docs/safety.md)")
+        raise BadOption(f"{what}: {figure}: {hint}{' or a smaller --max-det' if decode else ''} (docs/safety.md)")
     LOGGER.info(f"--batch-size {batch} -> {fits}: {figure}")
     return int(fits)

@@ -302,8 +302,8 @@ class BaseValidator:
             check_task(task, cls.tasks, f"--weights {options.weights}", "val")
             model, options = cls.adapt_to_weights(model, stride, options)
             # the batch its memory allows at this size (a run record may give up to 4096 px), decided by rank 0
-            batch = du.on_main(settle_batch, model, options.imgsz, options.batch, device,
-                               f"--weights {options.weights}")
+            batch = du.on_main(lambda: settle_batch(model, options.imgsz, options.batch, device,
+                                                    f"--weights {options.weights}", getattr(options, "max_det", 0)))
             options = dataclasses.replace(options, batch=batch)
             with du.torch_distributed_zero_first(du.get_local_rank()):
                 data = cls.get_data(options.data, options)

@@ -57,6 +57,10 @@ MAX_DECODE_BYTES = 1 << 30  # images decoded at once while caching (8 threads, f
 EVAL_PEAK_FACTOR = 2
 EVAL_BYTES_PER_INPUT = 512
 EVAL_MEMORY_FRACTION = 0.5
+# a segmentation val decodes each image's masks at the input size, one image at a time: up to --max-det of them, each
+# this many bytes a pixel (float logits, resized, cropped, thresholded: measured 14-14.5 on YOLOv8x-seg at 640 and
+# 1280 px with 300 masks an image)
+MASK_DECODE_BYTES = 16
 # listing a split or a --source: a list .txt file's bytes (Objects365's 1.7 M lines: 120 MB), and the entries one
 # scan may meet (list lines, folder entries and glob matches, repeats counted: twice the largest public sets with
 # their label files beside the images); a scan running longer than SCAN_NOTE_SECONDS says how far it has got
