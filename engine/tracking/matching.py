@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from utils.rotated import polygon_iou, xywhr_to_corners
+from utils.rotated import probiou
 
 
 def box_iou(a, b):
@@ -20,14 +20,16 @@ def box_iou(a, b):
     return inter / np.maximum(area_a[:, None] + area_b[None] - inter, 1e-9)
 
 
-def rotated_iou(a, b):
-    """Exact IoU of each oriented box of a (n, 5) with each of b (m, 5), xywhr: (n, m). The polygons' overlap, as
-    box_iou's for upright boxes, so one tracker YAML's thresholds mean the same for both (Ultralytics' OBB tracking
-    uses probiou, which differs from the overlap away from 0 and 1)."""
+def probiou_matrix(a, b):
+    """Probabilistic IoU (utils/rotated.probiou) of each oriented box of a (n, 5) with each of b (m, 5), xywhr:
+    (n, m). Ultralytics' measure for oriented tracks: blind to how a rectangle is written (w, h and the angle, or h, w
+    and the angle a quarter turn on), and kinder than the polygons' exact overlap to a thin box a few pixels off across
+    its short side, which on the synthetic turning video (benchmarks/track_synthetic_obb.py) kept ByteTrack's
+    low-score matches that the exact overlap lost (MOTA 0.886 -> 0.897, IDF1 0.815 -> 0.911 on seed 0)."""
     a, b = (torch.from_numpy(np.asarray(x, dtype=np.float64).reshape(-1, 5)) for x in (a, b))
     if not len(a) or not len(b):
         return np.zeros((len(a), len(b)))
-    return polygon_iou(xywhr_to_corners(a), xywhr_to_corners(b)).numpy()
+    return probiou(a[:, None], b[None]).numpy()
 
 
 def same_turn(box, angle):

@@ -12,16 +12,15 @@ it was last seen; a lost track matched again gets its id back.
 
 Oriented boxes (an OBB model's, `rotated=True`: xywhr rows, as Ultralytics' trackers carry them) are followed the same
 way: the filter over the centre and the box's own sides, the angle the last matched detection's (written in the
-track's turn, `matching.same_turn`), and boxes compared by their exact polygon IoU.
+track's turn, `matching.same_turn`), and boxes compared by their probabilistic IoU (`matching.probiou_matrix`), as
+Ultralytics' trackers compare them.
 """
-
-import math
 
 import numpy as np
 
 from engine.tracking.gmc import SparseFlowGMC
 from engine.tracking.kalman import KalmanXYAH, KalmanXYWH, to_xyxy, xyxy_to
-from engine.tracking.matching import assign, box_iou, iou_cost, rotated_iou, same_turn
+from engine.tracking.matching import assign, box_iou, iou_cost, probiou_matrix, same_turn
 
 TENTATIVE, TRACKED, LOST = "tentative", "tracked", "lost"
 
@@ -64,7 +63,7 @@ class ByteTracker:
 
     def __init__(self, cfg, frame_rate=30, rotated=False):
         self.cfg, self.kf = cfg, self.kalman()
-        self.width, self.iou = (5, rotated_iou) if rotated else (4, box_iou)
+        self.width, self.iou = (5, probiou_matrix) if rotated else (4, box_iou)
         self.max_lost = max(1, int(frame_rate / 30 * cfg.track_buffer))
         self.tracks, self.frame, self.next_id = [], 0, 1
 
@@ -94,8 +93,8 @@ class ByteTracker:
 
     def update(self, boxes, scores, classes, frame=None):
         """One frame: `boxes` (n, 4) xyxy (oriented: (n, 5) xywhr), `scores` (n,), `classes` (n,); `frame` the image
-        (BoT-SORT's motion compensation reads it). Returns (detection indices, track ids), int arrays of the detections a confirmed
-        track holds this frame."""
+        (BoT-SORT's motion compensation reads it). Returns (detection indices, track ids), int arrays of the
+        detections a confirmed track holds this frame."""
         cfg = self.cfg
         self.frame += 1
         boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, self.width)
@@ -167,10 +166,9 @@ class BotSort(ByteTracker):
         if not tracks or np.allclose(A, np.eye(2, 3)):
             return
         R8 = np.kron(np.eye(4), A[:, :2])  # the rotation and scale on each (x, y) pair of the state
-        turn = math.atan2(A[1, 0], A[0, 0])  # the camera's roll turns an oriented box with it
+        # an oriented box's angle is left as it is, as Ultralytics leaves it: turned by the flow's rotation, which on
+        # a still camera follows the moving shapes, the synthetic video's BoT-SORT IDF1 fell from 0.770 to 0.731
         for t in tracks:
             t.mean = R8 @ t.mean
             t.mean[:2] += A[:, 2]
             t.cov = R8 @ t.cov @ R8.T
-            if t.angle is not None:
-                t.angle += turn
