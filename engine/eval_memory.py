@@ -53,6 +53,23 @@ def _module(model):
     return inner if isinstance(inner, nn.Module) else None
 
 
+def _state(module):
+    """Each submodule's attributes, and its own parameter, buffer and child tables, as they are: a layer may keep
+    what its forward made (a YOLOv5-style head's grid, cached per input shape), which a dry run makes on the meta
+    device and a real pass at that shape would then read."""
+    return [(m, dict(m.__dict__), {k: dict(m.__dict__[k]) for k in ("_parameters", "_buffers", "_modules")})
+            for m in module.modules()]
+
+
+def _restore(saved):
+    for m, attrs, tables in saved:
+        m.__dict__.clear()
+        m.__dict__.update(attrs)
+        for k, table in tables.items():
+            m.__dict__[k].clear()
+            m.__dict__[k].update(table)
+
+
 def image_cost(model, imgsz):
     """The ImageCost of one `imgsz` (side, or (h, w)) image through `model` (a torch module or an InferenceBackend)."""
     h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
@@ -63,7 +80,7 @@ def image_cost(model, imgsz):
     if module is None:
         return ImageCost((ch, h, w), values * (EVAL_BYTES_PER_INPUT + INPUT_BYTES), f"{fallback}, an export")
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
-    training = module.training
+    saved = _state(module)
     try:
         probe, _ = dry_run(module.eval(), (1, ch, h, w), dtype=dtype)
     except (DryRunError, RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as e:
@@ -72,7 +89,7 @@ def image_cost(model, imgsz):
                     f"could not count it ({type(e).__name__}: {why})")
         return ImageCost((ch, h, w), values * (EVAL_BYTES_PER_INPUT + INPUT_BYTES), f"{fallback}, no dry run")
     finally:
-        module.train(training)
+        _restore(saved)
     return ImageCost((ch, h, w), EVAL_PEAK_FACTOR * probe.peak + values * INPUT_BYTES, "dry run")
 
 

@@ -139,6 +139,32 @@ def test_an_export_counts_the_fixed_rate_per_input_value():
     assert image_cost(Export(), 64).how == f"{EVAL_BYTES_PER_INPUT} bytes per input value, an export"
 
 
+class CachesGrid(nn.Module):
+    """A layer that keeps a grid per input shape, as YOLOv5's own Detect head does (and a user's block may): made in
+    a dry run, it would be a meta tensor that a real pass at that shape then reads; and a buffer registered in the
+    forward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.grid, self.shape = torch.zeros(0), None
+
+    def forward(self, x):
+        if self.shape != x.shape:
+            self.shape = x.shape
+            self.grid = torch.arange(x.shape[-1], device=x.device, dtype=x.dtype).expand(x.shape[-2], -1)
+            self.register_buffer("seen", torch.ones(1, device=x.device))
+        return self.conv(x) + self.grid
+
+
+def test_a_dry_run_leaves_no_meta_state_in_the_model():
+    model = CachesGrid().train()
+    assert image_cost(model, 64).how == "dry run"
+    assert model.training and model.shape is None and "seen" not in dict(model.named_buffers())
+    x = torch.rand(1, 3, 64, 64)
+    assert torch.equal(model(x), model.conv(x) + torch.arange(64.0).expand(64, -1))
+
+
 @pytest.mark.parametrize("cls, cfg", [(DetectionModel, "yolov8n.yaml"), (SegmentationModel, "yolov8n-seg.yaml"),
                                       (DetectionModel, "yolov8n-p2.yaml")])
 def test_a_model_counted_runs_as_before(cls, cfg):
@@ -154,6 +180,11 @@ def test_a_model_counted_runs_as_before(cls, cfg):
         after = model(x)[0]
     assert torch.equal(before, after)
     assert 3.9 < large.bytes / small.bytes < 4.1  # the pixels: 4x
+
+
+def test_a_model_of_one_input_channel_is_counted_at_one_channel():
+    cost = image_cost(DetectionModel("yolov8n.yaml", ch=1, nc=3).eval(), 64)
+    assert cost.shape == (1, 64, 64) and cost.how == "dry run"
 
 
 def test_the_memory_read_is_split_among_the_ranks_of_one_machine(monkeypatch):
