@@ -407,20 +407,22 @@ class Results(_Moves):
             save_one_box(xyxy, self.orig_img, Path(save_dir) / self.names[c] / f"{Path(file_name).stem}.jpg")
 
     def summary(self, normalize=False, decimals=5):
-        """A list of dicts, one per object, as Ultralytics' `summary`: name, class, confidence, box (x1, y1, x2, y2),
-        and where present track_id, segments {x, y}, keypoints {x, y, visible}; a classifier's is its top-1 class.
-        `normalize`: coordinates as fractions of the image's width and height."""
+        """A list of dicts, one per object, as Ultralytics' `summary`: name, class, confidence, box (x1, y1, x2, y2;
+        an oriented box's four corners x1, y1 ... x4, y4), and where present track_id, segments {x, y}, keypoints
+        {x, y, visible}; a classifier's is its top-1 class. `normalize`: coordinates as fractions of the image's
+        width and height."""
         if self.record.probs is not None:
             p = self.probs
             return [{"name": self.names[p.top1], "class": p.top1, "confidence": round(float(p.top1conf), decimals)}]
         h, w = self.orig_shape if normalize else (1, 1)
-        boxes, masks, kpts = self.boxes, self.masks, self.keypoints
+        boxes, masks, kpts = self.obb if self.boxes is None else self.boxes, self.masks, self.keypoints
+        points = boxes.xyxyxyxy if isinstance(boxes, ResultOBB) else boxes.xyxy.reshape(-1, 2, 2)
         segs = masks.xy if masks is not None else None
         out = []
-        for i, (x1, y1, x2, y2, conf, c) in enumerate(_convert(boxes._data, "cpu").tolist()):
+        for i, (conf, c, xy) in enumerate(zip(*(_convert(v, "cpu").tolist() for v in (boxes.conf, boxes.cls, points)))):
             row = {"name": self.names[int(c)], "class": int(c), "confidence": round(conf, decimals),
-                   "box": {k: round(v, decimals) for k, v in zip(("x1", "y1", "x2", "y2"), (x1 / w, y1 / h, x2 / w,
-                                                                                            y2 / h))}}
+                   "box": {k: round(v, decimals) for j, (x, y) in enumerate(xy, 1)
+                           for k, v in ((f"x{j}", x / w), (f"y{j}", y / h))}}
             if boxes.id is not None:
                 row["track_id"] = int(boxes.id[i])
             if segs is not None:

@@ -160,3 +160,4 @@ def test_the_api_puts_track_ids_on_r_obb(tmp_path):
     torch.testing.assert_close(r.obb.data[:, 5], r.obb.id.to(r.obb.data.dtype))
     torch.testing.assert_close(r.obb.data[:, 6:], torch.stack((r.obb.conf, r.obb.cls), 1))
     assert r.obb[0].id.shape == (1,) and r.numpy().obb.id.dtype == np.int64
+    assert [row["track_id"] for row in r.summary()] == r.obb.id.tolist()

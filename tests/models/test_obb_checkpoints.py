@@ -83,6 +83,10 @@ def test_official_obb_checkpoint_predicts_ultralytics_boxes(name, ref, tmp_path)
     fit = Letterbox.placed((77, 128), tuple(r["image"].shape))  # 96 x 160 into 128: 77 x 128 resized
     (gy, gx), _ = fit.ratio_pad
     _same_boxes(ours, r["predict"], (gx, gy))
+    rows = res.summary()  # Ultralytics' form for oriented boxes: the four corners x1, y1 ... x4, y4
+    corners = [[[row["box"][f"x{j}"], row["box"][f"y{j}"]] for j in range(1, 5)] for row in rows]
+    torch.testing.assert_close(torch.tensor(corners), res.obb.xyxyxyxy.cpu(), rtol=0, atol=1e-4)
+    assert [row["confidence"] for row in rows] == [round(v, 5) for v in res.obb.conf.tolist()]
 
 
 def test_the_comparison_can_fail(ref):
