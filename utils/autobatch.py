@@ -5,8 +5,12 @@ batch (CPU_BATCH) with one line saying so.
 The trials run a forward and backward pass of the model on random images of growing batches (1, 2, 4, 8, 16), read
 the peak memory each took, fit a line through them (memory = fixed + per-image x batch) and solve it for `fraction`
 of the memory that was free before the first trial. A trial that runs out of memory ends the trials, and the batch
-stays below it. The memory readers are arguments, so the arithmetic is tested on a CPU with a fake reader.
+stays below it. Each trial is timed: the log gives its milliseconds per image, and once the trials have taken
+TRIAL_SECONDS (a large model at a large size on a small GPU) the ones done decide, two at least. The memory readers
+and the clock are arguments, so the arithmetic is tested on a CPU with a fake reader and a fake clock.
 """
+
+import time
 
 import numpy as np
 
@@ -16,6 +20,7 @@ FRACTION = 0.60  # of the free memory, as Ultralytics' AutoBatch (yolov5's takes
 CPU_BATCH = 16  # the scripts' --batch-size default
 TRIALS = (1, 2, 4, 8, 16)
 MAX_BATCH = 1024
+TRIAL_SECONDS = 30.0  # the trials' time, beyond which no larger one starts (two trials fit a line)
 
 
 def fit_batch(trials, free, fraction=FRACTION, failed=None):
@@ -32,13 +37,17 @@ def fit_batch(trials, free, fraction=FRACTION, failed=None):
     return int(np.clip(batch, 1, MAX_BATCH))
 
 
-def auto_batch(step, free_memory, peak_memory, is_oom, fraction=FRACTION, trials=TRIALS):
+def auto_batch(step, free_memory, peak_memory, is_oom, fraction=FRACTION, trials=TRIALS, clock=time.perf_counter,
+               budget=TRIAL_SECONDS):
     """The batch for `fraction` of the free memory: `step(b)` runs a trial of batch b, `peak_memory()` the bytes it
-    took at most (and resets the count), `free_memory()` the free bytes, `is_oom(error)` whether an error is an
-    out-of-memory one."""
-    free, used, failed = free_memory(), {}, None
+    took at most (and resets the count, after waiting for the device), `free_memory()` the free bytes,
+    `is_oom(error)` whether an error is an out-of-memory one; `clock()` seconds, `budget` the trials' time."""
+    free, used, seconds, failed = free_memory(), {}, {}, None
     peak_memory()  # from zero
     for b in trials:
+        if len(used) >= 2 and sum(seconds.values()) > budget:
+            break
+        t0 = clock()
         try:
             step(b)
         except Exception as e:
@@ -47,20 +56,24 @@ def auto_batch(step, free_memory, peak_memory, is_oom, fraction=FRACTION, trials
             failed = b
             break
         used[b] = peak_memory()
+        seconds[b] = clock() - t0
     batch = fit_batch(used, free, fraction, failed)
-    LOGGER.info(f"AutoBatch: batch {batch}, for {fraction:.0%} of {free / 2**30:.2f} GiB free (trial steps of "
-                f"{', '.join(map(str, used))} images took {', '.join(f'{v / 2**30:.2f}' for v in used.values())} GiB)")
+    trial = ", ".join(f"{b}: {used[b] / 2**30:.2f} GiB, {1e3 * seconds[b] / b:.0f} ms/image" for b in used)
+    LOGGER.info(f"AutoBatch: batch {batch}, for {fraction:.0%} of {free / 2**30:.2f} GiB free (trial steps, images: "
+                f"peak memory, time: {trial}{f'; {failed} images ran out of memory' if failed else ''})")
     return batch
 
 
-def cuda_auto_batch(model, imgsz, device, fraction=FRACTION):
+def cuda_auto_batch(model, imgsz, device, fraction=FRACTION, autocast_dtype=None):
     """auto_batch for `model` training at `imgsz` on the CUDA `device`: trial steps of a forward pass and a backward
-    pass of the outputs' sum (what the loss adds beside the activations is small)."""
+    pass of the outputs' sum (what the loss adds beside the activations is small), under autocast to
+    `autocast_dtype` where training runs so (fp32 activations would take about twice the memory: a smaller batch)."""
     import torch
 
     def step(b):
         x = torch.rand(b, 3, imgsz, imgsz, device=device)
-        out = model(x)
+        with torch.autocast("cuda", dtype=autocast_dtype or torch.float16, enabled=autocast_dtype is not None):
+            out = model(x)
         sum(o.float().sum() for o in _tensors(out)).backward()
         model.zero_grad(set_to_none=True)
 
@@ -72,8 +85,12 @@ def cuda_auto_batch(model, imgsz, device, fraction=FRACTION):
         return value
 
     model.train()
-    return auto_batch(step, lambda: torch.cuda.mem_get_info(device)[0], peak,
-                      lambda e: isinstance(e, torch.OutOfMemoryError), fraction)
+    try:
+        return auto_batch(step, lambda: torch.cuda.mem_get_info(device)[0], peak,
+                          lambda e: isinstance(e, torch.OutOfMemoryError), fraction)
+    finally:  # what a trial that ran out of memory left cached goes back before training allocates
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
 
 
 def cpu_batch():
