@@ -130,7 +130,7 @@ def settle_batch(model, imgsz, batch, device, what, masks=0, free_memory=None):
     size = "x".join(map(str, cost.shape[1:]))
     figure = (f"evaluating one {size} image takes about {_gib(cost.bytes)} ({cost.how})"
               f"{f' and decoding its {masks} masks {_gib(decode)}' if decode else ''}, and the budget is "
-              f"{_gib(max(budget, 0))} (half the {_gib(free)} free on {torch.device(device).type})")
+              f"{_gib(max(budget, 0))} (half the {_gib(max(free, 0))} free on {torch.device(device).type})")
     if fits == 0:
         side = _fitting_side(max(cost.shape[1:]), cost.bytes + decode, budget)
         hint = f"pass --img {side} or less" if side >= 32 else "free memory, or use a smaller model"
