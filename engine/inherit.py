@@ -33,8 +33,9 @@ def run_values(opt, known):
     `run_default` and that is None: the weights' run's (`known`: an InferenceBackend's `run`, or
     models/checkpoints.load_model's), else that default. Says in one line what came from the run, and which dataset
     no longer exists."""
-    fallbacks = {f.name: f.metadata["run_default"] for f in sorted(
-        (f for f in dataclasses.fields(opt) if "run_default" in f.metadata), key=lambda f: list(FLAGS).index(f.name))}
+    inherited = {f.name: f.metadata["run_default"] for f in dataclasses.fields(opt) if "run_default" in f.metadata}
+    assert set(inherited) <= set(FLAGS), f"no flag for {set(inherited) - set(FLAGS)}"  # a field marked in error
+    fallbacks = {k: inherited[k] for k in FLAGS if k in inherited}
     wanted = [k for k in fallbacks if getattr(opt, k) is None]
     values, taken, gone = {}, [], None
     for k in wanted:
