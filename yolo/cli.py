@@ -12,6 +12,7 @@ export. `yolo TASK MODE --help` lists the script's options; each `key=value` is 
 --include, and --cfg / --weights; save=False, show and line_width for --nosave, --view-img, --line-thickness). Also
 Ultralytics' `yolo train resume model=last.pt` and `yolo train model=last.pt resume=True` (--resume last.pt),
 `verbose=False` and `stream=True` (`habit_words`); a misspelt key, flag or model name is refused with the closest one.
+A model YAML given to val, predict, track or export runs its model untrained, as Ultralytics does (yolo/untrained.py).
 After a run, what to run next is said as `yolo` lines. torchrun launches the scripts themselves (README.md).
 """
 
