@@ -194,8 +194,9 @@ def test_the_memory_read_is_split_among_the_ranks_of_one_machine(monkeypatch):
 
 
 def test_a_checkpoint_giving_4096_px_is_refused_before_the_data_is_read(tmp_path):
-    """YOLOv8n at 4096 px: about 1.8 GiB an image as counted (1.4 measured). Under a 2 GiB memory cap it is refused
-    in one line, far under the cap, before the dataset (which does not exist) is read."""
+    """YOLOv8n at 4096 px: about 1.7 GiB an image as counted (1.4 measured). Under a 3 GiB memory cap (torch's
+    libraries and threads hold about 1.6 of it) it is refused in one line, far under the cap, before the dataset
+    (which does not exist) or the source is read."""
     from models.checkpoints import model_to_ckpt, save_checkpoint
 
     model = DetectionModel("yolov8n.yaml", nc=3)
@@ -205,7 +206,7 @@ def test_a_checkpoint_giving_4096_px_is_refused_before_the_data_is_read(tmp_path
                      "opt": {"train_imgsz": 4096, "data_path": str(tmp_path / "gone.yaml")}}, weights)
     for script, source in (("val.py", []), ("detect.py", ["--source", str(tmp_path / "none.jpg")])):
         r = run_capped([script, "--weights", str(weights), "--device", "cpu", *source, "--project",
-                        str(tmp_path / "r")], limit=2 * GiB)
+                        str(tmp_path / "r")], limit=3 * GiB)
         assert refused_once(r, f"--weights {weights}: evaluating one 4096x4096 image takes about"), r.stderr[-2000:]
         assert "(dry run), and the budget is" in r.errors[0] and "pass --img" in r.errors[0]
         assert r.peak < GiB
