@@ -102,3 +102,10 @@ def test_train_from_a_yaml_then_the_object_is_its_run(yaml, shapes_detect, shape
                 project=str(tmp_path), name="run", noplots=True)
     assert model.model == str(tmp_path / "run" / "weights" / "best.pt") and model._untrained is None
     assert len(model.predict(str(IMAGE))) == 1
+
+
+def test_the_apis_errors_name_the_yaml_too(shapes_detect, tmp_path):
+    from utils.errors import BadCheckpoint
+
+    with pytest.raises(BadCheckpoint, match=r"^--weights yolov8n.yaml \(untrained\) predicts 80 classes"):
+        YOLO("yolov8n.yaml").val(data=str(shapes_detect), imgsz=64, workers=0, project=str(tmp_path))

@@ -67,6 +67,11 @@ class YOLO:
         """Where a YAML's untrained checkpoint runs: its errors name the YAML, not that passing file."""
         return self._untrained.named() if self._untrained else nullcontext()
 
+    def _named_stream(self, gen):
+        """`gen`'s items, under `_named` while it runs."""
+        with self._named():
+            yield from gen
+
     def _net(self):
         """The model as the predictors load it (models/backend.py), once per weights file; a YAML's untrained
         model itself."""
@@ -180,6 +185,7 @@ class YOLO:
             from yolo.inmemory import hub_predict
 
             gen = hub_predict(self, source, options)
+        gen = self._named_stream(gen)
         if str(verbose).lower() in ("false", "0", "no", "off"):
             gen = _quiet(gen)
         if stream:
@@ -199,12 +205,13 @@ class YOLO:
             raise BadOption("track: give the source as a path, video or stream (the predict scripts' sources)")
         verbose = options.pop("verbose", True)
         _, opt = self._opt("predict", {"save": False, **options, "source": str(source), "track": tracker})
-        predictor = _task(self.task).predictor(opt)
+        with self._named():
+            predictor = _task(self.task).predictor(opt)
         if persist and self._tracker is not None:
             predictor.tracker = self._tracker
         self._tracker = predictor.tracker
         self._tracker.one_sequence = persist
-        gen = predictor.stream()
+        gen = self._named_stream(predictor.stream())
         if str(verbose).lower() in ("false", "0", "no", "off"):
             gen = _quiet(gen)
         return gen if stream else list(gen)
