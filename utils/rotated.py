@@ -102,13 +102,26 @@ def probiou(b1, b2, eps=1e-7, floor=0.0):
     return 1 - (1 - torch.exp(-bd) + eps).sqrt()
 
 
+PAIRS_PER_BLOCK = 1 << 22  # rotated_nms's overlaps at a time: probiou's dozen temporaries stay near 200 MB
+
+
 def rotated_nms(boxes, scores, iou_thres):
     """Indices of the boxes (xywhr) kept, by descending score: a box goes when a higher-scoring box overlaps it by
-    probiou > iou_thres, whether or not that box was kept itself (Ultralytics' rule for OBB, "fast NMS": one matrix,
-    no loop, and a box is never kept beside a stronger one it overlaps)."""
+    probiou > iou_thres, whether or not that box was kept itself (Ultralytics' rule for OBB, "fast NMS": no loop over
+    the kept boxes, and a box is never kept beside a stronger one it overlaps).
+
+    The overlaps of every pair are computed a block of rows at a time: the whole matrix at once was killed for
+    memory (23 GB) at validation of an untrained DOTA8 model at conf 1e-4 (30000 boxes: 3.6 GB a temporary)."""
     order = scores.argsort(descending=True, stable=True)  # ties keep their order, as torchvision's NMS
-    iou = probiou(boxes[order, None], boxes[None, order]).triu_(diagonal=1)
-    return order[(iou > iou_thres).sum(0) == 0]
+    b = boxes[order]
+    n = len(b)
+    rows = max(1, PAIRS_PER_BLOCK // max(n, 1))
+    later = torch.arange(n, device=b.device)
+    dropped = torch.zeros(n, dtype=torch.bool, device=b.device)
+    for i in range(0, n, rows):
+        iou = probiou(b[i : i + rows, None], b[None])
+        dropped |= ((iou > iou_thres) & (later[None] > later[i : i + rows, None])).any(0)
+    return order[~dropped]
 
 
 def _cross(a, b):
