@@ -4,6 +4,8 @@ the optimizer-stripped final form (a released yolo11n-obb.pt's) for a yolo11-obb
 loader as our OBBModel and give what Ultralytics itself gave: the decoded eval output, and predict's rotated boxes."""
 
 import math
+import sys
+import types
 
 import cv2
 import pytest
@@ -97,3 +99,21 @@ def test_the_comparison_can_fail(ref):
         ours["xywhr"][0, change[0]] += change[1]
         with pytest.raises(AssertionError):
             _same_boxes(ours, theirs, (0.8, 77 / 96))
+
+
+def test_an_official_class_is_called_only_with_no_arguments(tmp_path, monkeypatch):
+    """What the safe loader now admits for Ultralytics' trainer files, `IterableSimpleNamespace()`, builds the empty
+    stand-in; the same class called with an argument (a payload's shape) is still refused before torch reads it."""
+    from untrusted_corpus import constructor_call
+
+    from models.checkpoints.safe import Stub, UnsafeCheckpoint
+
+    module = types.ModuleType("ultralytics.utils")
+    namespace = type("IterableSimpleNamespace", (), {"__module__": "ultralytics.utils"})
+    module.IterableSimpleNamespace = namespace
+    monkeypatch.setitem(sys.modules, "ultralytics", types.ModuleType("ultralytics"))
+    monkeypatch.setitem(sys.modules, "ultralytics.utils", module)
+    made = load_checkpoint(constructor_call(tmp_path / "ok.pt", namespace))["w"]
+    assert isinstance(made, Stub) and type(made).official_path == "ultralytics.utils.IterableSimpleNamespace"
+    with pytest.raises(UnsafeCheckpoint, match=r"calls ultralytics.utils.IterableSimpleNamespace with arguments"):
+        load_checkpoint(constructor_call(tmp_path / "bad.pt", namespace, 10**9))
