@@ -32,9 +32,10 @@ from data.label_formats import get_format
 from data.label_store import LabelStore
 from data.labels import NoUsableImages, cache_labels, read_image
 from data.loader import rank_indices
+from data.targets import Targets
 from utils.errors import BadDataset, BadFile
 from utils.log import LOGGER
-from utils.ops import xyn2xy, xywhn2xyxy, xyxy2xywhn
+from utils.ops import xyn2xy, xywhn2xyxy
 
 MAX_SUBSTITUTES = 16  # images tried in place of one that vanished during training before giving up
 
@@ -335,20 +336,18 @@ class YOLODataset(Dataset):
                 img = cv2.flip(img, 1)
                 inst.flip(width=w, flip_idx=self.format.flip_idx)
         inst = self.format.add_to_sample(sample, inst, (h, w))
-        sample["cls"] = torch.from_numpy(inst.cls.reshape(-1, 1).astype(np.float32))
-        sample["bboxes"] = torch.from_numpy(xyxy2xywhn(inst.boxes, w, h, clip=True, eps=1e-3).astype(np.float32))
+        sample["boxes"] = self.format.boxes(inst, (h, w))
+        sample["cls"] = torch.from_numpy(inst.cls.astype(np.float32))
         sample["img"] = torch.from_numpy(chw_rgb(img))
         return sample
 
     def collate_fn(self, batch):
-        """Samples -> {'img' (B, 3, H, W) uint8, 'targets' (N, 6) [image index, cls, xywhn], 'paths', 'shapes'},
-        'hsv' (B, 3, 256) with device_hsv, plus the label format's entries ('masks' (B, H/r, W/r) overlap maps or
-        (N, H/r, W/r) for segment)."""
-        targets = [torch.cat([torch.full((len(b["cls"]), 1), float(i)), b["cls"], b["bboxes"]], 1)
-                   for i, b in enumerate(batch)]
+        """Samples -> {'img' (B, 3, H, W) uint8, 'targets' (data/targets.Targets: image index, cls, typed boxes,
+        keypoints), 'paths', 'shapes'}, 'hsv' (B, 3, 256) with device_hsv, plus the label format's entries ('masks'
+        (B, H/r, W/r) overlap maps or (N, H/r, W/r) for segment)."""
         out = {
             "img": torch.stack([b["img"] for b in batch]),
-            "targets": torch.cat(targets, 0),
+            "targets": Targets.collate(batch),
             "paths": tuple(b["path"] for b in batch),
             "shapes": tuple(b["shape"] for b in batch),
         }

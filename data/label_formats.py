@@ -4,7 +4,7 @@ batch carry besides class and box.
 A task gives the dataset its format (`YOLODataset(..., task=SegmentLabels(overlap=False))`, or a name in
 FORMATS), and the dataset and the label checker never test which task they serve. A new task is one new class, as
 `PoseLabels`: it reads `cx cy w h` plus K keypoints in `parse` (returning the keypoints as the line's extra, stored
-under its `extra_key`), adds them to the sample in `add_to_sample` and to the batch in `collate`; its keypoints travel
+under its `extra_key`), adds them to the sample in `add_to_sample` (the batch's `Targets` collect them, data/targets.py); its keypoints travel
 through the augmentations in data/augment.py as `Instances.keypoints`, and a left-right flip renames them by
 the format's `flip_idx`.
 """
@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from data.augment import polygons_to_masks
+from data.targets import BoundingBoxes
+from utils.ops import xyxy2xywhn
 from utils.rotated import corners_to_xywhr
 
 COORD_TOL = 0.01  # coordinates this far outside [0, 1] are clipped (rounding in exporters), further is an error
@@ -117,6 +119,13 @@ class DetectLabels:
         """Add this task's targets to `sample` for the augmented Instances `inst` of an image of `shape` (h, w);
         returns the Instances in the order those targets follow."""
         return inst
+
+    def boxes(self, inst, shape):
+        """The boxes of the augmented Instances `inst` on the sample's canvas `shape` (h, w), as the batch's targets
+        carry them: upright cxcywh, normalised (clipped to the image)."""
+        h, w = shape
+        xywhn = xyxy2xywhn(inst.boxes, w, h, clip=True, eps=1e-3).astype(np.float32)
+        return BoundingBoxes(torch.from_numpy(xywhn), "cxcywh", shape, normalized=True)
 
     def collate(self, batch, out):
         """Add this task's batch entries to the collated dict `out`."""
@@ -238,18 +247,13 @@ class PoseLabels(DetectLabels):
         sample["keypoints"] = torch.from_numpy(kpts)
         return inst
 
-    def collate(self, batch, out):
-        """`keypoints` (N, K, 3) in `targets` order."""
-        out["keypoints"] = torch.cat([b["keypoints"] for b in batch], 0)
-
 
 class OBBLabels(DetectLabels):
     """Oriented boxes, DOTA's YOLO form (Ultralytics' OBB labels): lines `cls x1 y1 x2 y2 x3 y3 x4 y4`, the four
     corners normalised, in either turning direction. The corners are the instance's outline, so the augmentations
     carry them as they carry polygons (data/augment.py: resampled, warped, clipped); the box the detection layer sees
-    is their axis-aligned bounding box. Samples carry `rboxes` (n, 5), the minimum-area rectangle of the augmented
-    outline as canonical xywhr (utils/rotated.py; xywh normalised to the sample's image, the angle in radians);
-    batches carry them as `targets`' xywh (replacing the axis-aligned box) and `angles` (N,)."""
+    is their axis-aligned bounding box. Samples and batches carry cxcywhr boxes (`boxes`): the minimum-area rectangle
+    of the augmented outline, canonical (utils/rotated.py)."""
 
     name = "obb"
     line_format = "corners-4"
@@ -278,22 +282,17 @@ class OBBLabels(DetectLabels):
 
     finish_packed = SegmentLabels.finish_packed  # every instance has its outline, the four corners
 
-    def add_to_sample(self, sample, inst, shape):
+    def boxes(self, inst, shape):
+        """cxcywhr boxes: the minimum-area rectangle of each augmented outline's part inside the image (the
+        augmentations leave outlines unclipped; the part inside is what is seen), xywh normalised, the angle in
+        radians."""
         h, w = shape
         rboxes = np.zeros((len(inst), 5), np.float32)
         for i, outline in enumerate(inst.segments or ()):
-            # the part inside the image (the augmentations leave outlines unclipped): its rectangle is what is seen
             rboxes[i] = corners_to_xywhr(np.clip(outline, 0, (w, h))[None])[0]
         rboxes[:, [0, 2]] /= w
         rboxes[:, [1, 3]] /= h
-        sample["rboxes"] = torch.from_numpy(rboxes)
-        return inst
-
-    def collate(self, batch, out):
-        """`targets`' xywh become the rotated boxes' (in the same rows), `angles` (N,) their angles."""
-        rboxes = torch.cat([b["rboxes"] for b in batch], 0)
-        out["targets"][:, 2:6] = rboxes[:, :4]
-        out["angles"] = rboxes[:, 4]
+        return BoundingBoxes(torch.from_numpy(rboxes), "cxcywhr", shape, normalized=True)
 
 
 # by name: the formats a name alone configures (pose needs its dataset's kpt_shape and flip_idx: pass the object)

@@ -478,6 +478,8 @@ class BaseTrainer:
         if self.opt.multi_scale:
             batch["img"] = multi_scale(batch["img"], self.opt.train_imgsz, int(self.optim.model.stride.max()),
                                        f"{self.opt.seed}-{step}")
+            if "targets" in batch:  # normalised labels keep their values on the resized canvas
+                batch["targets"] = batch["targets"].on_canvas(batch["img"].shape[2:])
         return batch
 
     def end_epoch(self, epoch):

@@ -37,7 +37,7 @@ from utils.log import LOGGER, set_logging
 from utils.profiling import RunProfile
 from utils.torch_utils import labels_to, memory_format, time_sync, to_float32
 
-LOSS_LABELS = ("targets", "keypoints")  # what the criterion reads of a batch whose labels stay on the CPU
+LOSS_LABELS = ("targets",)  # what the criterion reads of a batch whose labels stay on the CPU
 
 
 class ShardedBatchSampler(Sampler):

@@ -37,6 +37,7 @@ from evaluation.metrics import (
 )
 from evaluation.plots import colors
 from utils import ops
+from utils.ops import BOX, CLS, CONF, SCORED
 from utils.rotated import regularize, xywhr_to_corners
 from utils.torch_utils import labels_to
 
@@ -53,6 +54,16 @@ class Predictions:
     proto: torch.Tensor | None = None  # segmentation: the image's prototypes (nm, H/4, W/4)
     masks: torch.Tensor | None = None  # after Masks.decode: (n, H, W) at the input size, in the rows' order
     probs: torch.Tensor | None = None  # classification: the class probabilities (nc,)
+
+    @property
+    def conf(self):
+        """(n,) each row's confidence."""
+        return self.boxes[:, CONF]
+
+    @property
+    def cls(self):
+        """(n,) each row's class."""
+        return self.boxes[:, CLS]
 
     @classmethod
     def of(cls, record):
@@ -98,11 +109,19 @@ def in_original_pixels(fields, rows, proto, fit):
     return image
 
 
+def plotted_labels(targets):
+    """A batch's targets (data/targets.Targets) as plot_images draws them: rows (N, 6) image, cls, cxcywh normalised
+    (an oriented box's own sides), and the oriented boxes' angles (N,), or None for upright boxes."""
+    boxes = targets.boxes
+    rows = torch.cat((targets.image[:, None].to(targets.cls.dtype), targets.cls[:, None], boxes.data[:, :4]), 1)
+    return rows, (boxes.data[:, 4] if boxes.format == "cxcywhr" else None)
+
+
 def txt_lines(rows, values, conf=True):
     """--save-txt lines: `cls` then each row's `values` (normalised; a row whose values are None has no line), then
-    the confidence when `conf`; rows (n, 6+) hold conf and cls in columns 4 and 5."""
+    the confidence when `conf`; rows (n, 6+) are NMS rows (utils/ops: CONF, CLS)."""
     return [f"{int(c)} " + " ".join(f"{v:.6g}" for v in vals) + (f" {p:.6g}" if conf else "") + "\n"
-            for vals, (p, c) in zip(values, rows[:, 4:6].tolist()) if vals is not None]
+            for vals, p, c in zip(values, rows[:, CONF].tolist(), rows[:, CLS].tolist()) if vals is not None]
 
 
 class Field:
@@ -164,26 +183,20 @@ class Boxes(Field):
     pair_iou = staticmethod(labels_box_iou)  # (labels, rows) -> (m, n) overlaps: what the confusion matrix matches by
 
     @staticmethod
-    def plotted_labels(batch):
-        """A batch's labels as plot_images rows (N, 6): image, cls, xywh normalised."""
-        return batch["targets"]
-
-    @staticmethod
     def plotted(boxes):
         """Per-image NMS rows (n, 6+) -> plot_images rows (N, 7): image, cls, xywh pixels, conf."""
-        rows = [torch.cat((torch.full_like(p[:, :1], i), p[:, 5:6], ops.xyxy2xywh(p[:, :4]), p[:, 4:5]), 1)
-                for i, p in enumerate(boxes)]
+        rows = [torch.cat((torch.full_like(p[:, :1], i), p[:, CLS, None], ops.xyxy2xywh(p[:, BOX]), p[:, CONF, None]),
+                          1) for i, p in enumerate(boxes)]
         return torch.cat(rows).float() if rows else torch.zeros((0, 7))
 
     @staticmethod
     def labels(batch, si):
         """Labels of image si as (m, 5) cls, xyxy in original-image pixels."""
-        t = batch["targets"][batch["targets"][:, 0] == si]
-        h, w = batch["img"].shape[2:]
-        boxes = ops.xywh2xyxy(t[:, 2:6]) * torch.tensor((w, h, w, h), device=t.device)
+        t = batch["targets"].of_image(si)
+        boxes = t.boxes.convert("xyxy").pixels().data
         shape, ratio_pad = batch["shapes"][si]
-        ops.scale_boxes((h, w), boxes, shape, ratio_pad=ratio_pad)
-        return torch.cat([t[:, 1:2], boxes], 1)
+        ops.scale_boxes(t.canvas, boxes, shape, ratio_pad=ratio_pad)
+        return torch.cat([t.cls[:, None], boxes], 1)
 
     def scale(self, native, fit):
         ops.scale_boxes(fit.input, native[:, :4], fit.shape, ratio_pad=fit.ratio_pad)
@@ -191,29 +204,29 @@ class Boxes(Field):
     @staticmethod
     def objects(image):
         """(xyxy, class, confidence) of each prediction, for --save-crop and --save-csv."""
-        return [(xyxy, int(c), conf) for *xyxy, conf, c in image.boxes[:, :6].tolist()]
+        return [(xyxy, int(c), conf) for *xyxy, conf, c in image.boxes[:, SCORED].tolist()]
 
     def summary(self, image, names):
         """The log line's count of each class, in the order drawn."""
         counts = {}
-        for c in reversed(image.boxes[:, 5].tolist()):
+        for c in reversed(image.cls.tolist()):
             counts[int(c)] = counts.get(int(c), 0) + 1
         return ", ".join(f"{n} {names[c]}" for c, n in counts.items()) or "(no detections)"
 
     def draw(self, annotator, image, label):
         """The most confident box last, on top."""
-        for *xyxy, conf, c in reversed(image.boxes[:, :6].tolist()):
+        for *xyxy, conf, c in reversed(image.boxes[:, SCORED].tolist()):
             annotator.box_label(xyxy, label(int(c), conf), color=colors(int(c), True))
 
     def match(self, image, native, labels, batch, si, iouv):
-        return process_batch(native[:, :6], labels, iouv)
+        return process_batch(native[:, SCORED], labels, iouv)
 
     def txt_columns(self, native, shape):
         h, w = shape
         return ops.xyxy2xywh(native[:, :4]) / torch.tensor((w, h, w, h), device=native.device)
 
     def to_json(self, rows, image, native, batch, si):
-        return rows + box_to_coco_json(native[:, :6], image_id_from_path(Path(batch["paths"][si])))
+        return rows + box_to_coco_json(native[:, SCORED], image_id_from_path(Path(batch["paths"][si])))
 
 
 def _unletterbox_xywh(xywh, fit):
@@ -236,29 +249,21 @@ class RotatedBoxes(Boxes):
     pair_iou = staticmethod(labels_rotated_iou)
 
     @staticmethod
-    def envelopes(rows, angles):
-        """plot_images rows (N, 6+) [image, cls, x, y, w, h, ...] of rotated boxes and their angles (N,) -> the same
-        rows with each box's axis-aligned bounding box: what plot_images, which draws upright boxes, can show."""
-        corners = xywhr_to_corners(torch.cat((rows[:, 2:6], angles[:, None].to(rows.dtype)), 1))
-        lo, hi = corners.amin(1), corners.amax(1)
-        return torch.cat((rows[:, :2], (lo + hi) / 2, hi - lo, rows[:, 6:]), 1)
-
-    @staticmethod
-    def plotted_labels(batch):
-        return RotatedBoxes.envelopes(batch["targets"], batch["angles"])
-
-    @staticmethod
     def plotted(boxes):
-        rows = [torch.cat((torch.full_like(p[:, :1], i), p[:, 5:6], p[:, :4], p[:, 4:5]), 1)
+        """Per-image NMS rows -> plot_images rows (N, 7): image, cls, xywh pixels (the box's own sides), conf; their
+        angles go to plot_images as `angles` (`plot_kwargs`)."""
+        rows = [torch.cat((torch.full_like(p[:, :1], i), p[:, CLS, None], p[:, BOX], p[:, CONF, None]), 1)
                 for i, p in enumerate(boxes)]
-        if not rows:
-            return torch.zeros((0, 7))
-        return RotatedBoxes.envelopes(torch.cat(rows).float(), torch.cat([p[:, -1] for p in boxes]).float())
+        return torch.cat(rows).float() if rows else torch.zeros((0, 7))
+
+    def plot_kwargs(self, preds, batch):
+        return {"angles": torch.cat([image.boxes[:MAX_PLOTTED_PREDS, -1] for image in preds]).float()
+                if preds else None}
 
     @staticmethod
     def xywhr(rows):
         """(n, 5) xywhr of NMS rows."""
-        return torch.cat((rows[:, :4], rows[:, -1:]), 1)
+        return torch.cat((rows[:, BOX], rows[:, -1:]), 1)
 
     @staticmethod
     def corners(rows):
@@ -266,13 +271,11 @@ class RotatedBoxes(Boxes):
 
     @staticmethod
     def labels(batch, si):
-        """Labels of image si as (m, 6) cls, xywhr in original-image pixels (`targets`' xywh and `angles`)."""
-        keep = batch["targets"][:, 0] == si
-        t, angles = batch["targets"][keep], batch["angles"][keep]
-        h, w = batch["img"].shape[2:]
-        xywh = t[:, 2:6] * torch.tensor((w, h, w, h), device=t.device)
-        _unletterbox_xywh(xywh, Letterbox.of_batch(batch, si))
-        return torch.cat((t[:, 1:2], xywh, angles[:, None].to(t.dtype)), 1)
+        """Labels of image si as (m, 6) cls, xywhr in original-image pixels (the targets' cxcywhr boxes)."""
+        t = batch["targets"].of_image(si)
+        xywhr = t.boxes.pixels().data.clone()  # unletterboxed in place
+        _unletterbox_xywh(xywhr[:, :4], Letterbox.of_batch(batch, si))
+        return torch.cat((t.cls[:, None], xywhr), 1)
 
     def decode(self, image, fit):
         rows = image.boxes.clone()
@@ -288,17 +291,17 @@ class RotatedBoxes(Boxes):
         """(xyxy of the corners' bounding box, class, confidence) of each prediction: what --save-crop cuts."""
         c = RotatedBoxes.corners(image.boxes)
         xyxy = torch.cat((c.amin(1), c.amax(1)), 1)
-        return [(b, int(k), conf) for b, (conf, k) in zip(xyxy.tolist(), image.boxes[:, 4:6].tolist())]
+        return [(b, int(k), conf) for b, conf, k in zip(xyxy.tolist(), image.conf.tolist(), image.cls.tolist())]
 
     def draw(self, annotator, image, label):
-        for corners, (conf, c) in zip(reversed(self.corners(image.boxes).tolist()),
-                                      reversed(image.boxes[:, 4:6].tolist())):
+        for corners, conf, c in zip(reversed(self.corners(image.boxes).tolist()), reversed(image.conf.tolist()),
+                                    reversed(image.cls.tolist())):
             pts = torch.tensor(corners).round().int().numpy()
             cv2.polylines(annotator.im, [pts], True, colors(int(c), True), annotator.lw, cv2.LINE_AA)
             annotator.text(tuple(int(v) for v in pts[pts[:, 1].argmin()]), label(int(c), conf))
 
     def match(self, image, native, labels, batch, si, iouv):
-        return process_rotated_batch(native[:, :6], native[:, -1], labels, iouv)
+        return process_rotated_batch(native[:, SCORED], native[:, -1], labels, iouv)
 
     def txt_columns(self, native, shape):
         h, w = shape
@@ -306,7 +309,7 @@ class RotatedBoxes(Boxes):
 
     def to_json(self, rows, image, native, batch, si):
         image_id = image_id_from_path(Path(batch["paths"][si]))
-        return rows + [{"image_id": image_id, "category_id": int(r[5]), "score": round(float(r[4]), 5),
+        return rows + [{"image_id": image_id, "category_id": int(r[CLS]), "score": round(float(r[CONF]), 5),
                         "rbox": [round(v, 3) for v in xywhr], "poly": [round(v, 3) for v in poly]}
                        for r, xywhr, poly in zip(native.tolist(), self.xywhr(native).tolist(),
                                                  self.corners(native).flatten(1).tolist())]
@@ -343,13 +346,13 @@ class Masks(Field):
                 for seg in ops.masks2segments(image.masks)]
 
     def draw(self, annotator, image, label):
-        annotator.masks(image.masks, [colors(int(c), True) for c in image.boxes[:, 5]])
+        annotator.masks(image.masks, [colors(int(c), True) for c in image.cls])
 
     def match(self, image, native, labels, batch, si, iouv):
         """Ground truth from the overlap map or the per-instance stack, as the batch's `overlap` says."""
         n = len(labels)
         gt = instance_masks(batch["masks"][si], n) if batch["overlap"] else \
-            batch["masks"][batch["targets"][:, 0] == si].gt(0.5)
+            batch["masks"][batch["targets"].image == si].gt(0.5)
         return process_mask_batch(native, labels, image.masks, gt, iouv)
 
     def to_json(self, rows, image, native, batch, si):
@@ -394,12 +397,8 @@ class Keypoints(Field):
 
     def match(self, image, native, labels, batch, si, iouv):
         """Labels' keypoints (m, K, 3) in original-image pixels, visibility 0 where not labelled."""
-        gt = batch["keypoints"][batch["targets"][:, 0] == si].clone()
-        h, w = batch["img"].shape[2:]
-        gt[..., 0] *= w
-        gt[..., 1] *= h
-        gt = self._native(gt, Letterbox.of_batch(batch, si))
-        return process_keypoint_batch(native[:, :6], labels, self.of(native), gt, self.sigmas, iouv)
+        gt = self._native(batch["targets"].of_image(si).keypoints_pixels(), Letterbox.of_batch(batch, si))
+        return process_keypoint_batch(native[:, SCORED], labels, self.of(native), gt, self.sigmas, iouv)
 
     def txt_columns(self, native, shape):
         h, w = shape

@@ -50,21 +50,21 @@ def per_image_index(batch_idx, batch_size):
     return rank, counts
 
 
-def pad_targets(targets, batch_size, scale):
-    """Rows [batch_idx, cls, cx, cy, w, h] (normalised) -> per-image padded GT tensors.
+def pad_targets(targets, batch_size, boxes):
+    """A batch's `Targets` (data/targets.py) and their `boxes` (N, k) in the form the caller asked of them -> per-image
+    padded GT tensors.
 
-    Returns `labels` (B, M, 1), `boxes` (B, M, 4) xyxy scaled by `scale` (w, h, w, h), `valid` (B, M, 1) bool and
-    `row` (B, M) long, the row of `targets` each GT came from (-1 for padding); M is the most targets in one image.
+    Returns `labels` (B, M, 1), `boxes` (B, M, k) (zeros for padding), `valid` (B, M, 1) bool and `row` (B, M) long,
+    the row of `targets` each GT came from (-1 for padding); M is the most targets in one image.
     """
     device = targets.device
-    rank, counts = per_image_index(targets[:, 0], batch_size)
+    rank, counts = per_image_index(targets.image, batch_size)
     m = int(counts.max()) if len(targets) else 0  # the padded size: the one value read back to the host
     labels = torch.zeros(batch_size, m, 1, device=device)
-    boxes = torch.zeros(batch_size, m, 4, device=device)
+    padded = torch.zeros(batch_size, m, boxes.shape[1], device=device)
     row = torch.full((batch_size, m), -1, dtype=torch.long, device=device)
-    b = targets[:, 0].long()
-    labels[b, rank, 0] = targets[:, 1]
-    xywh = targets[:, 2:6] * scale
-    boxes[b, rank] = torch.cat((xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2), 1)
+    b = targets.image
+    labels[b, rank, 0] = targets.cls.float()
+    padded[b, rank] = boxes.float()
     row[b, rank] = torch.arange(len(targets), device=device)
-    return labels, boxes, (row >= 0).unsqueeze(-1), row
+    return labels, padded, (row >= 0).unsqueeze(-1), row

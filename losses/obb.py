@@ -49,8 +49,8 @@ class RotatedTaskAlignedAssigner(TaskAlignedAssigner):
 
 
 class V8OBBLoss(V8DetectionLoss):
-    """v8 terms on oriented boxes plus the angle term (gain `angle`). Labels: `batch['targets']` (N, 6) rows
-    [image, class, cx, cy, w, h] normalised (w, h the box's own sides) and `batch['angles']` (N,) radians."""
+    """v8 terms on oriented boxes plus the angle term (gain `angle`). Labels: `batch['targets']`, whose boxes are
+    cxcywhr (data/targets.py: w, h the box's own sides, the angle in radians)."""
 
     name = "v8obb"
     loss_names = ("box", "cls", "dfl", "angle")
@@ -65,19 +65,18 @@ class V8OBBLoss(V8DetectionLoss):
 
     def __call__(self, preds, batch):
         feats, angle = preds
-        state = self.assign_rotated(feats, angle, batch["targets"], batch["angles"])
+        state = self.assign_rotated(feats, angle, batch["targets"])
         parts = self.rotated_terms(state, angle)
         return sum(parts) * angle.shape[0], torch.stack(parts).detach()
 
-    def assign_rotated(self, feats, angle, targets, angles):
+    def assign_rotated(self, feats, angle, targets):
         """As `V8DetectionLoss.assign`, with xywhr boxes (xywh in grid units, the angle in radians)."""
         bs = feats[0].shape[0]
         x = torch.cat([f.view(bs, self.no, -1) for f in feats], 2).permute(0, 2, 1).contiguous()
         pred_distri, pred_scores = x.split((4 * self.reg_max, self.nc), 2)
         anchor_points, stride_tensor, whwh = self.grid(feats)
-        labels, _, valid, gt_row = pad_targets(targets.float(), bs, whwh)
-        rows = torch.cat((targets[:, 2:6].float() * whwh, angles.float().view(-1, 1)), 1)
-        gt = rows[gt_row.clamp(min=0)] * valid  # (B, M, 5) xywhr in pixels, zeros for padding
+        # (B, M, 5) xywhr in pixels, zeros for padding
+        labels, gt, valid, gt_row = pad_targets(targets, bs, targets.boxes.pixels().data)
         valid = valid & (gt[..., 2:4] >= MIN_SIDE).all(-1, keepdim=True)
         proj = torch.arange(self.reg_max, device=x.device, dtype=x.dtype)
         dist = pred_distri.view(bs, -1, 4, self.reg_max).softmax(3).matmul(proj)

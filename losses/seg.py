@@ -68,14 +68,14 @@ class V5SegmentationLoss(V5DetectionLoss):
         if not len(targets):
             return total
         masks = prepare_masks(masks, (mh, mw))
-        instance = per_image_index(targets[:, 0], bs)[0] + 1
+        instance = per_image_index(targets.image, bs)[0] + 1
         images = torch.arange(bs, device=proto.device)[:, None]
         counts = torch.stack([(t.b[None] == images).sum(1) for t in assigned]).tolist()
         for pi, t, per_image in zip(feats, assigned, counts):
             order = torch.argsort(t.b, stable=True)
             coeffs = pi[t.b[order], t.a[order], t.gj[order], t.gi[order]][:, 5 + self.nc :]
             row = t.row[order]
-            xywhn = targets[row, 2:6].float()
+            xywhn = targets.boxes.convert("cxcywh").normalize().data[row].float()
             area = xywhn[:, 2:].prod(1)
             mxyxy = xywh2xyxy(torch.cat((scale_xy(xywhn[:, :2], mw, mh), scale_xy(xywhn[:, 2:], mw, mh)), 1))
             start = 0

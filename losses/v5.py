@@ -51,7 +51,7 @@ def neighbour_offsets(kind, g=NEIGHBOUR_BIAS):
 def match_anchors(level_shapes, anchors, targets, anchor_t, g=NEIGHBOUR_BIAS):
     """The v5 assignment rule over all levels.
 
-    level_shapes: (ny, nx) per level; anchors (nl, na, 2) grid units; targets (N, 6) normalised. A target is matched
+    level_shapes: (ny, nx) per level; anchors (nl, na, 2) grid units; targets a batch's `Targets`. A target is matched
     to every anchor whose width and height ratios to it are all within [1/anchor_t, anchor_t], at its centre cell and
     at the neighbour cells whose edge its centre is nearer than g cells to (skipping the border): with g = 0.5 the two
     nearest, so one target yields up to 3 cells per anchor; with g = 1 (YOLOv7's auxiliary head) all four, up to 5.
@@ -60,13 +60,14 @@ def match_anchors(level_shapes, anchors, targets, anchor_t, g=NEIGHBOUR_BIAS):
     Every level's (kind, anchor, target) triples are found in one `nonzero` and split by the levels' counts: those
     two are the values read back from the device (one `nonzero` per level and step would wait for it twice each).
     """
+    xywhn = targets.boxes.convert("cxcywh").normalize().data.float()
     xy, wh = [], []
     chosen = []  # per level (5, na, N): the target's cell or neighbour `kind` is a positive of anchor a
     for (ny, nx), anc in zip(level_shapes, anchors):
-        gwh = scale_xy(targets[:, 4:6].float(), nx, ny)
+        gwh = scale_xy(xywhn[:, 2:4], nx, ny)
         r = gwh[None] / anc[:, None]
         fits = torch.max(r, 1 / r).amax(2) < anchor_t  # (na, N)
-        gxy = scale_xy(targets[:, 2:4].float(), nx, ny)
+        gxy = scale_xy(xywhn[:, :2], nx, ny)
         gxi = torch.stack((nx - gxy[:, 0], ny - gxy[:, 1]), 1)
         near_low = (gxy % 1 < g) & (gxy > 1)  # centre within g of its cell's left/upper edge
         near_high = (gxi % 1 < g) & (gxi > 1)  # of the right/lower edge
@@ -86,7 +87,7 @@ def match_anchors(level_shapes, anchors, targets, anchor_t, g=NEIGHBOUR_BIAS):
         cell = (gxy - neighbour_offsets(kind, g)).long()
         gi, gj = cell[:, 0].clamp(0, nx - 1), cell[:, 1].clamp(0, ny - 1)
         tbox = torch.cat((gxy - torch.stack((gi, gj), 1), gwh_all[row]), 1)
-        out.append(AnchorTargets(targets[row, 0].long(), a, gj, gi, tbox, anc[a], targets[row, 1].long(), row))
+        out.append(AnchorTargets(targets.image[row], a, gj, gi, tbox, anc[a], targets.cls[row].long(), row))
     return out
 
 

@@ -89,16 +89,14 @@ class OTADetectionLoss(V5DetectionLoss):
         if not len(targets):
             return candidates
         boxes, probs = self._candidate_boxes(preds, candidates)
-        ny, nx = preds[0].shape[2:4]
-        w, h = nx * self.strides[0], ny * self.strides[0]
-        txyxy = xywh2xyxy(torch.stack((targets[:, 2] * w, targets[:, 3] * h, targets[:, 4] * w, targets[:, 5] * h), 1))
+        txyxy = targets.boxes.pixels().convert("xyxy").data
         cand_b = torch.cat([c.b for c in candidates])
-        target_b = targets[:, 0].long()
+        target_b = targets.image
         matched = torch.full_like(cand_b, -1)
         for ti, ci in image_blocks(target_b, cand_b, preds[0].shape[0]):
             apart = target_b[ti, None] != cand_b[None, ci]
             iou = box_iou(txyxy[ti], boxes[ci]).masked_fill(apart, 0.0)
-            cost = _class_cost(probs[ci], targets[ti, 1].long()) - 3.0 * torch.log(iou + 1e-8)
+            cost = _class_cost(probs[ci], targets.cls[ti].long()) - 3.0 * torch.log(iou + 1e-8)
             m = dynamic_k_match(iou, cost.masked_fill(apart, math.inf), self.n_top)
             matched[ci] = torch.where(m >= 0, ti[m.clamp(min=0)], m)
         return self._select(preds, candidates, matched, targets)
@@ -132,10 +130,10 @@ class OTADetectionLoss(V5DetectionLoss):
             start, offset = start + n, offset + size
             ny, nx = pi.shape[2:4]
             gi, gj = t.gi[pick], t.gj[pick]
-            gxy = scale_xy(targets[row, 2:4].float(), nx, ny) - torch.stack((gi, gj), 1)
-            tbox = torch.cat((gxy, scale_xy(targets[row, 4:6].float(), nx, ny)), 1)
-            out.append(AnchorTargets(t.b[pick], t.a[pick], gj, gi, tbox, t.anchors[pick],
-                                     targets[row, 1].long(), row))
+            xywhn = targets.boxes.convert("cxcywh").normalize().data[row].float()
+            gxy = scale_xy(xywhn[:, :2], nx, ny) - torch.stack((gi, gj), 1)
+            tbox = torch.cat((gxy, scale_xy(xywhn[:, 2:], nx, ny)), 1)
+            out.append(AnchorTargets(t.b[pick], t.a[pick], gj, gi, tbox, t.anchors[pick], targets.cls[row].long(), row))
         return out
 
 

@@ -105,7 +105,8 @@ class V8DetectionLoss:
         x = torch.cat([f.view(bs, self.no, -1) for f in feats], 2).permute(0, 2, 1).contiguous()
         pred_distri, pred_scores = x.split((4 * self.reg_max, self.nc), 2)
         anchor_points, stride_tensor, whwh = self.grid(feats)
-        labels, gt_bboxes, valid, gt_row = pad_targets(targets.float(), bs, whwh)
+        gt_xyxy = targets.boxes.pixels().convert("xyxy").data
+        labels, gt_bboxes, valid, gt_row = pad_targets(targets, bs, gt_xyxy)
         pred_bboxes = self.decode(anchor_points, pred_distri)
         assignment = self.assigner(pred_scores.detach().sigmoid(),
                                    (pred_bboxes.detach() * stride_tensor).to(gt_bboxes.dtype),

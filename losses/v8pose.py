@@ -22,7 +22,7 @@ def keypoint_location_loss(pred, gt, visible, area, sigmas):
 
 class V8PoseLoss(V8DetectionLoss):
     """v8 detection terms + pose (keypoint location, gain `pose`) and kobj (visibility BCE, gain `kobj`, only for
-    ndim 3) over the task-aligned positives. Labels come as `batch['keypoints']` (N, K, 3): x, y normalised to the
+    ndim 3) over the task-aligned positives. Labels come as the targets' `keypoints` (N, K, 3): x, y normalised to the
     image, visibility (0: not labelled, or outside the image after augmentation)."""
 
     name = "v8pose"
@@ -39,9 +39,10 @@ class V8PoseLoss(V8DetectionLoss):
     def __call__(self, preds, batch):
         feats, kpt = preds
         bs = kpt.shape[0]
-        state = self.assign(feats, batch["targets"])
+        targets = batch["targets"]
+        state = self.assign(feats, targets)
         lbox, lcls, ldfl = self.detection_terms(state)
-        lpose, lkobj = self.keypoint_terms(state, kpt, batch["keypoints"])
+        lpose, lkobj = self.keypoint_terms(state, kpt, targets.keypoints)
         parts = (lbox, lpose * self.pose_gain, lkobj * self.kobj_gain, lcls, ldfl)
         return sum(parts) * bs, torch.stack(parts).detach()
 

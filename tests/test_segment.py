@@ -41,10 +41,10 @@ def _outputs_from_labels(batch, nm, mask_fn, gen, pad=0.0, overlap=True):
     y = torch.zeros(b, nm, 5 + NC + nm)
     t = batch["targets"]
     for i in range(b):
-        ti = t[t[:, 0] == i]
-        for k, (_, c, cx, cy, bw, bh) in enumerate(ti.tolist()):
+        ti = t.of_image(i)
+        for k, (c, (cx, cy, bw, bh)) in enumerate(zip(ti.cls.tolist(), ti.boxes.data.tolist())):
             # an overlap map marks the image's k-th label with k + 1; otherwise each label has its own mask
-            gt = batch["masks"][i] == k + 1 if overlap else batch["masks"][t[:, 0] == i][k] > 0.5
+            gt = batch["masks"][i] == k + 1 if overlap else batch["masks"][t.image == i][k] > 0.5
             proto[i, k] = torch.where(mask_fn(gt, i), 10.0, -10.0)
             y[i, k, :4] = torch.tensor([cx * w, cy * h, bw * w + 2 * pad, bh * h + 2 * pad])
             y[i, k, 4] = 0.3 + 0.6 * torch.rand(1, generator=gen).item()

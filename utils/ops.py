@@ -223,6 +223,13 @@ def bbox2dist(anchor_points, bbox, reg_max):
     return torch.cat((anchor_points - x1y1, x2y2 - anchor_points), -1).clamp_(0, reg_max - 0.01)
 
 
+# The columns of an NMS row (n, 6 + extra), what every consumer of detections reads by name: the box (xyxy input
+# pixels, or an oriented box's xywh), its confidence and class, then what the layout adds (mask coefficients,
+# keypoints; an oriented box's angle last)
+BOX, CONF, CLS = slice(0, 4), 4, 5
+SCORED = slice(0, 6)  # box, confidence and class
+
+
 @dataclass(frozen=True)
 class OutputLayout:
     """What a detection head's decoded eval output holds; each head declares it (`head.output_layout`).

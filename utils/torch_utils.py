@@ -143,11 +143,11 @@ def inference_bf16(device, amp):
 
 def labels_to(batch, device, keys=None):
     """`batch` with its labels on `device`: the tensors `keys` names that it holds, or (None) every tensor besides the
-    images (targets, masks, keypoints, cls: whatever the label format's collate added), as the loader made them. The
+    images (targets, masks, cls: whatever the collate function made), as the loader made them. The
     copies do not block: from the loader's pinned memory they run behind the host, which would otherwise wait for the
     device's queued work at each."""
-    if keys is None:
-        keys = [k for k, v in batch.items() if k not in ("img", "hsv") and isinstance(v, torch.Tensor)]
+    if keys is None:  # tensors, and records of them that move as one (data/targets.Targets)
+        keys = [k for k, v in batch.items() if k not in ("img", "hsv") and callable(getattr(v, "to", None))]
     for k in keys:
         if k in batch:
             batch[k] = batch[k].to(device, non_blocking=True)

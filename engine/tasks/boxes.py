@@ -19,7 +19,14 @@ from engine.trainer import BaseTrainer
 from engine.validator import BaseValidator
 from evaluation.charts import plot_metric_curves
 from evaluation.coco import eval_coco_json, labels_to_coco_json
-from evaluation.fields import MAX_PLOTTED_PREDS, Letterbox, Predictions, in_original_pixels, txt_lines
+from evaluation.fields import (
+    MAX_PLOTTED_PREDS,
+    Letterbox,
+    Predictions,
+    in_original_pixels,
+    plotted_labels,
+    txt_lines,
+)
 from evaluation.metrics import ConfusionMatrix, DetMetrics, iou_vector
 from evaluation.plots import plot_images
 from evaluation.results import nms_iou
@@ -33,6 +40,7 @@ from utils.cli import check_imgsz
 from utils.dist import get_rank, get_world_size
 from utils.errors import BadCheckpoint, BadDataset, BadOption
 from utils.log import LOGGER
+from utils.ops import CLS, CONF
 
 
 def single_class(data):
@@ -158,9 +166,10 @@ class BoxTrainer(BaseTrainer):
 
     def plot_training_batch(self, batch, step):
         if step < 3:
-            plot_images(batch["img"], batch["targets"], batch["paths"], self.save_dir / f"train_batch{step}.jpg",
-                        self.names, masks=batch.get("masks"), overlap=batch.get("overlap"),
-                        keypoints=batch.get("keypoints"), angles=batch.get("angles"))
+            rows, angles = plotted_labels(batch["targets"])
+            plot_images(batch["img"], rows, batch["paths"], self.save_dir / f"train_batch{step}.jpg", self.names,
+                        masks=batch.get("masks"), overlap=batch.get("overlap"), keypoints=batch["targets"].keypoints,
+                        angles=angles)
 
 
 class BoxValidator(BaseValidator):
@@ -257,8 +266,8 @@ class BoxValidator(BaseValidator):
         for f in self.fields:
             record[f.key].append(f.match(image, native, labels, batch, si, self.iouv) if len(labels)
                                  else torch.zeros((len(native), len(self.iouv)), dtype=torch.bool))
-        record["conf"].append(native[:, 4])
-        record["pred_cls"].append(native[:, 5])
+        record["conf"].append(native[:, CONF])
+        record["pred_cls"].append(native[:, CLS])
         self.confusion.process_batch(native, labels)  # whole rows: an oriented box's angle is the last column
         if self.args.save_txt:
             file = self.save_dir / "labels" / f"{Path(batch['paths'][si]).stem}.txt"
@@ -321,11 +330,11 @@ class BoxValidator(BaseValidator):
                 plot_metric_curves(metric.curves, self.names, self.save_dir, f.curve)
 
     def plot_val_batch(self, batch, preds, bi):
-        labels = self.fields[0].plotted_labels(batch)  # boxes as plot_images draws them (upright)
-        plot_images(batch["img"], labels, batch["paths"], self.save_dir / f"val_batch{bi}_labels.jpg",
+        rows, angles = plotted_labels(batch["targets"])
+        plot_images(batch["img"], rows, batch["paths"], self.save_dir / f"val_batch{bi}_labels.jpg",
                     self.names, masks=batch.get("masks"), overlap=batch.get("overlap"),
-                    keypoints=batch.get("keypoints"))
-        drawn = {"masks": None, "keypoints": None}
+                    keypoints=batch["targets"].keypoints, angles=angles)
+        drawn = {"masks": None, "keypoints": None, "angles": None}
         for f in self.fields:
             drawn.update(f.plot_kwargs(preds, batch))
         boxes = [image.boxes[:MAX_PLOTTED_PREDS] for image in preds]

@@ -6,6 +6,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from benchmarks import bench
+from data.targets import Targets
 
 
 def test_train_rate_cycles_the_batches_and_divides_by_the_steps_timed(monkeypatch):
@@ -14,7 +15,8 @@ def test_train_rate_cycles_the_batches_and_divides_by_the_steps_timed(monkeypatc
     batch per second exactly."""
     g = torch.Generator().manual_seed(0)
     batches = [{"img": torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=g),
-                "targets": torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.3], [1, 0, 0.3, 0.6, 0.2, 0.2]])}
+                "targets": Targets.from_rows(torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.3], [1, 0, 0.3, 0.6, 0.2, 0.2]]),
+                                             (64, 64))}
                for _ in range(2)]
     monkeypatch.setattr(bench, "detection_batches", lambda cfg, imgsz, batch, n, workers, data: (batches, 100.0))
     steps = []

@@ -25,8 +25,9 @@ def test_collate_detect_batch(shapes_det):
     batch = ds.collate_fn([ds[i] for i in range(4)])
     assert batch["img"].shape == (4, 3, 128, 128) and batch["img"].dtype == torch.uint8
     t = batch["targets"]
-    assert t.dtype == torch.float32 and t.shape[1] == 6 and len(t) > 0
-    assert set(t[:, 0].long().tolist()) <= {0, 1, 2, 3} and t[:, 1].max() < 3
+    assert (t.boxes.format, t.boxes.canvas, t.boxes.normalized) == ("cxcywh", (128, 128), True)
+    assert t.boxes.data.dtype == torch.float32 and t.boxes.data.shape == (len(t), 4) and len(t) > 0
+    assert set(t.image.tolist()) <= {0, 1, 2, 3} and t.cls.max() < 3 and t.keypoints is None
     assert len(batch["paths"]) == 4 and batch["shapes"] == (None,) * 4
     assert "masks" not in batch
 
@@ -38,9 +39,9 @@ def test_val_letterbox_maps_back_to_the_labels(shapes_det):
     H, W = batch["img"].shape[2:]
     assert H % 32 == 0 and W % 32 == 0
     for i, (path, ((h0, w0), ((rh, rw), (pw, ph)))) in enumerate(zip(batch["paths"], batch["shapes"])):
-        t = batch["targets"][batch["targets"][:, 0] == i]
-        x1 = ((t[:, 2] - t[:, 4] / 2) * W - pw) / rw
-        y1 = ((t[:, 3] - t[:, 5] / 2) * H - ph) / rh
+        t = batch["targets"].of_image(i).boxes.data
+        x1 = ((t[:, 0] - t[:, 2] / 2) * W - pw) / rw
+        y1 = ((t[:, 1] - t[:, 3] / 2) * H - ph) / rh
         rows, _ = _labels_px(path.replace("images", "labels").replace(".jpg", ".txt"), w0, h0)
         ref = np.array([[(r[1] - r[3] / 2) * w0, (r[2] - r[4] / 2) * h0] for r in rows])
         assert cv2.imread(path).shape[:2] == (h0, w0)
@@ -53,7 +54,7 @@ def test_mosaic_perspective_boxes_inside_and_match_masks(shapes_seg):
     checked = 0
     for i in range(len(ds)):
         s = ds[i]
-        b = s["bboxes"].numpy()
+        b = s["boxes"].data.numpy()
         xyxy = np.concatenate([b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2], 1)
         assert (xyxy >= -1e-6).all() and (xyxy <= 1 + 1e-6).all()
         assert s["masks"].shape == (len(b), 32, 32)
@@ -80,8 +81,9 @@ def test_overlap_mask_indices_follow_targets(shapes_seg):
         assert torch.equal(a["img"], b["img"]) and len(a["cls"]) == len(b["cls"])
         m = a["masks"].numpy()
         assert m.shape == (32, 32) and m.max() <= len(a["cls"])
-        rows_b = [tuple(np.round(r, 5)) for r in torch.cat([b["cls"], b["bboxes"]], 1).tolist()]
-        order = [rows_b.index(tuple(np.round(r, 5))) for r in torch.cat([a["cls"], a["bboxes"]], 1).tolist()]
+        rows_b = [tuple(np.round(r, 5)) for r in torch.cat([b["cls"][:, None], b["boxes"].data], 1).tolist()]
+        rows_a = torch.cat([a["cls"][:, None], a["boxes"].data], 1).tolist()
+        order = [rows_b.index(tuple(np.round(r, 5))) for r in rows_a]
         areas = [b["masks"][j].sum().item() for j in order]
         assert areas == sorted(areas, reverse=True)  # largest first, so the smallest ends up on top
         for k, j in enumerate(order):
@@ -98,7 +100,7 @@ def test_segment_collate_and_masks_on_polygons(shapes_seg):
     assert batch["masks"].shape == (4, 32, 32) and batch["masks"].dtype == torch.uint8
     assert (batch["overlap"], batch["mask_ratio"]) == (True, 4)  # how the masks read travels with them
     for i, (path, ((h0, w0), ((rh, rw), (pw, ph)))) in enumerate(zip(batch["paths"], batch["shapes"])):
-        n = int((batch["targets"][:, 0] == i).sum())
+        n = len(batch["targets"].of_image(i))
         rows, polys = _labels_px(path.replace("images", "labels").replace(".jpg", ".txt"), w0, h0)
         assert n == len(rows) and batch["masks"][i].max() <= n
         union = np.zeros((128, 128), np.uint8)  # independent: polygons drawn at full size, then shrunk
@@ -215,7 +217,7 @@ def test_hyp_untouched_close_mosaic_and_determinism(shapes_det):
     twin = YOLODataset(str(shapes_det / "images" / "train"), imgsz=96, augment=True, hyp=hyp, nc=3, seed=3)
     for i in range(3):
         a, b = ds[i], twin[i]
-        assert a["shape"] is None and torch.equal(a["img"], b["img"]) and torch.equal(a["bboxes"], b["bboxes"])
+        assert a["shape"] is None and torch.equal(a["img"], b["img"]) and torch.equal(a["boxes"].data, b["boxes"].data)
     assert hyp == STRONG
     ds.close_mosaic()
     s = ds[0]
@@ -254,8 +256,9 @@ def test_device_hsv_leaves_the_same_gains_to_the_device(shapes_det, shapes_seg, 
     a, b = here.collate_fn(here.__getitems__(idx)), there.collate_fn(there.__getitems__(idx))
     assert "hsv" not in a and b["hsv"].shape == (8, 3, 256) and b["hsv"].dtype == torch.uint8
     assert not torch.equal(a["img"], b["img"])
-    for key in ("targets", "masks"):  # the geometry and the draws after the colour are the same
-        assert key not in a or torch.equal(a[key], b[key])
+    ta, tb = a["targets"], b["targets"]  # the geometry and the draws after the colour are the same
+    assert torch.equal(ta.boxes.data, tb.boxes.data) and torch.equal(ta.image, tb.image)
+    assert "masks" not in a or torch.equal(a["masks"], b["masks"])
     BaseTrainer.preprocess_batch(SimpleNamespace(device=torch.device("cpu")), b)
     diff = (b["img"] * 255 - a["img"].float()).abs()
     # OpenCV rounds the last pixels of each row (its scalar path) where its vector path truncates, as the device does

@@ -75,7 +75,7 @@ def test_build_dataloader_single_and_distributed(shapes_det):
     set_loader_epoch(a, 0)
     assert [x["paths"] for x in a] == epoch0  # as a function of the epoch alone
     batch = next(iter(a))
-    assert batch["img"].shape == (4, 3, 64, 64) and batch["targets"].shape[1] == 6
+    assert batch["img"].shape == (4, 3, 64, 64) and batch["targets"].boxes.data.shape[1] == 4
     d = build_dataloader(ds, 4, workers=0, shuffle=True, rank=1, world_size=2, seed=1)
     assert isinstance(d.sampler, SmartDistributedSampler) and d.sampler.rank == 1 and len(d) == 2
     rect = YOLODataset(str(shapes_det / "images" / "train"), imgsz=64, rect=True, batch_size=4, nc=3)
@@ -141,7 +141,7 @@ def test_grouped_batches_do_not_depend_on_workers_and_resume_inside_a_group(shap
 
     def epoch(loader, start=0):
         set_loader_epoch(loader, 1, start)
-        return [(b["paths"], b["img"], b["targets"]) for b in loader]
+        return [(b["paths"], b["img"], b["targets"].boxes.data) for b in loader]
 
     ref = epoch(build_dataloader(ds, 2, workers=0, shuffle=True, seed=2))
     loader = build_dataloader(ds, 2, workers=workers, shuffle=True, seed=2)

@@ -69,7 +69,9 @@ def test_synthetic_obb_labels_are_rectangles(obb_set):
 
 
 def rboxes_pixels(sample):
-    rb = sample["rboxes"].clone()
+    boxes = sample["boxes"]
+    assert boxes.format == "cxcywhr" and boxes.canvas == tuple(sample["img"].shape[1:]) and boxes.normalized
+    rb = boxes.data.clone()
     h, w = sample["img"].shape[1:]
     rb[:, [0, 2]] *= w
     rb[:, [1, 3]] *= h
@@ -91,14 +93,17 @@ def test_letterboxed_samples_carry_the_label_rectangles(obb_set):
 
 
 def test_augmented_batches_hold_xywhr_targets(obb_set):
-    """Mosaic, affine and flips: every target is a canonical xywhr box inside the image, and `targets`' xywh are
-    the rotated boxes' own sides (w >= h), with `angles` beside them."""
+    """Mosaic, affine and flips: every target is a canonical xywhr box inside the image, whose w and h are the
+    rotated box's own sides (w >= h)."""
     hyp = {"degrees": 30.0, "translate": 0.1, "scale": 0.5, "shear": 0.0, "mosaic": 1.0, "fliplr": 0.5,
            "flipud": 0.5}
     ds = YOLODataset(str(obb_set / "images" / "train"), imgsz=96, augment=True, hyp=hyp, task="obb")
     batch = ds.collate_fn([ds[i] for i in range(len(ds))])
-    t, a = batch["targets"], batch["angles"]
-    assert len(t) > 10 and a.shape == (len(t),)
+    assert batch["targets"].boxes.format == "cxcywhr"
+    targets = batch["targets"]
+    t = torch.cat((targets.image[:, None].float(), targets.cls[:, None], targets.boxes.data), 1)
+    a = t[:, 6]
+    assert len(t) > 10 and "angles" not in batch
     assert (t[:, 4] >= t[:, 5]).all()  # normalised by one square side (96 x 96), so w >= h holds there too
     assert ((a >= -math.pi / 4) & (a < 3 * math.pi / 4)).all() and a.std() > 0.1
     assert ((t[:, 2:4] >= 0) & (t[:, 2:4] <= 1)).all()  # centres inside: the rectangles of the visible parts

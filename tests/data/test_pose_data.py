@@ -129,7 +129,7 @@ def test_mosaic_and_affine_keep_keypoints_on_their_boxes(pose_set):
     seen = hidden = 0
     for i in range(len(ds)):
         s = ds[i]
-        kpts, boxes = s["keypoints"].numpy(), s["bboxes"].numpy()
+        kpts, boxes = s["keypoints"].numpy(), s["boxes"].data.numpy()
         assert kpts.shape == (len(boxes), 4, 3)
         x1, y1 = boxes[:, :1] - boxes[:, 2:3] / 2, boxes[:, 1:2] - boxes[:, 3:4] / 2
         x2, y2 = boxes[:, :1] + boxes[:, 2:3] / 2, boxes[:, 1:2] + boxes[:, 3:4] / 2
@@ -147,9 +147,10 @@ def test_mosaic_and_affine_keep_keypoints_on_their_boxes(pose_set):
 def test_collate_keeps_keypoints_in_target_order(pose_set):
     ds = YOLODataset(str(pose_set / "images" / "val"), imgsz=64, task=PoseLabels((4, 3), POSE_FLIP_IDX))
     batch = ds.collate_fn([ds[0], ds[1]])
-    assert batch["keypoints"].shape == (len(batch["targets"]), 4, 3)
+    kpts = batch["targets"].keypoints
+    assert kpts.shape == (len(batch["targets"]), 4, 3) and "keypoints" not in batch
     n0 = len(ds[0]["cls"])
-    np.testing.assert_allclose(batch["keypoints"][:n0].numpy(), ds[0]["keypoints"].numpy())
+    np.testing.assert_allclose(kpts[:n0].numpy(), ds[0]["keypoints"].numpy())
 
 
 # ------------------------------------------------------------------------------------------ the dataset YAML

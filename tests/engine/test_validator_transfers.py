@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
+from data.targets import Targets
 from engine.options import PoseValOptions
 from engine.tasks import TASKS
 from engine.validator import ValOptions
@@ -37,12 +38,11 @@ def _batch(n_images, kpts=None):
     """Two labels per image (cls, xywh normalised) on the CPU, letterboxed 64 x 64 from 128 x 96 originals."""
     g = torch.Generator().manual_seed(0)
     rows = [[i, c, 0.25 + 0.5 * c, 0.5, 0.3, 0.4] for i in range(n_images) for c in (0, 1)]
-    batch = {"img": torch.zeros(n_images, 3, 64, 64), "targets": torch.tensor(rows),
-             "shapes": [((96, 128), ((0.5, 0.5), (0.0, 8.0)))] * n_images,
-             "paths": [f"/x/{i}.jpg" for i in range(n_images)]}
-    if kpts:
-        batch["keypoints"] = torch.rand(len(rows), kpts, 3, generator=g)
-    return batch
+    keypoints = torch.rand(len(rows), kpts, 3, generator=g) if kpts else None
+    return {"img": torch.zeros(n_images, 3, 64, 64), "targets": Targets.from_rows(torch.tensor(rows), (64, 64),
+                                                                                    keypoints=keypoints),
+            "shapes": [((96, 128), ((0.5, 0.5), (0.0, 8.0)))] * n_images,
+            "paths": [f"/x/{i}.jpg" for i in range(n_images)]}
 
 
 def _preds(n_images, extra=0):
@@ -88,13 +88,14 @@ def test_labels_stay_on_the_cpu_and_the_loss_takes_its_own_copy(tmp_path):
     seen = {}
 
     def criterion(preds, batch):
-        seen.update({k: batch[k].device.type for k in ("targets", "keypoints")})
+        t = batch["targets"]
+        seen.update({"targets": t.device.type, "keypoints": t.keypoints.device.type})
         return torch.zeros(()), torch.zeros(3)
 
     validator = PoseValidator(PoseValOptions(imgsz=64, kpt_shape=(4, 3)), tmp_path, {0: "a"}, criterion=criterion)
     validator.loss_inputs = lambda preds: preds
     batch = validator.preprocess(_batch(2, kpts=4), torch.device("meta"), half=False)
     assert batch["img"].device.type == "meta"
-    assert batch["targets"].device.type == batch["keypoints"].device.type == "cpu"
+    assert batch["targets"].device.type == batch["targets"].keypoints.device.type == "cpu"
     validator._loss(None, batch)
     assert seen == {"targets": "meta", "keypoints": "meta"}

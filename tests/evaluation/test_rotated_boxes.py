@@ -6,7 +6,8 @@ import math
 import numpy as np
 import torch
 
-from evaluation.fields import Letterbox, Predictions, RotatedBoxes
+from data.targets import Targets
+from evaluation.fields import Letterbox, Predictions, RotatedBoxes, plotted_labels
 from evaluation.metrics import DetMetrics, iou_vector, process_rotated_batch
 from utils.rotated import xywhr_to_corners
 
@@ -77,7 +78,8 @@ def test_labels_and_predictions_go_back_to_the_original_image():
     xywh = original[:, :4] * gain
     xywh[:, 1] += pad[1]
     batch = {"img": torch.zeros(1, 3, 64, 64),
-             "targets": torch.cat((torch.tensor([[0.0, 2.0]]), xywh / 64), 1), "angles": original[:, 4],
+             "targets": Targets.from_rows(torch.cat((torch.tensor([[0.0, 2.0]]), xywh / 64), 1), (64, 64),
+                                          original[:, 4]),
              "shapes": [((100, 200), ((gain, gain), pad))]}
     labels = RotatedBoxes.labels(batch, 0)
     torch.testing.assert_close(labels, torch.cat((torch.tensor([[2.0]]), original), 1))
@@ -100,7 +102,7 @@ def test_decode_regularises_and_lines_are_corners():
 def test_confusion_matrix_and_plotted_rows_read_the_rotated_geometry():
     """The first field tells the confusion matrix its overlap and the plots their rows: a long box and the same box
     turned a quarter share little (a background pair), the same box turned by pi is a match; each plotted row is
-    the rotated box's axis-aligned envelope."""
+    the rotated box's own xywh, its angle going to plot_images beside it (predictions and labels alike)."""
     from evaluation.metrics import ConfusionMatrix
 
     field = RotatedBoxes()
@@ -111,7 +113,12 @@ def test_confusion_matrix_and_plotted_rows_read_the_rotated_geometry():
     cm = ConfusionMatrix(nc=1, iou=field.pair_iou)
     cm.process_batch(rows([[50, 50, 40, 10, math.pi]], [0.9], [0]), labels)
     assert cm.matrix.tolist() == [[1, 0], [0, 0]]
-    plotted = field.plotted([rows([[50, 50, 40, 10, math.pi / 2]], [0.9], [0])])
-    torch.testing.assert_close(plotted, torch.tensor([[0.0, 0, 50, 50, 10, 40, 0.9]]))
-    batch = {"targets": torch.tensor([[0.0, 0, 0.5, 0.5, 0.4, 0.1]]), "angles": torch.tensor([math.pi / 2])}
-    torch.testing.assert_close(field.plotted_labels(batch), torch.tensor([[0.0, 0, 0.5, 0.5, 0.1, 0.4]]))
+    preds = [rows([[50, 50, 40, 10, math.pi / 2]], [0.9], [0])]
+    torch.testing.assert_close(field.plotted(preds), torch.tensor([[0.0, 0, 50, 50, 40, 10, 0.9]]))
+    torch.testing.assert_close(field.plot_kwargs([Predictions(boxes=p) for p in preds], {})["angles"],
+                               torch.tensor([math.pi / 2]))
+    targets = Targets.from_rows(torch.tensor([[0.0, 0, 0.5, 0.5, 0.4, 0.1]]), (64, 64), torch.tensor([math.pi / 2]))
+    label_rows, angles = plotted_labels(targets)
+    torch.testing.assert_close(label_rows, torch.tensor([[0.0, 0, 0.5, 0.5, 0.4, 0.1]]))
+    torch.testing.assert_close(angles, torch.tensor([math.pi / 2]))
+    assert plotted_labels(Targets.from_rows(torch.zeros(0, 6), (64, 64)))[1] is None  # upright: no angles

@@ -12,6 +12,7 @@ from fixtures.make_v7p6_parity import CLASSES, CROP, NAMES, NARROW, seeded_keep_
 from fixtures.make_zoo_parity import FIXTURES, combined_fingerprint, key_lines, keys_digest
 from models_testutil import PARITY, assert_close_per_channel
 
+from data.targets import Targets
 from engine.hyp import read_hyp
 from losses import build_criterion
 from losses.v5 import match_anchors
@@ -25,6 +26,11 @@ from utils.errors import BadModelYaml, BadOption
 @pytest.fixture(scope="module")
 def fixtures():
     return torch.load(FIXTURES / "v7p6_parity.pt", weights_only=True)
+
+
+def typed(ref):
+    """The fixture's targets (rows [image, cls, cx, cy, w, h] normalised: the file holds tensors only), typed."""
+    return Targets.from_rows(ref["targets"], (ref["imgsz"], ref["imgsz"]))
 
 
 def narrow(name, nc=80):
@@ -116,7 +122,7 @@ def test_aux_loss_equals_official(fixtures):
     assert {k: hyp[k] for k in ref["hyp"]} == ref["hyp"]
     criterion = model.init_criterion(hyp, imgsz=ref["imgsz"])
     assert type(criterion) is AuxOTADetectionLoss
-    loss, items = criterion([p.float() for p in ref["preds"]], {"targets": ref["targets"]})
+    loss, items = criterion([p.float() for p in ref["preds"]], {"targets": typed(ref)})
     torch.testing.assert_close(items, ref["items"][:3], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(loss.view(1), ref["loss"], rtol=1e-5, atol=1e-7)
 
@@ -127,10 +133,10 @@ def test_aux_head_changes_the_loss_and_lead_alone_is_the_lead_loss(fixtures):
     ref = fixtures["loss"]
     model = narrow("yolov7-w6", nc=ref["nc"])
     criterion = model.init_criterion(read_hyp("hyp.v7-p6.yaml"), imgsz=ref["imgsz"])
-    preds, batch = [p.float() for p in ref["preds"]], {"targets": ref["targets"]}
+    preds, batch = [p.float() for p in ref["preds"]], {"targets": typed(ref)}
     nl = criterion.nl
     both, lead = criterion(preds, batch)[1], criterion(preds[:nl], batch)[1]
-    aux_only = criterion.detection_terms(preds[nl:], criterion.assign(preds[:nl], ref["targets"], 1.0))
+    aux_only = criterion.detection_terms(preds[nl:], criterion.assign(preds[:nl], typed(ref), 1.0))
     torch.testing.assert_close(both, lead + 0.25 * torch.stack(aux_only))
     assert (both - lead).abs().min() > 1e-4
     plain = OTADetectionLoss(model, read_hyp("hyp.v7-p6.yaml"), ref["imgsz"])
@@ -141,7 +147,7 @@ def test_aux_head_changes_the_loss_and_lead_alone_is_the_lead_loss(fixtures):
 def test_wider_neighbours_of_the_aux_assignment():
     """Bias 0.5 takes a centre's two nearest neighbour cells, bias 1 all four (away from the border): a target
     centred at (2.3, 5.6) cells of an 8 x 8 map, one anchor of its size."""
-    targets = torch.tensor([[0, 0, 2.3 / 8, 5.6 / 8, 1 / 8, 1 / 8]])
+    targets = Targets.from_rows(torch.tensor([[0, 0, 2.3 / 8, 5.6 / 8, 1 / 8, 1 / 8]]), (64, 64))
     anchors = torch.ones(1, 1, 2)
     cells = {g: {(int(i), int(j)) for i, j in zip(t.gi, t.gj)}
              for g in (0.5, 1.0) for t in match_anchors([(8, 8)], anchors, targets, 4.0, g)}
@@ -155,13 +161,13 @@ def test_aux_head_is_trained():
     model = DetectionModel({**yaml_model_load("yolov7-w6.yaml"), "width_multiple": 0.125}, nc=2).train()
     hyp = read_hyp("hyp.v7-p6.yaml")
     criterion = model.init_criterion(hyp, imgsz=128)
-    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [1, 0, 0.3, 0.6, 0.6, 0.5]])
+    targets = Targets.from_rows(torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [1, 0, 0.3, 0.6, 0.6, 0.5]]), (128, 128))
     loss, _ = criterion(model(torch.rand(2, 3, 128, 128)), {"targets": targets})
     loss.backward()
     head = model.model[-1]
     assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in head.m2)
     # a batch without targets: objectness alone, of both heads
-    _, items = criterion(model(torch.rand(2, 3, 128, 128)), {"targets": torch.zeros(0, 6)})
+    _, items = criterion(model(torch.rand(2, 3, 128, 128)), {"targets": targets[:0]})
     assert items[1] > 0 and items[0] == items[2] == 0
     for name in ("ota", "v5"):
         with pytest.raises(BadOption, match="cannot train the model's IAuxDetect head"):

@@ -1,6 +1,7 @@
 """Distributed helpers under 2 gloo processes: SyncBatchNorm, and that `loss *= WORLD_SIZE` under DDP gives the
 single-process gradient of the concatenated batch."""
 
+import dataclasses
 import os
 import random
 import socket
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from data.targets import Targets
 from tests.ddp_utils import spawn, train_mode
 from utils import dist as du
 from utils.errors import BadOption
@@ -85,7 +87,7 @@ def _batch(seed=0, n=4, size=96):
     img = torch.rand(n, 3, size, size, generator=g)
     boxes = torch.tensor([[0, 0.3, 0.3, 0.2, 0.25], [1, 0.6, 0.5, 0.4, 0.3], [2, 0.7, 0.75, 0.1, 0.15]])
     targets = torch.cat([torch.cat([torch.full((3, 1), float(i)), boxes], 1) for i in range(n)])
-    return img, targets
+    return img, Targets.from_rows(targets, (size, size))
 
 
 def _model(cfg, sync_bn):
@@ -104,8 +106,8 @@ def _grad_worker(rank, world_size, cfg, sync_bn, out, memory_format=torch.contig
         assert plain.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
     img, targets = _batch()
     per = img.shape[0] // world_size
-    mine = targets[(targets[:, 0] >= rank * per) & (targets[:, 0] < (rank + 1) * per)].clone()
-    mine[:, 0] -= rank * per
+    mine = targets[(targets.image >= rank * per) & (targets.image < (rank + 1) * per)]
+    mine = dataclasses.replace(mine, image=mine.image - rank * per)
     x = img[rank * per : (rank + 1) * per]
     loss, _ = criterion(train_model(x), {"img": x, "targets": mine})
     (loss * world_size).backward()  # the engine's rule: DDP averages, so scale by WORLD_SIZE

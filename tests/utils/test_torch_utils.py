@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from data.targets import Targets
 from utils.errors import BadOption
 from utils.torch_utils import (
     ModelEMA,
@@ -139,15 +140,18 @@ def test_ema_keeps_its_tensor_pairs_and_follows_in_place_changes(monkeypatch):
 
 
 def test_labels_to_moves_the_labels_it_is_asked_for_and_leaves_the_images():
-    """The meta device shows which tensors moved: with no keys every tensor but the images and the colour tables,
-    with keys only those the batch holds; values that are not tensors stay as they are."""
+    """The meta device shows which tensors moved: with no keys every tensor but the images and the colour tables, and
+    the typed targets whole, with keys only those the batch holds; values that are not tensors stay as they are."""
     def batch():
         return {"img": torch.zeros(2, 3, 4, 4, dtype=torch.uint8), "hsv": torch.zeros(2, 3, 256, dtype=torch.uint8),
-                "targets": torch.zeros(1, 6), "masks": torch.zeros(2, 4, 4), "cls": torch.zeros(2), "paths": ["a", "b"]}
+                "targets": Targets.from_rows(torch.zeros(1, 6), (4, 4), keypoints=torch.zeros(1, 2, 3)),
+                "masks": torch.zeros(2, 4, 4), "cls": torch.zeros(2), "paths": ["a", "b"]}
 
     moved = labels_to(batch(), "meta")
-    assert {k for k, v in moved.items() if isinstance(v, torch.Tensor) and v.is_meta} == {"targets", "masks", "cls"}
-    assert moved["paths"] == ["a", "b"] and moved["targets"].shape == (1, 6)
+    assert {k for k, v in moved.items() if isinstance(v, torch.Tensor) and v.is_meta} == {"masks", "cls"}
+    t = moved["targets"]
+    assert all(v.is_meta for v in (t.image, t.cls, t.boxes.data, t.keypoints)) and t.boxes.canvas == (4, 4)
+    assert moved["paths"] == ["a", "b"] and len(t) == 1
     some = labels_to(batch(), "meta", ("masks", "keypoints"))
     assert [k for k, v in some.items() if isinstance(v, torch.Tensor) and v.is_meta] == ["masks"]
     assert "keypoints" not in some

@@ -1,8 +1,12 @@
 """Small fake models with the head attributes of docs/design.md, so the criteria are tested without models/."""
 
+import dataclasses
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from data.targets import Targets
 
 V5_ANCHORS_PX = ((10, 13, 16, 30, 33, 23), (30, 61, 62, 45, 59, 119), (116, 90, 156, 198, 373, 326))
 STRIDES = (8, 16, 32)
@@ -79,8 +83,14 @@ class FakeModel(nn.Module):
         return self.model[1](self.model[0](img))
 
 
-def make_targets(rows):
-    return torch.tensor(rows, dtype=torch.float32).view(-1, 6)
+def make_targets(rows, canvas=(64, 64), angles=None):
+    """Typed targets (data/targets.Targets) from rows [image, cls, cx, cy, w, h] normalised on `canvas`."""
+    return Targets.from_rows(torch.tensor(rows, dtype=torch.float32).view(-1, 6), canvas, angles)
+
+
+def alone(targets):
+    """Targets of one image as the only image of its batch."""
+    return dataclasses.replace(targets, image=torch.zeros_like(targets.image))
 
 
 def fake_model(kind, nc=3, nm=0, default_loss=None):
@@ -108,14 +118,14 @@ def box_masks(targets, batch_size, size, overlap=True):
     h, w = size
     ys, xs = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
     per_target = []
-    for cx, cy, bw, bh in targets[:, 2:6].tolist():
+    for cx, cy, bw, bh in targets.boxes.data[:, :4].tolist():
         inside = (abs(xs / w - cx) < bw / 2) & (abs(ys / h - cy) < bh / 2)
         per_target.append(inside.float())
     if not overlap:
         return torch.stack(per_target) if per_target else torch.zeros(0, h, w)
     masks = torch.zeros(batch_size, h, w)
     count = [0] * batch_size
-    for (bi, *_), m in zip(targets.tolist(), per_target):
+    for bi, m in zip(targets.image.tolist(), per_target):
         count[int(bi)] += 1
         masks[int(bi)][m > 0] = count[int(bi)]
     return masks

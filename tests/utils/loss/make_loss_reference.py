@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_map
 
+from data.targets import Targets
 from models.yolo import DetectionModel, PoseModel, SegmentationModel
 
 OUT = Path(__file__).with_name("loss_reference.pt")
@@ -60,6 +61,14 @@ def batch(name):
     return out
 
 
+def typed(data):
+    """A stored batch (its targets as rows [image, cls, cx, cy, w, h], keypoints beside them: the file holds tensors
+    only) as the criteria read it: typed targets (data/targets.py) on the 64 px canvas."""
+    data = dict(data)
+    data["targets"] = Targets.from_rows(data["targets"], (64, 64), keypoints=data.pop("keypoints", None))
+    return data
+
+
 def load():
     """The stored reference: {case: {preds, batch, loss, items, grads}}, a case per criterion, and `<name>-no-overlap`
     for the segmentation ones with per-target masks."""
@@ -73,7 +82,7 @@ def case_names():
 def evaluate(criterion, preds, data):
     """(loss, items, gradient of the loss with respect to every output tensor) from fresh leaf copies of `preds`."""
     leaves = tree_map(lambda t: t.detach().clone().requires_grad_(), preds)
-    loss, items = criterion(leaves, data)
+    loss, items = criterion(leaves, typed(data))
     grads = torch.autograd.grad(loss, [t for t in torch.utils._pytree.tree_leaves(leaves)], allow_unused=True)
     return loss.detach(), items, [torch.zeros(0) if g is None else g for g in grads]
 

@@ -4,7 +4,7 @@ import pkgutil
 
 import pytest
 import torch
-from loss_fakes import HYP_V5, HYP_V8, box_masks, fake_model, missing_grads
+from loss_fakes import HYP_V5, HYP_V8, box_masks, fake_model, make_targets, missing_grads
 
 import losses
 from losses import FITS, REGISTRY, build_criterion
@@ -60,7 +60,7 @@ def test_unknown_loss_lists_known_names():
 def test_every_head_parameter_gets_grad_without_targets(kind, nm, name, hyp):
     model = fake_model(kind, nm=nm, default_loss=name)
     crit = build_criterion(model, hyp, imgsz=64)
-    batch = {"img": torch.rand(2, 3, 64, 64), "targets": torch.zeros(0, 6)}
+    batch = {"img": torch.rand(2, 3, 64, 64), "targets": make_targets([])}
     if nm:
         batch["masks"], batch["overlap"] = torch.zeros(2, 16, 16), True
     loss, items = crit(model(batch["img"]), batch)
@@ -73,7 +73,7 @@ def test_every_head_parameter_gets_grad_without_targets(kind, nm, name, hyp):
 def test_every_head_parameter_gets_grad_when_one_image_is_empty(kind, nm, name, hyp):
     model = fake_model(kind, nm=nm, default_loss=name)
     crit = build_criterion(model, hyp, imgsz=64)
-    targets = torch.tensor([[1, 0, 0.5, 0.5, 0.4, 0.4]])
+    targets = make_targets([[1, 0, 0.5, 0.5, 0.4, 0.4]])
     batch = {"img": torch.rand(2, 3, 64, 64), "targets": targets}
     if nm:
         batch["masks"], batch["overlap"] = box_masks(targets, 2, (16, 16)), True

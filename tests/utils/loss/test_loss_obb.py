@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from data.targets import Targets
 from losses import REGISTRY, build_criterion
 from losses.obb import RotatedTaskAlignedAssigner, V8OBBLoss, angle_loss
 from models.yolo import OBBModel
@@ -53,10 +54,10 @@ def test_candidates_are_anchors_inside_the_rotated_box():
 
 def batch(n_images=2):
     """Two images of 64 px: rotated boxes of two classes (normalised xywh and angles)."""
-    targets = torch.tensor([[0, 0, 0.5, 0.5, 0.5, 0.2], [0, 1, 0.25, 0.3, 0.3, 0.15], [1, 1, 0.6, 0.4, 0.4, 0.25]])
+    rows = torch.tensor([[0, 0, 0.5, 0.5, 0.5, 0.2], [0, 1, 0.25, 0.3, 0.3, 0.15], [1, 1, 0.6, 0.4, 0.4, 0.25]])
     angles = torch.tensor([0.5, -0.3, 1.2])
     return {"img": torch.rand(n_images, 3, 64, 64, generator=torch.Generator().manual_seed(1)),
-            "targets": targets, "angles": angles}
+            "targets": Targets.from_rows(rows, (64, 64), angles)}
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_registered_and_built_by_the_head(model):
 def test_every_head_branch_gets_a_gradient(model, empty):
     b = batch()
     if empty:
-        b["targets"], b["angles"] = b["targets"][:0], b["angles"][:0]
+        b["targets"] = b["targets"][:0]
     crit = build_criterion(model, HYP, imgsz=64)
     loss, items = crit(model(b["img"]), b)
     assert loss.ndim == 0 and torch.isfinite(loss) and items.shape == (4,)

@@ -58,12 +58,12 @@ def test_ota_positives_are_v5_candidates_and_cover_every_target():
         n_chosen += len(lv.b)
         for b, a, gj, gi, r in zip(lv.b.tolist(), lv.a.tolist(), lv.gj.tolist(), lv.gi.tolist(), lv.row.tolist()):
             assert (i, b, a, gj, gi) in cand_cells
-            assert batch["targets"][r, 0] == b  # matched within its own image
+            assert batch["targets"].image[r] == b  # matched within its own image
             rows.add(r)
         # box targets follow the matched target, relative to the chosen cell
         ny, nx = preds[i].shape[2:4]
         size = torch.tensor([nx, ny], dtype=torch.float32)
-        want_xy = batch["targets"][lv.row, 2:4] * size - torch.stack((lv.gi, lv.gj), 1)
+        want_xy = batch["targets"].boxes.data[lv.row, :2] * size - torch.stack((lv.gi, lv.gj), 1)
         assert torch.allclose(lv.tbox[:, :2], want_xy)
     assert rows == {0, 1, 2}
     assert n_chosen < sum(len(lv.b) for lv in candidates)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from data.targets import Targets
 from evaluation.metrics import COCO_KPT_SIGMAS, keypoint_sigmas
 from losses.v8pose import V8PoseLoss, keypoint_location_loss
 from models.yolo import PoseModel
@@ -59,6 +60,6 @@ def test_loss_items_equal_ultralytics_v8_pose_loss():
     x, bi, cls, boxes, kpts = batch()
     torch.testing.assert_close(kpts, ref["kpts"])
     crit = model.init_criterion({"box": 7.5, "cls": 0.5, "dfl": 1.5, "pose": 12.0, "kobj": 1.0})
-    targets = torch.cat([bi[:, None], cls, boxes], 1)
-    _, items = crit(model.train()(x), {"targets": targets, "keypoints": kpts})
+    targets = Targets.from_rows(torch.cat([bi[:, None], cls, boxes], 1), x.shape[2:], keypoints=kpts)
+    _, items = crit(model.train()(x), {"targets": targets})
     torch.testing.assert_close(items, ref["items"], rtol=1e-4, atol=1e-5)

@@ -4,6 +4,7 @@ import pytest
 import torch
 from loss_fakes import box_masks, missing_grads
 
+from data.targets import Targets
 from losses import REGISTRY
 
 yolo = pytest.importorskip("models.yolo", reason="models/yolo.py is not there yet")
@@ -35,13 +36,12 @@ def test_criterion_on_real_model(cls_name, cfg, hyp, name):
     crit = model.init_criterion(hyp, imgsz=64)
     assert type(crit) is REGISTRY[name]
     img = torch.rand(2, 3, 64, 64)
-    targets = torch.tensor([[0, 0, 0.30, 0.40, 0.25, 0.30], [0, 2, 0.70, 0.65, 0.40, 0.35],
-                            [1, 1, 0.50, 0.50, 0.60, 0.50]])
+    kpts = torch.rand(3, 17, 3).round() if "pose" in name else None  # visibility 0 or 1, x y anywhere
+    targets = Targets.from_rows(torch.tensor([[0, 0, 0.30, 0.40, 0.25, 0.30], [0, 2, 0.70, 0.65, 0.40, 0.35],
+                                              [1, 1, 0.50, 0.50, 0.60, 0.50]]), (64, 64), keypoints=kpts)
     batch = {"img": img, "targets": targets}
     if "seg" in name:
         batch["masks"], batch["overlap"] = box_masks(targets, 2, (16, 16)), True
-    if "pose" in name:
-        batch["keypoints"] = torch.rand(len(targets), 17, 3).round()  # visibility 0 or 1, x y anywhere
     loss, items = crit(model(img), batch)
     loss.backward()
     assert loss.dim() == 0 and torch.isfinite(loss) and items.shape == (len(crit.loss_names),)
@@ -53,8 +53,8 @@ def test_criterion_on_real_model(cls_name, cfg, hyp, name):
 def test_real_model_head_grads_without_targets(cls_name, cfg, hyp, name):
     model = build(cls_name, cfg, nc=3)
     crit = model.init_criterion(hyp, imgsz=64)
-    batch = {"img": torch.rand(2, 3, 64, 64), "targets": torch.zeros(0, 6), "masks": torch.zeros(2, 16, 16),
-             "overlap": True, "keypoints": torch.zeros(0, 17, 3)}
+    targets = Targets.from_rows(torch.zeros(0, 6), (64, 64), keypoints=torch.zeros(0, 17, 3))
+    batch = {"img": torch.rand(2, 3, 64, 64), "targets": targets, "masks": torch.zeros(2, 16, 16), "overlap": True}
     crit(model(batch["img"]), batch)[0].backward()
     assert missing_grads(model.model[-1]) == []
 

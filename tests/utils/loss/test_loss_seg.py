@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from loss_fakes import HYP_V5, HYP_V8, box_masks, det_batch, fake_model
+from loss_fakes import HYP_V5, HYP_V8, alone, box_masks, det_batch, fake_model
 
 from losses import V5SegmentationLoss, V8SegmentationLoss
 from losses.seg import mask_loss, prepare_masks
@@ -52,9 +52,8 @@ def seg_batch(overlap=True):
 
 
 def split_image(batch, i, overlap=True):
-    t = batch["targets"][batch["targets"][:, 0] == i].clone()
-    t[:, 0] = 0
-    masks = batch["masks"][i : i + 1] if overlap else batch["masks"][batch["targets"][:, 0] == i]
+    t = alone(batch["targets"].of_image(i))
+    masks = batch["masks"][i : i + 1] if overlap else batch["masks"][batch["targets"].image == i]
     return {"img": batch["img"][i : i + 1], "targets": t, "masks": masks, "overlap": overlap}
 
 

@@ -3,7 +3,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from loss_fakes import HYP_V5, det_batch, fake_model, make_targets
+from loss_fakes import HYP_V5, alone, det_batch, fake_model, make_targets
 
 from losses import V5DetectionLoss
 from losses.common import bce, level_balance
@@ -46,7 +46,7 @@ def test_anchor_matching_border_and_ratio():
 
 
 def test_no_targets_gives_empty_levels():
-    levels = match_anchors([(8, 8), (4, 4)], ANCHORS, torch.zeros(0, 6), anchor_t=4.0)
+    levels = match_anchors([(8, 8), (4, 4)], ANCHORS, make_targets([]), anchor_t=4.0)
     assert all(len(lv.b) == 0 for lv in levels)
 
 
@@ -74,7 +74,7 @@ def test_objectness_without_targets_is_balanced_bce_to_zero():
     img = torch.rand(2, 3, 64, 64)
     preds = model(img)
     crit = V5DetectionLoss(model, HYP_V5, imgsz=64)
-    _, items = crit(preds, {"img": img, "targets": torch.zeros(0, 6)})
+    _, items = crit(preds, {"img": img, "targets": make_targets([])})
     want = sum(w * F.binary_cross_entropy_with_logits(p[..., 4], torch.zeros_like(p[..., 4]))
                for p, w in zip(preds, level_balance(3)))
     assert torch.allclose(items[1], want.detach() * crit.obj_gain)
@@ -88,8 +88,7 @@ def test_objectness_term_is_additive_over_images():
     _, both = crit(model(batch["img"]), batch)
     parts = 0.0
     for i in range(2):
-        t = batch["targets"][batch["targets"][:, 0] == i].clone()
-        t[:, 0] = 0
+        t = alone(batch["targets"].of_image(i))
         parts = parts + crit(model(batch["img"][i : i + 1]), {"img": None, "targets": t})[1][1]
     assert torch.allclose(both[1] * 2, parts, rtol=1e-5)
 

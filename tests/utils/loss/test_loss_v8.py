@@ -28,8 +28,9 @@ def test_dfl_is_minimised_near_target():
 
 
 def test_pad_targets_layout():
-    t = make_targets([[1, 2, 0.5, 0.5, 0.2, 0.4], [0, 1, 0.25, 0.25, 0.5, 0.5], [1, 0, 0.1, 0.1, 0.1, 0.1]])
-    labels, boxes, valid, row = pad_targets(t, 3, torch.tensor([100.0, 50.0, 100.0, 50.0]))
+    t = make_targets([[1, 2, 0.5, 0.5, 0.2, 0.4], [0, 1, 0.25, 0.25, 0.5, 0.5], [1, 0, 0.1, 0.1, 0.1, 0.1]],
+                     canvas=(50, 100))
+    labels, boxes, valid, row = pad_targets(t, 3, t.boxes.pixels().convert("xyxy").data)
     assert labels.shape == (3, 2, 1) and row.tolist() == [[1, -1], [0, 2], [-1, -1]]
     assert valid[..., 0].tolist() == [[True, False], [True, True], [False, False]]
     assert torch.allclose(boxes[1, 0], torch.tensor([40.0, 15.0, 60.0, 35.0]))
@@ -55,7 +56,7 @@ def test_v8_loss_components_and_scaling():
 
 def test_v8_empty_batch_terms():
     model = fake_model("free")
-    batch = {"img": torch.rand(2, 3, 64, 64), "targets": torch.zeros(0, 6)}
+    batch = {"img": torch.rand(2, 3, 64, 64), "targets": make_targets([])}
     preds = model(batch["img"])
     loss, items = V8DetectionLoss(model, HYP_V8)(preds, batch)
     pred_scores = torch.cat([p[:, 64:].flatten(2) for p in preds], 2)
