@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from evaluation.charts import draw_confusion_matrix
 from utils.log import LOGGER
-from utils.ops import box_iou
+from utils.ops import CLS, CONF, box_iou
 from utils.rotated import polygon_iou, xywhr_to_corners
 
 _trapezoid = getattr(np, "trapezoid", None) or np.trapz  # renamed in numpy 2.0
@@ -357,16 +357,15 @@ class ClassifyMetrics:
 
 
 class ConfusionMatrix:
-    """Confusion matrix indexed [predicted, true]; detection adds a background row/column at index nc."""
+    """Confusion matrix indexed [predicted, true]; where objects are found (`background`, every task but whole-image
+    classification) a background row/column at index nc counts the missed labels and the false detections."""
 
-    def __init__(self, nc, conf=0.25, iou_thres=0.45, task="detect", iou=None):
+    def __init__(self, nc, conf=0.25, iou_thres=0.45, background=True, iou=None):
         """`iou(labels, detections)` -> (m, n) overlaps of an image's labels and detection rows; default box IoU of
         labels (cls, xyxy) and rows (xyxy, conf, cls)."""
-        if task not in ("detect", "classify"):
-            raise ValueError(f"task must be 'detect' or 'classify', got {task!r}")
-        self.nc, self.conf, self.iou_thres, self.task = nc, conf, iou_thres, task
+        self.nc, self.conf, self.iou_thres, self.background = nc, conf, iou_thres, background
         self.iou = iou or labels_box_iou
-        n = nc + 1 if task == "detect" else nc
+        n = nc + 1 if background else nc
         self.matrix = np.zeros((n, n), dtype=np.int64)
 
     def process_cls_preds(self, preds, targets):
@@ -385,11 +384,11 @@ class ConfusionMatrix:
         """
         gt_cls = labels[:, 0].long().cpu().numpy()
         bg = self.nc
-        dets = detections[detections[:, 4] > self.conf] if detections is not None else None
+        dets = detections[detections[:, CONF] > self.conf] if detections is not None else None
         if dets is None or not len(dets):
             np.add.at(self.matrix, (bg, gt_cls), 1)
             return
-        det_cls = dets[:, 5].long().cpu().numpy()
+        det_cls = dets[:, CLS].long().cpu().numpy()
         if not len(gt_cls):
             np.add.at(self.matrix, (det_cls, bg), 1)
             return
@@ -407,7 +406,7 @@ class ConfusionMatrix:
         labels = list(names.values() if isinstance(names, dict) else names)
         if len(labels) != self.nc:
             labels = [str(i) for i in range(self.nc)]
-        if self.task == "detect":
+        if self.background:
             labels.append("background")
         name = "confusion_matrix_normalized.png" if normalize else "confusion_matrix.png"
         path = Path(save_dir) / name

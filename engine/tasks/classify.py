@@ -139,7 +139,7 @@ class ClassificationValidator(BaseValidator):
 
     def init_metrics(self, model):
         self.metrics = ClassifyMetrics()
-        self.confusion = ConfusionMatrix(nc=self.nc, task="classify")
+        self.confusion = ConfusionMatrix(nc=self.nc, background=False)
 
     def postprocess(self, preds, batch):
         """Class probabilities (B, nc): one row per image."""
