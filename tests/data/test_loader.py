@@ -141,7 +141,8 @@ def test_grouped_batches_do_not_depend_on_workers_and_resume_inside_a_group(shap
 
     def epoch(loader, start=0):
         set_loader_epoch(loader, 1, start)
-        return [(b["paths"], b["img"], b["targets"].boxes.data) for b in loader]
+        return [(b["paths"], b["img"], torch.cat((b["targets"].image[:, None], b["targets"].cls[:, None],
+                                                   b["targets"].boxes.data), 1)) for b in loader]
 
     ref = epoch(build_dataloader(ds, 2, workers=0, shuffle=True, seed=2))
     loader = build_dataloader(ds, 2, workers=workers, shuffle=True, seed=2)
