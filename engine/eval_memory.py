@@ -18,7 +18,13 @@ import torch
 import torch.nn as nn
 
 from data.image_cache import available_memory
-from utils.budget import EVAL_BYTES_PER_INPUT, EVAL_MEMORY_FRACTION, EVAL_PEAK_FACTOR, MASK_DECODE_BYTES
+from utils.budget import (
+    EVAL_BYTES_PER_INPUT,
+    EVAL_MEMORY_FRACTION,
+    EVAL_PEAK_FACTOR,
+    EXPORT_TRACE_FACTOR,
+    MASK_DECODE_BYTES,
+)
 from utils.dist import get_local_world_size
 from utils.dry_run import DryRunError, dry_run
 from utils.errors import BadOption
@@ -113,15 +119,19 @@ def _fitting_side(side, cost, budget, stride=32):
     return int(side * math.sqrt(max(budget, 0) / cost) // stride * stride)
 
 
-def settle_batch(model, imgsz, batch, device, what, masks=0, free_memory=None):
+def settle_batch(model, imgsz, batch, device, what, masks=0, free_memory=None, export=False):
     """The batch size to evaluate `batch` images of `imgsz` with (and to decode up to `masks` instance masks of each,
     where the model predicts masks: a val's --max-det): `batch`, or fewer (one log line says why) where they would
     not fit in the budget, EVAL_MEMORY_FRACTION of the memory `free_memory(device)` (device_memory) gives; BadOption
-    (one line naming the figures and an --img that fits) where even one image does not. `what` names the weights."""
+    (one line naming the figures and an --img that fits) where even one image does not. `what` names the weights.
+    An `export` traces its batch (EXPORT_TRACE_FACTOR evaluations) and writes it into the file: it is refused, not
+    made smaller, where it does not fit."""
     free = (free_memory or device_memory)(device)
     if free is None:
         return batch
     cost = image_cost(model, imgsz)
+    if export:
+        cost = dataclasses.replace(cost, bytes=cost.bytes * EXPORT_TRACE_FACTOR, how=f"{cost.how}, traced")
     decode = mask_bytes(model, imgsz, masks)
     budget = int(free * EVAL_MEMORY_FRACTION)
     fits = max(budget - decode, 0) // cost.bytes
@@ -131,9 +141,11 @@ def settle_batch(model, imgsz, batch, device, what, masks=0, free_memory=None):
     figure = (f"evaluating one {size} image takes about {_gib(cost.bytes)} ({cost.how})"
               f"{f' and decoding its {masks} masks {_gib(decode)}' if decode else ''}, and the budget is "
               f"{_gib(max(budget, 0))} (half the {_gib(max(free, 0))} free on {torch.device(device).type})")
-    if fits == 0:
+    if fits == 0 or export:
         side = _fitting_side(max(cost.shape[1:]), cost.bytes + decode, budget)
         hint = f"pass --img {side} or less" if side >= 32 else "free memory, or use a smaller model"
+        if fits:
+            hint = f"pass --batch-size {fits} or less"
         raise BadOption(f"{what}: {figure}: {hint}{' or a smaller --max-det' if decode else ''} (docs/safety.md)")
     LOGGER.info(f"--batch-size {batch} -> {fits}: {figure}")
     return int(fits)

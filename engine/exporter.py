@@ -15,6 +15,7 @@ import torch
 from torch.onnx import _constants as onnx_constants
 
 from engine.calibration import calibration_images
+from engine.eval_memory import settle_batch
 from engine.export_targets import (
     build_engine,
     check_engine_onnx,
@@ -99,6 +100,7 @@ class Exporter:
             raise BadOption(f"--dynamic: {opt.weights} has {', '.join(fixed)}, whose traced graph holds only the "
                             "example input's size; export it with --no-dynamic at the size it will run")
         imgsz = _imgsz(opt.imgsz if isinstance(opt.imgsz, list) else [opt.imgsz], int(max(model.stride)))
+        settle_batch(model, imgsz, opt.batch_size, device, f"--weights {opt.weights}", export=True)
         model.info(imgsz=imgsz[0])
         for p in model.parameters():
             p.requires_grad_(False)

@@ -14,7 +14,7 @@ from engine import eval_memory
 from engine.eval_memory import image_cost, settle_batch
 from models.yolo import DetectionModel, SegmentationModel
 from tests.capped import refused_once, run_capped
-from utils.budget import EVAL_BYTES_PER_INPUT, EVAL_MEMORY_FRACTION, EVAL_PEAK_FACTOR
+from utils.budget import EVAL_BYTES_PER_INPUT, EVAL_MEMORY_FRACTION, EVAL_PEAK_FACTOR, EXPORT_TRACE_FACTOR
 from utils.dry_run import dry_run
 from utils.errors import BadOption
 
@@ -76,6 +76,18 @@ def test_one_image_over_the_budget_is_refused_naming_an_img_that_fits():
                             "(dry run), and the budget is 1.50 GiB (half the 3.00 GiB free on cpu): pass --img "
                             f"{fits} or less (docs/safety.md)")
     assert settle_batch(model, fits, 1, "cpu", "w", free_memory=free(n)) == 1  # and that size is taken
+
+
+def test_an_export_is_counted_traced_and_refused_rather_than_made_smaller():
+    """An export writes its batch into the file: where it does not fit it is refused, naming the batch that would;
+    its trace counts EXPORT_TRACE_FACTOR evaluations."""
+    cost = image_cost(two_convs(), 64).bytes * EXPORT_TRACE_FACTOR
+    n = int(2 * 10 * cost / EVAL_MEMORY_FRACTION) // 2  # ten traced images fit
+    assert settle_batch(two_convs(), 64, 10, "cpu", "w", free_memory=free(n), export=True) == 10
+    with pytest.raises(BadOption, match=r"^--weights w: evaluating one 64x64 image takes about .* \(dry run, "
+                                        r"traced\), .*: pass --batch-size 10 or less \(docs/safety.md\)$"):
+        settle_batch(two_convs(), 64, 16, "cpu", "--weights w", free_memory=free(n), export=True)
+    assert settle_batch(two_convs(), 64, 100, "cpu", "w", free_memory=free(n)) == 10 * EXPORT_TRACE_FACTOR  # val
 
 
 def test_no_memory_left_names_no_size():
@@ -194,9 +206,9 @@ def test_the_memory_read_is_split_among_the_ranks_of_one_machine(monkeypatch):
 
 
 def test_a_checkpoint_giving_4096_px_is_refused_before_the_data_is_read(tmp_path):
-    """YOLOv8n at 4096 px: about 1.7 GiB an image as counted (1.4 measured). Under a 3 GiB memory cap (torch's
-    libraries and threads hold about 1.6 of it) it is refused in one line, far under the cap, before the dataset
-    (which does not exist) or the source is read."""
+    """YOLOv8n at 4096 px: about 1.7 GiB an image as counted (1.4 measured), twice that traced for an export (3.3 GB
+    measured). Under a 3 GiB memory cap (torch's libraries and threads hold about 1.6 of it) each script refuses it in
+    one line, far under the cap, before the dataset (which does not exist) or the source is read, or a file written."""
     from models.checkpoints import model_to_ckpt, save_checkpoint
 
     model = DetectionModel("yolov8n.yaml", nc=3)
@@ -204,9 +216,11 @@ def test_a_checkpoint_giving_4096_px_is_refused_before_the_data_is_read(tmp_path
     weights = tmp_path / "v8n.pt"
     save_checkpoint({"model": model_to_ckpt(model), "ema": None,
                      "opt": {"train_imgsz": 4096, "data_path": str(tmp_path / "gone.yaml")}}, weights)
-    for script, source in (("val.py", []), ("detect.py", ["--source", str(tmp_path / "none.jpg")])):
-        r = run_capped([script, "--weights", str(weights), "--device", "cpu", *source, "--project",
-                        str(tmp_path / "r")], limit=3 * GiB)
+    out = ["--project", str(tmp_path / "r")]
+    for script, args in (("val.py", out), ("detect.py", ["--source", str(tmp_path / "none.jpg"), *out]),
+                         ("export.py", ["--include", "onnx"])):
+        r = run_capped([script, "--weights", str(weights), "--device", "cpu", *args], limit=3 * GiB)
         assert refused_once(r, f"--weights {weights}: evaluating one 4096x4096 image takes about"), r.stderr[-2000:]
-        assert "(dry run), and the budget is" in r.errors[0] and "pass --img" in r.errors[0]
+        traced = ", traced" if script == "export.py" else ""
+        assert f"(dry run{traced}), and the budget is" in r.errors[0] and "pass --img" in r.errors[0]
         assert r.peak < GiB

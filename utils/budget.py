@@ -57,6 +57,9 @@ MAX_DECODE_BYTES = 1 << 30  # images decoded at once while caching (8 threads, f
 EVAL_PEAK_FACTOR = 2
 EVAL_BYTES_PER_INPUT = 512
 EVAL_MEMORY_FRACTION = 0.5
+# an export traces one forward pass of its batch and keeps the graph's values while it writes the file: counted as
+# EXPORT_TRACE_FACTOR evaluations (YOLOv8n at 4096 px: export.py peaked at 3.3 GB where val.py at batch 1 held 2.2)
+EXPORT_TRACE_FACTOR = 2
 # a segmentation val decodes each image's masks at the input size, one image at a time: up to --max-det of them, each
 # this many bytes a pixel (float logits, resized, cropped, thresholded: measured 14-14.5 on YOLOv8x-seg at 640 and
 # 1280 px with 300 masks an image)
