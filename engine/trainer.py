@@ -193,7 +193,8 @@ class BaseTrainer:
         init_seeds(self.opt.seed + 1 + max(run.rank, 0), deterministic=self.opt.deterministic)
         self._setup_model()
         if self.opt.batch_size == -1:  # AutoBatch: a batch that fits the device, decided before the loader is built
-            total = cuda_auto_batch(self.optim.train_model, self.opt.train_imgsz, run.device) \
+            total = cuda_auto_batch(self.optim.train_model, self.opt.train_imgsz, run.device,
+                                    autocast_dtype=run.amp_dtype if run.amp else None) \
                 if run.device.type == "cuda" else cpu_batch()
             self.opt, plan.batch_size = dataclasses.replace(self.opt, batch_size=total), total
         self._setup_data()
