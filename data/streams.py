@@ -138,6 +138,9 @@ class LoadStreams:
             for t in self.threads:
                 t.join(self.timeout + 1)
             raise
+        # a source's silence counts from here, when its reader may start: the opening took up to the slowest
+        # source's time, which the first frame wait must not be charged with
+        self.last = [time.monotonic()] * n
         self.go.set()
         for i, s in enumerate(self.sources):
             w, h, fps = self.info[i]
