@@ -123,6 +123,23 @@ def _pool_shape(x, kernel, stride, padding, dilation, ceil_mode):
     return [*x.shape[:-2], *size]
 
 
+def _joined(func, tensors, dim=0):
+    """The meta output of cat or stack of `tensors` along `dim`."""
+    shape = list(tensors[0].shape)
+    if func is _aten.cat.default:
+        dim %= len(shape)
+        if any(t.dim() != len(shape) or [n for d, n in enumerate(t.shape) if d != dim] !=
+               [n for d, n in enumerate(shape) if d != dim] for t in tensors):
+            raise Unrunnable(f"its cat cannot run (shapes {[list(t.shape) for t in tensors]})")
+        shape[dim] = sum(t.shape[dim] for t in tensors)
+    else:
+        if any(list(t.shape) != shape for t in tensors):
+            raise Unrunnable(f"its stack cannot run (shapes {[list(t.shape) for t in tensors]})")
+        shape.insert(dim % (len(shape) + 1), len(tensors))
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
 def _meta_shortcut(func, args):
     """The meta outputs of the operators above, or None for any other."""
     if func in (_aten.convolution.default, _aten._convolution.default):
@@ -142,24 +159,8 @@ def _meta_shortcut(func, args):
         stats = x.shape[1] if training else 0
         out = [torch.empty(shape, dtype=x.dtype, device="meta") for shape in (x.shape, (stats,), (stats,))]
         return tuple(out)
-    if func is _aten.cat.default:
-        tensors, dim = args[0], args[1] if len(args) > 1 else 0
-        shape = list(tensors[0].shape)
-        dim %= len(shape)
-        if any(t.dim() != len(shape) or [n for d, n in enumerate(t.shape) if d != dim] !=
-               [n for d, n in enumerate(shape) if d != dim] for t in tensors):
-            raise Unrunnable(f"its cat cannot run (shapes {[list(t.shape) for t in tensors]})")
-        shape[dim] = sum(t.shape[dim] for t in tensors)
-        dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
-        return torch.empty(shape, dtype=dtype, device="meta")
-    if func is _aten.stack.default:  # a head's anchor grid (meshgrid)
-        tensors, dim = args[0], args[1] if len(args) > 1 else 0
-        shape = list(tensors[0].shape)
-        if any(list(t.shape) != shape for t in tensors):
-            raise Unrunnable(f"its stack cannot run (shapes {[list(t.shape) for t in tensors]})")
-        shape.insert(dim % (len(shape) + 1), len(tensors))
-        dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
-        return torch.empty(shape, dtype=dtype, device="meta")
+    if func in (_aten.cat.default, _aten.stack.default):  # stack: a head's anchor grid (meshgrid)
+        return _joined(func, *args)
     if func is _aten.mean.dim:  # global average pooling
         x, dims, keep = args[0], [d % args[0].dim() for d in args[1]], len(args) > 2 and args[2]
         shape = [1 if d in dims else n for d, n in enumerate(x.shape) if keep or d not in dims]
