@@ -4,9 +4,9 @@ batch carry besides class and box.
 A task gives the dataset its format (`YOLODataset(..., task=SegmentLabels(overlap=False))`, or a name in
 FORMATS), and the dataset and the label checker never test which task they serve. A new task is one new class, as
 `PoseLabels`: it reads `cx cy w h` plus K keypoints in `parse` (returning the keypoints as the line's extra, stored
-under its `extra_key`), adds them to the sample in `add_to_sample` (the batch's `Targets` collect them, data/targets.py); its keypoints travel
-through the augmentations in data/augment.py as `Instances.keypoints`, and a left-right flip renames them by
-the format's `flip_idx`.
+under its `extra_key`), adds them to the sample in `add_to_sample` (the batch's `Targets` collect them,
+data/targets.py); its keypoints travel through the augmentations in data/augment.py as `Instances.keypoints`, and a
+left-right flip renames them by the format's `flip_idx`.
 """
 
 import cv2

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.options import PoseValOptions, SegmentValOptions
 from data.targets import Targets
+from engine.options import PoseValOptions, SegmentValOptions
 from engine.tasks import TASKS
 from engine.validator import ValOptions
 from evaluation.fields import Boxes, Field, Keypoints, Predictions
@@ -26,8 +26,8 @@ LABELS = torch.tensor([[0, 0, 16 / 64, 16 / 64, 16 / 64, 16 / 64], [0, 1, 44 / 6
 
 
 def _batch(**extra):
-    return {"img": torch.zeros(1, 3, 64, 64), "targets": Targets.from_rows(LABELS, (64, 64), keypoints=extra.pop("keypoints", None)),
-            "shapes": [((64, 64), ((1.0, 1.0), (0.0, 0.0)))],
+    targets = Targets.from_rows(LABELS, (64, 64), keypoints=extra.pop("keypoints", None))
+    return {"img": torch.zeros(1, 3, 64, 64), "targets": targets, "shapes": [((64, 64), ((1.0, 1.0), (0.0, 0.0)))],
             "paths": ["/x/7.jpg"], **extra}
 
 
