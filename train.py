@@ -17,8 +17,6 @@ Usage:
         $ python train.py --resume runs/train/exp/weights/last.pt
 """
 
-from functools import partial
-
 from engine.options import DetectTrainOptions
 from utils.cli import options_from_kwargs, train_parser
 from utils.run import run_cli
@@ -33,13 +31,10 @@ def parse_opt(argv=None):
 def main(parsed, callbacks=None):
     """(trainer, metrics) of the run `parsed` (parse_opt's: the options and the names given) asks for; `callbacks` as
     engine.trainer.run takes them (listener objects, or {event: [functions]})."""
-    from engine.evolve import evolve  # imports torch: after parsing, for a quick --help
+    from engine.evolve import train_or_evolve  # imports torch: after parsing, for a quick --help
     from engine.tasks import TASKS
-    from engine.trainer import run as run_training
 
-    if parsed.opt.evolve:
-        return evolve(TASKS["detect"].trainer, parsed, partial(run_training, callbacks=callbacks))
-    return run_training(TASKS["detect"].trainer, parsed, callbacks)
+    return train_or_evolve(TASKS["detect"].trainer, parsed, callbacks)
 
 
 def run(callbacks=None, **options):

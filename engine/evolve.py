@@ -10,12 +10,14 @@ the next, so the useful parallelism is one evolution per GPU, not one evolution 
 
 import csv
 import dataclasses
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from engine.hyp import default_hyp_file, load_hyp
 from engine.resume import weights_own_model
+from engine.trainer import run as run_training
 from models.checkpoints import model_yaml
 from utils import dist as du
 from utils.errors import BadOption, Interrupted
@@ -73,6 +75,14 @@ def append_row(csv_file, metrics, hyp, keys):
         if new:
             w.writeheader()
         w.writerow(row)
+
+
+def train_or_evolve(trainer_cls, parsed, callbacks=None):
+    """A box task's train script's `main`: --evolve's search (`evolve`), or one run (engine/trainer.run) of `parsed`
+    (utils/cli.Parsed) with `callbacks`."""
+    if parsed.opt.evolve:
+        return evolve(trainer_cls, parsed, partial(run_training, callbacks=callbacks))
+    return run_training(trainer_cls, parsed, callbacks)
 
 
 def evolve(trainer_cls, parsed, run):
