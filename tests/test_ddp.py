@@ -2,6 +2,7 @@
 alone writes, a rank with an empty batch does not hang DDP, and a killed run resumes."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -27,6 +28,22 @@ def torchrun(script_args, cwd, timeout=420, path=()):
            str(free_port()), *script_args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(map(str, [*path, ROOT]))}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def sharded_val(tmp_path, task, val_module, val_args):
+    """A val script over 2 ranks (tests/val_driver.py: each rank writes the stats `main` returned) and in one process
+    with one thread, as each rank runs: (each rank's stats, the single process's stats through JSON)."""
+    # as a module: run as a file, tests/ would come first on sys.path and its engine/ would shadow the package
+    r = torchrun(["-m", "tests.val_driver", str(tmp_path), task, *val_args, "--project", str(tmp_path / "ddp")], ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank: kernels then sum in the same order
+    try:
+        single = val_module.main(val_module.parse_opt([*val_args, "--project", str(tmp_path / "one")]))
+    finally:
+        torch.set_num_threads(threads)
+    ranks = [json.loads((tmp_path / f"stats_rank{r}.json").read_text()) for r in range(2)]
+    return ranks, json.loads(json.dumps(single))
 
 
 def sparse_dataset(root, seed=0):

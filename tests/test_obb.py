@@ -193,7 +193,7 @@ def test_torchrun_two_ranks_obb(tmp_path):
     """2 ranks with gloo: identical weights on both ranks, only rank 0 saves, the angle loss and rotated-box metrics
     logged; then obb/val.py sharded over 2 ranks gives the single-process metrics."""
     from obb import val as obb_val
-    from tests.test_ddp import DRIVER, plain_hyp, torchrun
+    from tests.test_ddp import DRIVER, plain_hyp, sharded_val, torchrun
 
     generate_dataset(tmp_path / "data", task="obb", n_train=8, n_val=4, seed=0, min_side=96, max_side=128)
     data = tmp_path / "data.yaml"
@@ -213,14 +213,5 @@ def test_torchrun_two_ranks_obb(tmp_path):
                                                               .splitlines()[0].split(","))
     val_args = ["--weights", str(exp / "weights" / "last.pt"), "--data", str(data), "--imgsz", "64", "--batch-size",
                 "1", "--device", "cpu", "--workers", "0", "--conf", "0.0001", "--name", "exp"]
-    r = torchrun(["-m", "tests.val_driver", str(tmp_path), "obb", *val_args, "--project", str(tmp_path / "ddp")],
-                 ROOT)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank: kernels then sum in the same order
-    try:
-        single = obb_val.main(obb_val.parse_opt([*val_args, "--project", str(tmp_path / "one")]))
-    finally:
-        torch.set_num_threads(threads)
-    for rank in range(2):
-        assert json.loads((tmp_path / f"stats_rank{rank}.json").read_text()) == json.loads(json.dumps(single))
+    ranks, single = sharded_val(tmp_path, "obb", obb_val, val_args)
+    assert ranks == [single, single]

@@ -152,7 +152,7 @@ def test_hub_results_carry_keypoints(pose_run):
 def test_torchrun_two_ranks_pose(tmp_path):
     """2 ranks with gloo: one run folder, identical weights on both ranks, only rank 0 saves, pose metrics logged;
     then pose/val.py sharded over 2 ranks gives the single-process metrics."""
-    from tests.test_ddp import DRIVER, plain_hyp, torchrun
+    from tests.test_ddp import DRIVER, plain_hyp, sharded_val, torchrun
 
     generate_dataset(tmp_path / "data", task="pose", n_train=8, n_val=4, seed=0, min_side=96, max_side=128)
     data = _pose_yaml(tmp_path)
@@ -171,19 +171,10 @@ def test_torchrun_two_ranks_pose(tmp_path):
     # pose/val.py sharded over the 2 ranks returns what one process computes (as a module: see test_val_sharding)
     val_args = ["--weights", str(exp / "weights" / "last.pt"), "--data", str(data), "--imgsz", "64", "--batch-size",
                 "1", "--device", "cpu", "--workers", "0", "--conf", "0.0001", "--name", "exp"]
-    r = torchrun(["-m", "tests.val_driver", str(tmp_path), "pose", *val_args, "--project", str(tmp_path / "ddp")],
-                 ROOT)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     from pose import val as pose_val
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank: kernels then sum in the same order
-    try:
-        single = pose_val.main(pose_val.parse_opt([*val_args, "--project", str(tmp_path / "one")]))
-    finally:
-        torch.set_num_threads(threads)
-    for rank in range(2):
-        assert json.loads((tmp_path / f"stats_rank{rank}.json").read_text()) == json.loads(json.dumps(single))
+    ranks, single = sharded_val(tmp_path, "pose", pose_val, val_args)
+    assert ranks == [single, single]
 
 
 def test_scripts_default_to_the_synthetic_pose_set():

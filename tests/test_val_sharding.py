@@ -178,6 +178,7 @@ def _torchrun(args, timeout=300):
 def test_torchrun_val_py_equals_single_process(sharded, tmp_path):
     import val
     from models.checkpoints import model_to_ckpt
+    from tests.test_ddp import sharded_val
 
     root, data = sharded
     weights = tmp_path / "w.pt"
@@ -185,18 +186,9 @@ def test_torchrun_val_py_equals_single_process(sharded, tmp_path):
     torch.save({"model": model_to_ckpt(_model("v5", state))}, weights)
     args = ["--weights", str(weights), "--data", data["v5"], "--imgsz", "64", "--batch-size", "2", "--device", "cpu",
             "--workers", "0", "--save-json", "--name", "exp"]
-    # as a module: run as a file, tests/ would come first on sys.path and its engine/ would shadow the package
-    _torchrun(["-m", "tests.val_driver", str(tmp_path), "val", *args,
-               "--project", str(tmp_path / "ddp")])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        single = val.main(val.parse_opt([*args, "--project", str(tmp_path / "one")]))
-    finally:
-        torch.set_num_threads(threads)
+    ranks, single = sharded_val(tmp_path, "val", val, args)
     assert single["metrics/mAP50(B)"] > 0
-    for r in range(2):
-        assert json.loads((tmp_path / f"stats_rank{r}.json").read_text()) == json.loads(json.dumps(single))
+    assert ranks == [single, single]
     assert [p.name for p in (tmp_path / "ddp").iterdir()] == ["exp"]  # the ranks agreed on one folder
     pred = [json.loads((tmp_path / d / "exp" / "predictions.json").read_text()) for d in ("ddp", "one")]
     assert pred[0] == pred[1]
