@@ -1,6 +1,7 @@
 """Score the trackers on the synthetic video (data/synthetic_video.py): ours, and Ultralytics' fed the very
 same detections and frames, each writing a MOT text file; `score` gives MOTA, IDF1, id switches and
-fragments from motmetrics (IoU >= 0.5 a match) for every file given.
+fragments from motmetrics (IoU >= 0.5 a match) and HOTA, DetA and AssA from TrackEval (`pip install trackeval`:
+the boxes' IoU its similarity, averaged over its 19 thresholds 0.05..0.95) for every file given.
 
     python -m benchmarks.track_synthetic run --tracker bytetrack --out /tmp/ours-byte.txt
     source /tmp/peers-venv/peer-env.sh    # from the clone's root, so -m finds the project's packages
@@ -11,6 +12,7 @@ fragments from motmetrics (IoU >= 0.5 a match) for every file given.
 """
 
 import argparse
+import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -70,37 +72,65 @@ def run(tracker, peer, seed):
 
 
 def score(files, seeds):
-    """{file: motmetrics summary row} over the seeds' videos."""
-    import motmetrics as mm
-
+    """{file: motmetrics summary row, with HOTA, DetA and AssA} over the seeds' videos."""
     from engine.tracking.mot import read_mot
 
-    names, accs = [], []
+    runs = {}
     for f in files:
         for seed in seeds:
             _, truth = render_video(seed, **VIDEO)
             hyp = read_mot(_seeded(f, seed, seeds))
-            acc = mm.MOTAccumulator(auto_id=True)
-            for i, t in enumerate(truth, 1):
-                h = hyp[i]
-                dist = _iou_distance(t[:, 2:6], h[:, 1:5])
-                acc.update(t[:, 0].astype(int).tolist(), h[:, 0].astype(int).tolist(), dist)
-            accs.append(acc)
-            names.append(f"{f}@{seed}")
-    mh = mm.metrics.create()
+            runs[f"{f}@{seed}"] = [(t[:, 0], hyp[i][:, 0], _iou(t[:, 2:6], hyp[i][:, 1:5]))
+                                   for i, t in enumerate(truth, 1)]
+    return summary(runs)
+
+
+def summary(runs):
+    """A table of `runs` ({name: per frame (truth ids, hypothesis ids, IoU truth x hypothesis)}): motmetrics'
+    MOTA, IDF1, switches, fragments (a match at IoU >= 0.5) and TrackEval's HOTA, DetA, AssA."""
+    import motmetrics as mm
+
+    accs = []
+    for frames in runs.values():
+        acc = mm.MOTAccumulator(auto_id=True)
+        for gt, hyp, iou in frames:
+            acc.update(gt.astype(int).tolist(), hyp.astype(int).tolist(), np.where(iou >= 0.5, 1 - iou, np.nan))
+        accs.append(acc)
     metrics = ["mota", "idf1", "num_switches", "num_fragmentations", "mostly_tracked", "num_false_positives",
                "num_misses"]
-    return mh.compute_many(accs, metrics=metrics, names=names, generate_overall=False)
+    table = mm.metrics.create().compute_many(accs, metrics=metrics, names=list(runs), generate_overall=False)
+    if importlib.util.find_spec("trackeval") is None:  # not in the [dev] extra: main() says it is left out
+        return table
+    scores = [hota(frames) for frames in runs.values()]
+    for key in ("HOTA", "DetA", "AssA"):
+        table[key.lower()] = [s[key] for s in scores]
+    return table
 
 
-def _iou_distance(a, b):
-    """1 - IoU of xyxy boxes, NaN (no match) where IoU < 0.5: motmetrics' own iou_matrix needs numpy < 2."""
+def hota(frames):
+    """{HOTA, DetA, AssA} of one sequence by TrackEval's HOTA (each the mean over its 19 IoU thresholds), `frames`
+    as in `summary`. TrackEval's own readers take files laid out as a benchmark's; its metric takes the sequence
+    as arrays, ids numbered from 0."""
+    from trackeval.metrics import HOTA
+
+    gt_index, hyp_index = {}, {}
+    gt_ids = [np.array([gt_index.setdefault(int(i), len(gt_index)) for i in gt], dtype=int) for gt, _, _ in frames]
+    hyp_ids = [np.array([hyp_index.setdefault(int(i), len(hyp_index)) for i in h], dtype=int) for _, h, _ in frames]
+    data = {"num_timesteps": len(frames), "gt_ids": gt_ids, "tracker_ids": hyp_ids,
+            "similarity_scores": [np.asarray(iou, dtype=float).reshape(len(g), len(h))
+                                  for g, h, iou in zip(gt_ids, hyp_ids, (f[2] for f in frames))],
+            "num_gt_dets": sum(map(len, gt_ids)), "num_tracker_dets": sum(map(len, hyp_ids)),
+            "num_gt_ids": len(gt_index), "num_tracker_ids": len(hyp_index)}
+    res = HOTA().eval_sequence(data)
+    return {key: float(np.mean(res[key])) for key in ("HOTA", "DetA", "AssA")}
+
+
+def _iou(a, b):
+    """IoU of xyxy boxes, truth x hypothesis: motmetrics' own iou_matrix needs numpy < 2."""
     lt, rb = np.maximum(a[:, None, :2], b[None, :, :2]), np.minimum(a[:, None, 2:], b[None, :, 2:])
     inter = np.clip(rb - lt, 0, None).prod(-1)
     union = (a[:, 2:] - a[:, :2]).prod(-1)[:, None] + (b[:, 2:] - b[:, :2]).prod(-1)[None] - inter
-    d = 1 - inter / np.maximum(union, 1e-9)
-    d[d > 0.5] = np.nan
-    return d
+    return inter / np.maximum(union, 1e-9)
 
 
 def _seeded(f, seed, seeds):
@@ -120,7 +150,10 @@ def main():
         for seed in a.seeds:
             Path(_seeded(a.out, seed, a.seeds)).write_text("".join(run(a.tracker, a.peer, seed)))
         return
-    print(score(a.files, a.seeds).to_string())
+    table = score(a.files, a.seeds)
+    print(table.to_string())
+    if "hota" not in table:
+        print("HOTA left out: pip install trackeval (or pip install -e '.[hota]')")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Score the trackers on oriented boxes: the synthetic video's turning rectangles (data/synthetic_video.py, `spin`),
 ours and Ultralytics' fed the same detections and frames, each writing its tracked rows (frame, id, xywhr, conf) to
-a .npy file; `score` gives MOTA, IDF1, id switches and fragments from motmetrics, matching by polygon IoU >= 0.5.
+a .npy file; `score` gives MOTA, IDF1, id switches and fragments from motmetrics, matching by polygon IoU >= 0.5,
+and TrackEval's HOTA, DetA and AssA with the same polygon IoU as its similarity (benchmarks/track_synthetic.py).
 
     python -m benchmarks.track_synthetic_obb run --tracker bytetrack --out /tmp/ours-obb.npy
     source /tmp/peers-venv/peer-env.sh    # from the clone's root, so -m finds the project's packages
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.track_synthetic import _peer_tracker
+from benchmarks.track_synthetic import _peer_tracker, summary
 from data.synthetic_video import detections, render_video
 from utils.rotated import canonical, polygon_iou, xywhr_to_corners
 
@@ -72,26 +73,20 @@ def run(tracker, peer, seed, form):
 
 
 def score(files, seeds):
-    """{file: motmetrics summary row} over the seeds' videos."""
-    import motmetrics as mm
-
-    names, accs = [], []
+    """{file: motmetrics summary row, with HOTA, DetA and AssA} over the seeds' videos."""
+    runs = {}
     for f in files:
         for seed in seeds:
             _, truth = render_video(seed, **VIDEO)
             hyp = np.load(_seeded(f, seed, seeds))
-            acc = mm.MOTAccumulator(auto_id=True)
+            frames = []
             for i, t in enumerate(truth, 1):
                 h = hyp[hyp[:, 0] == i]
                 iou = polygon_iou(xywhr_to_corners(torch.from_numpy(t[:, 2:7])),
                                   xywhr_to_corners(torch.from_numpy(h[:, 2:7]))).numpy()
-                dist = np.where(iou >= 0.5, 1 - iou, np.nan)
-                acc.update(t[:, 0].astype(int).tolist(), h[:, 1].astype(int).tolist(), dist)
-            accs.append(acc)
-            names.append(f"{f}@{seed}")
-    metrics = ["mota", "idf1", "num_switches", "num_fragmentations", "mostly_tracked", "num_false_positives",
-               "num_misses"]
-    return mm.metrics.create().compute_many(accs, metrics=metrics, names=names, generate_overall=False)
+                frames.append((t[:, 0], h[:, 1], iou))
+            runs[f"{f}@{seed}"] = frames
+    return summary(runs)
 
 
 def _seeded(f, seed, seeds):
@@ -112,7 +107,10 @@ def main():
         for seed in a.seeds:
             np.save(_seeded(a.out, seed, a.seeds), run(a.tracker, a.peer, seed, a.form))
     else:
-        print(score(a.files, a.seeds).to_string())
+        table = score(a.files, a.seeds)
+        print(table.to_string())
+        if "hota" not in table:
+            print("HOTA left out: pip install trackeval (or pip install -e '.[hota]')")
 
 
 if __name__ == "__main__":
