@@ -76,6 +76,47 @@ def parse_polygon(xy):
     return _xyxy_to_box(x1, y1, x2, y2), polygon.astype(np.float32), clipped
 
 
+def _inside(v, tol):
+    """Whether every value lies in [0, 1] within `tol`, and which (per-value) need clipping."""
+    return (v >= -tol).all() and (v <= 1 + tol).all(), (v < 0) | (v > 1)
+
+
+def plain_boxes(v):
+    """Boxes `cx cy w h` (n, 4) float64 -> (their xywhn float32, which were clipped) as parse_box gives them (the
+    same float64 operations, so bit-identical); None where parse_box refuses any (it then says why, line by line)."""
+    ok, outside = _inside(v, COORD_TOL)
+    cx, cy, w, h = v.T
+    corners = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
+    x1, y1, x2, y2 = np.clip(corners, 0, 1)
+    if not (ok and (w > 0).all() and (h > 0).all() and (x2 > x1).all() and (y2 > y1).all()):
+        return None
+    clipped = outside.any(1) | ((corners < 0) | (corners > 1)).any(0)
+    return np.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], 1).astype(np.float32), clipped
+
+
+def plain_polygons(coords, widths, tol=COORD_TOL):
+    """Polygons given as rows of `widths` (even, >= 6) coordinates concatenated in `coords` (float64) -> (boxes
+    xywhn float32 (n, 4), outlines [(k, 2) float32], which were clipped) as parse_polygon gives them; None where it
+    refuses any (it then names it). The area here sums in another order than parse_polygon's, so a polygon within
+    twice the threshold is left to it."""
+    ok, outside = _inside(coords, tol)
+    if not ok:
+        return None
+    points = np.clip(coords, 0, 1).reshape(-1, 2)
+    ends = np.cumsum(widths // 2)
+    starts = ends - widths // 2
+    following = np.arange(1, len(points) + 1)
+    following[ends - 1] = starts  # each polygon's last point closes on its first
+    x, y = points.T
+    twice_area = np.add.reduceat(x * y[following] - y * x[following], starts)
+    (x1, y1), (x2, y2) = np.minimum.reduceat(points, starts).T, np.maximum.reduceat(points, starts).T
+    if (np.abs(twice_area) < MIN_AREA * 4).any() or (x2 <= x1).any() or (y2 <= y1).any():
+        return None
+    boxes = np.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], 1).astype(np.float32)
+    clipped = np.logical_or.reduceat(outside, 2 * starts)
+    return boxes, np.split(points.astype(np.float32), starts[1:]), clipped
+
+
 class DetectLabels:
     """Lines `cls cx cy w h` (a box) or `cls x1 y1 x2 y2 ...` (a polygon of >= 3 points; its box is used)."""
 
@@ -99,6 +140,31 @@ class DetectLabels:
         if len(xy) < 6 or len(xy) % 2:
             raise BadLine(f"{len(xy) + 1} values, expected 5 (cls cx cy w h) or cls + >= 3 x y pairs")
         return parse_polygon(xy)
+
+    def parse_plain(self, coords, widths):
+        """The lines of a whole label file at once (data/labels._plain_rows): their coordinates after the class,
+        concatenated (float64), and how many each line has -> (boxes xywhn float32 (n, 4), extras, which were
+        clipped), equal to what `parse` gives line by line; None where `parse` would refuse any line, which is then
+        read line by line and named."""
+        boxed = widths == 4
+        if not (boxed | ((widths >= 6) & (widths % 2 == 0))).all():
+            return None
+        per_value = np.repeat(boxed, widths)
+        boxes, clipped = np.empty((len(widths), 4), np.float32), np.empty(len(widths), bool)
+        extras = [None] * len(widths)
+        if boxed.any():
+            found = plain_boxes(coords[per_value].reshape(-1, 4))
+            if found is None:
+                return None
+            boxes[boxed], clipped[boxed] = found
+        if not boxed.all():
+            found = plain_polygons(coords[~per_value], widths[~boxed])
+            if found is None:
+                return None
+            boxes[~boxed], clipped[~boxed] = found[0], found[2]
+            for i, outline in zip(np.flatnonzero(~boxed), found[1]):
+                extras[i] = outline
+        return boxes, extras, clipped
 
     extra_width = 2  # values per row of one instance's extra: polygon points (x, y)
 
@@ -223,6 +289,27 @@ class PoseLabels(DetectLabels):
         out[:, 2] = visible
         return box, out, clipped
 
+    def parse_plain(self, coords, widths):
+        k, ndim = self.kpt_shape
+        if not (widths == 4 + k * ndim).all():
+            return None
+        v = coords.reshape(len(widths), -1)
+        found = plain_boxes(v[:, :4])
+        kpts = v[:, 4:].reshape(len(widths), k, ndim)
+        visible = kpts[..., 2] if ndim == 3 else np.full((len(widths), k), 2.0)
+        labelled = visible > 0
+        ok, outside = _inside(kpts[labelled, :2], COORD_TOL)
+        if found is None or not ok or not np.isin(visible, (0, 1, 2)).all():
+            return None
+        out = np.zeros((len(widths), k, 3), np.float32)
+        out[labelled, :2] = np.clip(kpts[labelled, :2], 0, 1)
+        out[..., 2] = visible
+        clipped = np.zeros((len(widths), k), bool)
+        clipped[labelled] = outside.any(1)
+        return found[0], list(out), found[1] | clipped.any(1)
+
+    parse_plain.__doc__ = DetectLabels.parse_plain.__doc__
+
     def line(self, box, polygon, keypoints):
         """Its box and keypoints, of the dataset's kpt_shape."""
         k, ndim = self.kpt_shape
@@ -271,6 +358,11 @@ class OBBLabels(DetectLabels):
                           "are normalised to [0, 1] (pixel coordinates divided by the image's width and height)")
         box, polygon, _ = parse_polygon(np.clip(xy, 0, 1))
         return box, polygon, bool(xy.min() < 0 or xy.max() > 1)
+
+    def parse_plain(self, coords, widths):
+        """As DetectLabels': four corners inside the image are a polygon whose centre is inside it (corners
+        outside, which DOTA's tiles have, are read line by line)."""
+        return plain_polygons(coords, widths, tol=0) if (widths == 8).all() else None
 
     def line(self, box, polygon, keypoints):
         """The corners of the outline's minimum-area rectangle, else of the box."""

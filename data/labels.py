@@ -6,6 +6,8 @@ skipped, kept or fixed is in `verify_image_label`.
 """
 
 import contextlib
+import functools
+import itertools
 import multiprocessing
 import os
 import re
@@ -20,7 +22,7 @@ from tqdm import tqdm
 from data.image_files import MISSING, entry_problem, files_hash
 from data.jpeg_header import plain_jpeg_size
 from data.label_cache import SUFFIX, load_cache, save_cache
-from data.label_formats import BadLine, DetectLabels, get_format
+from data.label_formats import BadLine, get_format
 from data.label_store import check_packed, pack_records
 from utils import dist as du
 from utils.budget import MAX_LABEL_BYTES
@@ -45,7 +47,7 @@ STAT_KEYS = ("images", "backgrounds", "skipped", "duplicates", "clipped", "trunc
 # plain decimal notation, and a class id decimal digits, optionally with a zero fraction ('1', '1.0')
 DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 CLASS_ID = re.compile(r"\d+(\.0*)?", re.ASCII)
-PLAIN_TEXT = re.compile(r"[0-9eE.+\-\s]*")  # the characters of label text that `_plain_boxes` reads at once
+PLAIN_TEXT = re.compile(r"[0-9eE.+\-\s]*")  # the characters of label text that `_plain_rows` reads at once
 
 
 def verify_image(path):
@@ -140,33 +142,48 @@ def read_label_text(lb_file):
         raise BadLine(f"{lb_file}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
-def _plain_boxes(text, nc, fmt):
-    """The record fields of a label text whose every line is an ordinary box (`cls cx cy w h` in plain decimals,
-    class < nc, box inside the image, no two rows alike), parsed for all lines at once; None for any other text,
-    which `parse_label_file` then reads line by line as before (and names what is wrong). Every value is converted
-    by float() as there, and the boxes come out of the same float64 operations, so the results are bit-identical.
-    Over ASCII digits, '.', '+', '-', 'e' and 'E', float() accepts exactly the DECIMAL notation."""
-    if type(fmt).parse is not DetectLabels.parse or not PLAIN_TEXT.fullmatch(text):
+@functools.cache
+def _reads_plain(kind):
+    """Whether the format class's `parse_plain` was written with the `parse` it uses: a format that reads lines its
+    own way but inherits another's `parse_plain` is read line by line."""
+    mro = kind.__mro__
+    return next(k for k in mro if "parse" in vars(k)) is next(k for k in mro if "parse_plain" in vars(k))
+
+
+def _plain_rows(text, nc, fmt):
+    """The record fields of a label text whose every line is an ordinary one of its format (plain decimals, class
+    < nc, geometry inside the image, no two rows alike), parsed for all lines at once by the format's
+    `parse_plain`; None for any other text, which `parse_label_file` then reads line by line as before (and names
+    what is wrong). Every value is converted by float() as there, and the geometry comes out of the same float64
+    operations, so the results are bit-identical. Over ASCII digits, '.', '+', '-', 'e' and 'E', float() accepts
+    exactly the DECIMAL notation."""
+    if not PLAIN_TEXT.fullmatch(text) or not _reads_plain(type(fmt)):
         return None
     rows = [r for r in (line.split() for line in text.splitlines()) if r]
-    if not rows or any(len(r) != 5 or not CLASS_ID.fullmatch(r[0]) for r in rows):
+    if not rows or any(not CLASS_ID.fullmatch(r[0]) for r in rows):
         return None
     try:
-        v = np.array([[float(x) for x in r] for r in rows], dtype=np.float64)
+        flat = np.array(list(map(float, itertools.chain.from_iterable(rows))), dtype=np.float64)
     except ValueError:
         return None
-    cx, cy, w, h = v[:, 1], v[:, 2], v[:, 3], v[:, 4]
-    x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
-    corners = np.stack([x1, y1, x2, y2])
-    if not (np.isfinite(v).all() and (nc is None or v[:, 0].max() < nc) and (v[:, 1:] >= 0).all()
-            and (v[:, 1:] <= 1).all() and (w > 0).all() and (h > 0).all() and (corners >= 0).all()
-            and (corners <= 1).all() and (x2 > x1).all() and (y2 > y1).all()):
+    widths = np.array([len(r) for r in rows])
+    first = np.cumsum(widths) - widths  # each line's class
+    classes = flat[first]
+    if not np.isfinite(flat).all() or (nc is not None and classes.max() >= nc):
         return None
-    boxes = np.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], 1).astype(np.float32)
-    classes = v[:, 0].astype(int)
-    if len(set(zip(classes.tolist(), map(tuple, np.round(boxes, 6).tolist())))) < len(rows):
+    coords = np.delete(flat, first)
+    parsed = fmt.parse_plain(coords, widths - 1)
+    if parsed is None:
+        return None
+    boxes, extras, clipped = parsed
+    classes = classes.astype(int)
+    boxed = [(c, *b) for c, b in zip(classes.tolist(), np.round(boxes, 6).tolist())]
+    # rows alike have the same class and box; only then are their extras compared (as the line-by-line key does)
+    if len(set(boxed)) < len(rows) and len({(*k, None if e is None else np.round(e, 6).tobytes())
+                                            for k, e in zip(boxed, extras)}) < len(rows):
         return None  # duplicate rows: removed and noted line by line
-    return {"cls": classes.astype(np.float32).reshape(-1, 1), "bboxes": boxes, fmt.extra_key: [None] * len(rows)}
+    fields = {"cls": classes.astype(np.float32).reshape(-1, 1), "bboxes": boxes, fmt.extra_key: extras}
+    return fields, int(clipped.sum())
 
 
 def parse_label_file(lb_file, nc, fmt, converted=None):
@@ -176,9 +193,10 @@ def parse_label_file(lb_file, nc, fmt, converted=None):
     classes, boxes, extras, notes, seen, bad, unknown = [], [], [], [], set(), [], False
     text, where, row = converted if converted else (read_label_text(lb_file), lb_file, "line")
     counts = {"duplicates": 0, "clipped": 0, "unlabelled": int(text is None)}
-    fields = None if converted or not text else _plain_boxes(text, nc, fmt)
-    if fields is not None:
-        return fields, counts, notes
+    plain = None if converted or not text else _plain_rows(text, nc, fmt)
+    if plain is not None:
+        counts["clipped"] = plain[1]
+        return plain[0], counts, notes
     for i, line in enumerate((text or "").splitlines(), 1):
         values = line.split()
         if not values:

@@ -13,7 +13,7 @@ from PIL import Image
 
 from data import labels as labels_mod
 from data.jpeg_header import plain_jpeg_size
-from data.label_formats import DetectLabels, PoseLabels, SegmentLabels
+from data.label_formats import DetectLabels, OBBLabels, PoseLabels, SegmentLabels
 
 
 def _jpeg(path, w=80, h=50, orientation=None, progressive=False, mode="RGB", little_endian=False):
@@ -81,53 +81,138 @@ def test_damaged_scan_data_keeps_the_decoders_verdict(tmp_path):
 
 def _line_by_line(text, nc, fmt):
     """parse_label_file's per-line path, with the fast path turned off."""
-    orig = labels_mod._plain_boxes
-    labels_mod._plain_boxes = lambda *a: None
+    orig = labels_mod._plain_rows
+    labels_mod._plain_rows = lambda *a: None
     try:
         return labels_mod.parse_label_file(None, nc, fmt, (text, "x.txt", "line"))
     finally:
-        labels_mod._plain_boxes = orig
+        labels_mod._plain_rows = orig
 
 
-def _texts():
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        n = int(rng.integers(1, 12))
-        c = rng.integers(0, 5, n)
-        xy = rng.uniform(0.05, 0.95, (n, 2))
-        wh = rng.uniform(0.001, 0.1, (n, 2))
-        rows = [f"{a} {x:.6f} {y:.6f} {w:.6f} {h:.6f}" for a, (x, y), (w, h) in zip(c, xy, wh)]
+def _polygon(rng, spread=0.0):
+    k = int(rng.integers(3, 40))
+    t = np.sort(rng.uniform(0, 2 * np.pi, k))
+    c, r = rng.uniform(0.2, 0.8, 2), rng.uniform(0.02, 0.2, 2)
+    xy = np.stack([c[0] + np.cos(t) * r[0], c[1] + np.sin(t) * r[1]], 1) + rng.uniform(-spread, spread, (k, 2))
+    return " ".join(f"{v:.6f}" for v in xy.reshape(-1))
+
+
+def _box(rng):
+    (x, y), (w, h) = rng.uniform(0.05, 0.95, 2), rng.uniform(0.001, 0.1, 2)
+    return f"{x:.6f} {y:.6f} {w:.6f} {h:.6f}"
+
+
+def _keypoints(rng, k, ndim):
+    kp = []
+    for _ in range(k):
+        v = int(rng.integers(0, 3))
+        xy = rng.uniform(-0.005, 1.005, 2) if v or ndim == 2 else (0, 0)  # a few within the clipping tolerance
+        kp += [f"{xy[0]:.6f}", f"{xy[1]:.6f}"] + ([str(v)] if ndim == 3 else [])
+    return " ".join(kp)
+
+
+def _generated(fmt, rng):
+    """Ordinary label texts of the format (some rows clipped within the tolerance)."""
+    for _ in range(150):
+        rows = []
+        for c in rng.integers(0, 5, int(rng.integers(1, 12))):
+            if isinstance(fmt, PoseLabels):
+                rows.append(f"{c} {_box(rng)} {_keypoints(rng, *fmt.kpt_shape)}")
+            elif isinstance(fmt, OBBLabels):
+                rows.append(f"{c} " + " ".join(f"{v:.6f}" for v in _corners(rng)))
+            else:
+                rows.append(f"{c} {_box(rng) if rng.random() < 0.3 else _polygon(rng, 0.01)}")
         yield "\n".join(rows) + "\n"
-    yield "0 0.5 0.5 0.2 0.2\n1.0 .5 5e-1 2E-1 +0.2\r\n\n"  # other plain notations
-    yield "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n"  # a duplicate row
-    yield "0 0.95 0.5 0.2 0.2\n"  # clipped
-    yield "7 0.5 0.5 0.2 0.2\n"  # class >= nc
-    yield "0 0.1 0.1 0.5 0.1 0.3 0.6\n"  # a polygon
-    yield "0 0.5 0.5 0.2 0.2 \u00a0\n1 0.2 0.2 0.1 0.1\n"  # a no-break space
 
 
-@pytest.mark.parametrize("fmt", [DetectLabels(), SegmentLabels()])
-def test_plain_labels_parse_bit_identical(fmt):
+def _corners(rng):
+    (cx, cy), (w, h), a = rng.uniform(0.2, 0.8, 2), rng.uniform(0.02, 0.3, 2), rng.uniform(0, np.pi)
+    d = np.array([[-w, -h], [w, -h], [w, h], [-w, h]]) / 2
+    rot = np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+    return (d @ rot.T + (cx, cy)).reshape(-1)
+
+
+EDGES = [
+    "0 0.5 0.5 0.2 0.2\n1.0 .5 5e-1 2E-1 +0.2\r\n\n",  # other plain notations
+    "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n",  # a duplicate row
+    "0 0.5 0.5 0.2 0.2\n0 0.5000001 0.5 0.2 0.2\n",  # alike after rounding to 6 decimals
+    "0 0.95 0.5 0.2 0.2\n",  # clipped
+    "0 1.02 0.5 0.2 0.2\n",  # outside the tolerance
+    "7 0.5 0.5 0.2 0.2\n",  # class >= nc
+    "0 0.5 0.5 0 0.2\n",  # zero width
+    "0 0.5 0.5 1e999 0.2\n",  # overflow to inf
+    "0 0.1 0.1 0.5 0.1 0.3 0.6\n",  # a polygon
+    "0 0.1 0.1 0.5 0.1 0.3 0.6\n0 0.1 0.1 0.5 0.1 0.3 0.6\n",  # a duplicate polygon
+    "0 0.1 0.1 0.5 0.1 0.3 0.6\n0 0.1 0.1 0.5 0.1 0.3 0.7\n",  # same box, other outline: both kept
+    "0 0.1 0.1 0.5 0.1 0.9 0.1\n",  # points on one line
+    "0 0.1 0.1 0.5 0.1 0.1 0.10000000001\n",  # area just under the threshold
+    "0 -0.005 0.1 0.5 0.1 0.3 0.6\n",  # a polygon clipped
+    "0 0.1 0.1 0.5 0.1 0.3\n",  # odd coordinates
+    "0 0.5 0.5 0.2 0.2 \u00a0\n1 0.2 0.2 0.1 0.1\n",  # a no-break space
+    "0 0.5 0.5 0.2 0.2 0.3 0.3 2 0.6 0.6 1\n",  # pose of 2 keypoints
+    "0 0.5 0.5 0.2 0.2 0.3 0.3 3 0.6 0.6 1\n",  # visibility 3
+    "0 0.5 0.5 0.2 0.2 0.3 0.3 1.5 0.6 0.6 1\n",  # visibility 1.5
+    "0 0.5 0.5 0.2 0.2 1.3 0.3 0 0.6 0.6 1\n",  # an unlabelled keypoint's coordinates are not read
+    "0 0.5 0.5 0.2 0.2 1.3 0.3 2 0.6 0.6 1\n",  # a labelled one's are
+    "0 0.5 0.5 0.2 0.2 1.003 0.3 2 0.6 0.6 1\n",  # clipped keypoint
+    "0 0.1 0.1 0.4 0.1 0.4 0.4 0.1 0.4\n",  # four corners
+    "0 -0.05 0.1 0.4 0.1 0.4 0.4 -0.05 0.4\n",  # corners past the edge (DOTA tiles)
+]
+
+
+def _agree(got, want, text):
+    for k in ("cls", "bboxes"):
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, text
+        assert got[k].tobytes() == want[k].tobytes(), text
+    (key,) = set(got) - {"cls", "bboxes"}
+    assert len(got[key]) == len(want[key]), text
+    for a, b in zip(got[key], want[key]):
+        assert (a is None and b is None) or (a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
+
+
+@pytest.mark.parametrize("fmt", [DetectLabels(), SegmentLabels(), PoseLabels((2, 3)), PoseLabels((3, 2)),
+                                 OBBLabels()], ids=["detect", "segment", "pose", "pose-2d", "obb"])
+def test_plain_labels_parse_bit_identical(fmt, tmp_path):
+    """Every format's whole-text parse gives the line-by-line records, counts and notes, bit for bit, or leaves the
+    text to it."""
     engaged = 0
-    for text in _texts():
-        got = labels_mod._plain_boxes(text, 5, fmt)
-        engaged += got is not None
+    for text in [*_generated(fmt, np.random.default_rng(0)), *EDGES]:
         try:
-            want = _line_by_line(text, 5, fmt)[0]
-        except ValueError:  # class 7 >= nc: named by the per-line path, never read at once
-            assert got is None
+            want = _line_by_line(text, 5, fmt)
+        except ValueError:  # refused by the per-line path, which names the line: never read at once
+            assert labels_mod._plain_rows(text, 5, fmt) is None, text
             continue
-        if got is None:
-            continue
-        for k in ("cls", "bboxes"):
-            assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, text
-            assert got[k].tobytes() == want[k].tobytes(), text
-        assert got["segments"] == want["segments"] == [None] * len(want["cls"])
-    assert engaged >= 200  # the generated texts and the plain notations take the fast path
+        engaged += labels_mod._plain_rows(text, 5, fmt) is not None
+        got = _parse_text(text, fmt, tmp_path)
+        assert got[1:] == want[1:], text  # counts (clipped, duplicates) and notes
+        _agree(got[0], want[0], text)
+    assert engaged >= 150  # the generated texts take the fast path
+
+
+def _parse_text(text, fmt, folder):
+    f = folder / "label.txt"
+    f.write_text(text, encoding="utf-8")
+    return labels_mod.parse_label_file(str(f), 5, fmt)
+
+
+def test_a_format_reading_lines_its_own_way_is_read_line_by_line(tmp_path):
+    """A format that overrides `parse` but inherits another's `parse_plain` must not be read by that one."""
+
+    class Halved(DetectLabels):
+        def parse(self, xy):
+            box, extra, clipped = super().parse(xy)
+            return box / 2, extra, clipped
+
+    text = "0 0.5 0.5 0.2 0.2\n"
+    assert labels_mod._plain_rows(text, None, Halved()) is None
+    assert labels_mod._plain_rows(text, None, DetectLabels()) is not None
+    assert labels_mod._plain_rows(text, None, SegmentLabels()) is not None  # inherits both: reads as detect does
+    halved = _parse_text(text, Halved(), tmp_path)[0]["bboxes"]
+    assert halved.tobytes() == (np.array([[0.5, 0.5, 0.2, 0.2]], np.float32) / 2).tobytes()
 
 
 def test_pose_labels_are_not_read_as_boxes():
-    assert labels_mod._plain_boxes("0 0.5 0.5 0.2 0.2\n", None, PoseLabels((1, 3))) is None
+    assert labels_mod._plain_rows("0 0.5 0.5 0.2 0.2\n", None, PoseLabels((1, 3))) is None
 
 
 def test_pool_scan_equals_serial(tmp_path):
