@@ -35,17 +35,16 @@ def smooth(y, f=0.05):
     return np.convolve(yp, np.ones(nf) / nf, mode="valid")
 
 
-def _unique_pairs(li, pi, iou, label_by_score):
-    """Reduce candidate (label, prediction) pairs so each label and each prediction appears at most once.
+def _unique_pairs(li, pi, iou):
+    """Reduce candidate (label, prediction) pairs so each label and each prediction appears at most once (the
+    confusion matrix's matching).
 
-    Pairs are ranked by IoU; each prediction keeps its best label. Then each label keeps its best prediction by
-    IoU, or with label_by_score the earliest one: predictions come in descending confidence (NMS order), so
-    that is the most confident, as in pycocotools (and YOLOv5/v8, whose second pass runs in index order).
+    Pairs are ranked by IoU; each prediction keeps its best label, then each label its best prediction.
     """
     order = np.argsort(-iou[li, pi], kind="stable")
     li, pi = li[order], pi[order]
     _, first = np.unique(pi, return_index=True)
-    first = first if label_by_score else np.sort(first)
+    first = np.sort(first)
     li, pi = li[first], pi[first]
     _, first = np.unique(li, return_index=True)
     return li[first], pi[first]
@@ -59,15 +58,24 @@ def match_predictions(pred_classes, true_classes, iou, iouv):
     label keeps its earliest (most confident) prediction: the YOLOv5/v8 matching, which on NMS output agrees
     with pycocotools' confidence-ordered greedy match. Returns bool (n_pred, n_thresholds) on the CPU, where the
     validators keep the classes; an `iou` computed on a GPU (masks) comes over in one copy.
+
+    All thresholds at once: a prediction's best label is the same at every threshold it passes (its highest IoU,
+    the lowest label index among ties, as a stable ranking of the pairs gives), so only which thresholds it passes
+    varies. The thresholds compare in the IoU's own dtype, as a scalar threshold does.
     """
     correct = np.zeros((pred_classes.shape[0], iouv.shape[0]), dtype=bool)
     same_class = (true_classes[:, None] == pred_classes[None, :]).cpu()
     iou = (iou.cpu() * same_class).numpy()
-    for k, t in enumerate(iouv.tolist()):
-        li, pi = np.nonzero(iou >= t)
-        if len(li):
-            _, pi = _unique_pairs(li, pi, iou, label_by_score=True)
-            correct[pi, k] = True
+    if not iou.size:
+        return torch.from_numpy(correct)
+    n = iou.shape[1]
+    cols = np.arange(n)
+    best = np.where(np.isnan(iou), -np.inf, iou).argmax(0)  # a NaN is no candidate
+    passes = iou[best, cols][:, None] >= np.asarray(iouv.tolist(), dtype=iou.dtype)  # (n_pred, n_thresholds)
+    first = np.full((iou.shape[0], passes.shape[1]), n)  # each label's earliest passing prediction, n for none
+    np.minimum.at(first, best, np.where(passes, cols[:, None], n))
+    label, k = np.nonzero(first < n)
+    correct[first[label, k], k] = True
     return torch.from_numpy(correct)
 
 
@@ -163,11 +171,13 @@ def _pr_envelope(recall, precision):
     return mrec, np.flip(np.maximum.accumulate(np.flip(mpre)))
 
 
+AP_RECALLS = np.linspace(0, 1, 101)  # the recall points an AP integrates over
+
+
 def compute_ap(recall, precision):
     """AP of one precision-recall curve (points in descending-confidence order), official YOLOv5 convention."""
     mrec, mpre = _pr_envelope(recall, precision)
-    x = np.linspace(0, 1, 101)
-    return float(_trapezoid(np.interp(x, mrec, mpre), x))
+    return float(_trapezoid(np.interp(AP_RECALLS, mrec, mpre), AP_RECALLS))
 
 
 def ap_per_class(tp, conf, pred_cls, target_cls, eps=1e-16, curves=False):
@@ -182,15 +192,19 @@ def ap_per_class(tp, conf, pred_cls, target_cls, eps=1e-16, curves=False):
     tp = np.asarray(tp, dtype=float)
     tp = tp[:, None] if tp.ndim == 1 else tp
     order = np.argsort(-np.asarray(conf), kind="stable")
+    # then grouped by class, each class's rows still in that order: one block per class, where a mask of the whole
+    # array per class made the cost grow with rows x classes
+    order = order[np.argsort(np.asarray(pred_cls)[order], kind="stable")]
     tp, conf, pred_cls = tp[order], np.asarray(conf)[order], np.asarray(pred_cls)[order]
     classes, n_labels = np.unique(np.asarray(target_cls), return_counts=True)
+    starts, stops = np.searchsorted(pred_cls, classes, "left"), np.searchsorted(pred_cls, classes, "right")
     px = np.linspace(0, 1, 1000)  # confidence grid for P, R, F1
     ap = np.zeros((len(classes), tp.shape[1]))
     p_curve, r_curve = np.zeros((len(classes), len(px))), np.zeros((len(classes), len(px)))
     pr_curve = np.zeros((len(classes), len(px)))
     for ci, c in enumerate(classes):
-        sel = pred_cls == c
-        if not sel.any():
+        sel = slice(starts[ci], stops[ci])
+        if starts[ci] == stops[ci] or not pred_cls[starts[ci]] == c:  # none, or a NaN class (equal to nothing)
             continue
         tpc = tp[sel].cumsum(0)
         fpc = (1 - tp[sel]).cumsum(0)
@@ -393,7 +407,7 @@ class ConfusionMatrix:
             np.add.at(self.matrix, (det_cls, bg), 1)
             return
         iou = self.iou(labels, dets).cpu().numpy()
-        li, di = _unique_pairs(*np.nonzero(iou > self.iou_thres), iou, label_by_score=False)
+        li, di = _unique_pairs(*np.nonzero(iou > self.iou_thres), iou)
         np.add.at(self.matrix, (det_cls[di], gt_cls[li]), 1)
         np.add.at(self.matrix, (bg, np.delete(gt_cls, li)), 1)
         np.add.at(self.matrix, (np.delete(det_cls, di), bg), 1)

@@ -95,10 +95,8 @@ def resample_segments(segments, n=1000):
 def clip_boxes(boxes, shape):
     """Clip xyxy boxes in place to an image of shape (h, w)."""
     if isinstance(boxes, torch.Tensor):
-        boxes[..., 0].clamp_(0, shape[1])
-        boxes[..., 1].clamp_(0, shape[0])
-        boxes[..., 2].clamp_(0, shape[1])
-        boxes[..., 3].clamp_(0, shape[0])
+        boxes[..., 0:4:2].clamp_(0, shape[1])
+        boxes[..., 1:4:2].clamp_(0, shape[0])
     else:
         boxes[..., [0, 2]] = boxes[..., [0, 2]].clip(0, shape[1])
         boxes[..., [1, 3]] = boxes[..., [1, 3]].clip(0, shape[0])
@@ -131,10 +129,10 @@ def _gains_pad(img1_shape, img0_shape, ratio_pad):
 def scale_boxes(img1_shape, boxes, img0_shape, ratio_pad=None):
     """Map xyxy boxes from a letterboxed image (img1_shape) back to the original (img0_shape), in place."""
     (gx, gy), pad = _gains_pad(img1_shape, img0_shape, ratio_pad)
-    boxes[..., [0, 2]] -= pad[0]
-    boxes[..., [1, 3]] -= pad[1]
-    boxes[..., [0, 2]] /= gx
-    boxes[..., [1, 3]] /= gy
+    boxes[..., 0:4:2] -= pad[0]  # views, not index lists: the same arithmetic without copies (a validation does
+    boxes[..., 1:4:2] -= pad[1]  # this twice an image)
+    boxes[..., 0:4:2] /= gx
+    boxes[..., 1:4:2] /= gy
     return clip_boxes(boxes, img0_shape)
 
 
@@ -343,9 +341,9 @@ def non_max_suppression(
     t0 = time.time()
     width = 6 + layout.width - layout.cls.stop
     output = [torch.zeros((0, width), device=prediction.device, dtype=prediction.dtype) for _ in range(bs)]
+    passing = _passing(prediction, layout, conf_thres)
     for xi, x in enumerate(prediction):
-        if layout.objectness:
-            x = x[x[:, 4] > conf_thres]
+        x = x[passing[xi]]
         if not x.shape[0]:
             continue
         scores = x[:, layout.cls] * x[:, 4:5] if layout.objectness else x[:, layout.cls]
@@ -369,6 +367,17 @@ def non_max_suppression(
             )
             break  # a safety valve for untrained models that emit thousands of boxes
     return output
+
+
+def _passing(rows, layout, conf_thres):
+    """bool (B, anchors): the rows NMS may keep, picked for the whole batch before any per-row work (at val's conf
+    0.001 a few hundred of a v8 head's 8400 anchors pass, and its channels-first rows are strided: the work of each
+    image on all of them was 5 ms on a CPU). Objectness over the threshold where the head has one, else a class score
+    over it; a row with a NaN score (whose max is NaN) passes, and the per-row steps decide on it as before."""
+    if layout.objectness:
+        return rows[..., 4] > conf_thres
+    best = rows[..., layout.cls].amax(-1)
+    return (best > conf_thres) | best.isnan()
 
 
 def _kept(rows, offsets, iou_thres, n, rotated):

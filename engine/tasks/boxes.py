@@ -353,13 +353,18 @@ class BoxValidator(BaseValidator):
     def finalize(self, stats):
         if not (self.args.save_json and self.jdict):
             return stats
-        pred_json = self.save_dir / "predictions.json"
-        pred_json.write_text(json.dumps(self.jdict))
+        pred_json = self.write_predictions()
         LOGGER.info(f"Saved {len(self.jdict)} predictions to {pred_json}")
         for f in self.fields:
             if f.iou_type:  # pycocotools has no rotated boxes
                 stats = self.coco_eval(stats, pred_json, f.iou_type, f.suffix, **f.coco_kwargs(self.args))
         return stats
+
+    def write_predictions(self):
+        """The COCO result rows of the last validation as save_dir/predictions.json; returns its path."""
+        pred_json = self.save_dir / "predictions.json"
+        pred_json.write_text(json.dumps(self.jdict))
+        return pred_json
 
     def coco_eval(self, stats, pred_json, iou_type="bbox", key="B", **kwargs):
         """pycocotools mAP on the same predictions, against the dataset's labels written as COCO JSON; `kwargs` go to
