@@ -24,10 +24,9 @@ def _clone(x):
 
 def xywh2xyxy(x):
     y = _clone(x)
-    y[..., 0] = x[..., 0] - x[..., 2] / 2
-    y[..., 1] = x[..., 1] - x[..., 3] / 2
-    y[..., 2] = x[..., 0] + x[..., 2] / 2
-    y[..., 3] = x[..., 1] + x[..., 3] / 2
+    half = x[..., 2:4] / 2  # both axes in one operation: NMS and the labels convert every image's boxes
+    y[..., 0:2] = x[..., 0:2] - half
+    y[..., 2:4] = x[..., 0:2] + half
     return y
 
 

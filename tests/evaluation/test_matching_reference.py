@@ -129,3 +129,14 @@ def test_scale_boxes_on_views_equals_index_lists():
     out = ops.scale_boxes((640, 640), boxes.clone(), (841, 1137), ratio_pad=ratio_pad)
     assert torch.equal(out, ref)
     assert np.array_equal(ops.scale_boxes((640, 640), boxes.numpy().copy(), (841, 1137), ratio_pad), ref.numpy())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int32])
+def test_xywh2xyxy_in_one_operation_per_corner_equals_per_column(dtype):
+    """Both axes at once give, bit for bit, each column's own arithmetic (x - w / 2 ...), extra columns kept."""
+    x = (torch.rand(40, 6, generator=torch.Generator().manual_seed(4)) * 600).to(dtype)
+    ref = x.clone()
+    ref[:, 0], ref[:, 1] = x[:, 0] - x[:, 2] / 2, x[:, 1] - x[:, 3] / 2
+    ref[:, 2], ref[:, 3] = x[:, 0] + x[:, 2] / 2, x[:, 1] + x[:, 3] / 2
+    assert torch.equal(ops.xywh2xyxy(x), ref)
+    assert np.array_equal(ops.xywh2xyxy(x.numpy()), ref.numpy())
