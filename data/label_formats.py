@@ -147,6 +147,9 @@ class DetectLabels:
         clipped), equal to what `parse` gives line by line; None where `parse` would refuse any line, which is then
         read line by line and named."""
         boxed = widths == 4
+        if boxed.all():
+            found = plain_boxes(coords.reshape(-1, 4))
+            return None if found is None else (found[0], [None] * len(widths), found[1])
         if not (boxed | ((widths >= 6) & (widths % 2 == 0))).all():
             return None
         per_value = np.repeat(boxed, widths)

@@ -167,11 +167,14 @@ def _plain_rows(text, nc, fmt):
     except ValueError:
         return None
     widths = np.array([len(r) for r in rows])
-    first = np.cumsum(widths) - widths  # each line's class
-    classes = flat[first]
+    if (widths == widths[0]).all():  # lines of one length (boxes, keypoints, corners): a table
+        table = flat.reshape(len(rows), -1)
+        classes, coords = table[:, 0], table[:, 1:].reshape(-1)
+    else:
+        first = np.cumsum(widths) - widths  # each line's class
+        classes, coords = flat[first], np.delete(flat, first)
     if not np.isfinite(flat).all() or (nc is not None and classes.max() >= nc):
         return None
-    coords = np.delete(flat, first)
     parsed = fmt.parse_plain(coords, widths - 1)
     if parsed is None:
         return None
