@@ -393,9 +393,10 @@ class PredictOptions(Options):
     name: str = _cli("--name", default="exp", text="results folder name; exp2, exp3, ... when taken")
     exist_ok: bool = _cli("--exist-ok", text="write into PROJECT/NAME even if it exists")
     half: bool = _cli("--half", text="FP16 inference (CUDA only)")
-    amp: str = _cli("--amp", choices=["off", "bf16"], default="off",
-                    text=".pt models: bf16 = bfloat16 autocast (CPU or CUDA; faster on CPUs with AVX512-BF16 or AMX, "
-                         "and boxes may differ slightly from the fp32 export's); off = fp32 (fp16 with --half)")
+    amp: str = _cli("--amp", choices=["auto", "off", "bf16"], default="auto",
+                    text="bf16 = bfloat16 autocast (CPU or CUDA; faster on CPUs with AVX512-BF16 or AMX, boxes may "
+                         "differ slightly from fp32's); off = fp32 (fp16 with --half); auto = .pt models in fp32, "
+                         "OpenVINO models in OpenVINO's choice for the CPU (bf16 where it has bf16 units)")
     modules: list[str] = _cli("--modules", text=MODULES_HELP, **MODULES_ARG)
 
 

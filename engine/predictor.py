@@ -73,6 +73,11 @@ class BasePredictor:
         self.show = self.args.view_img and can_show_windows()
         self.writers = {}
 
+    @property
+    def draws(self):
+        """Whether a frame is drawn on: where it is saved or shown (--nosave alone: a drawing no one would see)."""
+        return not self.args.nosave or self.args.view_img
+
     def check_args(self):
         """Hook: refuse options the loaded model cannot honour (BadOption), before a run folder exists."""
 
@@ -131,12 +136,13 @@ class BasePredictor:
                 self._csv([name, self.names[c], f"{conf:.4f}", *coords])
 
     def write_result(self, image, im0, txt_path):
-        """Draw each field of `image` on im0 (in place), the first on top; append the image's --save-txt lines to
-        txt_path (when given); return the log line's summary."""
-        annotator = self.annotator(im0)
-        for f in reversed(self.fields):
-            f.draw(annotator, image, self.label)
-        im0[:] = annotator.result()
+        """Draw each field of `image` on im0 (in place, where saved or shown), the first on top; append the
+        image's --save-txt lines to txt_path (when given); return the log line's summary."""
+        if self.draws:
+            annotator = self.annotator(im0)
+            for f in reversed(self.fields):
+                f.draw(annotator, image, self.label)
+            im0[:] = annotator.result()
         first = self.fields[0]
         lines = first.lines(self.fields, image, im0.shape[:2], self.args.save_conf) if txt_path is not None else []
         if lines:
@@ -151,7 +157,8 @@ class BasePredictor:
     def stream(self, keep_original=True):
         """Yields each image's or frame's `evaluation/results.Results` as soon as it is predicted, drawn, written and
         saved as the options say; nothing is kept between frames, so a long video takes the memory of one. With
-        `keep_original` a Results' `orig_img` is the image as read, else the drawn one (no copy)."""
+        `keep_original` a Results' `orig_img` is the image as read, else the one drawn where saved or shown (no
+        copy)."""
         dataset, dt, n = self.dataset, [0.0, 0.0, 0.0], 0
         with torch.no_grad():
             for path, im, im0, desc in dataset:
@@ -193,7 +200,7 @@ class BasePredictor:
         stem = p.stem if dataset.mode == "image" else f"{p.stem}_{dataset.frame}"
         txt_path = self.save_dir / "labels" / f"{stem}.txt" if self.args.save_txt else None
         summary = self.write_result(result, im0, txt_path)
-        if ids is not None:
+        if ids is not None and self.draws:
             self.tracker.draw(im0, result, ids, path if dataset.mode != "image" else None)
         self.save_extras(result, imc, p.name if dataset.mode == "image" else f"{stem}{p.suffix or '.jpg'}")
         self.save(dataset, path, im0)

@@ -146,8 +146,9 @@ class InferenceBackend(nn.Module):
 
     A module, so the validators take it where they take a model (eval(), half(), its device from its parameters).
     Exported files keep the precision they were exported with: half() and float() change only a `.pt` model.
-    `bf16`: a `.pt` model runs under bfloat16 autocast (CPU or CUDA) and returns fp32 outputs, an OpenVINO model
-    in OpenVINO's bf16 precision (else fp32, even where the CPU has bf16 units). A `.pt` model takes
+    `bf16` True: a `.pt` model runs under bfloat16 autocast (CPU or CUDA) and returns fp32 outputs, an OpenVINO
+    model in OpenVINO's bf16 precision; False: both in fp32; None: a `.pt` in fp32, an OpenVINO model in the
+    precision OpenVINO chooses for the CPU (models/runtimes.OpenVINORunner.compile). A `.pt` model takes
     utils.torch_utils.memory_format (channels_last on CPU: fused yolov8n at 640 px 75 -> 58 ms, yolov5n 50 -> 39 ms
     on a 2-core AVX512 CPU, the same results to float rounding).
 
@@ -158,13 +159,13 @@ class InferenceBackend(nn.Module):
     `model` is the nn.Module for .pt files (None otherwise); `metadata` an export's metadata (None for .pt files).
     """
 
-    def __init__(self, weights, device=torch.device("cpu"), half=False, fuse=True, bf16=False):
+    def __init__(self, weights, device=torch.device("cpu"), half=False, fuse=True, bf16=None):
         super().__init__()
         self.weights, self.device = str(weights), torch.device(device)
         self.format = _weights_format(weights)
         self.model = self.metadata = None
         self.limits = {}  # input shape -> wall-clock seconds a run may take, set by its dry run (exported files)
-        self.bf16 = bf16 and self.format in ("pytorch", "openvino")
+        self.bf16 = bf16 if self.format == "openvino" else bool(bf16) and self.format == "pytorch"
         if self.format == "pytorch":
             self._load_pytorch(fuse, half)
         else:

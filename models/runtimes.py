@@ -20,6 +20,7 @@ import torch
 from utils.budget import MAX_EXPORT_INPUT, WORK_PER_INPUT
 from utils.dry_run import inference_seconds
 from utils.errors import BadFile, BadOption
+from utils.log import LOGGER
 
 METADATA_PATH = ["framework", "yolo"]  # where an IR's rt_info holds the export's JSON metadata
 ENGINE_MAGIC = b"YOLOTRT1"  # an engine file: magic, metadata length (uint32 little-endian), metadata JSON, engine
@@ -49,7 +50,8 @@ def _import_openvino(weights):
 
 
 class OpenVINORunner:
-    """An IR on the CPU (OpenVINO's latency hint: one request at a time uses every core)."""
+    """An IR on the CPU (OpenVINO's latency hint: one request at a time uses every core), in the arithmetic
+    `compile` is given."""
 
     def __init__(self, weights):
         ov = _import_openvino(weights)
@@ -75,12 +77,19 @@ class OpenVINORunner:
                           f"({' '.join(str(e).split())[:160]})") from None
         return [tuple(o.get_partial_shape().to_shape()) for o in probe.outputs]
 
-    def compile(self, bf16=False):
-        """fp32 arithmetic unless `bf16` (predict --amp bf16): on a CPU with bfloat16 units OpenVINO would otherwise
-        choose bf16 itself, which moves boxes by a pixel at 640 px."""
-        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32"}
+    def compile(self, bf16=None):
+        """`bf16` None (predict --amp auto, and val): the arithmetic OpenVINO chooses for this CPU, as Ultralytics'
+        runtime leaves it: bf16 where the CPU has bfloat16 units (AVX512-BF16, AMX), about twice fp32's speed and
+        boxes within about a pixel at 640 px, else fp32. True: bf16 (--amp bf16); False: fp32 (--amp off), the
+        .pt's boxes to float rounding. The precision it runs in is logged."""
+        config = {"PERFORMANCE_HINT": "LATENCY"}
+        if bf16 is not None:
+            config["INFERENCE_PRECISION_HINT"] = "bf16" if bf16 else "f32"
         self.compiled = self.core.compile_model(self.model, "CPU", config)
         self.request = self.compiled.create_infer_request()
+        self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        how = "OpenVINO's choice for this CPU; --amp off for fp32" if bf16 is None else "asked"
+        LOGGER.info(f"OpenVINO: {self.precision} arithmetic ({how})")
 
     def __call__(self, im):
         x = im.cpu().numpy()

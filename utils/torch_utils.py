@@ -135,10 +135,11 @@ def to_float32(x):
 
 
 def inference_bf16(device, amp):
-    """Whether a predict script (--amp off|bf16) runs bfloat16 autocast: only when asked, on any device. By default
-    a `.pt` runs in fp32 (fp16 with --half on CUDA), as its exports do, so both give the same boxes; bf16 moves
-    some of them (docs/benchmarks: 4 boxes against the export's 5 on one image)."""
-    return amp == "bf16"
+    """Whether a predict script (--amp auto|off|bf16) runs in bfloat16: True only when asked, on any device; False
+    (off) fp32 everywhere; None (auto) each format's default: a `.pt` in fp32 (fp16 with --half on CUDA), so its
+    boxes are its fp32 exports' (bf16 moves some of them: docs/benchmarks, 4 boxes against the export's 5 on one
+    image), an OpenVINO model in OpenVINO's own choice for the CPU (docs/deploy.md)."""
+    return {"auto": None, "off": False, "bf16": True}[amp]
 
 
 def labels_to(batch, device, keys=None):

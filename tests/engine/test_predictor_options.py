@@ -42,7 +42,7 @@ def test_the_predict_arguments_made_from_the_fields_keep_their_defaults_types_an
         "source": "data/images", "vid_stride": 1, "imgsz": None, "device": "", "view_img": False, "save_txt": False,
         "save_conf": False, "nosave": False, "save_crop": False, "save_csv": False, "line_thickness": None,
         "hide_labels": False, "hide_conf": False, "project": None, "name": "exp", "exist_ok": False, "half": False,
-        "amp": "off", "modules": []}
+        "amp": "auto", "modules": []}
     opt = detect.parse_opt(["--img", "64", "--vid-stride", "2", "--line-thickness", "3", "--amp", "bf16", "--half"])
     assert (opt.imgsz, opt.vid_stride, opt.line_thickness, opt.amp, opt.half) == (64, 2, 3, "bf16", True)
     with pytest.raises(BadOption, match="--amp"):

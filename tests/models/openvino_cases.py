@@ -58,7 +58,7 @@ def test_openvino_fp32_matches_pytorch_and_carries_the_metadata(cfg, cls, tmp_pa
                                                                                                "model.bin"}
     ref_model = attempt_load(weights, fuse=False)  # unfused: the export must fold BatchNorm correctly
     for path in (folder, folder / "model.xml"):  # the folder, or its .xml, as --weights
-        backend = InferenceBackend(path)
+        backend = InferenceBackend(path, bf16=False)  # fp32 arithmetic asked (--amp off): the .pt's outputs
         assert backend.format == "openvino" and backend.names == NAMES and backend.nc == 3 and backend.dynamic
         assert backend.stride == int(max(ref_model.stride)) and backend.imgsz == (64, 64)
         assert backend.task == InferenceBackend(weights).task
@@ -94,6 +94,33 @@ def test_openvino_int8_calibrates_on_the_training_images(calib_data, tmp_path, c
     a, b = InferenceBackend(fp32)(x)[0], InferenceBackend(int8)(x)[0]
     boxes = a[:, :4]
     assert (b[:, :4] - boxes).abs().mean() < 0.05 * boxes.abs().mean()
+
+
+def test_the_default_arithmetic_is_openvino_s_own_choice_and_off_is_fp32(tmp_path, caplog, monkeypatch):
+    """--amp auto (the predict scripts' default, and val) leaves the precision to OpenVINO, as a bare
+    compile_model does; off asks fp32 and bf16 bf16 (where the CPU has bfloat16 units). Each says in one line what
+    it runs in. Where OpenVINO picks bf16, the outputs are not fp32's but near them."""
+    import openvino as ov
+
+    caplog.set_level(logging.INFO, logger="yolo")
+    monkeypatch.setattr(LOGGER, "propagate", True)
+    weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8.pt")
+    (folder,) = export(weights)
+    core = ov.Core()
+    bare = core.compile_model(str(folder / "v8.xml"), "CPU").get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    has_bf16 = "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    runs = {amp: InferenceBackend(folder, bf16=amp) for amp in (None, False, True)}
+    assert runs[None].runner.precision == bare and runs[False].runner.precision == "f32"
+    assert runs[True].runner.precision == ("bf16" if has_bf16 else "f32")
+    assert f"OpenVINO: {bare} arithmetic (OpenVINO's choice for this CPU; --amp off for fp32)" in caplog.text
+    assert "OpenVINO: f32 arithmetic (asked)" in caplog.text
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    auto, fp32 = runs[None](x)[0], runs[False](x)[0]
+    with torch.no_grad():
+        ref = attempt_load(weights)(x)[0]
+    assert (fp32[:, :4] - ref[:, :4]).abs().max() < 1e-3
+    if bare == "bf16":
+        assert 1e-3 < (auto[:, :4] - ref[:, :4]).abs().max() < 0.05 * ref[:, :4].abs().max()
 
 
 def test_int8_without_data_or_with_too_few_images_is_one_line(shapes_detect, tmp_path):
@@ -170,9 +197,10 @@ def test_export_py_and_yolo_write_openvino_and_detect_py_runs_it(shapes_detect, 
     assert run.returncode == 0, run.stderr
     images = shapes_detect.parent / "images" / "val"
     out = {}
-    for w in (weights, tmp_path / "v8_openvino_model"):
+    for w in (weights, tmp_path / "v8_openvino_model"):  # --amp off: fp32 arithmetic in both
         run = subprocess.run([sys.executable, str(ROOT / "detect.py"), "--weights", str(w), "--source", str(images),
-                              "--img", "64", "--conf-thres", "0.001", "--save-txt", "--save-conf", "--project",
+                              "--img", "64", "--amp", "off", "--conf-thres", "0.001", "--save-txt", "--save-conf",
+                              "--project",
                               str(tmp_path / "runs"), "--name", w.name], capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr
         out[w.name] = sorted((tmp_path / "runs" / w.name / "labels").glob("*.txt"))
