@@ -414,7 +414,7 @@ def report(n, runs):
         coco = f", pycocotools {r['coco']:.5f}" if "coco" in r else ""
         print(f"{s:<12} {n} images: {r['rows'][0]} NMS rows ({r['rows'][0] / n:.1f} an image, sum {r['rows'][1]:.6e}),"
               f" mAP50-95 {r['map']:.6f}, mAP50 {r['map50']:.6f}{coco}; peak RSS {max(x['peak_mb'] for x in rs)} MB")
-    for k in STAGES:
+    for k in (k for k in STAGES if any(m[k][0] for m in med.values())):  # pycocotools only with --coco
         cells = [f"{s} {w:7.3f} s ({w / n * 1e3:.4f} ms/img, CPU {c:7.3f} s)" for s, (w, c) in
                  ((s, med[s][k]) for s in med)]
         ratio = ""
