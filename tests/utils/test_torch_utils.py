@@ -52,6 +52,8 @@ def test_inference_bf16_only_when_asked():
     """Predict runs a .pt in fp32 by default, as its exports run, so both give the same boxes (issue 46)."""
     assert inference_bf16(CPU, "bf16") and inference_bf16(CUDA, "bf16")
     assert not inference_bf16(CPU, "off") and not inference_bf16(CUDA, "auto") and not inference_bf16(CPU, "auto")
+    # auto leaves an OpenVINO model to OpenVINO's own choice (None); off asks fp32 of it too
+    assert inference_bf16(CPU, "auto") is None and inference_bf16(CPU, "off") is False
 
 
 def test_memory_format_is_channels_last_on_cpu_only():
