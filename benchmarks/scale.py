@@ -66,9 +66,12 @@ def task_labels(text, task, seed):
     rng, lines = np.random.default_rng(seed), []
     for line in text.splitlines():
         c, *box = line.split()
-        cx, cy, w, h = np.clip(np.array(box[:4], float), 0, 1)
+        cx, cy, w, h = np.array(box[:4], float)
+        # the box's part inside the image (some of COCO128's reach a pixel past its edge), kept 1e-5 off the edge
+        # so that its 6 written digits stay inside: no label of these sets is clipped
+        (x1, y1), (x2, y2) = np.clip([[cx - w / 2, cy - h / 2], [cx + w / 2, cy + h / 2]], 1e-5, 1 - 1e-5)
+        cx, cy, w, h = (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1
         extra = (_outline if task == "segment" else _keypoints)(rng, cx, cy, w, h)
-        extra[:, :2] = np.clip(extra[:, :2], 0, 1)  # x y inside the image (a box may reach past its edge)
         values = np.concatenate([[cx, cy, w, h] if task == "pose" else [], extra.reshape(-1)])
         lines.append(" ".join([c, *(f"{v:.6g}" for v in values)]))
     return "\n".join(lines) + "\n"
