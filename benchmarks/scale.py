@@ -24,6 +24,7 @@ peers' venv (../shared/peers/setup.sh) only ours runs.
 
 import argparse
 import json
+import multiprocessing
 import os
 import resource
 import statistics
@@ -184,11 +185,12 @@ def child_memory(side, root, img, task, workers, batches):
         from data.loader import build_dataloader, set_loader_epoch
 
         trim, log = loader_mod.release_heap, Path(root) / f"groups-{os.getpid()}.log"
+        reading = multiprocessing.Value("i", 0, lock=False)  # the batch the main process is at (workers fork)
 
         def trim_and_log():  # in the worker, once its group is made and handed on: its USS at the same point each time
             trim()
             with open(log, "a") as f:
-                f.write(f"{os.getpid()} {_uss_kb(os.getpid()) / 1024:.1f}\n")
+                f.write(f"{os.getpid()} {_uss_kb(os.getpid()) / 1024:.1f} {reading.value}\n")
 
         loader_mod.release_heap = trim_and_log
         ds, _ = _ours(root, img, task)
@@ -203,6 +205,8 @@ def child_memory(side, root, img, task, workers, batches):
         if k <= window or k > batches - window:
             for p in me.children():
                 seen.setdefault(p.pid, [[], []])[k > window].append(_uss_kb(p.pid) / 1024)
+        if side == "ours":
+            reading.value = k
         if k == batches:
             break
     rate = (batches - 1) * 16 / (time.perf_counter() - t)
@@ -210,10 +214,12 @@ def child_memory(side, root, img, task, workers, batches):
     groups = {}
     if side == "ours" and log.exists():
         for line in log.read_text().splitlines():
-            pid, mb = line.split()
-            groups.setdefault(int(pid), []).append(float(mb))
+            pid, mb, at = line.split()
+            # a group finished once the main process stopped reading (batch `batches`) still has its previous
+            # group's batches in its queue, unsent: marked, it measures the benchmark's end, not the loader
+            groups.setdefault(int(pid), []).append(f"{float(mb):.0f}" + ("*" if int(at) >= batches else ""))
         log.unlink()
-    return {"after_groups_mb": {p: [round(v) for v in g] for p, g in groups.items()},
+    return {"after_groups_mb": groups,
             "first_mb": [round(max(seen[p][0])) for p in pids], "last_mb": [round(max(seen[p][1])) for p in pids],
             "window": window, "main_uss_mb": round(_uss_kb(os.getpid()) / 1024), "img_per_s": round(rate, 1)}
 
@@ -276,7 +282,8 @@ def bench_memory(root, img, task, workers, batches, sides):
               f"{batches}: {r['last_mb']} MB ({max(growth) * 100:+.0f} % at most); main process USS "
               f"{r['main_uss_mb']} MB; {r['img_per_s']} img/s")
         for pid, mbs in r.get("after_groups_mb", {}).items():
-            print(f"{'':<12} worker {pid}: USS after each group it made: {mbs} MB")
+            print(f"{'':<12} worker {pid}: USS after each group it made: {' '.join(mbs)} MB (*: after batch "
+                  f"{batches})")
 
 
 def main():
