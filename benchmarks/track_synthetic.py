@@ -66,8 +66,8 @@ def run(tracker, peer, seed):
 
     t = make_tracker(load_tracker_config(tracker))
     for f, (im, d) in enumerate(zip(frames, dets), 1):
-        idx, ids = t.update(d[:, :4], d[:, 4], d[:, 5], im)
-        lines += mot_lines(f, d[idx, :4], ids, d[idx, 4])
+        idx, ids, boxes = t.update(d[:, :4], d[:, 4], d[:, 5], im)
+        lines += mot_lines(f, boxes, ids, d[idx, 4])  # the tracks' boxes, as --track reports them
     return lines
 
 

@@ -67,8 +67,8 @@ def run(tracker, peer, seed, form):
 
         t = make_tracker(load_tracker_config(tracker), rotated=True)
         for f, (im, d) in enumerate(zip(frames, dets), 1):
-            idx, ids = t.update(np.c_[d[:, :4], d[:, 6]], d[:, 4], d[:, 5], im)
-            rows += [[f, i, *d[j, :4], d[j, 6], d[j, 4]] for j, i in zip(idx, ids)]
+            idx, ids, boxes = t.update(np.c_[d[:, :4], d[:, 6]], d[:, 4], d[:, 5], im)
+            rows += [[f, i, *b, d[j, 4]] for j, i, b in zip(idx, ids, boxes)]  # the tracks' boxes, as --track's
     return np.array(rows, dtype=np.float64).reshape(-1, 8)
 
 

@@ -4,11 +4,15 @@ put on the image's record and drawn with each id's trail, and each tracked box w
 file (`tracks/<stem>.txt`, `tracks/images.txt` for images).
 
 A record then holds only the boxes a confirmed track holds (a tracker drops the others: low-confidence boxes no
-track claims, a new object's first frame), in the same order as its `ids`, masks and keypoints kept alongside.
+track claims, a new object's first frame), in the same order as its `ids`. Each box is the track's, where its Kalman
+filter puts it after the frame's detection (clipped to the image, as Ultralytics' results clip it), with the
+detection's confidence and class; masks and keypoints are the detection's, as Ultralytics keeps them. The MOT file
+holds the same boxes.
 
 An oriented-box model's rows (xywh, conf, cls, angle) are tracked as oriented boxes (xywhr: engine/tracking/tracker.py);
-the MOT file, which has no angle, holds each box's upright envelope (the bounding box of its corners), and the id is
-drawn there.
+the track's box comes back in the predictions' form (`utils.rotated.regularize`), not clipped (Ultralytics' OBB
+results are not); the MOT file, which has no angle, holds each box's upright envelope (the bounding box of its
+corners), and the id is drawn there.
 """
 
 import dataclasses
@@ -22,7 +26,7 @@ from engine.tracking.config import load_tracker_config, make_tracker
 from engine.tracking.mot import Trails, id_colour, mot_lines
 from utils.imageio import printable
 from utils.log import LOGGER
-from utils.rotated import xywhr_to_corners
+from utils.rotated import regularize, xywhr_to_corners
 
 
 class FrameTracker:
@@ -66,16 +70,27 @@ class FrameTracker:
         tracker, _, mot = self._state(path, fps)
         rows = record.boxes
         det = rows.detach().cpu().double().numpy() if rows is not None else np.zeros((0, 7 if self.rotated else 6))
-        idx, ids = tracker.update(self._boxes(det), det[:, 4], det[:, 5], im0)
+        idx, ids, boxes = tracker.update(self._boxes(det), det[:, 4], det[:, 5], im0)
         order = np.argsort(ids, kind="stable")  # by id: the same object keeps its place in the record
-        idx, ids = idx[order], ids[order]
-        keep = {"boxes": rows[idx]} if rows is not None else {}
+        idx, ids, tracked = idx[order], ids[order], self._with_track_boxes(det[idx[order]], boxes[order], im0.shape)
+        keep = {"boxes": torch.from_numpy(tracked).to(rows)} if rows is not None else {}
         if record.masks is not None:
             keep["masks"] = record.masks[idx]
         if mot is not None:
             with open(mot, "a") as f:
-                f.writelines(mot_lines(tracker.frame, self._upright(det[idx]), ids, det[idx, 4]))
+                f.writelines(mot_lines(tracker.frame, self._upright(tracked), ids, tracked[:, 4]))
         return dataclasses.replace(record, **keep), ids
+
+    def _with_track_boxes(self, rows, boxes, shape):
+        """NMS rows (numpy) with their box columns the tracks' `boxes`: xyxy clipped to the image (h, w, ...), or
+        an oriented box's xywh and angle, regularised."""
+        rows = rows.copy()
+        if self.rotated:
+            boxes = regularize(torch.from_numpy(boxes)).numpy()
+            rows[:, :4], rows[:, -1] = boxes[:, :4], boxes[:, 4]
+        else:
+            rows[:, :4] = boxes.clip(0, [shape[1], shape[0], shape[1], shape[0]])
+        return rows
 
     def draw(self, im0, record, ids, path):
         """Each id at its box's top-left corner (an oriented box's envelope's) and its trail, on the drawn frame."""

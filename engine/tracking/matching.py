@@ -32,15 +32,23 @@ def probiou_matrix(a, b):
     return probiou(a[:, None], b[None]).numpy()
 
 
-def same_turn(box, angle):
-    """The oriented box (xywhr) written with the angle nearest `angle`: the same rectangle, turned by quarter turns
-    with w and h swapped for each odd one. A detector reports a box's angle in [0, pi/2), so a turning object's angle
-    wraps and its sides swap between frames; a track's filter must see its sides in one order."""
+def same_turn(box, track):
+    """The oriented box (xywhr) written as the track's box (xywhr) is: the same rectangle, turned by quarter turns
+    with w and h swapped for each odd one, to the angle nearest the track's, and one quarter further where that
+    leaves its sides in the other order than the track's. A detector reports a box's angle in [0, pi/2), so a turning
+    object's angle wraps and its sides swap between frames; a track's filter must see its sides in one order. The
+    nearest angle alone keeps them only while the object turns less than an eighth turn between two matches: one
+    that turned more while hidden would hand the filter its long side as the short one (a lost track found again
+    after the object turned 0.65 rad kept its old sides and came out a 16 x 18 box on a 40 x 18 object)."""
     x, y, w, h, r = box
-    quarters = round((angle - r) / (math.pi / 2))
+    step = math.pi / 2
+    quarters = round((track[4] - r) / step)
     if quarters % 2:
         w, h = h, w
-    return np.array([x, y, w, h, r + quarters * math.pi / 2])
+    if (w - h) * (track[2] - track[3]) < 0:
+        quarters += 1 if track[4] > r + quarters * step else -1
+        w, h = h, w
+    return np.array([x, y, w, h, r + quarters * step])
 
 
 def iou_cost(track_boxes, det_boxes, det_scores=None, iou=box_iou):

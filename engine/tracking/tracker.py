@@ -1,7 +1,10 @@
 """ByteTrack and BoT-SORT (without re-identification): ids for a stream of per-frame detections.
 
 `update(boxes, scores, classes, frame=None)` takes one frame's detections (xyxy, in the frame's pixels) and returns,
-for each detection that a confirmed track holds this frame, its index and the track's id. ByteTrack's idea is the
+for each detection that a confirmed track holds this frame, its index, the track's id and the track's box: where the
+Kalman filter puts it after this frame's update (`Track.box`), as Ultralytics' trackers report it, which smooths the
+detections' jitter (a track confirmed on its first frame: the detection's box, which the filter starts from). The
+detection's score, class (and a caller's masks or keypoints) go with it by its index. ByteTrack's idea is the
 second association: detections below `track_high_thresh` (but above `track_low_thresh`) are not thrown away but
 matched to the tracks the confident ones left, which keeps an id through a partial occlusion where the detector's
 score drops. BoT-SORT adds a Kalman filter over (cx, cy, w, h) and global motion compensation (engine/tracking/gmc.py).
@@ -12,8 +15,8 @@ it was last seen; a lost track matched again gets its id back.
 
 Oriented boxes (an OBB model's, `rotated=True`: xywhr rows, as Ultralytics' trackers carry them) are followed the same
 way: the filter over the centre and the box's own sides, the angle the last matched detection's (written in the
-track's turn, `matching.same_turn`), and boxes compared by their probabilistic IoU (`matching.probiou_matrix`), as
-Ultralytics' trackers compare them.
+track's turn and side order, `matching.same_turn`), and boxes compared by their probabilistic IoU
+(`matching.probiou_matrix`), as Ultralytics' trackers compare them.
 """
 
 import numpy as np
@@ -48,7 +51,7 @@ class Track:
 
     def update(self, box, score, cls, frame):
         if self.angle is not None:
-            box = same_turn(box, self.angle)
+            box = same_turn(box, self.box)
             self.angle = box[4]
         self.mean, self.cov = self.kf.update(self.mean, self.cov, _measured(box, self.form))
         self.score, self.cls, self.last_seen, self.state = score, cls, frame, TRACKED
@@ -93,8 +96,9 @@ class ByteTracker:
 
     def update(self, boxes, scores, classes, frame=None):
         """One frame: `boxes` (n, 4) xyxy (oriented: (n, 5) xywhr), `scores` (n,), `classes` (n,); `frame` the image
-        (BoT-SORT's motion compensation reads it). Returns (detection indices, track ids), int arrays of the
-        detections a confirmed track holds this frame."""
+        (BoT-SORT's motion compensation reads it). Returns (detection indices, track ids, track boxes): int arrays of
+        the detections a confirmed track holds this frame, and its tracks' boxes, (k, 4) xyxy (oriented: (k, 5)
+        xywhr, in the track's turn)."""
         cfg = self.cfg
         self.frame += 1
         boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, self.width)
@@ -129,7 +133,8 @@ class ByteTracker:
         self.tracks = [t for t in self.tracks if id(t) not in dropped and self.frame - t.last_seen <= self.max_lost]
         self._drop_duplicates()
         held = [(t, j) for t, j in held if t in self.tracks]
-        return (np.array([j for _, j in held], int), np.array([t.id for t, _ in held], int))
+        return (np.array([j for _, j in held], int), np.array([t.id for t, _ in held], int),
+                np.array([t.box for t, _ in held], np.float64).reshape(-1, self.width))
 
     def _drop_duplicates(self):
         """A lost track that sits on a tracked one (IoU > 0.85) is the same object: the younger of the two goes."""

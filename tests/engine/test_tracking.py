@@ -25,12 +25,12 @@ ULTRALYTICS = {"bytetrack": (0.908889, 0.952270), "botsort": (0.893333, 0.813817
 
 
 def track(name, frames, dets):
-    """{frame (1-based): (n, 5) id, x1, y1, x2, y2} from our tracker."""
+    """{frame (1-based): (n, 5) id, x1, y1, x2, y2} from our tracker: the tracks' boxes, as --track reports them."""
     t = make_tracker(load_tracker_config(name))
     out = {}
     for f, (im, d) in enumerate(zip(frames, dets), 1):
-        idx, ids = t.update(d[:, :4], d[:, 4], d[:, 5], im)
-        out[f] = np.c_[ids, d[idx, :4]]
+        _, ids, boxes = t.update(d[:, :4], d[:, 4], d[:, 5], im)
+        out[f] = np.c_[ids, boxes]
     return out
 
 
