@@ -4,6 +4,7 @@ go with it. Against Ultralytics 8.4.190's boxes on the same detections, against 
 constant-velocity box, and through --track's FrameTracker into the record and the MOT file."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from engine.track import FrameTracker
 from engine.tracking.config import load_tracker_config, make_tracker
 from engine.tracking.mot import read_mot
 from evaluation.fields import Predictions
+from utils.rotated import polygon_iou, regularize, xywhr_to_corners
 
 
 def _sequence():
@@ -130,3 +132,33 @@ def test_frame_tracker_puts_the_track_s_box_in_the_record_and_the_mot_file(tmp_p
     assert expected[0, 2] == 160 and boxes[order][0, 2] > 160  # the first box runs off the right edge
     mot = read_mot(tmp_path / "tracks" / "clip.txt")[6]
     np.testing.assert_allclose(mot[:, 1:], record.boxes[:, :4].numpy(), atol=0.01)
+
+
+def test_frame_tracker_gives_an_oriented_track_s_box_in_the_predictions_form(tmp_path):
+    """A 60 x 20 box turning 0.1 rad a frame, reported as a model does (angle in [0, pi/2), the sides swapping at
+    each quarter turn): the record's row (x, y, w, h, conf, cls, angle) is the track's box, the same rectangle,
+    written back in that form though the track's own angle has gone past pi/2; the MOT file holds its envelope."""
+    ft = FrameTracker("bytetrack", save_dir=tmp_path, rotated=True)
+    ref = make_tracker(load_tracker_config("bytetrack"), rotated=True)
+    im0 = np.zeros((200, 300, 3), np.uint8)
+    past_wrap = False
+    for f in range(25):
+        r = 0.1 * f
+        box = torch.tensor([[100.0 + 2 * f, 100.0, 60.0, 20.0, r]], dtype=torch.float64)
+        reported = regularize(box).numpy()
+        record, ids = ft.update(Predictions(torch.from_numpy(np.c_[reported[:, :4], [[0.9, 2]], reported[:, 4]])),
+                                im0, "spin.mp4")
+        _, _, boxes = ref.update(reported, [0.9], [2])
+        past_wrap |= bool(boxes[0, 4] >= math.pi / 2)
+        row = record.boxes.numpy()
+        assert ids.tolist() == [1] and row[0, 4:6].tolist() == [0.9, 2]
+        assert 0 <= row[0, 6] < math.pi / 2
+        np.testing.assert_allclose(np.r_[row[0, :4], row[0, 6]], regularize(torch.from_numpy(boxes)).numpy()[0],
+                                   atol=1e-9)
+        same = polygon_iou(xywhr_to_corners(torch.from_numpy(boxes)),
+                           xywhr_to_corners(torch.from_numpy(np.r_[row[0, :4], row[0, 6]][None])))
+        assert same.item() == pytest.approx(1.0, abs=1e-6)
+    assert past_wrap
+    corners = xywhr_to_corners(torch.from_numpy(np.r_[row[0, :4], row[0, 6]][None])).numpy()[0]
+    mot = read_mot(tmp_path / "tracks" / "spin.txt")[25]
+    np.testing.assert_allclose(mot[0, 1:], np.r_[corners.min(0), corners.max(0)], atol=0.01)
