@@ -14,9 +14,9 @@ next frame (on the first frame at once), lost when unmatched, and forgotten `tra
 it was last seen; a lost track matched again gets its id back.
 
 Oriented boxes (an OBB model's, `rotated=True`: xywhr rows, as Ultralytics' trackers carry them) are followed the same
-way: the filter over the centre and the box's own sides, the angle the last matched detection's (written in the
-track's turn and side order, `matching.same_turn`), and boxes compared by their probabilistic IoU
-(`matching.probiou_matrix`), as Ultralytics' trackers compare them.
+way: the filter over the centre and the box's own sides (a track born long side first, `_long_side_first`), the
+angle the last matched detection's (written in the track's turn and side order, `matching.same_turn`), and boxes
+compared by their probabilistic IoU (`matching.probiou_matrix`), as Ultralytics' trackers compare them.
 """
 
 import numpy as np
@@ -35,9 +35,22 @@ def _measured(box, form):
     return xyxy_to(box, form)[0]
 
 
+def _long_side_first(box):
+    """An oriented box (xywhr) as the same rectangle with w >= h, the angle in [-pi/4, 3pi/4): the form a track is
+    born in, so its filter's h is the short side whatever form the detector reports, as in Ultralytics' trackers
+    (their detections come so), whose filter's noise scales with h."""
+    if len(box) == 4:
+        return box
+    x, y, w, h, r = box
+    if w < h:
+        w, h, r = h, w, r + np.pi / 2
+    return np.array([x, y, w, h, (r + np.pi / 4) % np.pi - np.pi / 4])
+
+
 class Track:
     def __init__(self, kf, form, box, score, cls, frame):
         self.kf, self.form = kf, form
+        box = _long_side_first(box)
         self.angle = box[4] if len(box) == 5 else None  # an oriented box's, from the last detection matched
         self.mean, self.cov = kf.initiate(_measured(box, form))
         self.score, self.cls, self.id = score, cls, None
@@ -107,7 +120,7 @@ class ByteTracker:
         low = np.flatnonzero((scores > cfg.track_low_thresh) & (scores < cfg.track_high_thresh))
         confirmed = [t for t in self.tracks if t.state in (TRACKED, LOST)]
         tentative = [t for t in self.tracks if t.state == TENTATIVE]
-        self._predict(self.tracks)
+        self._predict(confirmed)  # a tentative track is updated from where it was born, as in Ultralytics
         self.compensate(self.tracks, frame)
         held = []  # (track, detection index)
         pairs, rest, left = self._match(confirmed, boxes, scores, high, cfg.match_thresh, cfg.fuse_score)

@@ -100,7 +100,7 @@ ULTRALYTICS = {"bytetrack": (0.896667, 0.911007), "botsort": (0.883333, 0.770858
 @pytest.mark.parametrize("name", ["bytetrack", "botsort"])
 def test_mota_and_idf1_against_ultralytics_on_the_same_oriented_detections(name, tmp_path):
     """ByteTrack at least Ultralytics'; BoT-SORT within one missed box in 900 (its flow-based camera motion differs
-    in small ways: one more miss on seeds 0 and 1, one fewer on seed 2)."""
+    in small ways: one more miss on seeds 0 and 1, the same on seed 2)."""
     pytest.importorskip("motmetrics")
     from benchmarks.track_synthetic_obb import run, score
 
