@@ -34,6 +34,7 @@ from data.labels import NoUsableImages, cache_labels, read_image
 from data.loader import rank_indices
 from data.targets import Targets
 from utils.errors import BadDataset, BadFile
+from utils.heap import release_heap
 from utils.log import LOGGER
 from utils.ops import xyn2xy, xywhn2xyxy
 
@@ -129,6 +130,7 @@ class YOLODataset(Dataset):
         # packed: forked loader workers share them instead of copying them as they read (data/label_store.py)
         self.labels = LabelStore.from_scan(labels, self.format)
         del labels
+        release_heap()  # the scan's or the cache's transient copies, before workers fork from this process
         if single_cls:
             self.labels = self.labels.single_class()
         if augment and self.hyp["copy_paste"] and not self.labels.has_segments.any():

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from utils.dist import get_local_world_size
+from utils.heap import release_heap
 
 WORKERS = 2  # --workers when not given on a CPU whose cores are not all busy with the model step (below)
 GPU_WORKERS = 8  # at most, per rank, when the model steps on a GPU (as both official trainers)
@@ -188,25 +189,6 @@ class _CollateGroup:
         if torch.utils.data.get_worker_info() is not None:
             release_heap()
         return batches
-
-
-def release_heap():
-    """In a loader worker, once a group is made: hand the C heap's free pages back to the kernel (glibc's
-    malloc_trim). The worker inherits the training process's heap settings (utils/heap.py), which keep freed
-    memory for the next training step; in a worker they kept each group's high-water mark, so its private memory
-    grew from group to group (99 -> 230 MB over 200 batches at 12,800 images, 320 px). One call per group of
-    ~128 images, against ~128 decodes."""
-    if _LIBC[0] is None:
-        try:
-            _LIBC[0] = ctypes.CDLL("libc.so.6") if sys.platform.startswith("linux") else False
-            _LIBC[0].malloc_trim.argtypes = (ctypes.c_size_t,)
-        except (OSError, AttributeError):  # musl and other C libraries
-            _LIBC[0] = False
-    if _LIBC[0]:
-        _LIBC[0].malloc_trim(0)
-
-
-_LIBC = [None]  # glibc, once loaded; False where there is none
 
 
 class GroupedLoader:

@@ -44,3 +44,22 @@ def keep_freed_memory(environ=os.environ):
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     return all(mallopt(param, value) == 1 for param, value in SETTINGS)
+
+
+def release_heap():
+    """Hand the C heap's free pages back to the kernel (glibc's malloc_trim), where the settings above would keep
+    them: in a loader worker once a group is made (its private memory grew from group to group, 99 -> 230 MB over
+    200 batches at 12,800 images, 320 px: one call per group of ~128 images, against ~128 decodes), and in the
+    training process once a dataset's labels are built (a first scan's records are transient, 0.1 GB per 10,000
+    segmentation images)."""
+    if _LIBC[0] is None:
+        try:
+            _LIBC[0] = ctypes.CDLL("libc.so.6") if sys.platform.startswith("linux") else False
+            _LIBC[0].malloc_trim.argtypes = (ctypes.c_size_t,)
+        except (OSError, AttributeError):  # musl and other C libraries
+            _LIBC[0] = False
+    if _LIBC[0]:
+        _LIBC[0].malloc_trim(0)
+
+
+_LIBC = [None]  # glibc, once loaded; False where there is none

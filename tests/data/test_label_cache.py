@@ -42,6 +42,32 @@ def test_round_trip_keeps_arrays_tuples_and_nesting(tmp_path):
     assert json.loads((tmp_path / "t.cache").read_text().partition("\n")[2])["version"] == label_cache.VERSION
 
 
+def test_streamed_cache_reads_as_the_whole_text_would(tmp_path, monkeypatch):
+    """The writer streams arrays block by block (never encoding one whole): its file is the JSON the one-shot
+    encoding gives, under a MAC that verifies, and reads back to the same arrays, whatever their size against a
+    block (here 6 bytes; a float32 array of 7 values is 28 bytes, not a multiple of 3)."""
+    monkeypatch.setattr(label_cache, "BLOCK", 6)
+    encoded = []
+    real = label_cache.base64.b64encode
+    monkeypatch.setattr(label_cache.base64, "b64encode", lambda b: encoded.append(len(b)) or real(b))
+    rng = np.random.default_rng(0)
+    data = {"a": rng.random(7).astype(np.float32), "b": [rng.integers(0, 9, (3, 5)), (1, "x", None, 2.5, True)],
+            "c": np.zeros((0, 2), np.float32), "d": np.arange(6, dtype=np.int64)[::2], "e": {"f": "é \n \""}}
+    assert save_cache(tmp_path / "t.cache", data, "h1")
+    assert encoded and max(encoded) <= 6
+    body = (tmp_path / "t.cache").read_bytes().partition(b"\n")[2]
+    one_shot = {"format": label_cache.FORMAT, "version": label_cache.VERSION, "hash": "h1",
+                "data": label_cache._encode(data)}
+    monkeypatch.setattr(label_cache.base64, "b64encode", real)
+    assert json.loads(body) == json.loads(json.dumps(one_shot))
+    back = load_cache(tmp_path / "t.cache", "h1")
+    for k in ("a", "c", "d"):
+        assert back[k].dtype == data[k].dtype and back[k].shape == data[k].shape
+        np.testing.assert_array_equal(back[k], data[k])
+    np.testing.assert_array_equal(back["b"][0], data["b"][0])
+    assert back["b"][1] == data["b"][1] and back["e"] == data["e"]
+
+
 def signed(text):
     """`text` as save_cache writes it: its MAC under this user's key, a newline, then the text."""
     return f"{label_cache._mac(label_cache.cache_key(), text)}\n{text}".encode()
