@@ -2,8 +2,10 @@
 calibrated on the run's training images) or a TensorRT engine (engine/export_targets.py), that run without this code.
 
 The exported graph is the fused inference model (BatchNorm folded, YOLOv7 RepConv and implicit layers
-re-parameterised) and returns the tensors of `model.eval()`, flattened to a tuple; the nesting, stride, names,
-task and image size go into the file's metadata so models/backend.py can run it as the `.pt`.
+re-parameterised) and returns what inference reads of `model.eval()`'s output: the prediction, and the mask
+prototypes where the head has them (models/backend.ExportWrapper; not the raw per-level maps of the training loss).
+That nesting, the stride, names, task and image size go into the file's metadata so models/backend.py can run it as
+the `.pt` runs for inference.
 """
 
 import dataclasses
@@ -107,11 +109,11 @@ class Exporter:
         if opt.half:
             model.half()
         im = torch.zeros(opt.batch_size, 3, *imgsz, device=device, dtype=torch.half if opt.half else torch.float)
-        flat, structure = flatten_outputs(model(im))
+        wrapper = ExportWrapper(model).eval()
+        flat, structure = flatten_outputs(wrapper.kept(model(im)))
         meta = export_metadata(model, imgsz, opt.batch_size, opt.dynamic, opt.half, structure, run.get("data"))
         LOGGER.info(f"Exporting {opt.weights} with input {tuple(im.shape)} and {len(flat)} outputs "
                     f"{[tuple(y.shape) for y in flat]}")
-        wrapper = ExportWrapper(model).eval()
         calib = calibration_images(opt.data, self.task_inputs[meta["task"]], imgsz, opt.calib_images) \
             if opt.int8 else None
         files = []

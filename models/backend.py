@@ -64,15 +64,16 @@ def unflatten_outputs(flat, structure):
 
 
 def export_metadata(model, imgsz, batch, dynamic, half, structure, data=None):
-    """What an exported file carries; `data`: the dataset of the run the weights come from (engine/inherit.py), where
-    known."""
+    """What an exported file carries; `structure`: the nesting of ExportWrapper's outputs (flatten_outputs); `data`:
+    the dataset of the run the weights come from (engine/inherit.py), where known. Exports made before ExportWrapper
+    kept only what inference reads declare the whole eval output (prototypes at their path in it): they still run."""
     head = model.model[-1]
     return {
         "task": model_task(model),
         "stride": int(max(model.stride)),
         "names": {int(k): str(v) for k, v in model.names.items()},
         "nc": int(model.nc),
-        "layout": dataclasses.asdict(head.output_layout) if hasattr(head, "output_layout") else None,
+        "layout": dataclasses.asdict(export_layout(head.output_layout)) if hasattr(head, "output_layout") else None,
         "imgsz": list(imgsz),
         "batch": int(batch),
         "dynamic": bool(dynamic),
@@ -395,15 +396,30 @@ def _outputs_problem(flat, meta, batch):
     return None
 
 
+def export_layout(layout):
+    """The layout of what an export holds: the prediction, then the prototypes at index 1 where there are some."""
+    return dataclasses.replace(layout, proto=(1,) if layout.proto else ())
+
+
 class ExportWrapper(nn.Module):
-    """The model with its outputs flattened to a tuple of tensors (exporters take no nesting of lists)."""
+    """The model with only what inference reads as a flat tuple of tensors: (prediction,) or (prediction, prototypes)
+    by the head's layout (`export_layout` declares it), a classifier's scores as they are. The raw per-level maps
+    the eval output also holds feed only the training loss; exported, they cost a sixth of an OpenVINO run's time."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
+        self.layout = getattr(model.model[-1], "output_layout", None)
+
+    def kept(self, out):
+        """What the export holds of the eval output `out`, nested (flatten_outputs gives its metadata's nesting)."""
+        if self.layout is None:
+            return out
+        pred, proto = self.layout.split(out)
+        return (pred,) if proto is None else (pred, proto)
 
     def forward(self, x):
-        return flatten_outputs(self.model(x))[0]
+        return flatten_outputs(self.kept(self.model(x)))[0]
 
 
 def validation_model(backend, imgsz):

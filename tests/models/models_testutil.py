@@ -75,3 +75,22 @@ def seeded_params(module, seed=0, scale=0.5):
     for p in module.parameters():
         p.copy_(torch.randn(p.shape, generator=g) * scale)
     return module
+
+
+@torch.no_grad()
+def inference_outputs(model, x):
+    """What inference reads of `model(x)` (a `.pt` model or an InferenceBackend): (prediction, prototypes) as its
+    layout splits them, without the prototypes where there are none; a classifier's (scores,)."""
+    out = model(x)
+    layout = getattr(model, "output_layout", None)
+    if layout is None:
+        return (out,)
+    return tuple(y for y in layout.split(out) if y is not None)
+
+
+def assert_same_inference_outputs(model, ref_model, x, rtol=1e-4):
+    """`model` gives `ref_model`'s prediction (and prototypes), each to `rtol` of its channel's largest value."""
+    out, ref = inference_outputs(model, x), inference_outputs(ref_model, x)
+    assert len(out) == len(ref)
+    for o, r in zip(out, ref):
+        assert_close_per_channel(o, r, rtol)

@@ -1,5 +1,7 @@
 """export.py: ONNX and TorchScript files give the PyTorch outputs, and the predict scripts run them."""
 
+import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -10,10 +12,11 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from models_testutil import NAMES, assert_close_per_channel, save_checkpoint
+from models_testutil import NAMES, assert_close_per_channel, assert_same_inference_outputs, save_checkpoint
 
+import models.backend as backend_module
 from engine.exporter import OPSETS, Exporter
-from models.backend import InferenceBackend, flatten_outputs
+from models.backend import ExportWrapper, InferenceBackend, flatten_outputs
 from models.checkpoints import attempt_load, load_model
 from models.yolo import ClassificationModel, DetectionModel, SegmentationModel
 from utils.errors import BadFile, BadOption
@@ -47,14 +50,53 @@ def test_onnx_and_torchscript_match_pytorch(cfg, cls, tmp_path):
         assert backend.names == NAMES and backend.nc == 3 and backend.dynamic
         assert backend.stride == int(max(ref_model.stride)) and backend.task == InferenceBackend(weights).task
         layout = getattr(ref_model, "output_layout", None)  # None for classifiers
-        assert backend.output_layout == layout == InferenceBackend(weights).output_layout
+        assert layout == InferenceBackend(weights).output_layout
+        if layout is not None:  # the prototypes, where there are some, are the export's second output
+            assert backend.output_layout == dataclasses.replace(layout, proto=(1,) if layout.nm else ())
         for x in inputs:
-            with torch.no_grad():
-                ref, ref_structure = flatten_outputs(ref_model(x))
-                out, structure = flatten_outputs(backend(x))
-            assert structure == ref_structure and len(out) == len(ref)
-            for o, r in zip(out, ref):
-                assert_close_per_channel(o, r)
+            assert_same_inference_outputs(backend, ref_model, x)
+
+
+@pytest.mark.parametrize("cfg,cls,nm", [("yolov8n.yaml", DetectionModel, 0),
+                                        ("yolov5n-seg.yaml", SegmentationModel, 32),
+                                        ("yolov8n-seg.yaml", SegmentationModel, 32)],
+                         ids=["yolov8n", "yolov5n-seg", "yolov8n-seg"])
+def test_an_export_holds_only_the_prediction_and_prototypes(cfg, cls, nm, tmp_path):
+    """Not the head's raw per-level maps (the training loss's): the ONNX graph's outputs are the .pt's prediction,
+    then its prototypes where the head has them, and the metadata says so."""
+    import onnx
+
+    weights = save_checkpoint(cfg, cls, tmp_path / "model.pt")
+    (f,) = export(weights, ["onnx"], dynamic=False)
+    model = attempt_load(weights)
+    with torch.no_grad():
+        out = model(torch.zeros(1, 3, 64, 64))
+    assert isinstance(out, tuple) and len(flatten_outputs(out)[0]) > 2  # the eval output holds the raw maps too
+    pred, proto = model.output_layout.split(out)
+    graph = onnx.load(str(f)).graph
+    shapes = [tuple(d.dim_value for d in o.type.tensor_type.shape.dim) for o in graph.output]
+    assert shapes == [tuple(pred.shape)] + ([(1, nm, 16, 16)] if nm else [])
+    meta = json.loads(next(p.value for p in onnx.load(str(f)).metadata_props if p.key == "yolo"))
+    assert meta["outputs"] == ([0, 1] if nm else [0]) and meta["layout"]["proto"] == ([1] if nm else [])
+
+
+@pytest.mark.parametrize("cfg,cls", [("yolov8n-seg.yaml", SegmentationModel), ("yolov5n.yaml", DetectionModel)],
+                         ids=["yolov8n-seg", "yolov5n"])
+def test_an_export_made_with_the_raw_maps_still_runs(cfg, cls, tmp_path, monkeypatch):
+    """Exports made before the exporter kept only what inference reads hold the whole eval output, and their metadata
+    declares its nesting (prototypes at their path in it): they still load and give the .pt's prediction."""
+    weights = save_checkpoint(cfg, cls, tmp_path / "model.pt")
+    monkeypatch.setattr(ExportWrapper, "kept", lambda self, out: out)  # the exporter as it was
+    monkeypatch.setattr(backend_module, "export_layout", lambda layout: layout)
+    files = export(weights, ["onnx", "torchscript"])
+    ref_model = attempt_load(weights, fuse=False)
+    x = torch.rand(2, 3, 96, 64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        n_raw = len(flatten_outputs(ref_model(x))[0])
+    for f in files:
+        backend = InferenceBackend(f)
+        assert backend.output_layout == ref_model.output_layout and len(flatten_outputs(backend(x))[0]) == n_raw
+        assert_same_inference_outputs(backend, ref_model, x)
 
 
 def test_static_export_pads_batch_and_rejects_other_sizes(tmp_path):
@@ -197,9 +239,7 @@ def test_simplified_onnx_matches_pytorch(tmp_path):
     (f,) = Exporter(opt)()
     ref_model, backend = attempt_load(weights), InferenceBackend(f)
     x = torch.rand(2, 3, 96, 64, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        for o, r in zip(flatten_outputs(backend(x))[0], flatten_outputs(ref_model(x))[0]):
-            assert_close_per_channel(o, r)
+    assert_same_inference_outputs(backend, ref_model, x)
 
 
 def test_val_script_gives_the_pt_metrics_from_onnx_and_torchscript(shapes_detect, tmp_path):

@@ -4,11 +4,11 @@ image sizes; Swin V2 exports at its one size."""
 
 import pytest
 import torch
-from models_testutil import NAMES, assert_close_per_channel, save_checkpoint
+from models_testutil import NAMES, assert_close_per_channel, assert_same_inference_outputs, save_checkpoint
 from test_export import export
 from test_graphs import _same_shapes_as_onnxruntime
 
-from models.backend import InferenceBackend, flatten_outputs
+from models.backend import InferenceBackend
 from models.checkpoints import attempt_load
 from models.yolo import DetectionModel, SegmentationModel, yaml_model_load
 from utils.errors import BadOption
@@ -47,12 +47,7 @@ def test_zoo_exports_match_pytorch(name, tmp_path):
         assert backend.names == NAMES and backend.dynamic
         for batch, (h, w) in zip((1, 2), sizes):
             x = torch.rand(batch, 3, h, w, generator=g)
-            with torch.no_grad():
-                ref, _ = flatten_outputs(ref_model(x))
-                out, _ = flatten_outputs(backend(x))
-            assert len(out) == len(ref)
-            for o, r in zip(out, ref):
-                assert_close_per_channel(o, r)
+            assert_same_inference_outputs(backend, ref_model, x)
 
 
 def test_swin_exports_at_its_one_size(tmp_path):
