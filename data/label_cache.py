@@ -1,13 +1,14 @@
 """The `.yolo-engine.cache` file beside a dataset's labels: the result of a label scan, saved so the next run
 skips the scan.
 
-Format: a line holding the cache's MAC, then one JSON document, `{"format": FORMAT, "version": VERSION, "hash": ...,
-"data": ...}`. `data` is the caller's dict, with numpy arrays written as `{"__ndarray__": [dtype, shape, base64
-bytes]}` (numeric dtypes only) and tuples as `{"__tuple__": [...]}`, so reading it back can never run code, unlike
+Format: a line holding the cache's MAC, then one line of JSON, `{"format": FORMAT, "version": VERSION, "hash": ...,
+"data": ...}`, then the bytes of its arrays. `data` is the caller's dict, with numpy arrays written as
+`{"__ndarray__": [dtype, shape, offset]}` (numeric dtypes only; the array's bytes at `offset` after the JSON line,
+read straight into the array) and tuples as `{"__tuple__": [...]}`, so reading it back can never run code, unlike
 the pickled caches of the official repos. `hash` is the caller's key: a hash of the image/label file list with sizes
 and mtimes (data.image_files.files_hash).
 
-A cache is bound to the dataset it describes and to this user: the MAC is an HMAC-SHA256 of the document under a
+A cache is bound to the dataset it describes and to this user: the MAC is an HMAC-SHA256 of the rest under a
 secret key kept in the user's configuration folder (`cache_key`), so a cache planted beside a dataset (shipped with
 it, or written by anyone else) does not verify, whatever hash it claims, and the caller also checks that every entry
 names a file of the dataset (`valid`). A cache that does not verify, in another format (an official pickled cache),
@@ -21,11 +22,11 @@ read what it wrote), atomically (utils.files.publish); a folder that cannot be w
 next time, never a crash.
 """
 
-import base64
 import datetime
 import errno
 import hmac
 import json
+import math
 import os
 import secrets
 from pathlib import Path
@@ -41,7 +42,7 @@ FORMAT = "yolo-engine label cache"
 # not `train.cache`, the official repos' name for their pickled cache: on a shared name each tool would rescan after
 # the other had run
 SUFFIX = ".yolo-engine.cache"
-VERSION = 3  # 1 was the pickled .npy cache, 2 had no MAC
+VERSION = 4  # 1 was the pickled .npy cache, 2 had no MAC, 3 held its arrays in base64 inside the JSON
 KEY_ENV = "YOLO_ENGINE_CONFIG_DIR"
 JOB_KEY = "yolo-engine/label-cache-key"  # where global rank 0 leaves its key in the process group's store
 JOB_KEY_WAIT = 600  # seconds a rank waits for it (rank 0 asks for it before it scans, after listing the split)
@@ -49,42 +50,53 @@ _job = {}  # the job's key, once read
 _warned_dirs = set()  # one "not writeable" warning per folder and process
 
 
-def _encode(x, arrays=True):
-    """`x` in JSON's types; with `arrays` False its arrays are left as they are (checked), for the writer's
-    `default` hook to encode one at a time as it streams the document."""
+def _encode(x):
+    """`x` in JSON's types, its arrays left as they are (checked): the writer places them after the document."""
     if isinstance(x, np.ndarray):
         if x.dtype.kind not in "biuf":
             raise TypeError(f"label cache: arrays of dtype {x.dtype} are not stored")
-        if not arrays:
-            return x
-        data = base64.b64encode(np.ascontiguousarray(x).tobytes()).decode("ascii")
-        return {"__ndarray__": [x.dtype.str, list(x.shape), data]}
+        return x
     if isinstance(x, np.generic):
         return x.item()
     if isinstance(x, tuple):
-        return {"__tuple__": [_encode(v, arrays) for v in x]}
+        return {"__tuple__": [_encode(v) for v in x]}
     if isinstance(x, list):
-        return [_encode(v, arrays) for v in x]
+        return [_encode(v) for v in x]
     if isinstance(x, dict):
         if not all(isinstance(k, str) and not k.startswith("__") for k in x):
             raise TypeError(f"label cache: dict keys must be plain strings, got {list(x)[:5]}")
-        return {k: _encode(v, arrays) for k, v in x.items()}
+        return {k: _encode(v) for k, v in x.items()}
     if x is None or isinstance(x, (str, bool, int, float)):
         return x
     raise TypeError(f"label cache: cannot store {type(x).__name__}")
 
 
-def _decode_object(d):
-    """json object_hook: undo the two encodings above; a malformed one raises ValueError (a corrupt cache)."""
-    if "__ndarray__" in d:
-        dtype, shape, data = d["__ndarray__"]
+def _decode(x, f, base, size):
+    """Undo the encodings of `_encode` and the writer in a document read back: arrays are read from the file `f`
+    (their bytes start at `base`, `size` of them) straight into their own memory. A malformed entry raises
+    ValueError (a corrupt cache)."""
+    if isinstance(x, list):
+        return [_decode(v, f, base, size) for v in x]
+    if not isinstance(x, dict):
+        return x
+    if "__ndarray__" in x:
+        dtype, shape, offset = x["__ndarray__"]
         dtype = np.dtype(dtype)
         if dtype.kind not in "biuf":
             raise ValueError(f"array dtype {dtype} not allowed")
-        return np.frombuffer(base64.b64decode(data), dtype=dtype).reshape(shape).copy()
-    if "__tuple__" in d:
-        return tuple(d["__tuple__"])
-    return d
+        if not all(type(n) is int and n >= 0 for n in [*shape, offset]):
+            raise ValueError("an array's shape or place is not made of whole numbers")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if offset + nbytes > size:
+            raise ValueError("an array runs past the end of the file")
+        out = np.empty(shape, dtype)
+        f.seek(base + offset)
+        if nbytes and f.readinto(out.reshape(-1).view(np.uint8)) != nbytes:
+            raise ValueError("the file ended inside an array")
+        return out
+    if "__tuple__" in x:
+        return tuple(_decode(x["__tuple__"], f, base, size))
+    return {k: _decode(v, f, base, size) for k, v in x.items()}
 
 
 def _warn(prefix, msg):
@@ -154,13 +166,13 @@ def own_key():
         return None
 
 
-def _mac(key, text):
-    return hmac.new(key, text.encode("utf-8"), "sha256").hexdigest()
+def _mac(key, data):
+    return hmac.new(key, data, "sha256").hexdigest()
 
 
-def _verified_text(path):
-    """The document of the cache at `path`, read only once its MAC (streamed through in blocks) verifies: a planted
-    file of any size costs a read, never its size in memory. ValueError saying why it does not."""
+def _read_verified(path):
+    """The cache document at `path`, its arrays read from the file, once its MAC (streamed through in blocks)
+    verifies: a planted file of any size costs a read, never its size in memory. ValueError saying why not."""
     key = cache_key()
     with open(path, "rb") as f:
         mac = f.read(65)
@@ -175,7 +187,13 @@ def _verified_text(path):
         if not hmac.compare_digest(mac[:64], digest.hexdigest().encode()):
             raise ValueError("it was not written with this user's key (copied from elsewhere, or edited)")
         f.seek(65)
-        return f.read().decode("utf-8")
+        cache = json.loads(f.readline().decode("utf-8"))
+        if not isinstance(cache, dict) or cache.get("format") != FORMAT or not isinstance(cache.get("data"), dict):
+            raise ValueError("not a label cache of this project")
+        if cache.get("version") != VERSION:
+            raise ValueError(f"cache version {cache.get('version')}, this program reads {VERSION}")
+        base = f.tell()
+        return _decode(cache, f, base, os.fstat(f.fileno()).st_size - base)
 
 
 def load_cache(path, hash_, prefix="", valid=lambda data: True):
@@ -185,58 +203,42 @@ def load_cache(path, hash_, prefix="", valid=lambda data: True):
     if not path.is_file():
         return None
     try:
-        text = _verified_text(path)
-        cache = json.loads(text, object_hook=_decode_object)
-        if not isinstance(cache, dict) or cache.get("format") != FORMAT or not isinstance(cache.get("data"), dict):
-            raise ValueError("not a label cache of this project")
-        if cache.get("version") != VERSION:
-            raise ValueError(f"cache version {cache.get('version')}, this program reads {VERSION}")
+        cache = _read_verified(path)
         if cache.get("hash") == hash_ and not valid(cache["data"]):
             raise ValueError("its entries name files outside the dataset")
-    except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:  # json and base64 errors are ValueErrors
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:  # json's errors are ValueErrors
         _warn(prefix, f"ignoring label cache {path} ({e}); rescanning")
         return None
     return cache["data"] if cache.get("hash") == hash_ else None
 
 
-BLOCK = 3 << 20  # bytes of an array base64-encoded at a time (a multiple of 3: the blocks' codes join as one)
+BLOCK = 1 << 20  # bytes of an array written at a time
 
 
-def _stream(x, write):
-    """Write `x` (as `_encode(x, arrays=False)` gives it) as JSON through `write`, each array as `_encode` would
-    write it but its base64 made block by block: one array's code is never held whole."""
-    if isinstance(x, np.ndarray):
-        write(f'{{"__ndarray__": [{json.dumps(x.dtype.str)}, {json.dumps(list(x.shape))}, "')
-        raw = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-        for start in range(0, len(raw), BLOCK):
-            write(base64.b64encode(raw[start:start + BLOCK]).decode("ascii"))
-        write('"]}')
-    elif isinstance(x, (dict, list)):
-        items = x.items() if isinstance(x, dict) else enumerate(x)
-        write("{" if isinstance(x, dict) else "[")
-        for n, (k, v) in enumerate(items):
-            write((", " if n else "") + (f"{json.dumps(k)}: " if isinstance(x, dict) else ""))
-            _stream(v, write)
-        write("}" if isinstance(x, dict) else "]")
-    else:
-        write(json.dumps(x))
+def write_signed(path, doc, key):
+    """`doc` (what `_encode` gives) as the cache file: a line for the MAC, the document as one line of JSON with
+    each array as `{"__ndarray__": [dtype, shape, offset]}`, then the arrays' bytes, streamed; the MAC, computed
+    along, is written over a placeholder at the end. The whole text with base64 arrays held about four copies of
+    every array's bytes at once, writing and reading (139 MB of Python memory over 33 MB of outline points at
+    12,800 segmentation images), which a process keeping its freed memory (utils/heap.py) then kept."""
+    arrays, ends = [], [0]
 
+    def place(a):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"label cache: cannot store {type(a).__name__}")
+        arrays.append(a)
+        ends.append(ends[-1] + a.nbytes)
+        return {"__ndarray__": [a.dtype.str, list(a.shape), ends[-2]]}
 
-def _write_signed(path, doc, key):
-    """`doc` as JSON after a line holding its MAC, streamed (`_stream`); the MAC, computed along, is written over a
-    placeholder at the end. Writing the whole text at once held about four copies of every array's bytes (139 MB of
-    Python memory over 33 MB of outline points at 12,800 segmentation images), which a process keeping its freed
-    memory (utils/heap.py) then kept for the whole run."""
+    header = json.dumps(doc, default=place).encode("utf-8") + b"\n"
     digest = hmac.new(key, digestmod="sha256")
     with open(path, "wb") as f:
         f.write(b"0" * 64 + b"\n")
-
-        def write(text):
-            data = text.encode("utf-8")
-            digest.update(data)
-            f.write(data)
-
-        _stream(doc, write)
+        for part in [header, *arrays]:
+            raw = np.ascontiguousarray(part).reshape(-1).view(np.uint8) if isinstance(part, np.ndarray) else part
+            for start in range(0, len(raw), BLOCK):
+                digest.update(raw[start:start + BLOCK])
+                f.write(raw[start:start + BLOCK])
         f.seek(0)
         f.write(digest.hexdigest().encode("ascii"))
 
@@ -246,12 +248,12 @@ def save_cache(path, data, hash_, prefix=""):
     if du.get_local_rank() not in (-1, 0):
         return False  # the other ranks of this machine read what local rank 0 wrote
     path = Path(path)
-    doc = {"format": FORMAT, "version": VERSION, "hash": hash_, "data": _encode(data, arrays=False)}
+    doc = {"format": FORMAT, "version": VERSION, "hash": hash_, "data": _encode(data)}
     key = cache_key()
     try:
         if key is None:
             raise OSError(f"its key {key_path()} cannot be made")
-        publish(path, lambda tmp: _write_signed(tmp, doc, key), replace=True)
+        publish(path, lambda tmp: write_signed(tmp, doc, key), replace=True)
         return True
     except OSError as e:
         if path.parent not in _warned_dirs:

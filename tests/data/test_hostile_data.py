@@ -3,7 +3,6 @@ oversized or sparse label files in a dataset are named skips; FIFOs and bombs in
 and never saved; a planted label cache does not replace the labels; names with control characters are refused
 or escaped. COCO-sized files stay far inside."""
 
-import json
 import os
 import struct
 
@@ -66,21 +65,18 @@ def test_a_planted_label_cache_does_not_replace_the_labels(det_copy, yolo_log, m
     and the labels come from the label files."""
     honest = _dataset(det_copy)
     cache = det_copy / "labels" / "train.yolo-engine.cache"
-    mac, _, text = cache.read_text().partition("\n")
-    doc = json.loads(text)
+    doc = label_cache._encode(label_cache._read_verified(cache))
     packed = doc["data"]["labels"]  # every object becomes class 2
-    packed["cls"] = label_cache._encode(np.full((len(honest.labels.cls), 1), 2.0, np.float32))
+    packed["cls"] = np.full((len(honest.labels.cls), 1), 2.0, np.float32)
 
     other_key = tmp_path / "elsewhere"
     monkeypatch.setenv(label_cache.KEY_ENV, str(other_key))
-    planted = json.dumps(doc)
-    cache.write_text(f"{label_cache._mac(label_cache.cache_key(), planted)}\n{planted}")
+    label_cache.write_signed(cache, doc, label_cache.cache_key())
     monkeypatch.undo()
     _check_rebuilt(det_copy, honest, yolo_log, "not written with this user's key")
 
-    doc["data"]["labels"]["im_files"][0] = "/etc/passwd"
-    outside = json.dumps(json.loads(cache.read_text().partition("\n")[2]) | {"data": doc["data"]})
-    cache.write_text(f"{label_cache._mac(label_cache.cache_key(), outside)}\n{outside}")
+    packed["im_files"][0] = "/etc/passwd"
+    label_cache.write_signed(cache, doc, label_cache.cache_key())
     _check_rebuilt(det_copy, honest, yolo_log, "its entries name files outside the dataset")
 
 

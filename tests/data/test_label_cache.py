@@ -5,6 +5,7 @@ folder costs one warning, never a crash."""
 import json
 import os
 import subprocess
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -39,38 +40,61 @@ def test_round_trip_keeps_arrays_tuples_and_nesting(tmp_path):
     np.testing.assert_array_equal(lb["segments"][1], ref["segments"][1])
     assert back["stats"] == data["stats"] and back["msgs"] == data["msgs"] and back["empty"].shape == (0, 4)
     assert load_cache(tmp_path / "t.cache", "other files") is None  # the files changed: rebuilt, no warning
-    assert json.loads((tmp_path / "t.cache").read_text().partition("\n")[2])["version"] == label_cache.VERSION
+    assert json.loads((tmp_path / "t.cache").read_bytes().split(b"\n")[1])["version"] == label_cache.VERSION
 
 
-def test_streamed_cache_reads_as_the_whole_text_would(tmp_path, monkeypatch):
-    """The writer streams arrays block by block (never encoding one whole): its file is the JSON the one-shot
-    encoding gives, under a MAC that verifies, and reads back to the same arrays, whatever their size against a
-    block (here 6 bytes; a float32 array of 7 values is 28 bytes, not a multiple of 3)."""
-    monkeypatch.setattr(label_cache, "BLOCK", 6)
-    encoded = []
-    real = label_cache.base64.b64encode
-    monkeypatch.setattr(label_cache.base64, "b64encode", lambda b: encoded.append(len(b)) or real(b))
+def test_arrays_are_streamed_and_read_into_their_own_memory(tmp_path, monkeypatch):
+    """The writer streams each array's bytes in blocks after the JSON line, in order (a: 28 bytes, b: 120), and the
+    reader reads them straight into the arrays it returns: a file whose arrays are 40 MB costs the reader about
+    40 MB of Python memory, where the text with base64 arrays cost four times that."""
+    monkeypatch.setattr(label_cache, "BLOCK", 5)
     rng = np.random.default_rng(0)
     data = {"a": rng.random(7).astype(np.float32), "b": [rng.integers(0, 9, (3, 5)), (1, "x", None, 2.5, True)],
-            "c": np.zeros((0, 2), np.float32), "d": np.arange(6, dtype=np.int64)[::2], "e": {"f": "é \n \""}}
+            "c": np.zeros((0, 2), np.float32), "d": np.arange(6, dtype=np.int64)[::2], "e": {"f": "é \n \""},
+            "big": np.ones((10_000_000,), np.float32)}
     assert save_cache(tmp_path / "t.cache", data, "h1")
-    assert encoded and max(encoded) <= 6
-    body = (tmp_path / "t.cache").read_bytes().partition(b"\n")[2]
-    one_shot = {"format": label_cache.FORMAT, "version": label_cache.VERSION, "hash": "h1",
-                "data": label_cache._encode(data)}
-    monkeypatch.setattr(label_cache.base64, "b64encode", real)
-    assert json.loads(body) == json.loads(json.dumps(one_shot))
+    header = (tmp_path / "t.cache").read_bytes().split(b"\n")[1]
+    assert len(header) < 1000 and json.loads(header)["data"]["c"] == {"__ndarray__": ["<f4", [0, 2], 148]}
+    tracemalloc.start()
     back = load_cache(tmp_path / "t.cache", "h1")
-    for k in ("a", "c", "d"):
-        assert back[k].dtype == data[k].dtype and back[k].shape == data[k].shape
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1.2 * data["big"].nbytes
+    for k in ("a", "c", "d", "big"):
+        assert back[k].dtype == data[k].dtype and back[k].shape == data[k].shape and back[k].flags.writeable
         np.testing.assert_array_equal(back[k], data[k])
     np.testing.assert_array_equal(back["b"][0], data["b"][0])
     assert back["b"][1] == data["b"][1] and back["e"] == data["e"]
 
 
+def _signed_with_arrays(path, doc_text, tail=b""):
+    """A cache file of a JSON line and raw bytes after it, signed with this user's key (a hand-made cache)."""
+    body = doc_text.encode() + b"\n" + tail
+    path.write_bytes(label_cache._mac(label_cache.cache_key(), body).encode() + b"\n" + body)
+
+
+@pytest.mark.parametrize("entry, why", [
+    ('["<f4", [4], 8]', "runs past the end"),
+    ('["<f4", [1000000000000], 0]', "runs past the end"),
+    ('["<f4", [-1], 0]', "whole numbers"),
+    ('["<f4", [2], 1.5]', "whole numbers"),
+    ('["|O", [1], 0]', "not allowed"),
+    ('["<f4", 2, 0]', "ignoring label cache"),
+    ('["<f4", [2]]', "ignoring label cache"),
+])
+def test_a_signed_cache_with_arrays_out_of_place_is_refused(tmp_path, yolo_log, entry, why):
+    """Even under this user's key, an array entry that does not fit the file is a corrupt cache (one warning),
+    never an allocation of what it claims."""
+    doc = {"format": label_cache.FORMAT, "version": label_cache.VERSION, "hash": "h", "data": {"a": "ENTRY"}}
+    _signed_with_arrays(tmp_path / "t.cache", json.dumps(doc).replace('"ENTRY"', '{"__ndarray__": ' + entry + '}'),
+                        b"\x00" * 16)
+    assert load_cache(tmp_path / "t.cache", "h") is None
+    assert [m for m in yolo_log if "ignoring label cache" in m and why in m]
+
+
 def signed(text):
-    """`text` as save_cache writes it: its MAC under this user's key, a newline, then the text."""
-    return f"{label_cache._mac(label_cache.cache_key(), text)}\n{text}".encode()
+    """`text` as save_cache writes a document without arrays: its MAC under this user's key, a newline, the text."""
+    return f"{label_cache._mac(label_cache.cache_key(), text.encode())}\n{text}".encode()
 
 
 def _bad_caches(marker):
