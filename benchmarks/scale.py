@@ -235,10 +235,16 @@ def _peer_env():
 
 
 def run_child(side, *args):
+    return run_side("benchmarks.scale", side, *args)
+
+
+def run_side(module, side, *args):
+    """`python -m module _child SIDE ARGS...` as one side's process (Ultralytics' in the peers' venv, with its
+    environment) from the repository's root; the JSON of its last line."""
     python = str(PEERS / "bin" / "python") if side == "ultralytics" else sys.executable
     env = _peer_env() if side == "ultralytics" else dict(os.environ)
-    out = subprocess.run([python, "-m", __spec__.name, "_child", side, *map(str, args)], capture_output=True,
-                         text=True, env=env, timeout=3600)
+    out = subprocess.run([python, "-m", module, "_child", side, *map(str, args)], capture_output=True,
+                         text=True, env=env, timeout=3600, cwd=Path(__file__).resolve().parents[1])
     if out.returncode:
         raise SystemExit(f"error: the {side} run failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -26,9 +26,7 @@ work: the same NMS rows, each row matched alike, and the same mAP50-95 under one
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-PEERS = Path(os.environ.get("TMPDIR", "/tmp")) / "peers-venv"
+from benchmarks.scale import PEERS, run_side
+
 SIDES = ["ours", "ultralytics"]
 STAGES = ["nms", "match", "map", "json", "coco"]
 NC, IMGSZ, ANCHORS, BATCH = 80, 640, 8400, 32
@@ -365,25 +364,9 @@ def child(side, npz, coco_gt, stats_path):
     return result
 
 
-def _peer_env():
-    env = dict(os.environ)
-    script = PEERS / "peer-env.sh"
-    for line in script.read_text().splitlines() if script.exists() else []:
-        for word in line.removeprefix("export ").split():
-            k, _, v = word.partition("=")
-            env[k] = v
-    return env
-
-
 def run_child(side, npz, coco_gt):
-    python = str(PEERS / "bin" / "python") if side == "ultralytics" else sys.executable
-    env = _peer_env() if side == "ultralytics" else dict(os.environ)
     stats = Path(npz).with_name(f"{Path(npz).stem}_{side}_stats.npz")
-    out = subprocess.run([python, "-m", "benchmarks.scale_val", "_child", side, str(npz), str(coco_gt or ""), stats],
-                         capture_output=True, text=True, env=env, timeout=3600, cwd=Path(__file__).resolve().parents[1])
-    if out.returncode:
-        raise SystemExit(f"error: the {side} run failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_side("benchmarks.scale_val", side, npz, coco_gt or "", stats)
 
 
 def bench(n, repeats, sides, coco, scratch):
