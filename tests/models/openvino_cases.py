@@ -17,11 +17,12 @@ import pytest
 import torch
 from models_testutil import NAMES, assert_same_inference_outputs, save_checkpoint
 
+import models.backend as backend_module
 from engine.calibration import CalibrationError, letterboxed, spread
 from engine.export_targets import check_engine_onnx
 from engine.exporter import Exporter
 from engine.tasks import TASKS
-from models.backend import InferenceBackend
+from models.backend import ExportWrapper, InferenceBackend, flatten_outputs
 from models.checkpoints import attempt_load
 from models.yolo import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 from utils.errors import BadFile, BadOption
@@ -68,6 +69,26 @@ def test_openvino_fp32_matches_pytorch_and_carries_the_metadata(cfg, cls, tmp_pa
     g = torch.Generator().manual_seed(1)
     for x in (torch.rand(1, 3, 64, 64, generator=g), torch.rand(2, 3, 96, 128, generator=g)):  # any batch and size
         assert_same_inference_outputs(backend, ref_model, x)
+
+
+def test_an_ir_holds_the_prediction_and_prototypes_and_one_made_with_the_raw_maps_still_runs(tmp_path, monkeypatch):
+    """The IR's outputs are the .pt's prediction and prototypes alone; an IR exported before that (the whole eval
+    output, its metadata declaring it) still loads, its shapes checked against that metadata, and runs."""
+    import openvino as ov
+
+    weights = save_checkpoint("yolov8n-seg.yaml", SegmentationModel, tmp_path / "new.pt")
+    (folder,) = export(weights)
+    assert len(ov.Core().read_model(str(folder / "new.xml")).outputs) == 2
+    monkeypatch.setattr(ExportWrapper, "kept", lambda self, out: out)  # the exporter as it was
+    monkeypatch.setattr(backend_module, "export_layout", lambda layout: layout)
+    (old,) = export(save_checkpoint("yolov8n-seg.yaml", SegmentationModel, tmp_path / "old.pt"))
+    ref_model = attempt_load(weights, fuse=False)
+    x = torch.rand(2, 3, 96, 64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        n_raw = len(flatten_outputs(ref_model(x))[0])
+    assert len(ov.Core().read_model(str(old / "old.xml")).outputs) == n_raw > 2
+    for f in (folder, old):
+        assert_same_inference_outputs(InferenceBackend(f, bf16=False), ref_model, x)
 
 
 def test_openvino_int8_calibrates_on_the_training_images(calib_data, tmp_path, caplog, monkeypatch):
