@@ -50,8 +50,9 @@ def test_two_nodes_prepare_one_shared_dataset(tmp_path):
     for split, n in (("train", SYNTH["n_train"]), ("val", SYNTH["n_val"])):
         assert len(list((root / "images" / split).glob("*.jpg"))) == n
         assert len(list((root / "labels" / split).glob("*.txt"))) == n
-        digest, body = (root / "labels" / f"{split}.yolo-engine.cache").read_text().split("\n", 1)  # sha256, JSON
-        assert len(digest) == 64 and json.loads(body)["format"] == FORMAT
+        # sha256, a line of JSON, the arrays' bytes
+        digest, header, _ = (root / "labels" / f"{split}.yolo-engine.cache").read_bytes().split(b"\n", 2)
+        assert len(digest) == 64 and json.loads(header)["format"] == FORMAT
     npys = list(root.rglob("*.npy"))
     assert npys, "--cache disk wrote nothing"
     for f in npys:
