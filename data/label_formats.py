@@ -293,6 +293,7 @@ class PoseLabels(DetectLabels):
         return box, out, clipped
 
     def parse_plain(self, coords, widths):
+        """As DetectLabels': every line a box and K keypoints (`parse`'s checks on all lines at once)."""
         k, ndim = self.kpt_shape
         if not (widths == 4 + k * ndim).all():
             return None
@@ -310,8 +311,6 @@ class PoseLabels(DetectLabels):
         clipped = np.zeros((len(widths), k), bool)
         clipped[labelled] = outside.any(1)
         return found[0], list(out), found[1] | clipped.any(1)
-
-    parse_plain.__doc__ = DetectLabels.parse_plain.__doc__
 
     def line(self, box, polygon, keypoints):
         """Its box and keypoints, of the dataset's kpt_shape."""

@@ -404,7 +404,8 @@ def export_layout(layout):
 class ExportWrapper(nn.Module):
     """The model with only what inference reads as a flat tuple of tensors: (prediction,) or (prediction, prototypes)
     by the head's layout (`export_layout` declares it), a classifier's scores as they are. The raw per-level maps
-    the eval output also holds feed only the training loss; exported, they cost a sixth of an OpenVINO run's time."""
+    the eval output also holds feed only the training loss; copying them out cost 3-7 % of an OpenVINO run
+    (docs/deploy.md)."""
 
     def __init__(self, model):
         super().__init__()
