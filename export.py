@@ -1,13 +1,17 @@
-"""Export a trained or official model (YOLOv5/v7/v8; detect, segment, classify, pose) to ONNX and/or TorchScript.
+"""Export a trained or official model (YOLOv5/v7/v8/11; detect, segment, classify, pose, obb) to ONNX, TorchScript,
+OpenVINO or a TensorRT engine.
 
 The exported files run with detect.py, segment/predict.py, classify/predict.py, pose/predict.py and the val scripts
-(`--weights best.onnx`). They take any batch and image size (--dynamic, the default), so at the same --img they see
-the input the .pt sees and give its detections; `--no-dynamic` fixes the input to --imgsz and --batch-size.
+(`--weights best.onnx`). ONNX and TorchScript files take any batch and image size unless made with --no-dynamic, so
+at the same --img they see the input the .pt sees and give its detections; an OpenVINO IR takes --imgsz and
+--batch-size only unless made with --dynamic (OpenVINO runs a fixed input fastest), and images are letterboxed square
+to it.
 
 Usage:
     $ python export.py --weights runs/train/exp/weights/best.pt --include onnx torchscript --img 320
     $ python export.py --weights yolov8n.pt --include onnx --simplify                   # onnxslim
     $ python export.py --weights best.pt --include onnx --no-dynamic --img 320          # one input size only
+    $ python export.py --weights best.pt --include openvino --int8 --data data/coco128.yaml
     $ python export.py --weights best.pt --include onnx --half --device 0               # FP16, CUDA only
 """
 

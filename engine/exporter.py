@@ -31,7 +31,7 @@ from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten
 from models.checkpoints import load_model
 from models.registry import use_modules
 from utils import dist as du
-from utils.cli import DEFAULT_OPSET
+from utils.cli import DEFAULT_OPSET, EXPORT_DYNAMIC
 from utils.cli import EXPORT_FORMATS as FORMATS
 from utils.errors import BadOption
 from utils.log import LOGGER
@@ -97,10 +97,7 @@ class Exporter:
         fp16 runs slowly, yet the graph traced is the same on any device (tests use that)."""
         opt = dataclasses.replace(self.opt, **run_values(self.opt, run))
         device = next(model.parameters()).device
-        fixed = sorted({type(m).__name__ for m in model.modules() if getattr(m, "dynamic_export", True) is False})
-        if fixed and opt.dynamic:
-            raise BadOption(f"--dynamic: {opt.weights} has {', '.join(fixed)}, whose traced graph holds only the "
-                            "example input's size; export it with --no-dynamic at the size it will run")
+        dynamic = self._dynamic(model, opt)
         imgsz = _imgsz(opt.imgsz if isinstance(opt.imgsz, list) else [opt.imgsz], int(max(model.stride)))
         settle_batch(model, imgsz, opt.batch_size, device, f"--weights {opt.weights}", export=True)
         model.info(imgsz=imgsz[0])
@@ -111,7 +108,7 @@ class Exporter:
         im = torch.zeros(opt.batch_size, 3, *imgsz, device=device, dtype=torch.half if opt.half else torch.float)
         wrapper = ExportWrapper(model).eval()
         flat, structure = flatten_outputs(wrapper.kept(model(im)))
-        meta = export_metadata(model, imgsz, opt.batch_size, opt.dynamic, opt.half, structure, run.get("data"))
+        meta = export_metadata(model, imgsz, opt.batch_size, opt.half, structure, run.get("data"))
         LOGGER.info(f"Exporting {opt.weights} with input {tuple(im.shape)} and {len(flat)} outputs "
                     f"{[tuple(y.shape) for y in flat]}")
         calib = calibration_images(opt.data, self.task_inputs[meta["task"]], imgsz, opt.calib_images) \
@@ -125,26 +122,36 @@ class Exporter:
                 warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
                 warnings.simplefilter("ignore", category=DeprecationWarning)
                 warnings.simplefilter("ignore", category=FutureWarning)  # torch.jit.trace: we chose TorchScript
-                getattr(self, f"export_{fmt}")(wrapper, im, f, meta, len(flat), calib)
+                getattr(self, f"export_{fmt}")(wrapper, im, f, {**meta, "dynamic": dynamic[fmt]}, len(flat), calib)
             size = sum(p.stat().st_size for p in f.iterdir()) if f.is_dir() else f.stat().st_size
-            LOGGER.info(f"{fmt}: saved {f} ({size / 1e6:.1f} MB)")
+            takes = "any batch and image size" if dynamic[fmt] else f"input {tuple(im.shape)} only"
+            LOGGER.info(f"{fmt}: saved {f} ({size / 1e6:.1f} MB; {takes})")
             files.append(f)
         LOGGER.info(f"Results saved to {Path(opt.weights).parent}")
         return files
 
+    @staticmethod
+    def _dynamic(model, opt):
+        """{format: whether its file takes any batch and image size}: --dynamic/--no-dynamic where given, else the
+        format's default (utils/cli.EXPORT_DYNAMIC), and fixed wherever the model has modules that trace only the
+        example input's size."""
+        fixed = sorted({type(m).__name__ for m in model.modules() if getattr(m, "dynamic_export", True) is False})
+        if fixed and opt.dynamic:
+            raise BadOption(f"--dynamic: {opt.weights} has {', '.join(fixed)}, whose traced graph holds only the "
+                            "example input's size; export it with --no-dynamic at the size it will run")
+        if fixed and opt.dynamic is None:
+            LOGGER.info(f"{opt.weights} has {', '.join(fixed)}: every format takes the example input's size only")
+        default = {fmt: EXPORT_DYNAMIC[fmt] and not fixed for fmt in FORMATS}
+        return {fmt: default[fmt] if opt.dynamic is None else opt.dynamic for fmt in FORMATS}
+
     def export_openvino(self, wrapper, im, f, meta, n_out, calib):
-        export_openvino(wrapper, im, f, meta, self.opt.dynamic, calib)
+        export_openvino(wrapper, im, f, meta, meta["dynamic"], calib)
 
     def export_engine(self, wrapper, im, f, meta, n_out, calib):
         """The ONNX graph (dynamic batch and size, at the default opset) is written and checked here on any machine;
         the engine is built where TensorRT and a GPU are."""
-        onnx_file = f.with_suffix(".onnx")
-        opset, dynamic = self.opt.opset, self.opt.dynamic
-        self.opt = dataclasses.replace(self.opt, dynamic=True)
-        try:
-            self.export_onnx(wrapper, im, onnx_file, meta, n_out)
-        finally:
-            self.opt = dataclasses.replace(self.opt, dynamic=dynamic)
+        onnx_file, opset = f.with_suffix(".onnx"), self.opt.opset
+        self.export_onnx(wrapper, im, onnx_file, {**meta, "dynamic": True}, n_out)
         import onnx
 
         check_engine_onnx(onnx.load(str(onnx_file)), opset)
@@ -167,7 +174,7 @@ class Exporter:
                             'and onnxruntime to run the file)') from e
         outputs = [f"output{i}" for i in range(n_out)]
         dynamic = None
-        if self.opt.dynamic:  # batch, height and width of the input; every output follows the batch
+        if meta["dynamic"]:  # batch, height and width of the input; every output follows the batch
             dynamic = {"images": {0: "batch", 2: "height", 3: "width"}, **{o: {0: "batch"} for o in outputs}}
         try:  # dynamo=False: the TorchScript-based exporter needs only torch and onnx (the dynamo one also onnxscript)
             torch.onnx.export(wrapper, im, str(f), dynamo=False, opset_version=self.opt.opset,
@@ -180,7 +187,7 @@ class Exporter:
             raise BadOption(f"--opset {self.opt.opset}: {why}; a later opset may have it (default {DEFAULT_OPSET})"
                             ) from None
         model = onnx.load(str(f))
-        if self.opt.dynamic:
+        if meta["dynamic"]:
             _forget_symbolic_shapes(model)
         onnx.checker.check_model(model)
         if self.opt.simplify:

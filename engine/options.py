@@ -271,8 +271,7 @@ class ValOptions(Options):
                                text="{data_help} (default: the weights' training set where its file still exists, "
                                     "else {data})")
     weights: Optional[str] = _cli("--weights", type=str, required=True, field_default=None,  # None: in training
-                                  text="model weights: .pt, or a .onnx/.torchscript made with export.py (not "
-                                       "--no-dynamic)")
+                                  text="model weights: .pt, or a file or OpenVINO folder made with export.py")
     batch: int = _opt("--batch-size", default=32, metavar="BATCH_SIZE", text="images per batch on each process")
     imgsz: int = _cli("--imgsz", "--img", "--img-size", default=None, run_default=320,
                       text="validation size, long side in pixels (default: the size the weights trained at, else "
@@ -448,9 +447,11 @@ class ExportOptions(Options):
                            text="example input batch; with --no-dynamic the largest batch the file takes")
     device: str = _opt("--device", default="cpu", text="device to export on: cpu, or GPU 0 (for --half)")
     half: bool = _opt("--half", text="FP16 model (CUDA only)")
-    dynamic: bool = _opt("--dynamic", action=argparse.BooleanOptionalAction, default=True,
-                         text="any batch and image size, so results equal the .pt's at the same --img; --no-dynamic: "
-                              "only the example input's")
+    # None: each format's own (utils/cli.EXPORT_DYNAMIC)
+    dynamic: Optional[bool] = _opt("--dynamic", action=argparse.BooleanOptionalAction, default=None,
+                                   text="any batch and image size, so results equal the .pt's at the same --img; "
+                                        "--no-dynamic: only the example input's (default: fixed for openvino, which "
+                                        "runs a fixed input fastest; any for the other formats)")
     simplify: bool = _opt("--simplify", text="ONNX: simplify the graph with onnxslim")
     opset: int = _opt("--opset", default=DEFAULT_OPSET,
                       text="ONNX opset version; the versions this torch exports are checked before exporting")

@@ -27,7 +27,7 @@ from engine.eval_memory import settle_batch
 from engine.inherit import run_values
 from engine.messages import check_task
 from engine.options import ValOptions
-from models.backend import InferenceBackend, validation_model
+from models.backend import InferenceBackend, static_input, validation_model
 from models.checkpoints import check_class_ids
 from models.registry import use_modules
 from utils import dist as du
@@ -94,8 +94,10 @@ class BaseValidator:
         """The dataset dict (paths per split, names, nc) for a --data argument."""
         raise NotImplementedError
 
-    def build_dataset(self, path, stride):
-        """The validation dataset at `path` (the same for training and the val scripts); stride: the model's largest."""
+    def build_dataset(self, path, stride, rect=True):
+        """The validation dataset at `path` (the same for training and the val scripts); stride: the model's largest;
+        `rect`: each batch letterboxed to its own rectangle, else every image to the square --imgsz (what a static
+        export takes)."""
         raise NotImplementedError
 
     def init_metrics(self, model):
@@ -149,10 +151,11 @@ class BaseValidator:
         return labels_to(batch, device, ("masks", "cls"))
 
     # ---------------------------------------------------------------- data
-    def build_dataloader(self, path, stride):
-        """This rank's share of the dataset at `path`, in whole batches (see ShardedBatchSampler)."""
+    def build_dataloader(self, path, stride, rect=True):
+        """This rank's share of the dataset at `path`, in whole batches (see ShardedBatchSampler); `rect`: as
+        build_dataset's."""
         with du.torch_distributed_zero_first(du.get_local_rank()):  # one rank per machine writes the label cache
-            dataset = self.build_dataset(path, stride)
+            dataset = self.build_dataset(path, stride, rect)
         sampler = ShardedBatchSampler(len(dataset), self.args.batch, du.get_rank(), du.get_world_size())
         n_workers = loader_workers(self.args.workers, self.args.batch)
         self.dataloader = DataLoader(dataset, batch_sampler=sampler, num_workers=n_workers, worker_init_fn=seed_worker,
@@ -298,6 +301,7 @@ class BaseValidator:
         with du.session(device):
             backend = InferenceBackend(options.weights, device=device)
             options = dataclasses.replace(options, **run_values(options, backend.run))
+            options = dataclasses.replace(options, **static_input(backend, options.imgsz, options.batch))
             model, stride, task = validation_model(backend, options.imgsz)
             check_task(task, cls.tasks, f"--weights {options.weights}", "val")
             model, options = cls.adapt_to_weights(model, stride, options)
@@ -316,7 +320,8 @@ class BaseValidator:
                                               mkdir=True))
             validator = cls(options, Path(du.broadcast_object(save_dir)), names, label_names=data.get("label_names"))
             with problems_listed_on_failure(validator.save_dir, options.split, write=du.is_main_process()):
-                dataset = validator.build_dataloader(cls.split_path(data, options.split), stride).dataset
+                dataset = validator.build_dataloader(cls.split_path(data, options.split), stride,
+                                                     rect=backend.dynamic).dataset
             if du.is_main_process():  # as training does
                 write_problems(validator.save_dir, {options.split: dataset.problems})
             stats = validator(model, final=True)

@@ -27,6 +27,7 @@ from utils.budget import MAX_CLASSES, MAX_EXPORT_BATCH, MAX_EXPORT_INPUT, MAX_EX
 from utils.dist import is_main_process
 from utils.dry_run import DryRunError, dry_run, inference_seconds, wall_clock_guard
 from utils.errors import BadFile, BadOption
+from utils.log import LOGGER
 from utils.ops import OutputLayout
 from utils.tasks import TASKS
 from utils.text import has_controls
@@ -63,10 +64,11 @@ def unflatten_outputs(flat, structure):
     return tuple(unflatten_outputs(flat, s) for s in structure)
 
 
-def export_metadata(model, imgsz, batch, dynamic, half, structure, data=None):
-    """What an exported file carries; `structure`: the nesting of ExportWrapper's outputs (flatten_outputs); `data`:
-    the dataset of the run the weights come from (engine/inherit.py), where known. Exports made before ExportWrapper
-    kept only what inference reads declare the whole eval output (prototypes at their path in it): they still run."""
+def export_metadata(model, imgsz, batch, half, structure, data=None):
+    """What every format exported from `model` carries (each format adds whether it is `dynamic`); `structure`: the
+    nesting of ExportWrapper's outputs (flatten_outputs); `data`: the dataset of the run the weights come from
+    (engine/inherit.py), where known. Exports made before ExportWrapper kept only what inference reads declare the
+    whole eval output (prototypes at their path in it): they still run."""
     head = model.model[-1]
     return {
         "task": model_task(model),
@@ -76,7 +78,6 @@ def export_metadata(model, imgsz, batch, dynamic, half, structure, data=None):
         "layout": dataclasses.asdict(export_layout(head.output_layout)) if hasattr(head, "output_layout") else None,
         "imgsz": list(imgsz),
         "batch": int(batch),
-        "dynamic": bool(dynamic),
         "half": bool(half),
         "outputs": structure,
         **({"data": str(data)} if data else {}),
@@ -425,13 +426,29 @@ class ExportWrapper(nn.Module):
 
 def validation_model(backend, imgsz):
     """(model, largest stride, task) for a val script from its InferenceBackend: the `.pt` module itself (summary
-    printed by rank 0), or the backend of a dynamic export (validation batches are letterboxed to each batch's own
-    rectangle)."""
+    printed by rank 0), or the backend of an export."""
     if backend.model is not None:
         if is_main_process():
             backend.model.info(imgsz=imgsz)
         return backend.model, backend.stride, backend.task
-    if not backend.dynamic:
-        raise BadOption(f"--weights {backend.weights}: validation needs an export made with --dynamic (its batches are "
-                        "rectangles of varying size)")
     return backend, backend.stride, backend.task
+
+
+def static_input(backend, imgsz, batch):
+    """{'imgsz', 'batch'} a val script runs a static export at, {} for a `.pt` or a dynamic export (validated as the
+    `.pt` is, each batch letterboxed to its own rectangle). A static export takes one size: every image is
+    letterboxed square to it (as Ultralytics validates its static exports), in batches of the size it was exported
+    with (a last, smaller one padded). An --imgsz given for another size is replaced, in one line, as predict does."""
+    if backend.dynamic:
+        return {}
+    h, w = backend.imgsz
+    if h != w:
+        raise BadOption(f"--weights {backend.weights} takes {h}x{w} images only, and validation letterboxes them "
+                        f"square: export it with --img {max(h, w)} or --dynamic")
+    if imgsz != h:
+        LOGGER.warning(f"{backend.weights} takes {h}x{w} images only (exported without --dynamic): validating at "
+                       f"that size instead of --imgsz {imgsz}")
+    if batch != backend.batch:
+        LOGGER.info(f"{backend.weights} takes batches of {backend.batch} (exported without --dynamic): --batch-size "
+                    f"{batch} -> {backend.batch}")
+    return {"imgsz": h, "batch": backend.batch}

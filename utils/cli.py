@@ -403,6 +403,11 @@ def val_parser(options, description, project, batch_default=None, boxes=True):
 
 
 EXPORT_FORMATS = ("onnx", "torchscript", "openvino", "engine")
+# Whether a format takes any batch and image size where --dynamic/--no-dynamic does not say. OpenVINO's CPU plugin
+# pays about 55 ms the first time a dynamic IR meets an input shape and then runs a 640x480 input no faster than a
+# static IR runs 640x640 (docs/deploy.md), so its IR is fixed at --img, as Ultralytics' is; a TensorRT engine always
+# takes a range of batches.
+EXPORT_DYNAMIC = {"onnx": True, "torchscript": True, "openvino": False, "engine": True}
 DEFAULT_OPSET = 17  # every model of this project exports at it (tests/models/test_export.py)
 
 

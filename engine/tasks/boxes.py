@@ -202,8 +202,8 @@ class BoxValidator(BaseValidator):
                                 f"{data['kpt_shape']}")
         return names
 
-    def build_dataset(self, path, stride):
-        return YOLODataset(path, imgsz=self.args.imgsz, batch_size=self.args.batch, augment=False, rect=True,
+    def build_dataset(self, path, stride, rect=True):
+        return YOLODataset(path, imgsz=self.args.imgsz, batch_size=self.args.batch, augment=False, rect=rect,
                            stride=stride, pad=0.5, prefix="val: ", nc=self.label_nc,
                            names=self.label_names, single_cls=self.args.single_cls, names_from=self.args.names_from,
                            task=self.record.val_labels(self.args))

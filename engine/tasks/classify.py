@@ -128,7 +128,7 @@ class ClassificationValidator(BaseValidator):
                                 f"--data {options.data} (its classes: {', '.join(names.values())})")
         return names
 
-    def build_dataset(self, path, stride):
+    def build_dataset(self, path, stride, rect=True):  # classifiers' images are cropped square at any rect
         return ClassificationDataset(path, imgsz=self.args.imgsz, augment=False, prefix="val: ", names=self.names)
 
     def preprocess(self, batch, device, half):

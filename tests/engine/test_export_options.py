@@ -26,7 +26,7 @@ def test_the_exporter_reads_a_namespace_naming_some_options_as_export_options():
 
     exporter = Exporter(SimpleNamespace(weights="w.pt", include=["onnx"], opset=13))
     assert exporter.opt == ExportOptions(weights="w.pt", include=["onnx"], opset=13)
-    assert (exporter.opt.modules, exporter.opt.dynamic, exporter.opt.device) == ([], True, "cpu")
+    assert (exporter.opt.modules, exporter.opt.dynamic, exporter.opt.device) == ([], None, "cpu")  # None: per format
 
 
 def test_the_export_arguments_made_from_the_fields_keep_their_order_and_help(capsys, monkeypatch):
@@ -42,6 +42,7 @@ def test_the_export_arguments_made_from_the_fields_keep_their_order_and_help(cap
                  "onnx) --imgsz",
                  "--batch-size BATCH_SIZE, --batch BATCH_SIZE example input batch; with --no-dynamic the largest batch "
                  "the file takes (default: 1) --device", "--dynamic, --no-dynamic any batch and image size",
-                 "only the example input's (default: True) --simplify", "--opset OPSET ONNX opset version; the "
+                 "only the example input's (default: fixed for openvino, which runs a fixed input fastest; any for "
+                 "the other formats) --simplify", "--opset OPSET ONNX opset version; the "
                  "versions this torch exports are checked before exporting (default: 17) --int8"):
         assert said in text

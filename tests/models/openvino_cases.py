@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from models_testutil import NAMES, assert_same_inference_outputs, save_checkpoint
+from models_testutil import NAMES, assert_close_per_channel, assert_same_inference_outputs, save_checkpoint
 
 import models.backend as backend_module
 from engine.calibration import CalibrationError, letterboxed, spread
@@ -35,8 +35,8 @@ MODELS = [("yolov5n.yaml", DetectionModel), ("yolov8n-seg.yaml", SegmentationMod
 
 
 def export(weights, include=("openvino",), **options):
-    opt = SimpleNamespace(weights=str(weights), include=list(include), imgsz=[64], batch_size=1, device="cpu",
-                          **options)
+    opt = SimpleNamespace(**{"weights": str(weights), "include": list(include), "imgsz": [64], "batch_size": 1,
+                             "device": "cpu", **options})
     return Exporter(opt, {name: task.inputs for name, task in TASKS.items()})()
 
 
@@ -55,18 +55,24 @@ def calib_data(tmp_path_factory):
 @pytest.mark.parametrize("cfg,cls", MODELS, ids=[m[0].removesuffix(".yaml") for m in MODELS])
 def test_openvino_fp32_matches_pytorch_and_carries_the_metadata(cfg, cls, tmp_path):
     weights = save_checkpoint(cfg, cls, tmp_path / "model.pt")
-    (folder,) = export(weights)
+    (folder,) = export(weights)  # fixed at --img by default, as OpenVINO runs fastest
     assert folder == tmp_path / "model_openvino_model" and {p.name for p in folder.iterdir()} == {"model.xml",
                                                                                                "model.bin"}
     ref_model = attempt_load(weights, fuse=False)  # unfused: the export must fold BatchNorm correctly
     for path in (folder, folder / "model.xml"):  # the folder, or its .xml, as --weights
         backend = InferenceBackend(path, bf16=False)  # fp32 arithmetic asked (--amp off): the .pt's outputs
-        assert backend.format == "openvino" and backend.names == NAMES and backend.nc == 3 and backend.dynamic
-        assert backend.stride == int(max(ref_model.stride)) and backend.imgsz == (64, 64)
+        assert backend.format == "openvino" and backend.names == NAMES and backend.nc == 3 and not backend.dynamic
+        assert backend.stride == int(max(ref_model.stride)) and backend.imgsz == (64, 64) and backend.batch == 1
         assert backend.task == InferenceBackend(weights).task
         layout = getattr(ref_model, "output_layout", None)  # the prototypes, where there are some, come second
         assert backend.output_layout == (layout and dataclasses.replace(layout, proto=(1,) if layout.nm else ()))
     g = torch.Generator().manual_seed(1)
+    assert_same_inference_outputs(backend, ref_model, torch.rand(1, 3, 64, 64, generator=g))
+    with pytest.raises(BadOption, match="exported for 64x64 images"):
+        backend(torch.rand(1, 3, 96, 128))
+    (folder,) = export(weights, dynamic=True)
+    backend = InferenceBackend(folder, bf16=False)
+    assert backend.dynamic
     for x in (torch.rand(1, 3, 64, 64, generator=g), torch.rand(2, 3, 96, 128, generator=g)):  # any batch and size
         assert_same_inference_outputs(backend, ref_model, x)
 
@@ -77,11 +83,11 @@ def test_an_ir_holds_the_prediction_and_prototypes_and_one_made_with_the_raw_map
     import openvino as ov
 
     weights = save_checkpoint("yolov8n-seg.yaml", SegmentationModel, tmp_path / "new.pt")
-    (folder,) = export(weights)
+    (folder,) = export(weights, dynamic=True)
     assert len(ov.Core().read_model(str(folder / "new.xml")).outputs) == 2
     monkeypatch.setattr(ExportWrapper, "kept", lambda self, out: out)  # the exporter as it was
     monkeypatch.setattr(backend_module, "export_layout", lambda layout: layout)
-    (old,) = export(save_checkpoint("yolov8n-seg.yaml", SegmentationModel, tmp_path / "old.pt"))
+    (old,) = export(save_checkpoint("yolov8n-seg.yaml", SegmentationModel, tmp_path / "old.pt"), dynamic=True)
     ref_model = attempt_load(weights, fuse=False)
     x = torch.rand(2, 3, 96, 64, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
@@ -211,7 +217,7 @@ def test_engine_onnx_is_checked_here_and_a_machine_without_tensorrt_says_what_it
 def test_export_py_and_yolo_write_openvino_and_detect_py_runs_it(shapes_detect, tmp_path):
     weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8.pt")
     run = subprocess.run([sys.executable, str(ROOT / "export.py"), f"--weights={weights}", "format=openvino",
-                          "imgsz=64"], capture_output=True, text=True, timeout=300)
+                          "imgsz=64", "dynamic=true"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     images = shapes_detect.parent / "images" / "val"
     out = {}
@@ -227,6 +233,54 @@ def test_export_py_and_yolo_write_openvino_and_detect_py_runs_it(shapes_detect, 
     for a, b in zip(pt, ov):
         ra, rb = np.loadtxt(a, ndmin=2), np.loadtxt(b, ndmin=2)
         assert ra.shape == rb.shape and np.abs(ra - rb).max() < 1e-3
+
+
+def _validated(validator_cls, model, data, save_dir, rect):
+    """(metrics, [(input shape, prediction)] per batch) of validating `model` on `data`'s val split at 64 px."""
+    options = validator_cls.options(imgsz=64, batch=3, workers=0, plots=False)
+    d = validator_cls.get_data(str(data), options)
+    validator = validator_cls(options, save_dir, d["names"])
+    validator.build_dataloader(d["val"], 32, rect=rect)
+    seen, forward = [], model.forward
+    model.forward = lambda im: seen.append((tuple(im.shape), out := forward(im))) or out
+    try:
+        return validator(model), seen
+    finally:
+        model.forward = forward
+
+
+def test_a_static_ir_is_validated_square_at_its_size_and_batch_as_the_pt_is_there(shapes_detect, tmp_path):
+    """The default IR takes one size and batch: validation letterboxes every image square to that size, in batches of
+    its own (the last one padded, the padding's rows dropped), and gets the .pt's predictions and metrics validated
+    the same way; val.py takes it, replacing another --img in one warning line."""
+    weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8.pt")
+    (folder,) = export(weights, batch_size=3)
+    validator_cls = TASKS["detect"].validator
+    pt, pt_seen = _validated(validator_cls, attempt_load(weights), shapes_detect, tmp_path / "pt", rect=False)
+    ir, ir_seen = _validated(validator_cls, InferenceBackend(folder, bf16=False), shapes_detect, tmp_path / "ir",
+                             rect=False)
+    assert [s for s, _ in pt_seen] == [(3, 3, 64, 64), (3, 3, 64, 64), (2, 3, 64, 64)]  # 8 images, square
+    assert [s for s, _ in ir_seen] == [s for s, _ in pt_seen]
+    for (_, a), (_, b) in zip(pt_seen, ir_seen):
+        assert_close_per_channel(b[0], a[0])
+    assert pt.keys() == ir.keys() and all(abs(pt[k] - ir[k]) < 1e-4 for k in pt)
+    run = subprocess.run([sys.executable, str(ROOT / "val.py"), "--weights", str(folder), "--data", str(shapes_detect),
+                          "--img", "96", "--batch-size", "8", "--project", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    assert "validating at that size instead of --imgsz 96" in log and "--batch-size 8 -> 3" in log
+    assert "per image at shape (1, 3, 64, 64)" in log, log[-2000:]
+
+
+def test_a_static_ir_of_another_shape_than_square_is_refused_by_val_in_one_line(shapes_detect, tmp_path):
+    weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8.pt")
+    (folder,) = export(weights, imgsz=[64, 96])
+    run = subprocess.run([sys.executable, str(ROOT / "val.py"), "--weights", str(folder), "--data", str(shapes_detect),
+                          "--project", str(tmp_path / "runs")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        f"error: --weights {folder} takes 64x96 images only, and validation letterboxes them square: export it with "
+        "--img 96 or --dynamic"], run.stderr[-2000:]
 
 
 def test_an_export_sends_no_usage_report(tmp_path, monkeypatch):

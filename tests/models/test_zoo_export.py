@@ -55,7 +55,9 @@ def test_swin_exports_at_its_one_size(tmp_path):
     refused naming the block, a --no-dynamic one gives the PyTorch outputs at its size."""
     weights = save_checkpoint("yolov8n-swinv2.yaml", DetectionModel, tmp_path / "swin.pt")
     with pytest.raises(BadOption, match="C3STR.*--no-dynamic"):
-        export(weights, ["onnx"], imgsz=(96, 128))
+        export(weights, ["onnx"], imgsz=(96, 128))  # --dynamic asked
+    files = export(weights, ["onnx", "torchscript"], imgsz=(96, 128), dynamic=None)  # each format's default: fixed
+    assert not any(InferenceBackend(f).dynamic for f in files)
     files = export(weights, ["onnx", "torchscript"], imgsz=(96, 128), dynamic=False)
     assert _same_shapes_as_onnxruntime(files[0], (1, 3, 96, 128))
     x = torch.rand(1, 3, 96, 128, generator=torch.Generator().manual_seed(2))
