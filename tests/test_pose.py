@@ -137,6 +137,42 @@ def test_export_parity(pose_run, tmp_path):
         assert (err <= 1e-4 * scale + 1e-7).all(), f"{suffix}: worst {(err / scale).max():.3g}"
 
 
+def test_a_static_export_is_validated_square_as_the_pt_is_there(pose_run, tmp_path):
+    """pose/val.py takes a --no-dynamic export: every image letterboxed square to its size, in batches of its batch
+    (the last padded); its box and keypoint metrics are the .pt's validated the same way."""
+    pytest.importorskip("onnxruntime")
+    import subprocess
+    import sys
+
+    from engine.tasks import TASKS
+    from export import main as export_main
+    from export import parse_opt as export_opt
+    from models.backend import InferenceBackend
+    from models.checkpoints import attempt_load
+
+    trainer, data = pose_run
+    weights = tmp_path / "best.pt"
+    weights.write_bytes((trainer.save_dir / "weights" / "best.pt").read_bytes())
+    export_main(export_opt(["--weights", str(weights), "--include", "onnx", "--img", "96", "--batch", "3",
+                            "--no-dynamic", "--device", "cpu"]))
+    validator_cls = TASKS["pose"].validator
+
+    def validate(model, name):
+        options = validator_cls.options(imgsz=96, batch=3, workers=0, plots=False)
+        d = validator_cls.get_data(str(data), options)
+        validator = validator_cls(options.for_dataset(d), tmp_path / name, d["names"])
+        validator.build_dataloader(d["val"], 32, rect=False)
+        return validator(model)
+
+    pt, onnx = validate(attempt_load(weights), "pt"), validate(InferenceBackend(weights.with_suffix(".onnx")), "onnx")
+    assert pt.keys() == onnx.keys() and all(abs(pt[k] - onnx[k]) < 1e-4 for k in pt)
+    assert min(v for k, v in pt.items() if k.startswith("metrics/mAP50(")) > 0.5  # a model that finds them
+    run = subprocess.run([sys.executable, str(ROOT / "pose" / "val.py"), "--weights", str(weights.with_suffix(".onnx")),
+                          "--data", str(data), "--project", str(tmp_path / "runs")], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and "--batch-size 32 -> 3" in run.stdout + run.stderr, run.stderr[-2000:]
+
+
 def test_hub_results_carry_keypoints(pose_run):
     import hubconf
 
