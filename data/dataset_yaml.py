@@ -79,14 +79,19 @@ def _check_given(data):
 
 
 def find_dataset_yaml(data):
-    """`data` itself, else `<data>.yaml`, else the repo's data/<name> or data/<name>.yaml."""
+    """`data` itself, else `<data>.yaml`; a bare name also as the repo's data/<name> or data/<name>.yaml, and a
+    relative path also from the repo's root. A path naming folders is never swapped for a file of the same name
+    elsewhere: a mistyped /data/coco128.yaml would validate on the repo's own coco128 without a word."""
     _check_given(data)
     p = Path(data)
     candidates = [p]
     if p.name:  # '.', '..' and '/' have no name to look up
         if p.suffix not in (".yaml", ".yml"):
             candidates.append(p.with_name(p.name + ".yaml"))
-        candidates += [ROOT / "data" / p.name, ROOT / "data" / f"{p.name}.yaml"]
+        if len(p.parts) == 1:
+            candidates += [ROOT / "data" / p.name, ROOT / "data" / f"{p.name}.yaml"]
+        elif not p.is_absolute():
+            candidates += [ROOT / c for c in list(candidates)]
     for c in candidates:
         if c.is_file():
             return c
@@ -94,7 +99,7 @@ def find_dataset_yaml(data):
     if p.is_dir():
         raise DatasetError(f"{data} is a folder: detection and segmentation read a dataset YAML (path, train, val, "
                            f"names; e.g. {ROOT / 'data' / 'shapes.yaml'}){f', and no {tried} exists' if tried else ''}")
-    raise DatasetNotFoundError(f"{data}: dataset YAML not found (also tried {tried})")
+    raise DatasetNotFoundError(f"{data}: dataset YAML not found{f' (also tried {tried})' if tried else ''}")
 
 
 def _load(yaml_file):

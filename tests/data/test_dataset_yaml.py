@@ -87,6 +87,24 @@ def test_one_line_errors(tmp_path):
     assert "absent.yaml" in _one_line(e)
 
 
+def test_a_dataset_path_naming_folders_is_never_swapped_for_the_repo_s_file_of_that_name(tmp_path, monkeypatch):
+    """A bare name finds the repo's data/<name>[.yaml]; a relative path is also tried from the repo's root; a path
+    naming folders that do not hold it is refused (it used to validate on the repo's coco128.yaml)."""
+    from data.dataset_yaml import find_dataset_yaml
+    from utils.files import ROOT
+
+    monkeypatch.chdir(tmp_path)
+    assert find_dataset_yaml("coco128") == find_dataset_yaml("coco128.yaml") == ROOT / "data" / "coco128.yaml"
+    assert find_dataset_yaml("data/coco128.yaml") == ROOT / "data" / "coco128.yaml"
+    for wrong in (tmp_path / "datasets" / "coco128.yaml", "datasets/coco128.yaml", "datasets/coco128"):
+        with pytest.raises(DatasetNotFoundError) as e:
+            find_dataset_yaml(wrong)
+        assert _one_line(e).startswith(f"{wrong}: dataset YAML not found") and "data/coco128" not in _one_line(e)
+    (tmp_path / "data").mkdir()
+    local = _write(tmp_path / "data" / "coco128.yaml", {"train": "a", "val": "b", "names": ["x"]})
+    assert find_dataset_yaml("data/coco128.yaml") == Path("data/coco128.yaml") and local.is_file()
+
+
 def _record_downloads(monkeypatch):
     calls = []
     def record(urls, dir, threads=1, within=None):
