@@ -27,7 +27,7 @@ from engine.export_targets import (
 )
 from engine.inherit import run_values
 from engine.options import ExportOptions
-from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs
+from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs, model_task
 from models.checkpoints import load_model
 from models.registry import use_modules
 from utils import dist as du
@@ -99,6 +99,10 @@ class Exporter:
         device = next(model.parameters()).device
         dynamic = self._dynamic(model, opt)
         imgsz = _imgsz(opt.imgsz if isinstance(opt.imgsz, list) else [opt.imgsz], int(max(model.stride)))
+        fixed = [fmt for fmt in dict.fromkeys(opt.include) if not dynamic[fmt]]
+        if fixed and imgsz[0] != imgsz[1] and model_task(model) == "classify":  # predict and val crop it square
+            raise BadOption(f"--img {imgsz[0]} {imgsz[1]}: a classifier sees square crops, and {', '.join(fixed)} "
+                            f"would take {imgsz[0]}x{imgsz[1]} only: export it with --img {max(imgsz)} or --dynamic")
         settle_batch(model, imgsz, opt.batch_size, device, f"--weights {opt.weights}", export=True)
         model.info(imgsz=imgsz[0])
         for p in model.parameters():
