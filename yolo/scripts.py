@@ -37,14 +37,15 @@ def load_script(task, mode):
 
 
 def model_task(model):
-    """The task of a model YAML or weights file: its name's suffix (yolov8n-seg.yaml), else, for a file that exists,
-    what its head declares; 'detect' otherwise (the detection scripts then say where another model belongs)."""
+    """The task of a model YAML or weights file: its name's suffix (yolov8n-seg.yaml), else, for a file or OpenVINO
+    folder that exists, what its head declares; 'detect' otherwise (the detection scripts then say where another
+    model belongs)."""
     found = re.search(rf"-({'|'.join(SUFFIX_TASKS)})\d*(\.\w+)?$", Path(str(model)).name)
     if found:
         return SUFFIX_TASKS[found.group(1)]
     path = Path(str(model))
-    if path.suffix.lower() in (".pt", ".onnx", ".torchscript") and path.is_file():
-        from models.backend import InferenceBackend
+    if path.suffix.lower() in (".pt", ".onnx", ".torchscript", ".xml") and path.is_file() or path.is_dir():
+        from models.backend import InferenceBackend  # a folder: an OpenVINO IR's (it says so where it is not)
 
         return InferenceBackend(path).task
     if path.suffix.lower() in (".yaml", ".yml"):
@@ -62,7 +63,7 @@ def check_model(model):
     (`yolov8q.yaml`), nor a file, nor official weights the scripts would download (`yolov8q.pt`): what `YOLO(...)`
     refuses at once, where the scripts would refuse it only when they run."""
     path = Path(str(model))
-    if path.is_file():
+    if path.is_file() or path.is_dir():  # a folder: an OpenVINO IR's, checked where it is read
         return
     if path.suffix.lower() in (".yaml", ".yml"):
         from models.model_yaml import yaml_model_load

@@ -293,3 +293,20 @@ def test_an_export_sends_no_usage_report(tmp_path, monkeypatch):
     export(save_checkpoint("yolov5n.yaml", DetectionModel, tmp_path / "model.pt"))
     assert "CI" not in __import__("os").environ
     assert tm.Telemetry().consent is False and not any(consent for consent, _ in sent)
+
+
+def test_yolo_takes_an_ir_folder_or_its_xml_and_reads_its_task_from_it(shapes_segment, tmp_path):
+    """YOLO(folder) as the scripts take --weights folder: the task is the IR's own (its name has no -seg), and val
+    and predict run it at its fixed size."""
+    from yolo import YOLO
+
+    weights = save_checkpoint("yolov8n-seg.yaml", SegmentationModel, tmp_path / "masks.pt")
+    folder = Path(YOLO(weights).export(format="openvino", imgsz=64))
+    assert folder == tmp_path / "masks_openvino_model"
+    for model in (YOLO(folder), YOLO(folder / "masks.xml")):
+        assert model.task == "segment"
+    metrics = YOLO(folder).val(data=str(shapes_segment), imgsz=96, project=str(tmp_path / "runs"))
+    assert set(metrics.results_dict) >= {"metrics/mAP50(B)", "metrics/mAP50(M)"}
+    image = next((shapes_segment.parent / "images" / "val").iterdir())
+    (result,) = YOLO(folder).predict(source=str(image), conf=0.001, save=False)
+    assert result.masks is not None and result.masks.data.shape[1:] == result.orig_shape
