@@ -24,9 +24,19 @@ def _wrap(model, autoshape, device):
 
 
 def custom(path, autoshape=True, device=None):
-    """A checkpoint of ours (best.pt / last.pt) or an official YOLOv5 / YOLOv7 / YOLOv8 `.pt` file."""
+    """A checkpoint of ours (best.pt / last.pt), an official YOLOv5 / YOLOv7 / YOLOv8 `.pt` file, or a file or
+    OpenVINO folder made with export.py (autoshape letterboxes images to the one size a static export takes)."""
+    from pathlib import Path
+
     from models.checkpoints import attempt_load
 
+    if Path(path).is_dir() or Path(path).suffix.lower() in (".onnx", ".torchscript", ".xml", ".engine"):
+        from engine.tasks import TASKS
+        from models.backend import InferenceBackend
+        from models.hub import HubModel
+
+        backend = InferenceBackend(path, device=device or "cpu")
+        return HubModel(backend, TASKS[backend.task].fields) if autoshape else backend
     return _wrap(attempt_load(path, device="cpu", fuse=True), autoshape, device)
 
 

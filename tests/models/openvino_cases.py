@@ -310,3 +310,20 @@ def test_yolo_takes_an_ir_folder_or_its_xml_and_reads_its_task_from_it(shapes_se
     image = next((shapes_segment.parent / "images" / "val").iterdir())
     (result,) = YOLO(folder).predict(source=str(image), conf=0.001, save=False)
     assert result.masks is not None and result.masks.data.shape[1:] == result.orig_shape
+
+
+def test_torch_hub_custom_takes_an_ir_folder_as_the_yolo_class_does(tmp_path):
+    """hubconf.custom(path=folder) runs the IR (it said 'weights file not found' of the folder): on a non-square
+    image, letterboxed square to the IR's size, the masks are the image's size and the rows are YOLO(folder)'s."""
+    from yolo import YOLO
+
+    weights = save_checkpoint("yolov8n-seg.yaml", SegmentationModel, tmp_path / "hub.pt")
+    (folder,) = export(weights)
+    im = (np.random.default_rng(0).random((90, 70, 3)) * 255).astype(np.uint8)
+    hub = torch.hub.load(str(ROOT), "custom", path=str(folder), source="local")
+    hub.conf = 0.001
+    (got,) = hub(im[..., ::-1])  # torch.hub takes RGB arrays, YOLO.predict BGR ones (as cv2 reads them)
+    (want,) = YOLO(folder).predict(source=im, conf=0.001)
+    assert got.orig_shape == want.orig_shape == (90, 70) and got.masks.shape[1:] == (90, 70)
+    assert len(got.boxes) > 0 and torch.equal(got.boxes.data, want.boxes.data)
+    assert torch.equal(got.masks.data, want.masks.data)
