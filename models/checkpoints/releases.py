@@ -43,6 +43,9 @@ def resolve_weights(weights):
     path = Path(weights)
     if path.is_file():
         return path
+    if path.is_dir():  # an OpenVINO IR's folder, most likely: export.py's default for --include openvino
+        raise BadFile(f"{weights}: a folder, not a .pt checkpoint (a model exported with export.py runs in the "
+                      "predict and val scripts only)")
     if path.name == str(weights) and official_url(path.name):
         return attempt_download(path.name)
     raise BadFile(f"weights file not found: {weights}")

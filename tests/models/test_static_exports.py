@@ -35,3 +35,21 @@ def test_a_static_classifier_of_a_non_square_size_is_refused_in_one_line(tmp_pat
     export(weights, ["openvino"], imgsz=[64, 96], dynamic=True)
     export(weights, ["openvino"], imgsz=[96])
     assert [(m["imgsz"], m["dynamic"]) for m in written] == [([64, 96], True), ([96, 96], False)]
+
+
+def test_export_and_train_from_an_ir_folder_say_it_is_a_folder_in_one_line(tmp_path):
+    """export.py --weights x_openvino_model (the IR the default export writes) said 'weights file not found' of a
+    folder that is there."""
+    import subprocess
+    import sys
+
+    from utils.files import ROOT
+
+    folder = tmp_path / "best_openvino_model"
+    folder.mkdir()
+    (folder / "best.xml").write_text("<net/>")
+    run = subprocess.run([sys.executable, str(ROOT / "export.py"), "--weights", str(folder), "--include", "onnx"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        f"error: {folder}: a folder, not a .pt checkpoint (a model exported with export.py runs in the predict and "
+        "val scripts only)"], run.stderr[-2000:]
