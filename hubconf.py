@@ -28,9 +28,11 @@ def custom(path, autoshape=True, device=None):
     OpenVINO folder made with export.py (autoshape letterboxes images to the one size a static export takes)."""
     from pathlib import Path
 
+    from models.backend import FORMATS
     from models.checkpoints import attempt_load
 
-    if Path(path).is_dir() or Path(path).suffix.lower() in (".onnx", ".torchscript", ".xml", ".engine"):
+    # an export (a file or an OpenVINO folder) by the table the backend reads formats from
+    if Path(path).is_dir() or FORMATS.get(Path(path).suffix.lower(), "pytorch") != "pytorch":
         from engine.tasks import TASKS
         from models.backend import InferenceBackend
         from models.hub import HubModel
