@@ -72,16 +72,17 @@ def _no_telemetry():
             os.environ["CI"] = before
 
 
-def export_openvino(wrapper, im, folder, meta, dynamic, calib=None):
+def export_openvino(wrapper, im, folder, meta, calib=None):
     """Write the IR of `wrapper` (the exported model, outputs flat) into `folder`: any batch and image size where
-    `dynamic`, else im's shape; INT8 where `calib` (prepared images, engine/calibration.py) is given. The folder is
-    written beside and then renamed, so a failed export leaves the last one whole."""
+    the metadata `meta` says it is `dynamic`, else im's shape; INT8 where `calib` (prepared images,
+    engine/calibration.py) is given. The folder is written beside and then renamed, so a failed export leaves the
+    last one whole."""
     try:
         import openvino as ov
     except ImportError:
         raise BadOption("--include openvino needs openvino: pip install openvino (or pip install -e '.[openvino]')"
                         ) from None
-    shape = [-1, 3, -1, -1] if dynamic else list(im.shape)
+    shape = [-1, 3, -1, -1] if meta["dynamic"] else list(im.shape)
     with _no_telemetry():
         ov_model = ov.convert_model(wrapper, example_input=im, input=[ov.PartialShape(shape)])
     ov_model.inputs[0].get_tensor().set_names({"images"})

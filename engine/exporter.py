@@ -149,7 +149,7 @@ class Exporter:
         return {fmt: default[fmt] if opt.dynamic is None else opt.dynamic for fmt in FORMATS}
 
     def export_openvino(self, wrapper, im, f, meta, n_out, calib):
-        export_openvino(wrapper, im, f, meta, meta["dynamic"], calib)
+        export_openvino(wrapper, im, f, meta, calib)
 
     def export_engine(self, wrapper, im, f, meta, n_out, calib):
         """The ONNX graph (dynamic batch and size, at the default opset) is written and checked here on any machine;
