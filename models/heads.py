@@ -91,7 +91,8 @@ class Detect(nn.Module):
         grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2) - 0.5  # the -0.5 of xy * 2 - 0.5 lives here
         anchor_grid = (self.anchors[i] * self.stride[i]).view(1, self.na, 1, 1, 2).to(p.dtype)
         # one sigmoid over box and scores, then the split: an exported graph runs one op where three cost 0-5% of
-        # a 640 px OpenVINO inference of yolov5n (the same values: it is elementwise)
+        # a 640 px OpenVINO inference of yolov5n (the same values to one ulp: on the contiguous block PyTorch's
+        # sigmoid takes its vector path, on the split's strided views its scalar one)
         scores, mask = p.split((5 + self.nc, self.nm), 4)
         xy, wh, conf = scores.sigmoid().split((2, 2, self.nc + 1), 4)
         xy = (xy * 2 + grid) * self.stride[i]
