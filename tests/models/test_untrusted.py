@@ -296,8 +296,10 @@ def test_every_entry_point_refuses_every_kind(files, tmp_path, shapes_detect, sh
             errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
             assert e.value.code == 2 and len(errors) == 1 and "refusing" in errors[0], (entry, kind, out.err[-1500:])
             assert "Traceback" not in out.out + out.err and no_payload_ran(files), (entry, kind)
-        with pytest.raises(UnsafeCheckpoint):  # torch.hub.load(repo, "custom", path=...) calls this
-            hubconf.custom(files.paths[SAMPLE[ENTRIES.index(entry) % len(SAMPLE)]])
+        # torch.hub.load(repo, "custom", path=...) calls this; a .torchscript goes to the export loader's own check
+        kind = SAMPLE[ENTRIES.index(entry) % len(SAMPLE)]
+        with pytest.raises(UnsafeTorchScript if kind == "torchscript" else UnsafeCheckpoint, match="^refusing"):
+            hubconf.custom(files.paths[kind])
     assert no_payload_ran(files)
 
 
