@@ -45,6 +45,25 @@ def test_habit_words_of_predict():
     assert detect.parse_opt(["save=True"]).nosave is False
 
 
+def test_a_bare_on_off_key_turns_it_on_unless_it_is_the_flag_before_s_value():
+    """Ultralytics reads `format=onnx dynamic` as dynamic=True; a word after a flag that takes a value stays its
+    value, and a word that names no switch stays where argparse puts it."""
+    import export
+
+    words, _ = script_words(["export", "model=best.pt", "format=onnx", "dynamic", "half"])
+    opt = export.parse_opt(words)
+    assert (opt.include, opt.dynamic, opt.half) == (["onnx"], True, True)
+    opt = detect.parse_opt(["--name", "half", "save_txt", "show", "track", "--source", "a.jpg", "augment"])
+    assert (opt.name, opt.half, opt.save_txt, opt.view_img, opt.track, opt.source, opt.augment) == \
+        ("half", False, True, True, "bytetrack", "a.jpg", True)
+    opt = train.parse_opt(["cache", "rect", "--nosave", "cos_lr"]).opt
+    assert (opt.cache, opt.rect, opt.nosave, opt.cos_lr) == ("ram", True, True, True)
+    with pytest.raises(BadOption, match="argument --cache: invalid choice: 'rect'"):  # --cache's value, as typed
+        train.parse_opt(["--cache", "rect"])
+    with pytest.raises(BadOption, match="unrecognized arguments: dynamc"):
+        detect.parse_opt(["dynamc"])
+
+
 @pytest.mark.parametrize("words, said", [
     (["epoch=1"], "epoch=1: no option --epoch; did you mean epochs=?"),
     (["--epcohs", "1"], "unrecognized arguments: --epcohs 1; did you mean --epochs?"),

@@ -243,13 +243,31 @@ class Parser(argparse.ArgumentParser):
         """`key=value` words, as Ultralytics' users type them (`epochs=3 batch=8 model=yolov8n.yaml`), as the flags
         they stand for, beside flags given as flags; `assignment_flags` says how each becomes flags."""
         out = []
-        for tok in args:
+        for i, tok in enumerate(args):
             key, eq, value = tok.partition("=")
-            if tok.startswith("-") or not eq or not re.fullmatch(r"[A-Za-z_][\w-]*", key):
+            if not eq and self._bare_switch(tok, args[i - 1] if i else None):
+                out += self.assignment_flags(tok, "true")
+            elif tok.startswith("-") or not eq or not re.fullmatch(r"[A-Za-z_][\w-]*", key):
                 out.append(tok)
-                continue
-            out += self.assignment_flags(key, value)
+            else:
+                out += self.assignment_flags(key, value)
         return out
+
+    def _switch(self, key):
+        """The on/off action `key` (a name or Ultralytics' alias) names, or None."""
+        name = KEY_ALIASES.get(key, key).replace("_", "-")
+        action = self._option_string_actions.get(f"--{name}")
+        return action if action is not None and action.nargs in (0, "?") else None
+
+    def _bare_switch(self, word, previous):
+        """True for an on/off option named alone (`format=onnx dynamic`: Ultralytics turns a bare boolean key on),
+        unless it is the value of the flag before it (`--name half`)."""
+        if not re.fullmatch(r"[A-Za-z_][\w-]*", word) or self._switch(word) is None:
+            return False
+        if previous is None or not previous.startswith("-") or "=" in previous:
+            return True
+        before = self._option_string_actions.get(previous)
+        return before is not None and before.nargs == 0
 
     def assignment_flags(self, key, value):
         """The flags `key=value` stands for; `value` text (the command line's) or a Python value (yolo.YOLO's

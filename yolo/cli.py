@@ -9,7 +9,8 @@ script for that task and mode with ARGS, given as `key=value` words, as the scri
 TASK: detect (the default when the model does not say), segment, classify, pose. MODE: train, val, predict,
 export. `yolo TASK MODE --help` lists the script's options; each `key=value` is the flag of that name (utils/cli.py
 `Parser.expand_assignments`: batch, conf, iou, format and model stand for --batch-size, --conf-thres, --iou-thres,
---include, and --cfg / --weights; save=False, show and line_width for --nosave, --view-img, --line-thickness). Also
+--include, and --cfg / --weights; save=False, show and line_width for --nosave, --view-img, --line-thickness; an
+on/off key alone turns it on: `format=onnx dynamic`). Also
 Ultralytics' `yolo train resume model=last.pt` and `yolo train model=last.pt resume=True` (--resume last.pt),
 `verbose=False` and `stream=True` (`habit_words`); a misspelt key, flag or model name is refused with the closest one.
 A model YAML given to val, predict, track or export runs its model untrained, as Ultralytics does (yolo/untrained.py).
