@@ -424,6 +424,16 @@ class ExportWrapper(nn.Module):
         return flatten_outputs(self.kept(self.model(x)))[0]
 
 
+def weights_task(weights):
+    """The task a weights file or OpenVINO folder serves: an IR's from its checked metadata without compiling it (the
+    script that runs it compiles it once), other formats' as the backend loads them."""
+    if _weights_format(weights) == "openvino":
+        runner = OpenVINORunner(weights)
+        if runner.metadata_text:
+            return _parse_metadata(runner.metadata_text, weights)["task"]
+    return InferenceBackend(weights).task
+
+
 def validation_model(backend, imgsz):
     """(model, largest stride, task) for a val script from its InferenceBackend: the `.pt` module itself (summary
     printed by rank 0), or the backend of an export."""

@@ -45,9 +45,9 @@ def model_task(model):
         return SUFFIX_TASKS[found.group(1)]
     path = Path(str(model))
     if path.suffix.lower() in (".pt", ".onnx", ".torchscript", ".xml") and path.is_file() or path.is_dir():
-        from models.backend import InferenceBackend  # a folder: an OpenVINO IR's (it says so where it is not)
+        from models.backend import weights_task  # a folder: an OpenVINO IR's (it says so where it is not)
 
-        return InferenceBackend(path).task
+        return weights_task(path)
     if path.suffix.lower() in (".yaml", ".yml"):
         from models.yolo import head_task, yaml_model_load
 

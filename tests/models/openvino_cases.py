@@ -295,16 +295,20 @@ def test_an_export_sends_no_usage_report(tmp_path, monkeypatch):
     assert tm.Telemetry().consent is False and not any(consent for consent, _ in sent)
 
 
-def test_yolo_takes_an_ir_folder_or_its_xml_and_reads_its_task_from_it(shapes_segment, tmp_path):
-    """YOLO(folder) as the scripts take --weights folder: the task is the IR's own (its name has no -seg), and val
-    and predict run it at its fixed size."""
+def test_yolo_takes_an_ir_folder_or_its_xml_and_reads_its_task_from_it(shapes_segment, tmp_path, monkeypatch):
+    """YOLO(folder) as the scripts take --weights folder: the task is the IR's own (its name has no -seg), read
+    without compiling the IR (the script that runs it compiles it, once), and val and predict run it at its fixed
+    size."""
+    from models.runtimes import OpenVINORunner
     from yolo import YOLO
 
     weights = save_checkpoint("yolov8n-seg.yaml", SegmentationModel, tmp_path / "masks.pt")
     folder = Path(YOLO(weights).export(format="openvino", imgsz=64))
     assert folder == tmp_path / "masks_openvino_model"
-    for model in (YOLO(folder), YOLO(folder / "masks.xml")):
-        assert model.task == "segment"
+    with monkeypatch.context() as m:
+        m.setattr(OpenVINORunner, "compile", lambda *a: pytest.fail("the IR was compiled to read its task"))
+        for model in (YOLO(folder), YOLO(folder / "masks.xml")):
+            assert model.task == "segment"
     metrics = YOLO(folder).val(data=str(shapes_segment), imgsz=96, project=str(tmp_path / "runs"))
     assert set(metrics.results_dict) >= {"metrics/mAP50(B)", "metrics/mAP50(M)"}
     image = next((shapes_segment.parent / "images" / "val").iterdir())
