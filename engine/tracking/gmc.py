@@ -15,9 +15,9 @@ class SparseFlowGMC:
 
     def _grey(self, frame):
         grey = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY) if frame.ndim == 3 else frame
-        if self.downscale > 1:
+        if self.downscale > 1:  # a side under the factor stays one pixel (a 1-pixel frame: no size at all)
             h, w = grey.shape
-            grey = cv2.resize(grey, (w // self.downscale, h // self.downscale))
+            grey = cv2.resize(grey, (max(1, w // self.downscale), max(1, h // self.downscale)))
         return grey
 
     def apply(self, frame):
