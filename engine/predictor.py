@@ -10,6 +10,7 @@ the crops and csv rows (`objects`) and the log line (`summary`). Each image's re
 
 import csv
 import dataclasses
+import itertools
 from pathlib import Path
 
 import cv2
@@ -72,6 +73,7 @@ class BasePredictor:
             self.tracker.save_dir = self.save_dir
         self.show = self.args.view_img and can_show_windows()
         self.writers = {}
+        self.stems = {}  # video or stream path (None: the images) -> the stem its outputs take (output_stem)
 
     @property
     def draws(self):
@@ -171,8 +173,9 @@ class BasePredictor:
                 ids = None
                 if self.tracker is not None:  # before drawing: BoT-SORT reads the frame as it was
                     # a video's frames are one sequence; the images of a folder (or of persisting API calls) another
-                    key = path if dataset.mode != "image" else None
-                    result, ids = self.tracker.update(result, im0, key, _fps(dataset, self.args.vid_stride))
+                    key, frame = (path, dataset.frame) if dataset.mode != "image" else (None, None)
+                    result, ids = self.tracker.update(result, im0, key, _fps(dataset, self.args.vid_stride),
+                                                      self.output_stem(dataset, path), frame)
                 t3 = time_sync()
                 dt, n = [dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2], n + 1
                 orig = im0.copy() if keep_original or self.args.save_crop else im0
@@ -197,7 +200,7 @@ class BasePredictor:
         undrawn), save and show the drawn image; returns the log line's summary."""
         # the names saved (image, labels, crops) with control characters escaped: listed, they would drive a terminal
         p = Path(escape_controls(path))
-        stem = p.stem if dataset.mode == "image" else f"{p.stem}_{dataset.frame}"
+        stem = p.stem if dataset.mode == "image" else f"{self.output_stem(dataset, path)}_{dataset.frame}"
         txt_path = self.save_dir / "labels" / f"{stem}.txt" if self.args.save_txt else None
         summary = self.write_result(result, im0, txt_path)
         if ids is not None and self.draws:
@@ -208,6 +211,21 @@ class BasePredictor:
             cv2.imshow(printable(p), im0)
             cv2.waitKey(1)
         return summary
+
+    def output_stem(self, dataset, path):
+        """The stem a video's or stream's outputs take in the run folder (its saved video, label files and MOT file;
+        the images' MOT file: `images`): its own, or where an earlier source of the run took that (a.mp4 and a.avi,
+        two cameras' .../live), the same with its suffix, then with a count; a stream of several is numbered first."""
+        key = path if dataset.mode != "image" else None
+        if key not in self.stems:
+            p = Path(escape_controls(path)) if key is not None else Path("images")
+            base = f"{dataset.sources.index(path)}_{p.stem}" if dataset.mode == "stream" and len(dataset) > 1 \
+                else p.stem
+            names = itertools.chain([base, f"{base}_{p.suffix[1:]}"] if p.suffix[1:] else [base],
+                                    (f"{base}_{k}" for k in itertools.count(2)))
+            taken = set(self.stems.values())
+            self.stems[key] = next(n for n in names if n not in taken)
+        return self.stems[key]
 
     def save(self, dataset, path, im0):
         if self.args.nosave:
@@ -220,10 +238,8 @@ class BasePredictor:
             cap = getattr(dataset, "cap", None)
             fps = cap.get(cv2.CAP_PROP_FPS) if cap is not None else 30
             h, w = im0.shape[:2]
-            name = p.name
-            if dataset.mode == "stream" and len(dataset) > 1:  # rtsp://cam1/live and rtsp://cam2/live: two files
-                name = f"{dataset.sources.index(path)}_{name}"
-            out = str((self.save_dir / printable(name)).with_suffix(".mp4"))  # VideoWriter takes no other names
+            # .mp4 whatever the source's suffix: the writer's mp4v codec takes no other container
+            out = str(self.save_dir / f"{printable(self.output_stem(dataset, path))}.mp4")
             self.writers[path] = cv2.VideoWriter(out, cv2.VideoWriter_fourcc(*"mp4v"), fps or 30, (w, h))
         self.writers[path].write(im0)
 

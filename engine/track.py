@@ -41,12 +41,12 @@ class FrameTracker:
         self.one_sequence = False  # every source's frames one sequence (the API's persist=True, across its calls)
         LOGGER.info(f"--track {name}: {self.cfg.tracker_type}")
 
-    def _state(self, path, fps):
+    def _state(self, path, fps, stem):
         if path not in self.sources:
             mot = None
             if self.save_dir is not None:
-                stem = "images" if path is None else printable(Path(str(path)).stem) or "source"
-                mot = self.save_dir / "tracks" / f"{stem}.txt"
+                stem = stem or ("images" if path is None else Path(str(path)).stem)
+                mot = self.save_dir / "tracks" / f"{printable(stem) or 'source'}.txt"
                 mot.parent.mkdir(parents=True, exist_ok=True)
                 mot.write_text("")
             self.sources[path] = (make_tracker(self.cfg, frame_rate=fps or 30, rotated=self.rotated), Trails(), mot)
@@ -63,11 +63,14 @@ class FrameTracker:
         corners = xywhr_to_corners(torch.from_numpy(self._boxes(rows)).double()).numpy()
         return np.c_[corners.min(1), corners.max(1)]
 
-    def update(self, record, im0, path, fps=30):
+    def update(self, record, im0, path, fps=30, stem=None, frame=None):
         """(record of the tracked boxes, their ids as an int64 array) for one frame of the video `path` (None: of
-        the image sequence); im0 the frame as read (BoT-SORT's motion compensation reads it)."""
-        path = None if self.one_sequence else path
-        tracker, _, mot = self._state(path, fps)
+        the image sequence); im0 the frame as read (BoT-SORT's motion compensation reads it). `stem`: the MOT file's
+        name (the predictor's, unique in its run; else the path's), `frame`: the number its lines give the frame
+        (the video's own, which --vid-stride and a stream's skipped frames step past; else the sequence's count)."""
+        if self.one_sequence:  # the calls' frames one sequence, counted across them
+            path, frame = None, None
+        tracker, _, mot = self._state(path, fps, stem)
         rows = record.boxes
         det = rows.detach().cpu().double().numpy() if rows is not None else np.zeros((0, 7 if self.rotated else 6))
         idx, ids, boxes = tracker.update(self._boxes(det), det[:, 4], det[:, 5], im0)
@@ -78,7 +81,7 @@ class FrameTracker:
             keep["masks"] = record.masks[idx]
         if mot is not None:
             with open(mot, "a") as f:
-                f.writelines(mot_lines(tracker.frame, self._upright(tracked), ids, tracked[:, 4]))
+                f.writelines(mot_lines(frame or tracker.frame, self._upright(tracked), ids, tracked[:, 4]))
         return dataclasses.replace(record, **keep), ids
 
     def _with_track_boxes(self, rows, boxes, shape):

@@ -1,10 +1,16 @@
 """--track at its edges, as a user meets them: frames of one pixel, sources whose names share a stem, a strided
 video's MOT frame numbers, a long stream's memory, and the tracker YAML's mistakes named in one line."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from data.synthetic_video import render_video, write_video
 from engine.tracking.config import load_tracker_config, make_tracker
+from engine.tracking.mot import read_mot
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 3), (1, 7, 3), (3, 1, 3)])
@@ -18,3 +24,34 @@ def test_botsort_follows_a_frame_too_small_to_shrink(shape):
         _, ids, boxes = t.update([[0, 0, 1, 1]], [0.9], [0], frame)
         assert ids.tolist() == [1]
         np.testing.assert_allclose(boxes, [[0, 0, 1, 1]], atol=1e-6)
+
+
+def _track_run(tmp_path, source, *argv):
+    """detect.py's predictor, in this process, on the shapes checkpoint: (its Results, its run folder)."""
+    import detect
+    from engine.tasks import TASKS
+
+    weights = ROOT / "tests" / "models" / "fixtures" / "ultralytics-v8t-shapes.pt"
+    opt = detect.parse_opt(["--weights", str(weights), "--source", str(source), "--img", "320", "--project",
+                            str(tmp_path / "runs"), "--name", "t", *argv])
+    predictor = TASKS["detect"].predictor(opt)
+    return list(predictor.stream()), predictor.save_dir
+
+
+def test_two_videos_of_one_stem_keep_their_own_outputs_and_frame_numbers(tmp_path):
+    """clip.avi and clip.mp4 in one folder: each its own MOT file, saved video and label files (they shared
+    tracks/clip.txt, the second truncating the first's, clip.mp4 and labels/clip_<frame>.txt); with --vid-stride 2
+    a MOT line's frame is the video's own (1, 3, 5, ...: the label files' numbers), not the count of frames read."""
+    frames, _ = render_video(1, n_frames=12, size=(240, 320), n_objects=3)
+    (tmp_path / "in").mkdir()
+    for name in ("clip.avi", "clip.mp4"):
+        write_video(frames, tmp_path / "in" / name)
+    results, out = _track_run(tmp_path, tmp_path / "in", "--track", "--save-txt", "--vid-stride", "2")
+    assert len(results) == 12
+    assert sorted(p.name for p in out.glob("*.mp4")) == ["clip.mp4", "clip_mp4.mp4"]
+    for stem in ("clip", "clip_mp4"):
+        hyp = read_mot(out / "tracks" / f"{stem}.txt")
+        assert len(hyp) >= 4 and set(hyp) <= {1, 3, 5, 7, 9, 11} and max(hyp) > 6  # 6 frames read of each
+        for f, rows in hyp.items():
+            label = np.loadtxt(out / "labels" / f"{stem}_{f}.txt", ndmin=2)
+            assert len(label) == len(rows)
