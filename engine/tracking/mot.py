@@ -29,17 +29,23 @@ def read_mot(path):
 
 
 class Trails:
-    """The last TRAIL centres of each id, drawn as a polyline in the id's colour."""
+    """The last TRAIL centres of each id, drawn as a polyline in the id's colour. An id not drawn for TRAIL frames
+    is forgotten (its trail starts afresh if it comes back): a long stream's ids would otherwise pile up."""
 
     def __init__(self):
         self.paths = defaultdict(lambda: deque(maxlen=TRAIL))
+        self.seen, self.frame = {}, 0  # id -> the last frame (count of draws) it was drawn in
 
     def draw(self, im, boxes, ids):
+        self.frame += 1
         for (x1, y1, x2, y2), i in zip(np.asarray(boxes).reshape(-1, 4), ids):
             path = self.paths[int(i)]
+            self.seen[int(i)] = self.frame
             path.append((int((x1 + x2) / 2), int((y1 + y2) / 2)))
             if len(path) > 1:
                 cv2.polylines(im, [np.array(path, np.int32)], False, id_colour(i), 2, cv2.LINE_AA)
+        for i in [i for i, f in self.seen.items() if self.frame - f >= TRAIL]:
+            del self.paths[i], self.seen[i]
         return im
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from data.synthetic_video import render_video, write_video
 from engine.tracking.config import load_tracker_config, make_tracker
-from engine.tracking.mot import read_mot
+from engine.tracking.mot import TRAIL, Trails, read_mot
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,3 +55,14 @@ def test_two_videos_of_one_stem_keep_their_own_outputs_and_frame_numbers(tmp_pat
         for f, rows in hyp.items():
             label = np.loadtxt(out / "labels" / f"{stem}_{f}.txt", ndmin=2)
             assert len(label) == len(rows)
+
+
+def test_a_long_stream_s_trails_forget_the_ids_gone(tmp_path):
+    """A stream where a new object passes every frame: the trails kept are those of the ids drawn in the last TRAIL
+    frames, not every id ever seen (they grew by one a frame, for as long as the stream ran); an id drawn on keeps
+    its trail of the last TRAIL centres."""
+    trails, im = Trails(), np.zeros((64, 64, 3), np.uint8)
+    for f in range(1, 500):
+        trails.draw(im, [[f % 50, 0, f % 50 + 4, 4], [0, 0, 10, 10]], [f + 1, 1])
+        assert len(trails.paths) <= TRAIL + 1
+    assert len(trails.paths[1]) == TRAIL and 499 in trails.paths
