@@ -161,39 +161,47 @@ class BasePredictor:
         saved as the options say; nothing is kept between frames, so a long video takes the memory of one. With
         `keep_original` a Results' `orig_img` is the image as read, else the one drawn where saved or shown (no
         copy)."""
-        dataset, dt, n = self.dataset, [0.0, 0.0, 0.0], 0
-        with torch.no_grad():
-            for path, im, im0, desc in dataset:
-                t0 = time_sync()
-                x = self.preprocess(im)
-                t1 = time_sync()
-                preds = self.model(x)
-                t2 = time_sync()
-                result = self.postprocess(preds, x, im0)
-                ids = None
-                if self.tracker is not None:  # before drawing: BoT-SORT reads the frame as it was
-                    # a video's frames are one sequence; the images of a folder (or of persisting API calls) another
-                    key, frame = (path, dataset.frame) if dataset.mode != "image" else (None, None)
-                    result, ids = self.tracker.update(result, im0, key, _fps(dataset, self.args.vid_stride),
-                                                      self.output_stem(dataset, path), frame)
-                t3 = time_sync()
-                dt, n = [dt[0] + t1 - t0, dt[1] + t2 - t1, dt[2] + t3 - t2], n + 1
-                orig = im0.copy() if keep_original or self.args.save_crop else im0
-                summary = self._write(dataset, path, result, im0, orig, ids)
-                LOGGER.info(f"{desc}{summary}, {(t2 - t1) * 1e3:.1f}ms")
-                speed = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3, "postprocess": (t3 - t2) * 1e3}
-                yield Results(orig, path, self.names, self.fields, result, speed,
-                              id=None if ids is None else torch.from_numpy(ids))
-        for w in self.writers.values():
-            w.release()
+        dataset, dt, n, shape = self.dataset, [0.0, 0.0, 0.0], 0, None
+        try:  # a caller that stops early (breaks out of the stream) still gets whole video files
+            with torch.no_grad():
+                for path, im, im0, desc in dataset:
+                    result, times, shape = self._frame(dataset, path, im, im0, desc, keep_original)
+                    dt, n = [a + b for a, b in zip(dt, times)], n + 1
+                    yield result
+        finally:
+            self._release_writers()
         if n:
             LOGGER.info(
                 f"Speed: {dt[0] * 1e3 / n:.1f}ms pre-process, {dt[1] * 1e3 / n:.1f}ms inference, "
-                f"{dt[2] * 1e3 / n:.1f}ms post-process per image at shape {(1, 3, *x.shape[-2:])}"
+                f"{dt[2] * 1e3 / n:.1f}ms post-process per image at shape {(1, 3, *shape)}"
             )
         a = self.args
         if not a.nosave or a.save_txt or a.save_csv or a.save_crop:
             LOGGER.info(f"Results saved to {self.save_dir}")
+
+    def _frame(self, dataset, path, im, im0, desc, keep_original):
+        """One image or frame predicted, tracked, drawn, written and saved: (its Results, the seconds of its three
+        steps, the input's (h, w))."""
+        t0 = time_sync()
+        x = self.preprocess(im)
+        t1 = time_sync()
+        preds = self.model(x)
+        t2 = time_sync()
+        result = self.postprocess(preds, x, im0)
+        ids = None
+        if self.tracker is not None:  # before drawing: BoT-SORT reads the frame as it was
+            # a video's frames are one sequence; the images of a folder (or of persisting API calls) another
+            key, frame = (path, dataset.frame) if dataset.mode != "image" else (None, None)
+            result, ids = self.tracker.update(result, im0, key, _fps(dataset, self.args.vid_stride),
+                                              self.output_stem(dataset, path), frame)
+        t3 = time_sync()
+        orig = im0.copy() if keep_original or self.args.save_crop else im0
+        summary = self._write(dataset, path, result, im0, orig, ids)
+        LOGGER.info(f"{desc}{summary}, {(t2 - t1) * 1e3:.1f}ms")
+        speed = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3, "postprocess": (t3 - t2) * 1e3}
+        out = Results(orig, path, self.names, self.fields, result, speed,
+                      id=None if ids is None else torch.from_numpy(ids))
+        return out, (t1 - t0, t2 - t1, t3 - t2), x.shape[-2:]
 
     def _write(self, dataset, path, result, im0, imc, ids=None):
         """Draw `result` (and its track `ids`) on im0, write its label lines, crops and csv rows (crops from imc,
@@ -227,9 +235,16 @@ class BasePredictor:
             self.stems[key] = next(n for n in names if n not in taken)
         return self.stems[key]
 
+    def _release_writers(self, keep=None):
+        """Finish every saved video but `keep`'s (an mp4 is playable only once its writer is released)."""
+        for path in [p for p in self.writers if p != keep]:
+            self.writers.pop(path).release()
+
     def save(self, dataset, path, im0):
         if self.args.nosave:
             return
+        if dataset.mode == "video":  # a file's videos come one after another: the one before is done
+            self._release_writers(keep=path)
         p = Path(escape_controls(path))
         if dataset.mode == "image":
             write_image(self.save_dir / p.name, im0)

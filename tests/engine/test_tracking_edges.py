@@ -3,6 +3,7 @@ video's MOT frame numbers, a long stream's memory, and the tracker YAML's mistak
 
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -26,15 +27,20 @@ def test_botsort_follows_a_frame_too_small_to_shrink(shape):
         np.testing.assert_allclose(boxes, [[0, 0, 1, 1]], atol=1e-6)
 
 
-def _track_run(tmp_path, source, *argv):
-    """detect.py's predictor, in this process, on the shapes checkpoint: (its Results, its run folder)."""
+def _predictor(tmp_path, source, *argv):
+    """detect.py's predictor, in this process, on the shapes checkpoint."""
     import detect
     from engine.tasks import TASKS
 
     weights = ROOT / "tests" / "models" / "fixtures" / "ultralytics-v8t-shapes.pt"
     opt = detect.parse_opt(["--weights", str(weights), "--source", str(source), "--img", "320", "--project",
                             str(tmp_path / "runs"), "--name", "t", *argv])
-    predictor = TASKS["detect"].predictor(opt)
+    return TASKS["detect"].predictor(opt)
+
+
+def _track_run(tmp_path, source, *argv):
+    """(the Results, the run folder) of detect.py's predictor on `source`."""
+    predictor = _predictor(tmp_path, source, *argv)
     return list(predictor.stream()), predictor.save_dir
 
 
@@ -66,3 +72,29 @@ def test_a_long_stream_s_trails_forget_the_ids_gone(tmp_path):
         trails.draw(im, [[f % 50, 0, f % 50 + 4, 4], [0, 0, 10, 10]], [f + 1, 1])
         assert len(trails.paths) <= TRAIL + 1
     assert len(trails.paths[1]) == TRAIL and 499 in trails.paths
+
+
+def _frames_in(path):
+    cap = cv2.VideoCapture(str(path))
+    n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) if cap.isOpened() else 0
+    cap.release()
+    return n
+
+
+def test_a_saved_video_is_whole_once_the_next_begins_or_the_caller_stops(tmp_path):
+    """A folder of two videos: the first saved video is a playable file of all its frames as soon as the second
+    begins (every writer stayed open to the run's end: a run killed on its 50th video left 49 files without their
+    index, and as many writers open); a caller that stops early (`break` in a stream) leaves its frames so far."""
+    frames, _ = render_video(1, n_frames=6, size=(240, 320), n_objects=3)
+    (tmp_path / "in").mkdir()
+    for name in ("a.mp4", "b.mp4"):
+        write_video(frames, tmp_path / "in" / name)
+    predictor = _predictor(tmp_path, tmp_path / "in", "--track")
+    stream = predictor.stream()
+    for r in stream:
+        if Path(r.path).name == "b.mp4":
+            break
+    assert _frames_in(predictor.save_dir / "a.mp4") == 6
+    next(stream)
+    stream.close()
+    assert _frames_in(predictor.save_dir / "b.mp4") == 2
