@@ -37,6 +37,13 @@ def openvino_xml(path):
         p = xmls[0]
     if not p.is_file() or not p.with_suffix(".bin").is_file():
         raise BadFile(f"--weights {path}: OpenVINO model {p.name} and its {p.with_suffix('.bin').name} not found")
+    # OpenVINO reads any format it knows by its content, whatever the name: an ONNX file named .xml would run past
+    # the checks of models/graphs.py (external data included), as would TensorFlow's and PaddlePaddle's files
+    with open(p, "rb") as f:
+        head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not head.startswith(b"<"):
+        raise BadFile(f"--weights {path}: {p.name} is not an OpenVINO IR (an XML file); run an .onnx file by its "
+                      "own name")
     return p
 
 

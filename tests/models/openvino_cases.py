@@ -196,6 +196,20 @@ def test_openvino_folder_problems_are_one_line(tmp_path, monkeypatch):
         InferenceBackend(folder)
 
 
+def test_an_onnx_file_named_xml_is_refused_not_read_past_the_onnx_checks(tmp_path):
+    """OpenVINO reads an ONNX file by its content whatever its name (it ran, metadata and all): as an .xml it would
+    skip models/graphs.py, which refuses an ONNX graph that reads other files (external data)."""
+    weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
+    (onnx_file,) = export(weights, include=("onnx",))
+    (tmp_path / "m.xml").write_bytes(onnx_file.read_bytes())
+    (tmp_path / "m.bin").write_bytes(b"")
+    for path in (tmp_path / "m.xml", tmp_path):
+        with pytest.raises(BadFile, match="m.xml is not an OpenVINO IR"):
+            InferenceBackend(path)
+    with pytest.raises(BadFile, match="m.xml is not an OpenVINO IR"):
+        backend_module.weights_task(tmp_path / "m.xml")  # YOLO(...) reads the task first
+
+
 def test_engine_onnx_is_checked_here_and_a_machine_without_tensorrt_says_what_it_lacks(tmp_path):
     onnx = pytest.importorskip("onnx")
     weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8.pt")
