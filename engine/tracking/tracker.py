@@ -116,8 +116,12 @@ class ByteTracker:
         self.frame += 1
         boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, self.width)
         scores, classes = np.asarray(scores, dtype=np.float64).reshape(-1), np.asarray(classes).reshape(-1)
-        high = np.flatnonzero(scores >= cfg.track_high_thresh)
-        low = np.flatnonzero((scores > cfg.track_low_thresh) & (scores < cfg.track_high_thresh))
+        # a box of no width or height (one clipped wholly off the image) has no aspect ratio and no noise scale for
+        # the filter: it is left out, as Ultralytics leaves it (a 40 x 0 box came back a point, and took an id)
+        sized = (boxes[:, 2] > 0) & (boxes[:, 3] > 0) if self.width == 5 else \
+            (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        high = np.flatnonzero(sized & (scores >= cfg.track_high_thresh))
+        low = np.flatnonzero(sized & (scores > cfg.track_low_thresh) & (scores < cfg.track_high_thresh))
         confirmed = [t for t in self.tracks if t.state in (TRACKED, LOST)]
         tentative = [t for t in self.tracks if t.state == TENTATIVE]
         self._predict(confirmed)  # a tentative track is updated from where it was born, as in Ultralytics

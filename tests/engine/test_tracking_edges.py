@@ -98,3 +98,18 @@ def test_a_saved_video_is_whole_once_the_next_begins_or_the_caller_stops(tmp_pat
     next(stream)
     stream.close()
     assert _frames_in(predictor.save_dir / "b.mp4") == 2
+
+
+@pytest.mark.parametrize("name", ["bytetrack", "botsort"])
+@pytest.mark.parametrize("rotated", [False, True])
+def test_a_box_of_no_width_or_height_is_not_tracked(name, rotated):
+    """A box clipped wholly off the image (no width, or no height) is left out, as Ultralytics' trackers leave it:
+    ByteTrack's filter (centre, w/h, h) made a 40 x 0 box a point and gave it id 1, the real box id 2."""
+    t = make_tracker(load_tracker_config(name), rotated=rotated)
+    if rotated:
+        boxes = [[30, 10, 40, 0, 0.3], [60, 10, 0, 20, 0.3], [10, 10, 20, 20, 0.3]]
+    else:
+        boxes = [[10, 10, 50, 10], [60, 0, 60, 20], [0, 0, 20, 20]]
+    for _ in range(3):
+        idx, ids, _ = t.update(boxes, [0.9, 0.9, 0.9], [0, 0, 0])
+        assert idx.tolist() == [2] and ids.tolist() == [1]
