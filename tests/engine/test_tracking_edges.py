@@ -1,6 +1,7 @@
 """--track at its edges, as a user meets them: frames of one pixel, sources whose names share a stem, a strided
 video's MOT frame numbers, a long stream's memory, and the tracker YAML's mistakes named in one line."""
 
+import dataclasses
 from pathlib import Path
 
 import cv2
@@ -113,3 +114,30 @@ def test_a_box_of_no_width_or_height_is_not_tracked(name, rotated):
     for _ in range(3):
         idx, ids, _ = t.update(boxes, [0.9, 0.9, 0.9], [0, 0, 0])
         assert idx.tolist() == [2] and ids.tolist() == [1]
+
+
+def _converging():
+    """Object X still at (100, 100, 140, 140) on frames 1-5, then gone; object Y from frame 2 at 24 px to its right,
+    moving 2 px left a frame onto X's place (frame 14) and staying: rows of xyxy, conf, cls."""
+    out = []
+    for f in range(1, 21):
+        rows = [[100, 100, 140, 140, 0.9, 0]] if f <= 5 else []
+        if f >= 2:
+            off = max(0, 24 - 2 * (f - 2))
+            rows.append([100 + off, 100, 140 + off, 140, 0.9, 0])
+        out.append(np.array(rows, float))
+    return out
+
+
+@pytest.mark.parametrize("name", ["bytetrack", "botsort"])
+def test_a_track_followed_longer_outlasts_a_lost_one_it_runs_onto(name):
+    """Y's track (id 2, followed frames 2-13) runs onto X's lost track (id 1, seen frames 1-5): Ultralytics 8.4.190's
+    BYTETracker and BOTSORT (gmc_method none), fed this in the peers' venv, keep id 2 on Y every frame from 6 on.
+    Ours measured the lost track's span to the current frame, dropped Y's track on frame 13 (Y missing from the
+    frame) and gave Y id 1 from frame 14."""
+    cfg = load_tracker_config(name)
+    t = make_tracker(dataclasses.replace(cfg, gmc_method="none"))
+    for f, d in enumerate(_converging(), 1):
+        idx, ids, _ = t.update(d[:, :4], d[:, 4], d[:, 5])
+        if f >= 6:
+            assert idx.tolist() == [0] and ids.tolist() == [2], f
