@@ -163,6 +163,18 @@ def test_a_namespace_without_imgsz_exports_at_the_run_s_size_else_640(tmp_path):
     assert InferenceBackend(f).imgsz == (64, 64)
 
 
+def test_exporting_an_export_is_one_error_naming_what_it_is(tmp_path):
+    """An export given to export.py (or YOLO(export).export()) was read as a pickle: 'not a readable checkpoint (at
+    position 0, opcode b'\\x08' unknown)' of an .onnx, the same of an IR's .xml."""
+    weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
+    files = export(weights, ["onnx", "torchscript"])
+    xml = tmp_path / "cls_openvino_model" / "cls.xml"  # an IR by its name: refused before anything reads it
+    for f, made in [*zip(files, ("onnx", "torchscript")), (xml, "openvino")]:
+        with pytest.raises(BadFile, match=rf"^--weights {re.escape(str(f))}: an export \({made}\), not a "
+                                          "checkpoint: export.py converts the .pt it was made from"):
+            export(f, ["onnx"])
+
+
 def test_an_opset_that_cannot_express_the_model_is_one_error_naming_it(tmp_path):
     weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8n.pt")
     opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=False,
