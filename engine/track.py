@@ -39,6 +39,7 @@ class FrameTracker:
         self.rotated = rotated
         self.sources = {}  # source path -> (tracker, trails, MOT file)
         self.one_sequence = False  # every source's frames one sequence (the API's persist=True, across its calls)
+        self.last = None  # the source of the last frame: where a sequence turned on goes on from
         LOGGER.info(f"--track {name}: {self.cfg.tracker_type}")
 
     def _state(self, path, fps, stem):
@@ -69,7 +70,10 @@ class FrameTracker:
         name (the predictor's, unique in its run; else the path's), `frame`: the number its lines give the frame
         (the video's own, which --vid-stride and a stream's skipped frames step past; else the sequence's count)."""
         if self.one_sequence:  # the calls' frames one sequence, counted across them
+            if None not in self.sources and self.last in self.sources:  # persist=True after a call without it
+                self.sources[None] = self.sources[self.last]
             path, frame = None, None
+        self.last = path
         tracker, _, mot = self._state(path, fps, stem)
         rows = record.boxes
         det = rows.detach().cpu().double().numpy() if rows is not None else np.zeros((0, 7 if self.rotated else 6))

@@ -7,10 +7,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 
 from data.synthetic_video import render_video, write_video
+from engine.track import FrameTracker
 from engine.tracking.config import load_tracker_config, make_tracker
 from engine.tracking.mot import TRAIL, Trails, read_mot
+from evaluation.fields import Predictions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,3 +144,19 @@ def test_a_track_followed_longer_outlasts_a_lost_one_it_runs_onto(name):
         idx, ids, _ = t.update(d[:, :4], d[:, 4], d[:, 5])
         if f >= 6:
             assert idx.tolist() == [0] and ids.tolist() == [2], f
+
+
+def test_persist_after_a_call_without_it_goes_on_with_that_call_s_tracks(tmp_path):
+    """model.track(a.mp4) then model.track(b.mp4, persist=True), at the FrameTracker the API hands on: A (id 1)
+    leaves, B (id 2) goes on into the second call and keeps id 2, and C, new there, takes id 3, as Ultralytics'
+    reused tracker gives them. The second call started a fresh tracker: B came back as id 1, C as 2."""
+    ft = FrameTracker("bytetrack", save_dir=tmp_path)
+    im0 = np.zeros((200, 300, 3), np.uint8)
+    a, b, c = [10, 10, 50, 50, 0.9, 0], [100, 100, 140, 140, 0.9, 0], [200, 20, 240, 60, 0.9, 0]
+    for rows in ([a], [a, b], [a, b], [b]):
+        _, ids = ft.update(Predictions(torch.tensor(rows)), im0, "a.mp4")
+    assert ids.tolist() == [2]
+    ft.one_sequence = True  # YOLO.track(persist=True) hands the last call's FrameTracker on so
+    for rows in ([b], [b, c], [b, c]):
+        _, ids = ft.update(Predictions(torch.tensor(rows)), im0, "b.mp4")
+    assert ids.tolist() == [2, 3]
