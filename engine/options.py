@@ -404,7 +404,9 @@ class DetectPredictOptions(PredictOptions):
     """detect.py, segment/predict.py and obb/predict.py: NMS and test-time augmentation."""
 
     imgsz: Optional[int] = _run_default(PredictOptions, "imgsz", 320)
-    conf_thres: float = _cli("--conf-thres", default=0.25, text="confidence threshold")
+    # None: 0.25, or 0.1 with --track (engine/predictor.py: the tracker takes the low-score boxes, as Ultralytics')
+    conf_thres: Optional[float] = _cli("--conf-thres", default=None,
+                                       text="confidence threshold (default: 0.25; 0.1 with --track)")
     # None: the family's (evaluation/results.nms_iou), so a checkpoint gives the boxes its own tool's predict gives
     iou_thres: Optional[float] = _cli("--iou-thres", default=None,
                                       text="NMS IoU threshold (default: 0.7 for anchor-free models, YOLOv8, YOLO11 and "

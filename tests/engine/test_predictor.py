@@ -2,6 +2,7 @@
 high letterboxed to a 64 x 48 input (gain 0.32, 8 px of padding above and below), through `postprocess` and
 `write_result`, against coordinates, lines and pixels worked out by hand."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 import detect
 from engine.options import DetectPredictOptions, PoseValOptions
+from engine.predictor import conf_default
 from engine.tasks import TASKS
 from evaluation.fields import Boxes, ClassScores, Field, Keypoints, Masks, Predictions
 from evaluation.plots import colors
@@ -24,7 +26,8 @@ INPUT = torch.zeros(1, 3, 48, 64)
 
 def _predictor(fields, layout, *argv):
     p = object.__new__(DetectionPredictor)  # no weights to load: the model is the output handed to postprocess
-    p.args = DetectPredictOptions.from_values(detect.parse_opt(list(argv)))
+    opt = DetectPredictOptions.from_values(detect.parse_opt(list(argv)))
+    p.args = dataclasses.replace(opt, **conf_default(opt))  # what __init__ settles
     p.model, p.names, p.fields = SimpleNamespace(output_layout=layout), {0: "a", 1: "b"}, fields
     return p
 

@@ -160,3 +160,14 @@ def test_persist_after_a_call_without_it_goes_on_with_that_call_s_tracks(tmp_pat
     for rows in ([b], [b, c], [b, c]):
         _, ids = ft.update(Predictions(torch.tensor(rows)), im0, "b.mp4")
     assert ids.tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("argv,conf", [((), 0.25), (("--track",), 0.1), (("--track", "--conf-thres", "0.3"), 0.3),
+                                       (("--conf-thres", "0.05"), 0.05)])
+def test_track_takes_the_low_score_boxes_unless_told_otherwise(tmp_path, argv, conf):
+    """--track's NMS keeps boxes from 0.1, as Ultralytics' track does: ByteTrack's second association matches the
+    boxes between track_low_thresh (0.1) and track_high_thresh (0.25), which a cut at predict's 0.25 left it none
+    of. A --conf-thres given is kept, with --track or not."""
+    frames, _ = render_video(1, n_frames=1, size=(240, 320), n_objects=1)
+    video = write_video(frames, tmp_path / "clip.mp4")
+    assert _predictor(tmp_path, video, *argv).args.conf_thres == conf
