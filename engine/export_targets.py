@@ -43,13 +43,23 @@ def _float_scope(wrapper):
     return [f"{prefix}/.*", rf"{prefix}\.dfl[./].*", rf"__module\.{re.escape(first)}/.*"]
 
 
-def _quantize(ov_model, wrapper, calib):
+def calibration_batches(calib, batch):
+    """The prepared images (each (1, 3, h, w)) in batches of `batch`, the input a static IR takes (it refuses any
+    other batch); the last batch filled from the first images, so every image is seen."""
+    if batch == 1:
+        return calib
+    cycle = calib + [calib[i % len(calib)] for i in range(-len(calib) % batch)]
+    return [np.concatenate(cycle[i:i + batch]) for i in range(0, len(calib), batch)]
+
+
+def _quantize(ov_model, wrapper, calib, batch):
     try:
         import nncf
     except ImportError:
         raise BadOption("--int8 with openvino needs nncf: pip install nncf (or pip install -e '.[openvino]')") from None
     nncf.set_log_level(logging.WARNING)  # not a line per operator it leaves in fp32
     scope = nncf.IgnoredScope(patterns=_float_scope(wrapper), validate=False)
+    calib = calibration_batches(calib, batch)
     return nncf.quantize(ov_model, nncf.Dataset(calib), subset_size=len(calib),
                          preset=nncf.QuantizationPreset.MIXED, ignored_scope=scope)
 
@@ -87,7 +97,7 @@ def export_openvino(wrapper, im, folder, meta, calib=None):
         ov_model = ov.convert_model(wrapper, example_input=im, input=[ov.PartialShape(shape)])
     ov_model.inputs[0].get_tensor().set_names({"images"})
     if calib is not None:
-        ov_model = _quantize(ov_model, wrapper, calib)
+        ov_model = _quantize(ov_model, wrapper, calib, 1 if meta["dynamic"] else im.shape[0])
     ov_model.set_rt_info(json.dumps(meta), METADATA_PATH)
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
