@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 import torch
 
-from engine.tracking.config import load_tracker_config, make_tracker
+from engine.tracking.config import load_tracker_config, make_tracker, tracker_file
 from engine.tracking.mot import Trails, id_colour, mot_lines
 from utils.imageio import printable
 from utils.log import LOGGER
@@ -40,7 +40,7 @@ class FrameTracker:
         self.sources = {}  # source path -> (tracker, trails, MOT file)
         self.one_sequence = False  # every source's frames one sequence (the API's persist=True, across its calls)
         self.last = None  # the source of the last frame: where a sequence turned on goes on from
-        LOGGER.info(f"--track {name}: {self.cfg.tracker_type}")
+        LOGGER.info(f"--track {name}: {self.cfg.tracker_type} ({printable(tracker_file(name))})")
 
     def _state(self, path, fps, stem):
         if path not in self.sources:

@@ -1,18 +1,20 @@
 """The tracker's settings: a YAML with Ultralytics' keys (data/trackers/bytetrack.yaml, botsort.yaml), read strictly.
 
 `--track bytetrack` / `--track botsort` name the project's files; `--track my.yaml` a file of one's own, whose
-`tracker_type` chooses the tracker. Ultralytics' botsort.yaml also holds re-identification keys (`with_reid`,
+`tracker_type` chooses the tracker (`--track botsort.yaml` too, where the working folder holds one: Ultralytics'
+guide has one copy its files and edit them). Ultralytics' botsort.yaml also holds re-identification keys (`with_reid`,
 `proximity_thresh`, `appearance_thresh`, `model`): they are accepted so its files load, and `with_reid: true`, which
 would need an appearance model this project does not run, is refused.
 """
 
 import dataclasses
+import difflib
 from pathlib import Path
 
 from utils.files import ROOT, ConfigError, yaml_load
 
 TRACKERS_DIR = ROOT / "data" / "trackers"
-REID_KEYS = {"with_reid", "proximity_thresh", "appearance_thresh", "model"}
+REID_KEYS = {"with_reid": "bool", "proximity_thresh": "float", "appearance_thresh": "float", "model": "str"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +30,14 @@ class TrackerConfig:
 
 
 def tracker_file(name):
-    """`bytetrack` / `botsort` (or their .yaml names) -> the project's file; any other value is a path."""
+    """A YAML file that is there, whatever its name (one's own botsort.yaml in the working folder, as Ultralytics
+    reads it first); else `bytetrack` / `botsort` (or their .yaml names) -> the project's file; else the path."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
     if str(name) in ("bytetrack", "botsort", "bytetrack.yaml", "botsort.yaml"):
-        return TRACKERS_DIR / f"{Path(name).stem}.yaml"
-    return Path(name)
+        return TRACKERS_DIR / f"{path.stem}.yaml"
+    return path
 
 
 def _typed(key, value, hint, label):
@@ -39,7 +45,7 @@ def _typed(key, value, hint, label):
     ok = {"float": number, "int": number and float(value).is_integer(), "bool": isinstance(value, bool),
           "str": isinstance(value, str)}[hint]
     if not ok:
-        raise ConfigError(f"{label}: {key}: {value!r} is not a {hint}")
+        raise ConfigError(f"{label}: {key}: {value!r} is not {'an' if hint == 'int' else 'a'} {hint}")
     return int(value) if hint == "int" else float(value) if hint == "float" else value
 
 
@@ -48,10 +54,14 @@ def load_tracker_config(name):
     path = tracker_file(name)
     d = yaml_load(path)
     fields = {f.name: f for f in dataclasses.fields(TrackerConfig)}
-    unknown = set(d) - set(fields) - REID_KEYS
+    unknown = sorted(map(str, set(d) - set(fields) - set(REID_KEYS)))
     if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; a tracker takes "
-                          f"{', '.join(fields)}")
+        close = {k: difflib.get_close_matches(k, [*fields, *REID_KEYS], n=1) for k in unknown}
+        hints = [f"{k} (did you mean {m[0]}?)" if m else k for k, m in close.items()]
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(hints)}; a tracker takes {', '.join(fields)}")
+    for k, hint in REID_KEYS.items():  # typed like the rest: with_reid: 'false' (a string) is no false
+        if k in d:
+            _typed(k, d[k], hint, path)
     if d.get("with_reid"):
         raise ConfigError(f"{path}: with_reid: re-identification needs an appearance model, which this project "
                           "does not run; set it to false")

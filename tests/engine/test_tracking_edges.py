@@ -14,6 +14,7 @@ from engine.track import FrameTracker
 from engine.tracking.config import load_tracker_config, make_tracker
 from engine.tracking.mot import TRAIL, Trails, read_mot
 from evaluation.fields import Predictions
+from utils.files import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,3 +172,32 @@ def test_track_takes_the_low_score_boxes_unless_told_otherwise(tmp_path, argv, c
     frames, _ = render_video(1, n_frames=1, size=(240, 320), n_objects=1)
     video = write_video(frames, tmp_path / "clip.mp4")
     assert _predictor(tmp_path, video, *argv).args.conf_thres == conf
+
+
+TRACKER_KEYS = ("track_high_thresh: 0.5\ntrack_low_thresh: 0.1\nnew_track_thresh: 0.6\ntrack_buffer: 30\n"
+                "match_thresh: 0.8\nfuse_score: true\n")
+
+
+@pytest.mark.parametrize("text,why", [
+    (f"tracker_type: bytetrack\n{TRACKER_KEYS}track_bufer: 10\n", r"track_bufer \(did you mean track_buffer\?\)"),
+    (f"tracker_type: botsort\n{TRACKER_KEYS}with_reid: 'false'\n", "with_reid: 'false' is not a bool"),
+    (f"tracker_type: botsort\n{TRACKER_KEYS}proximity_thresh: near\n", "proximity_thresh: 'near' is not a float"),
+    (f"tracker_type: bytetrack\n{TRACKER_KEYS}".replace("30", "2.5"), "track_buffer: 2.5 is not an int"),
+])
+def test_a_tracker_yaml_s_mistake_names_the_key_and_what_it_takes(tmp_path, text, why):
+    """A misspelt key names the key it is closest to; the re-identification keys are typed as the rest (the string
+    'false' was refused as re-identification turned on)."""
+    f = tmp_path / "t.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=why):
+        load_tracker_config(f)
+
+
+def test_one_s_own_botsort_yaml_in_the_working_folder_is_read(tmp_path, monkeypatch):
+    """--track botsort.yaml where the working folder holds one (copied from Ultralytics and edited, as its guide
+    says): that file, as Ultralytics reads it; the project's file was read instead, the edits silently unused. The
+    bare name stays the project's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "botsort.yaml").write_text(f"tracker_type: botsort\n{TRACKER_KEYS}gmc_method: none\n")
+    assert load_tracker_config("botsort.yaml").gmc_method == "none"
+    assert load_tracker_config("botsort").gmc_method == "sparseOptFlow"
