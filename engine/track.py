@@ -1,7 +1,8 @@
 """--track: the predictors' detections of each frame handed to a tracker (engine/tracking), one tracker per video
 or stream (a folder of videos starts each afresh; the images of a folder are one sequence, in name order), the ids
 put on the image's record and drawn with each id's trail, and each tracked box written to the sequence's MOT text
-file (`tracks/<stem>.txt`, `tracks/images.txt` for images).
+file (`tracks/<stem>.txt`, the stem the predictor gives the video in its run, `tracks/images.txt` for images), on
+the line of the video's own frame number (a stream's, or the count of the images).
 
 A record then holds only the boxes a confirmed track holds (a tracker drops the others: low-confidence boxes no
 track claims, a new object's first frame), in the same order as its `ids`. Each box is the track's, where its Kalman
