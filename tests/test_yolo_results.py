@@ -4,6 +4,7 @@ generator with stream=True) and the files its save options write; the Ultralytic
 
 import importlib.util
 import json
+import re
 
 import numpy as np
 import pytest
@@ -94,6 +95,21 @@ def test_predict_keywords_as_ultralytics_names_them(untrained, tmp_path):
         model.predict(str(IMAGE), conff=0.3)
     with pytest.raises(BadOption, match="did you mean max_det"):
         model.predict([rgb], max_dets=3)
+
+
+def test_predict_in_memory_values_of_another_kind_are_one_error_as_the_script_s(untrained):
+    """imgsz=[480, 640] on an array raised TypeError from int() (a path's predict refuses it as --imgsz does); a
+    number given as text is read as the script reads it."""
+    model = YOLO(untrained)
+    rgb = np.asarray(Image.open(IMAGE).convert("RGB"))
+    for key, value, kind in [("imgsz", [480, 640], "whole number"), ("imgsz", "abc", "whole number"),
+                             ("conf", "x", "number"), ("max_det", [3], "whole number"), ("iou", True, "number")]:
+        said = f"predict on images in memory: {key}={value!r}: give one {kind}"
+        with pytest.raises(BadOption, match=re.escape(said)):
+            model.predict([rgb], **{key: value})
+    a = model.predict([rgb], conf=CONF, max_det=3, imgsz=64)[0]
+    b = model.predict([rgb], conf=str(CONF), max_det="3", imgsz="64")[0]
+    assert torch.equal(a.boxes.data, b.boxes.data)
 
 
 def test_model_names_info_fuse_and_callbacks(untrained):

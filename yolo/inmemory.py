@@ -9,6 +9,7 @@ OPTIONS = ("conf", "iou", "imgsz", "classes", "max_det", "augment", "device", "h
            "save_conf", "save_crop", "show", "line_width", "project", "name", "exist_ok")
 ALIASES = {"conf_thres": "conf", "iou_thres": "iou", "img": "imgsz", "line_thickness": "line_width",
            "view_img": "show"}
+WORDS = {int: "whole number", float: "number"}
 
 
 def _checked(options):
@@ -21,6 +22,22 @@ def _checked(options):
             raise BadOption(f"predict on images in memory: no option {key}{did_you_mean(key, OPTIONS)} (known: "
                             f"{', '.join(OPTIONS)}; paths, folders and videos take the predict script's)")
     return options
+
+
+def _number(options, key, kind, default):
+    """options[key] as `kind` (int or float), else `default`; BadOption naming it for a value of another kind (one
+    image size, as the predict scripts' --imgsz, not a list)."""
+    from utils.errors import BadOption
+
+    value = options.get(key)
+    if value is None:
+        return default
+    try:
+        if isinstance(value, (bool, list, tuple, dict)):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise BadOption(f"predict on images in memory: {key}={value!r}: give one {WORDS[kind]}") from None
 
 
 def hub_predict(yolo, source, options):
@@ -41,13 +58,14 @@ def hub_predict(yolo, source, options):
     backend = InferenceBackend(yolo._weights(), device=device, half=half)
     if o.get("augment") and backend.model is None:
         raise BadOption(f"augment=True needs .pt weights, not {yolo.model} (an export takes one input size)")
-    size = int(o.get("imgsz") or backend.run.get("imgsz") or 640)
+    size = _number(o, "imgsz", int, None) or backend.run.get("imgsz") or 640
     # a .pt model back in torch's default layout (the backend's channels_last changes float rounding): the boxes
     # torch.hub's model gives, to the bit
     model = backend.model.to(memory_format=torch.contiguous_format) if backend.model is not None else backend
     hub = HubModel(model, TASKS[yolo.task].fields)
-    hub.conf, hub.iou, hub.classes = float(o.get("conf", hub.conf)), o.get("iou"), o.get("classes")
-    hub.max_det = int(o.get("max_det", hub.max_det))
+    hub.conf, hub.iou, hub.classes = _number(o, "conf", float, hub.conf), _number(o, "iou", float, None), \
+        o.get("classes")
+    hub.max_det = _number(o, "max_det", int, hub.max_det)
     saving = o.get("save") or o.get("save_txt") or o.get("save_crop")
     save_dir = increment_path(Path(o.get("project") or f"runs/{yolo.task}") / (o.get("name") or "predict"),
                               exist_ok=bool(o.get("exist_ok")), mkdir=True) if saving else None
