@@ -151,6 +151,9 @@ class TensorRTRunner:
         self.output_names = [n for n, i in zip(names, is_input) if not i]
         dtype = {n: torch.half if self.engine.get_tensor_dtype(n) == trt.DataType.HALF else torch.float for n in names}
         self.dtypes, self.half = dtype, dtype[self.input_name] == torch.half
+        # the largest input of its one optimisation profile (engine/export_targets.build_engine): TensorRT refuses a
+        # larger one only by leaving the outputs' shapes unknown
+        self.max_shape = tuple(self.engine.get_tensor_profile_shape(self.input_name, 0)[2])
 
     def output_shapes(self, shape):
         self.context.set_input_shape(self.input_name, tuple(shape))
@@ -159,6 +162,10 @@ class TensorRTRunner:
     def __call__(self, im):
         if im.numel() > MAX_EXPORT_INPUT:
             raise BadOption(f"--weights {self.weights}: an input of {tuple(im.shape)} is beyond the budget")
+        if any(s > m for s, m in zip(im.shape, self.max_shape)):
+            n, _, h, w = self.max_shape
+            raise BadOption(f"--weights {self.weights}: the engine takes up to {n} images of up to {h}x{w}, got "
+                            f"{tuple(im.shape)}: give a smaller --batch-size or --img, or export it at that size")
         x = im.to(self.device, torch.half if self.half else torch.float).contiguous()
         self.context.set_input_shape(self.input_name, tuple(x.shape))
         self.context.set_tensor_address(self.input_name, x.data_ptr())

@@ -45,3 +45,18 @@ def test_bf16_backend_runs_bf16_and_returns_fp32_near_the_fp32_outputs(cfg, cls,
     for o, r in zip(out, ref):
         assert o.dtype == torch.float32
         assert_close_per_channel(o, r, rtol=0.1)  # bf16 keeps 8 significant bits: a few % after ~100 layers
+
+
+def test_a_tensorrt_engine_refuses_an_input_beyond_its_profile_in_one_line():
+    """The engine is built for batches up to max(--batch-size, 32) of images up to the export's size; TensorRT met a
+    larger input (val --batch-size 64, predict --img 1280) only by leaving the outputs' shapes unknown, and the empty
+    output tensors they sized raised. The runner's other parts need a GPU: only its check runs here."""
+    from models.runtimes import TensorRTRunner
+    from utils.errors import BadOption
+
+    runner = object.__new__(TensorRTRunner)
+    runner.weights, runner.max_shape = "best.engine", (32, 3, 640, 640)
+    for shape in [(33, 3, 64, 64), (1, 3, 672, 640), (1, 3, 640, 704)]:
+        with pytest.raises(BadOption, match=rf"^--weights best.engine: the engine takes up to 32 images of up to "
+                                            rf"640x640, got \({shape[0]}, 3, {shape[2]}, {shape[3]}\)"):
+            runner(torch.zeros(shape))
