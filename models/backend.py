@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from models.checkpoints import load_model, run_record
 from models.graphs import onnx_dry_run, read_onnx
-from models.runtimes import OpenVINORunner, TensorRTRunner
+from models.runtimes import OpenVINORunner, TensorRTRunner, read_engine_file
 from models.untrusted import UnsafeTorchScript, check_torchscript
 from utils.budget import MAX_CLASSES, MAX_EXPORT_BATCH, MAX_EXPORT_INPUT, MAX_EXPORT_SIDE
 from utils.dist import is_main_process
@@ -426,11 +426,15 @@ class ExportWrapper(nn.Module):
 
 def weights_task(weights):
     """The task a weights file or OpenVINO folder serves: an IR's from its checked metadata without compiling it (the
-    script that runs it compiles it once), other formats' as the backend loads them."""
-    if _weights_format(weights) == "openvino":
+    script that runs it compiles it once), a TensorRT engine's from its header (no GPU needed to name it), other
+    formats' as the backend loads them."""
+    made = _weights_format(weights)
+    if made == "openvino":
         runner = OpenVINORunner(weights)
         if runner.metadata_text:
             return _parse_metadata(runner.metadata_text, weights)["task"]
+    if made == "engine":
+        return _parse_metadata(read_engine_file(weights)[0], weights)["task"]
     return InferenceBackend(weights).task
 
 

@@ -144,6 +144,22 @@ def test_the_model_says_its_task(tmp_path):
         split_words(["detect", "fit"])
 
 
+def test_a_tensorrt_engine_says_its_task_from_its_header_without_a_gpu(tmp_path):
+    """YOLO('best.engine') took every engine for a detection model (its suffix was not among the files read), so a
+    segmentation engine ran the detection scripts; its task is in the metadata header export.py writes before the
+    engine's bytes, read here without TensorRT."""
+    from models.backend import ExportWrapper, export_metadata, flatten_outputs
+    from models.runtimes import engine_file_bytes
+
+    model = SegmentationModel("yolov8n-seg.yaml", nc=3).eval()
+    _, structure = flatten_outputs(ExportWrapper(model).kept(model(torch.zeros(1, 3, 64, 64))))
+    meta = {**export_metadata(model, (64, 64), 1, False, structure), "dynamic": True}
+    engine = tmp_path / "best.engine"
+    engine.write_bytes(engine_file_bytes(meta, b"TensorRT's bytes"))
+    assert YOLO(engine).task == "segment"
+    assert split_words(["predict", f"model={engine}"])[:2] == ("segment", "predict")
+
+
 def test_yolo_command_runs_the_script_with_key_value_words_beside_flags(best, shapes_detect, tmp_path):
     words = ["val", f"model={best}", "batch=4", "--workers", "0", "--project", str(tmp_path)]
     stats = yolo_run(words)

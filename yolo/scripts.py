@@ -44,7 +44,7 @@ def model_task(model):
     if found:
         return SUFFIX_TASKS[found.group(1)]
     path = Path(str(model))
-    if path.suffix.lower() in (".pt", ".onnx", ".torchscript", ".xml") and path.is_file() or path.is_dir():
+    if path.suffix.lower() in (".pt", ".onnx", ".torchscript", ".xml", ".engine") and path.is_file() or path.is_dir():
         from models.backend import weights_task  # a folder: an OpenVINO IR's (it says so where it is not)
 
         return weights_task(path)
