@@ -13,13 +13,11 @@ dependencies = ["torch", "numpy", "cv2", "yaml"]
 
 
 def _wrap(model, autoshape, device):
-    import torch
-
     from engine.tasks import TASKS
-    from models.backend import model_task
+    from models.backend import api_device, model_task
     from models.hub import HubModel
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = api_device(device)  # '0', 'cpu', 'cuda:1' as the scripts' --device takes them
     return (HubModel(model, TASKS[model_task(model)].fields) if autoshape else model.eval()).to(device)
 
 
@@ -34,10 +32,10 @@ def custom(path, autoshape=True, device=None):
     # an export (a file or an OpenVINO folder) by the table the backend reads formats from
     if Path(path).is_dir() or FORMATS.get(Path(path).suffix.lower(), "pytorch") != "pytorch":
         from engine.tasks import TASKS
-        from models.backend import InferenceBackend
+        from models.backend import InferenceBackend, api_device
         from models.hub import HubModel
 
-        backend = InferenceBackend(path, device=device or "cpu")
+        backend = InferenceBackend(path, device=api_device(device or "cpu"))
         return HubModel(backend, TASKS[backend.task].fields) if autoshape else backend
     return _wrap(attempt_load(path, device="cpu", fuse=True), autoshape, device)
 

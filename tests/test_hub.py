@@ -123,3 +123,27 @@ def test_an_image_a_pixel_thin_gives_boxes_and_masks_of_its_size(hw):
     boxes, masks = r.xyxy[0], r.masks[0]
     assert len(boxes) > 0 and masks.shape == (len(boxes), *hw)
     assert (boxes[:, [0, 2]] <= hw[1]).all() and (boxes[:, [1, 3]] <= hw[0]).all() and (boxes[:, :4] >= 0).all()
+
+
+def test_device_is_named_as_the_scripts_take_it(tmp_path, monkeypatch):
+    """device='cpu ', 'CPU' or '0' (yolov5's hub takes what its --device takes) reached torch.device as they were:
+    'Invalid device string' and the like, tracebacks; YOLO.predict on an array did the same."""
+    from models.backend import api_device
+    from utils.errors import BadOption
+    from yolo import YOLO
+
+    f = checkpoint(tmp_path, DetectionModel("yolov8n.yaml", nc=3))
+    ref = hub_load("custom", path=str(f), device="cpu")(str(IMAGE)).xyxy[0]
+    for device in ("CPU", " cpu ", torch.device("cpu")):
+        assert torch.equal(hub_load("custom", path=str(f), device=device)(str(IMAGE)).xyxy[0], ref)
+        assert len(YOLO(f).predict(np.asarray(Image.open(IMAGE)), device=device, verbose=False)) == 1
+    for device, why in [("gpu", "give 'cpu', a GPU index"), ("0,1", "give 'cpu', a GPU index")]:
+        with pytest.raises(BadOption, match=f"^device={device!r}: {why}"):
+            hub_load("custom", path=str(f), device=device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the names a machine with a GPU takes
+    assert [api_device(d) for d in (0, "0", "cuda:1", "cuda", None)] == [
+        torch.device("cuda:0"), torch.device("cuda:0"), torch.device("cuda:1"), torch.device("cuda"),
+        torch.device("cuda")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BadOption, match="^device='0' requested but CUDA is not available; use device='cpu'"):
+        YOLO(f).predict(np.asarray(Image.open(IMAGE)), device="0")

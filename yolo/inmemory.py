@@ -46,14 +46,14 @@ def hub_predict(yolo, source, options):
 
     from engine.tasks import TASKS
     from evaluation.results import window_problem
-    from models.backend import InferenceBackend
+    from models.backend import InferenceBackend, api_device
     from models.hub import HubModel
     from utils.errors import BadOption
     from utils.files import increment_path
     from utils.log import LOGGER
 
     o = _checked(options)
-    device = torch.device(o.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = api_device(o.get("device") or None)  # '0', 'cpu' as a path's predict takes --device
     half = bool(o.get("half")) and device.type == "cuda"
     backend = InferenceBackend(yolo._weights(), device=device, half=half)
     if o.get("augment") and backend.model is None:
