@@ -10,6 +10,7 @@ the `.pt` runs for inference.
 
 import dataclasses
 import json
+import threading
 import warnings
 from pathlib import Path
 
@@ -41,6 +42,10 @@ from utils.log import LOGGER
 # for them. Outside ONNX_MIN_OPSET..ONNX_MAX_OPSET it fails with a traceback, and above this range it warns that the
 # opset is not supported.
 OPSETS = range(onnx_constants.ONNX_MIN_OPSET, onnx_constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET + 1)
+
+# One export traces at a time in a process: torch's tracer and warnings.catch_warnings are process-wide, and two
+# YOLO(...).export() calls in threads failed ('Tracing failed sanity checks! Graphs differed across invocations')
+_TRACING = threading.Lock()
 
 
 def _imgsz(imgsz, stride):
@@ -126,7 +131,7 @@ class Exporter:
         for fmt in dict.fromkeys(opt.include):  # each format once, in the order given
             f = Path(opt.weights).with_suffix(f".{fmt}")
             f = openvino_folder(opt.weights, opt.int8) if fmt == "openvino" else f
-            with warnings.catch_warnings():
+            with _TRACING, warnings.catch_warnings():
                 # the tracer's notes on Python ints taken from shapes, the deprecation notices of both exporters
                 warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
                 warnings.simplefilter("ignore", category=DeprecationWarning)

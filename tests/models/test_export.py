@@ -175,6 +175,32 @@ def test_exporting_an_export_is_one_error_naming_what_it_is(tmp_path):
             export(f, ["onnx"])
 
 
+def test_exports_in_threads_each_give_the_pt_outputs(tmp_path):
+    """Two YOLO(...).export() calls in threads traced at once: torch's tracer is process-wide, and one failed with
+    'Tracing failed sanity checks! Graphs differed across invocations'."""
+    import threading
+
+    files, errors = {}, []
+    for i in range(3):
+        save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / f"m{i}.pt", seed=i)
+
+    def run(i):
+        try:
+            files[i] = export(tmp_path / f"m{i}.pt", ["torchscript", "onnx"])
+        except Exception as e:  # a thread's failure is the test's
+            errors.append(repr(e)[:300])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    for i, exported in files.items():
+        ref = attempt_load(tmp_path / f"m{i}.pt", fuse=False)
+        for f in exported:
+            assert_same_inference_outputs(InferenceBackend(f), ref, x)
+
+
 def test_an_opset_that_cannot_express_the_model_is_one_error_naming_it(tmp_path):
     weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8n.pt")
     opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=False,
