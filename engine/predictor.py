@@ -27,6 +27,7 @@ from models.backend import InferenceBackend
 from models.registry import use_modules
 from utils import dist as du
 from utils.cli import check_imgsz
+from utils.errors import BadOption
 from utils.files import increment_path
 from utils.imageio import printable, write_image
 from utils.log import LOGGER
@@ -59,6 +60,8 @@ class BasePredictor:
         self.imgsz = self._input_size(opt.imgsz)
         # one image at this size (a run record may give up to 4096 px) must fit in memory; refused before any source
         settle_batch(self.model, self.imgsz, 1, self.device, f"--weights {opt.weights}")
+        if getattr(self.args, "track", None) == "":  # `tracker=` left empty: the run would go on untracked
+            raise BadOption("--track '': name a tracker: bytetrack, botsort or a tracker YAML")
         self.tracker = self.make_tracker()  # its settings are checked before a source opens (a stream reads at once)
         self.dataset = self.load_source()  # a source that is missing or empty is refused before a run folder exists
         project = Path(self.args.project or self.default_project)

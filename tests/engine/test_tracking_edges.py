@@ -14,6 +14,7 @@ from engine.track import FrameTracker
 from engine.tracking.config import load_tracker_config, make_tracker
 from engine.tracking.mot import TRAIL, Trails, read_mot
 from evaluation.fields import Predictions
+from utils.errors import BadOption
 from utils.files import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,3 +202,13 @@ def test_one_s_own_botsort_yaml_in_the_working_folder_is_read(tmp_path, monkeypa
     (tmp_path / "botsort.yaml").write_text(f"tracker_type: botsort\n{TRACKER_KEYS}gmc_method: none\n")
     assert load_tracker_config("botsort.yaml").gmc_method == "none"
     assert load_tracker_config("botsort").gmc_method == "sparseOptFlow"
+
+
+def test_an_empty_tracker_is_one_error_not_an_untracked_run(tmp_path):
+    """`yolo track ... tracker=` (or --track '') ran predict with no tracker and not a word: refused before a run
+    folder exists."""
+    frames, _ = render_video(1, n_frames=1, size=(240, 320), n_objects=1)
+    video = write_video(frames, tmp_path / "clip.mp4")
+    with pytest.raises(BadOption, match="--track '': name a tracker"):
+        _predictor(tmp_path, video, "--track", "")
+    assert not (tmp_path / "runs").exists()
