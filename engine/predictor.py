@@ -11,6 +11,7 @@ the crops and csv rows (`objects`) and the log line (`summary`). Each image's re
 import csv
 import dataclasses
 import itertools
+import math
 from pathlib import Path
 
 import cv2
@@ -253,12 +254,10 @@ class BasePredictor:
             write_image(self.save_dir / p.name, im0)
             return
         if path not in self.writers:
-            cap = getattr(dataset, "cap", None)
-            fps = cap.get(cv2.CAP_PROP_FPS) if cap is not None else 30
             h, w = im0.shape[:2]
             # .mp4 whatever the source's suffix: the writer's mp4v codec takes no other container
             out = str(self.save_dir / f"{printable(self.output_stem(dataset, path))}.mp4")
-            self.writers[path] = cv2.VideoWriter(out, cv2.VideoWriter_fourcc(*"mp4v"), fps or 30, (w, h))
+            self.writers[path] = cv2.VideoWriter(out, cv2.VideoWriter_fourcc(*"mp4v"), source_fps(dataset), (w, h))
         self.writers[path].write(im0)
 
 
@@ -272,11 +271,18 @@ def conf_default(opt):
     return {"conf_thres": 0.1 if getattr(opt, "track", None) else 0.25}
 
 
-def _fps(dataset, vid_stride):
-    """Frames a second the tracker sees: the video's, over --vid-stride (30 where the source says none)."""
+def source_fps(dataset):
+    """The frame rate of the video being read: its container's, or 30 where it says none, or one outside (0, 65535]
+    (the most the saved video's mp4v timebase holds). A header's 2147483647 made the writer fail to open (no video
+    saved, the run said saved) and the tracker keep every lost track for 2e9 frames."""
     cap = getattr(dataset, "cap", None)
     fps = cap.get(cv2.CAP_PROP_FPS) if cap is not None else 0
-    return (fps or 30) / max(1, vid_stride)
+    return fps if math.isfinite(fps) and 0 < fps <= 65535 else 30
+
+
+def _fps(dataset, vid_stride):
+    """Frames a second the tracker sees: the video's (source_fps), over --vid-stride."""
+    return source_fps(dataset) / max(1, vid_stride)
 
 
 def can_show_windows():

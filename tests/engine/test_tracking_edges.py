@@ -2,6 +2,7 @@
 video's MOT frame numbers, a long stream's memory, and the tracker YAML's mistakes named in one line."""
 
 import dataclasses
+import struct
 from pathlib import Path
 
 import cv2
@@ -212,3 +213,23 @@ def test_an_empty_tracker_is_one_error_not_an_untracked_run(tmp_path):
     with pytest.raises(BadOption, match="--track '': name a tracker"):
         _predictor(tmp_path, video, "--track", "")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_video_whose_header_claims_an_absurd_frame_rate_is_taken_at_30(tmp_path):
+    """An AVI whose stream header says 4e9 frames a second (OpenCV reads 2147483647): the saved video's writer
+    failed to open (no video, though the run said its results were saved) and the tracker kept each lost track for
+    2e9 frames (every object that ever passed a long stream, matched against each frame's boxes). Taken as 30."""
+    frames, _ = render_video(1, n_frames=5, size=(240, 320), n_objects=2)
+    path = tmp_path / "in.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30, (320, 240))
+    for f in frames:
+        writer.write(f)
+    writer.release()
+    data = bytearray(path.read_bytes())
+    at = data.find(b"strh") + 28  # the stream header's dwScale, dwRate: rate / scale frames a second
+    data[at:at + 8] = struct.pack("<II", 1, 4_000_000_000)
+    path.write_bytes(bytes(data))
+    predictor = _predictor(tmp_path, path, "--track")
+    assert len(list(predictor.stream())) == 5
+    assert _frames_in(predictor.save_dir / "in.mp4") == 5
+    assert predictor.tracker.sources[str(path)][0].max_lost == 30
