@@ -43,6 +43,8 @@ from utils.log import LOGGER
 # opset is not supported.
 OPSETS = range(onnx_constants.ONNX_MIN_OPSET, onnx_constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET + 1)
 
+ALIASES = {"tensorrt": "engine", "trt": "engine"}  # Ultralytics' other names of a format
+
 # One export traces at a time in a process: torch's tracer and warnings.catch_warnings are process-wide, and two
 # YOLO(...).export() calls in threads failed ('Tracing failed sanity checks! Graphs differed across invocations')
 _TRACING = threading.Lock()
@@ -76,6 +78,8 @@ class Exporter:
         ExportOptions. `task_inputs`: {task: engine/calibration.Inputs}, how each task's images are prepared, from
         the task records (export.py gives them: the records stand a floor above the engine); --int8 reads it."""
         self.opt = ExportOptions.from_values(opt)
+        named = [ALIASES.get(f.lower(), f.lower()) for f in self.opt.include]  # format=OpenVINO, as Ultralytics
+        self.opt = dataclasses.replace(self.opt, include=named)
         self.task_inputs = task_inputs or {}
         unknown = set(self.opt.include) - set(FORMATS)
         if unknown:

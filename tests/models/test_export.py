@@ -201,6 +201,16 @@ def test_exports_in_threads_each_give_the_pt_outputs(tmp_path):
             assert_same_inference_outputs(InferenceBackend(f), ref, x)
 
 
+def test_format_names_are_read_in_any_case_and_tensorrt_is_the_engine(tmp_path):
+    """yolo export format=ONNX (Ultralytics lowercases it, and takes tensorrt/trt for engine) was refused:
+    '--include ONNX: supported formats are onnx, ...'."""
+    weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
+    assert export(weights, ["ONNX", "TorchScript"]) == [tmp_path / "cls.onnx", tmp_path / "cls.torchscript"]
+    assert Exporter(SimpleNamespace(weights=str(weights), include=["TensorRT", "trt"])).opt.include == ["engine"] * 2
+    with pytest.raises(BadOption, match="^--include tflite: supported formats are onnx, torchscript"):
+        Exporter(SimpleNamespace(weights=str(weights), include=["TFLite"]))
+
+
 def test_an_opset_that_cannot_express_the_model_is_one_error_naming_it(tmp_path):
     weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8n.pt")
     opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=False,
