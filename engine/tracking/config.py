@@ -80,6 +80,10 @@ def load_tracker_config(name):
                                                                        else [])
     if bad:
         raise ConfigError(f"{path}: {', '.join(bad)} out of range (thresholds 0..1, track_buffer >= 1)")
+    if cfg.track_low_thresh > cfg.track_high_thresh:  # the second association's boxes lie between the two
+        raise ConfigError(f"{path}: track_low_thresh {cfg.track_low_thresh} is above track_high_thresh "
+                          f"{cfg.track_high_thresh}: the second association would take no box (set them equal for "
+                          "none)")
     return cfg
 
 

@@ -185,10 +185,13 @@ TRACKER_KEYS = ("track_high_thresh: 0.5\ntrack_low_thresh: 0.1\nnew_track_thresh
     (f"tracker_type: botsort\n{TRACKER_KEYS}with_reid: 'false'\n", "with_reid: 'false' is not a bool"),
     (f"tracker_type: botsort\n{TRACKER_KEYS}proximity_thresh: near\n", "proximity_thresh: 'near' is not a float"),
     (f"tracker_type: bytetrack\n{TRACKER_KEYS}".replace("30", "2.5"), "track_buffer: 2.5 is not an int"),
+    (f"tracker_type: bytetrack\n{TRACKER_KEYS}".replace("low_thresh: 0.1", "low_thresh: 0.7"),
+     "track_low_thresh 0.7 is above track_high_thresh 0.5"),
 ])
 def test_a_tracker_yaml_s_mistake_names_the_key_and_what_it_takes(tmp_path, text, why):
     """A misspelt key names the key it is closest to; the re-identification keys are typed as the rest (the string
-    'false' was refused as re-identification turned on)."""
+    'false' was refused as re-identification turned on); thresholds the wrong way round (low above high, which left
+    ByteTrack's second association no box, without a word) are refused."""
     f = tmp_path / "t.yaml"
     f.write_text(text)
     with pytest.raises(ConfigError, match=why):
