@@ -141,16 +141,17 @@ class BasePredictor:
                 coords = [f"{v:.1f}" for v in xyxy] if xyxy is not None else [""] * 4
                 self._csv([name, self.names[c], f"{conf:.4f}", *coords])
 
-    def write_result(self, image, im0, txt_path):
+    def write_result(self, image, im0, txt_path, ids=None):
         """Draw each field of `image` on im0 (in place, where saved or shown), the first on top; append the
-        image's --save-txt lines to txt_path (when given); return the log line's summary."""
+        image's --save-txt lines to txt_path (when given; each row's track id last where `ids` are given); return
+        the log line's summary."""
         if self.draws:
             annotator = self.annotator(im0)
             for f in reversed(self.fields):
                 f.draw(annotator, image, self.label)
             im0[:] = annotator.result()
         first = self.fields[0]
-        lines = first.lines(self.fields, image, im0.shape[:2], self.args.save_conf) if txt_path is not None else []
+        lines = first.lines(self.fields, image, im0.shape[:2], self.args.save_conf, ids) if txt_path is not None else []
         if lines:
             with open(txt_path, "a") as f:
                 f.writelines(lines)
@@ -214,7 +215,7 @@ class BasePredictor:
         p = Path(escape_controls(path))
         stem = p.stem if dataset.mode == "image" else f"{self.output_stem(dataset, path)}_{dataset.frame}"
         txt_path = self.save_dir / "labels" / f"{stem}.txt" if self.args.save_txt else None
-        summary = self.write_result(result, im0, txt_path)
+        summary = self.write_result(result, im0, txt_path, ids)
         if ids is not None and self.draws:
             self.tracker.draw(im0, result, ids, path if dataset.mode != "image" else None)
         self.save_extras(result, imc, p.name if dataset.mode == "image" else f"{stem}{p.suffix or '.jpg'}")

@@ -117,11 +117,14 @@ def plotted_labels(targets):
     return rows, (boxes.data[:, 4] if boxes.format == "cxcywhr" else None)
 
 
-def txt_lines(rows, values, conf=True):
+def txt_lines(rows, values, conf=True, ids=None):
     """--save-txt lines: `cls` then each row's `values` (normalised; a row whose values are None has no line), then
-    the confidence when `conf`; rows (n, 6+) are NMS rows (utils/ops: CONF, CLS)."""
-    return [f"{int(c)} " + " ".join(f"{v:.6g}" for v in vals) + (f" {p:.6g}" if conf else "") + "\n"
-            for vals, p, c in zip(values, rows[:, CONF].tolist(), rows[:, CLS].tolist()) if vals is not None]
+    the confidence when `conf`, then the row's track id where `ids` (n,) are given, as Ultralytics writes them; rows
+    (n, 6+) are NMS rows (utils/ops: CONF, CLS)."""
+    tails = [f" {int(i)}" for i in ids] if ids is not None else [""] * len(rows)
+    return [f"{int(c)} " + " ".join(f"{v:.6g}" for v in vals) + (f" {p:.6g}" if conf else "") + tail + "\n"
+            for vals, p, c, tail in zip(values, rows[:, CONF].tolist(), rows[:, CLS].tolist(), tails)
+            if vals is not None]
 
 
 class Field:
@@ -154,13 +157,14 @@ class Field:
         `values`, those of the fields before it; `image` in original-image pixels, of `shape` (h, w)."""
         return [v + c for v, c in zip(values, self.txt_columns(image.boxes.float(), shape).tolist())]
 
-    def lines(self, fields, image, shape, conf):
+    def lines(self, fields, image, shape, conf, ids=None):
         """(the first field) A predictor's --save-txt lines of one image, in the task's label format: cls, then what
-        each of `fields` in turn puts in the line (`label_values`), then the confidence when `conf`."""
+        each of `fields` in turn puts in the line (`label_values`), then the confidence when `conf`, then the track
+        id where `ids` (one a row) are given."""
         values = [[] for _ in range(len(image.boxes))]
         for f in fields:
             values = f.label_values(values, image, shape)
-        return txt_lines(image.boxes, values, conf)
+        return txt_lines(image.boxes, values, conf, ids)
 
     def draw(self, annotator, image, label):
         """Draw its part of `image` (original-image pixels); `label(cls, conf)` is the text beside an object."""
@@ -462,8 +466,8 @@ class ClassScores:
     def _texts(self, probs):
         return [f"{p:.2f} {name}" for name, p in self._ranked(probs)]
 
-    def lines(self, fields, image, shape, conf):
-        """--save-txt lines: `probability name` of the five most probable classes."""
+    def lines(self, fields, image, shape, conf, ids=None):
+        """--save-txt lines: `probability name` of the five most probable classes (nothing is tracked)."""
         return [t + "\n" for t in self._texts(image.probs)]
 
     def draw(self, annotator, image, label):

@@ -390,8 +390,9 @@ class Results(_Moves):
 
     def save_txt(self, txt_file, save_conf=False):
         """Appends the image's label lines, as the predict scripts' --save-txt writes them (the task's label format,
-        normalised; with `save_conf` the confidence last), to `txt_file`; returns its path."""
-        lines = self.fields[0].lines(self.fields, self._torch_record(), self.orig_shape, save_conf)
+        normalised; with `save_conf` the confidence, then a tracked row's id), to `txt_file`; returns its path."""
+        lines = self.fields[0].lines(self.fields, self._torch_record(), self.orig_shape, save_conf,
+                                     None if self.id is None else self.id.tolist())
         Path(txt_file).parent.mkdir(parents=True, exist_ok=True)
         with open(txt_file, "a") as f:
             f.writelines(lines)

@@ -236,3 +236,28 @@ def test_a_video_whose_header_claims_an_absurd_frame_rate_is_taken_at_30(tmp_pat
     assert len(list(predictor.stream())) == 5
     assert _frames_in(predictor.save_dir / "in.mp4") == 5
     assert predictor.tracker.sources[str(path)][0].max_lost == 30
+
+
+def test_a_tracked_row_s_label_line_ends_with_its_id_as_ultralytics_writes_it(tmp_path):
+    """--track --save-txt --save-conf: `cls x y w h conf id` (Ultralytics 8.4.190's Results.save_txt order), the ids
+    those of the result and of the MOT file's frame; r.save_txt writes the same lines; untracked, no id column."""
+    frames, _ = render_video(2, n_frames=6, size=(240, 320), n_objects=3)
+    (tmp_path / "in").mkdir()
+    write_video(frames, tmp_path / "in" / "clip.mp4")
+    results, out = _track_run(tmp_path, tmp_path / "in" / "clip.mp4", "--track", "--save-txt", "--save-conf")
+    mot, checked = read_mot(out / "tracks" / "clip.txt"), 0
+    for f, r in enumerate(results, 1):
+        path = out / "labels" / f"clip_{f}.txt"
+        if r.boxes.id is None or len(r.boxes) == 0:
+            continue
+        label = np.loadtxt(path, ndmin=2)
+        assert label.shape == (len(r.boxes), 7)
+        assert label[:, 6].tolist() == r.boxes.id.tolist() == mot[f][:, 0].tolist()
+        np.testing.assert_allclose(label[:, 5], r.boxes.conf.numpy(), atol=1e-5)
+        r.save_txt(tmp_path / "api.txt", save_conf=True)
+        assert (tmp_path / "api.txt").read_text() == path.read_text()
+        (tmp_path / "api.txt").unlink()
+        checked += 1
+    assert checked >= 3
+    plain, out = _track_run(tmp_path, tmp_path / "in" / "clip.mp4", "--save-txt")
+    assert np.loadtxt(out / "labels" / "clip_1.txt", ndmin=2).shape[1] == 5
