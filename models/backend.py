@@ -116,6 +116,8 @@ def _parse_metadata(text, weights):
     names = meta.get("names") if not bad else {}
     if not all(k.isdecimal() and isinstance(v, str) and not has_controls(v) for k, v in names.items()):
         bad = ["names"]
+    elif not bad and sorted(map(int, names)) != list(range(meta["nc"])):
+        bad = ["names"]  # one name per class 0..nc-1, as a checkpoint's: a predicted class is looked up by its index
     if not bad and meta.get("layout") is not None:
         try:
             meta["layout"] = dataclasses.asdict(OutputLayout(**meta["layout"]))

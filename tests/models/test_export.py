@@ -211,6 +211,23 @@ def test_format_names_are_read_in_any_case_and_tensorrt_is_the_engine(tmp_path):
         Exporter(SimpleNamespace(weights=str(weights), include=["TFLite"]))
 
 
+def test_an_export_whose_names_miss_a_class_is_refused_when_loaded(tmp_path):
+    """Metadata naming fewer classes than nc (edited, or from another tool) loaded, and detect.py ended in
+    KeyError: 50 when it named a predicted class; a checkpoint's names must cover 0..nc-1 (class_names), so must an
+    export's."""
+    import onnx
+
+    weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "m.pt")
+    (f,) = export(weights, ["onnx"])
+    model = onnx.load(str(f))
+    prop = next(p for p in model.metadata_props if p.key == "yolo")
+    for names in ({"0": "circle", "1": "rectangle"}, {"0": "a", "1": "b", "3": "c"}):
+        prop.value = json.dumps({**json.loads(prop.value), "names": names})
+        onnx.save(model, str(f))
+        with pytest.raises(BadFile, match=r"its 'yolo' metadata lacks or mistypes \['names'\]"):
+            InferenceBackend(f)
+
+
 def test_an_opset_that_cannot_express_the_model_is_one_error_naming_it(tmp_path):
     weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8n.pt")
     opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=False,
