@@ -96,8 +96,8 @@ class Exporter:
     def __call__(self):
         made = BACKEND_FORMATS.get(Path(self.opt.weights).suffix.lower(), "pytorch")
         if made != "pytorch":  # read as a checkpoint, an .onnx or .xml said only 'opcode ... unknown'
-            raise BadFile(f"--weights {self.opt.weights}: an export ({made}), not a checkpoint: export.py converts the "
-                          ".pt it was made from (an export runs in the predict and val scripts)")
+            raise BadFile(f"refusing --weights {self.opt.weights}: an export ({made}), not a checkpoint: export.py "
+                          "converts the .pt it was made from (an export runs in the predict and val scripts)")
         use_modules(self.opt.modules)
         device = du.select_device(self.opt.device)
         if self.opt.half and device.type != "cuda":

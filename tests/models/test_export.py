@@ -170,8 +170,8 @@ def test_exporting_an_export_is_one_error_naming_what_it_is(tmp_path):
     files = export(weights, ["onnx", "torchscript"])
     xml = tmp_path / "cls_openvino_model" / "cls.xml"  # an IR by its name: refused before anything reads it
     for f, made in [*zip(files, ("onnx", "torchscript")), (xml, "openvino")]:
-        with pytest.raises(BadFile, match=rf"^--weights {re.escape(str(f))}: an export \({made}\), not a "
-                                          "checkpoint: export.py converts the .pt it was made from"):
+        with pytest.raises(BadFile, match=rf"^refusing --weights {re.escape(str(f))}: an export \({made}\), not "
+                                          "a checkpoint: export.py converts the .pt it was made from"):
             export(f, ["onnx"])
 
 
