@@ -428,11 +428,11 @@ class ExportWrapper(nn.Module):
 
 def api_device(device=None):
     """The torch.device a Python caller names (torch.hub's `device=`, YOLO.predict's on arrays) as the scripts'
-    --device reads it: None (CUDA where there is one, else the CPU), a torch.device, a GPU index (0, '0'), 'cuda',
-    'cuda:1', 'cpu' in any case and spacing. BadOption for anything else, or a GPU where CUDA is not available."""
+    --device reads it: None or '' (CUDA where there is one, else the CPU), a torch.device, a GPU index (0, '0'),
+    'cuda', 'cuda:1', 'cpu' in any case and spacing. BadOption for anything else, or a GPU without CUDA."""
     if isinstance(device, torch.device):
         spec = str(device)
-    elif device is None:
+    elif device is None or str(device).strip() == "":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     else:
         spec = str(device).strip().lower().replace(" ", "")

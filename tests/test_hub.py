@@ -134,7 +134,7 @@ def test_device_is_named_as_the_scripts_take_it(tmp_path, monkeypatch):
 
     f = checkpoint(tmp_path, DetectionModel("yolov8n.yaml", nc=3))
     ref = hub_load("custom", path=str(f), device="cpu")(str(IMAGE)).xyxy[0]
-    for device in ("CPU", " cpu ", torch.device("cpu")):
+    for device in ("CPU", " cpu ", torch.device("cpu"), ""):  # '': the scripts' default, here the CPU's
         assert torch.equal(hub_load("custom", path=str(f), device=device)(str(IMAGE)).xyxy[0], ref)
         assert len(YOLO(f).predict(np.asarray(Image.open(IMAGE)), device=device, verbose=False)) == 1
     for device, why in [("gpu", "give 'cpu', a GPU index"), ("0,1", "give 'cpu', a GPU index")]:
