@@ -114,6 +114,9 @@ class Exporter:
         dynamic = self._dynamic(model, opt)
         imgsz = _imgsz(opt.imgsz if isinstance(opt.imgsz, list) else [opt.imgsz], int(max(model.stride)))
         fixed = [fmt for fmt in dict.fromkeys(opt.include) if not dynamic[fmt]]
+        if "onnx" in fixed and "engine" in opt.include:  # both write <stem>.onnx; the engine's would win unsaid
+            raise BadOption(f"--include onnx engine: the engine is built from a dynamic {Path(opt.weights).stem}.onnx, "
+                            "which would replace the fixed ONNX asked for: export the fixed one in a run of its own")
         if fixed and imgsz[0] != imgsz[1] and model_task(model) == "classify":  # predict and val crop it square
             raise BadOption(f"--img {imgsz[0]} {imgsz[1]}: a classifier sees square crops, and {', '.join(fixed)} "
                             f"would take {imgsz[0]}x{imgsz[1]} only: export it with --img {max(imgsz)} or --dynamic")

@@ -228,6 +228,15 @@ def test_an_export_whose_names_miss_a_class_is_refused_when_loaded(tmp_path):
             InferenceBackend(f)
 
 
+def test_a_fixed_onnx_beside_an_engine_is_refused_not_replaced(tmp_path):
+    """--include onnx engine --no-dynamic wrote the fixed ONNX, logged it as taking one input only, then wrote the
+    engine's dynamic graph over it under the same name."""
+    weights = save_checkpoint("yolov8n-cls.yaml", ClassificationModel, tmp_path / "cls.pt")
+    with pytest.raises(BadOption, match=r"^--include onnx engine: the engine is built from a dynamic cls.onnx"):
+        export(weights, ["onnx", "engine"], dynamic=False)
+    assert not (tmp_path / "cls.onnx").exists()
+
+
 def test_an_opset_that_cannot_express_the_model_is_one_error_naming_it(tmp_path):
     weights = save_checkpoint("yolov8n.yaml", DetectionModel, tmp_path / "v8n.pt")
     opt = SimpleNamespace(weights=str(weights), include=["onnx"], imgsz=[64], batch_size=1, device="cpu", half=False,
