@@ -110,3 +110,14 @@ def test_a_clone_named_yolo_in_the_working_folder_says_why_the_import_fails(tmp_
     r = subprocess.run(["timeout", "60", sys.executable, "-c", "from yolo import YOLO"], cwd=tmp_path,
                        capture_output=True, text=True, env=env)
     assert r.returncode == 1 and f"the folder {clone} (this project's clone, named 'yolo')" in r.stderr, r.stderr
+
+
+def test_tracking_a_classifier_is_one_line_from_the_command_and_the_api(tmp_path):
+    """A classifier has no boxes to track: `yolo classify track` and YOLO(classifier).track() say so alike (the API
+    said 'track=bytetrack: no option --track', the classify script's option list)."""
+    from yolo import YOLO
+
+    for call in (lambda: split_words(["classify", "track", "model=yolov8n-cls.yaml", "source=x.mp4"]),
+                 lambda: YOLO("yolov8n-cls.yaml").track(str(tmp_path / "x.mp4"))):
+        with pytest.raises(BadOption, match=r"^classify track: a tracker follows boxes, which a classifier has none"):
+            call()

@@ -203,6 +203,7 @@ class YOLO:
             from utils.errors import BadOption
 
             raise BadOption("track: give the source as a path, video or stream (the predict scripts' sources)")
+        check_words(self.task, "track")
         verbose = options.pop("verbose", True)
         _, opt = self._opt("predict", {"save": False, **options, "source": str(source), "track": tracker})
         with self._named():

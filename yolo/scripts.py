@@ -91,7 +91,7 @@ def check_words(task, mode):
     if mode not in MODES:
         raise BadOption(f"{mode!r} is not a mode: {', '.join(MODES)}")
     if mode == "track" and task == "classify":
-        raise BadOption("yolo classify track: a tracker follows boxes, which a classifier has none of")
+        raise BadOption("classify track: a tracker follows boxes, which a classifier has none of")
 
 
 def track_words(mode, args):
