@@ -49,7 +49,7 @@ def test_the_predict_arguments_made_from_the_fields_keep_their_defaults_types_an
         detect.parse_opt(["--amp", "fp16"])  # the .pt predictors autocast to bf16 only
     opt = pose_predict.parse_opt(["--classes", "0", "2", "--agnostic-nms"])
     assert (opt.classes, opt.agnostic_nms, opt.conf_thres, opt.iou_thres, opt.max_det, opt.augment, opt.data) == \
-        ([0, 2], True, 0.25, None, 1000, False, None)  # iou None: the family's (nms_iou)
+        ([0, 2], True, None, None, 1000, False, None)  # iou None: the family's (nms_iou); conf: 0.25, 0.1 tracked
     assert all("flags" in f.metadata for f in dataclasses.fields(PosePredictOptions))  # every argument is a field's
     monkeypatch.setenv("COLUMNS", "300")  # no line broken inside a word (argparse breaks at hyphens)
     with pytest.raises(SystemExit):
