@@ -28,12 +28,11 @@ from engine.export_targets import (
 )
 from engine.inherit import run_values
 from engine.options import ExportOptions
-from models.backend import FORMATS as BACKEND_FORMATS
 from models.backend import METADATA_KEY, ExportWrapper, export_metadata, flatten_outputs, model_task
 from models.checkpoints import load_model
 from models.registry import use_modules
 from utils import dist as du
-from utils.cli import DEFAULT_OPSET, EXPORT_DYNAMIC
+from utils.cli import DEFAULT_OPSET, EXPORT_DYNAMIC, WEIGHTS_FORMATS
 from utils.cli import EXPORT_FORMATS as FORMATS
 from utils.errors import BadFile, BadOption
 from utils.log import LOGGER
@@ -94,7 +93,7 @@ class Exporter:
 
     @torch.no_grad()
     def __call__(self):
-        made = BACKEND_FORMATS.get(Path(self.opt.weights).suffix.lower(), "pytorch")
+        made = WEIGHTS_FORMATS.get(Path(self.opt.weights).suffix.lower(), "pytorch")
         if made != "pytorch":  # read as a checkpoint, an .onnx or .xml said only 'opcode ... unknown'
             raise BadFile(f"refusing --weights {self.opt.weights}: an export ({made}), not a checkpoint: export.py "
                           "converts the .pt it was made from (an export runs in the predict and val scripts)")

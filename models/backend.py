@@ -24,6 +24,7 @@ from models.graphs import onnx_dry_run, read_onnx
 from models.runtimes import OpenVINORunner, TensorRTRunner, read_engine_file
 from models.untrusted import UnsafeTorchScript, check_torchscript
 from utils.budget import MAX_CLASSES, MAX_EXPORT_BATCH, MAX_EXPORT_INPUT, MAX_EXPORT_SIDE
+from utils.cli import WEIGHTS_FORMATS as FORMATS
 from utils.dist import is_main_process
 from utils.dry_run import DryRunError, dry_run, inference_seconds, wall_clock_guard
 from utils.errors import BadFile, BadOption
@@ -33,7 +34,6 @@ from utils.tasks import TASKS
 from utils.text import has_controls
 from utils.torch_utils import memory_format, to_float32
 
-FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript", ".xml": "openvino", ".engine": "engine"}
 METADATA_KEY = "yolo"  # ONNX metadata_props key / TorchScript extra-file name holding the JSON metadata
 
 

@@ -421,6 +421,10 @@ def val_parser(options, description, project, batch_default=None, boxes=True):
 
 
 EXPORT_FORMATS = ("onnx", "torchscript", "openvino", "engine")
+# what --weights runs, by its suffix (an OpenVINO folder is read as its .xml): models/backend chooses the runtime by it,
+# and the `yolo` command reads a file's task by it without importing torch first
+WEIGHTS_FORMATS = {".pt": "pytorch", ".onnx": "onnx", ".torchscript": "torchscript", ".xml": "openvino",
+                   ".engine": "engine"}
 # Whether a format takes any batch and image size where --dynamic/--no-dynamic does not say. OpenVINO's CPU plugin
 # pays about 55 ms the first time a dynamic IR meets an input shape and then runs a 640x480 input no faster than a
 # static IR runs 640x640 (docs/deploy.md), so its IR is fixed at --img, as Ultralytics' is; a TensorRT engine always

@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+from utils.cli import WEIGHTS_FORMATS
 from utils.errors import BadOption
 from utils.tasks import SUFFIX_TASKS, TASKS
 
@@ -44,7 +45,7 @@ def model_task(model):
     if found:
         return SUFFIX_TASKS[found.group(1)]
     path = Path(str(model))
-    if path.suffix.lower() in (".pt", ".onnx", ".torchscript", ".xml", ".engine") and path.is_file() or path.is_dir():
+    if path.suffix.lower() in WEIGHTS_FORMATS and path.is_file() or path.is_dir():
         from models.backend import weights_task  # a folder: an OpenVINO IR's (it says so where it is not)
 
         return weights_task(path)
