@@ -14,8 +14,9 @@ dependencies = ["torch", "numpy", "cv2", "yaml"]
 
 def _wrap(model, autoshape, device):
     from engine.tasks import TASKS
-    from models.backend import api_device, model_task
+    from models.backend import model_task
     from models.hub import HubModel
+    from utils.dist import api_device
 
     device = api_device(device)  # '0', 'cpu', 'cuda:1' as the scripts' --device takes them
     return (HubModel(model, TASKS[model_task(model)].fields) if autoshape else model.eval()).to(device)
@@ -26,14 +27,15 @@ def custom(path, autoshape=True, device=None):
     OpenVINO folder made with export.py (autoshape letterboxes images to the one size a static export takes)."""
     from pathlib import Path
 
-    from models.backend import FORMATS
     from models.checkpoints import attempt_load
+    from utils.cli import WEIGHTS_FORMATS
 
     # an export (a file or an OpenVINO folder) by the table the backend reads formats from
-    if Path(path).is_dir() or FORMATS.get(Path(path).suffix.lower(), "pytorch") != "pytorch":
+    if Path(path).is_dir() or WEIGHTS_FORMATS.get(Path(path).suffix.lower(), "pytorch") != "pytorch":
         from engine.tasks import TASKS
-        from models.backend import InferenceBackend, api_device
+        from models.backend import InferenceBackend
         from models.hub import HubModel
+        from utils.dist import api_device
 
         backend = InferenceBackend(path, device=api_device(device or "cpu"))
         return HubModel(backend, TASKS[backend.task].fields) if autoshape else backend

@@ -426,24 +426,6 @@ class ExportWrapper(nn.Module):
         return flatten_outputs(self.kept(self.model(x)))[0]
 
 
-def api_device(device=None):
-    """The torch.device a Python caller names (torch.hub's `device=`, YOLO.predict's on arrays) as the scripts'
-    --device reads it: None or '' (CUDA where there is one, else the CPU), a torch.device, a GPU index (0, '0'),
-    'cuda', 'cuda:1', 'cpu' in any case and spacing. BadOption for anything else, or a GPU without CUDA."""
-    if isinstance(device, torch.device):
-        spec = str(device)
-    elif device is None or str(device).strip() == "":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    else:
-        spec = str(device).strip().lower().replace(" ", "")
-    spec = f"cuda:{spec}" if spec.isdecimal() else spec
-    if spec != "cpu" and not re.fullmatch(r"cuda(:\d+)?", spec):
-        raise BadOption(f"device={device!r}: give 'cpu', a GPU index (0) or 'cuda:N'")
-    if spec != "cpu" and not torch.cuda.is_available():
-        raise BadOption(f"device={device!r} requested but CUDA is not available; use device='cpu'")
-    return torch.device(spec)
-
-
 def weights_task(weights):
     """The task a weights file or OpenVINO folder serves: an IR's from its checked metadata without compiling it (the
     script that runs it compiles it once), a TensorRT engine's from its header (no GPU needed to name it), other

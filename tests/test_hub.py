@@ -128,7 +128,7 @@ def test_an_image_a_pixel_thin_gives_boxes_and_masks_of_its_size(hw):
 def test_device_is_named_as_the_scripts_take_it(tmp_path, monkeypatch):
     """device='cpu ', 'CPU' or '0' (yolov5's hub takes what its --device takes) reached torch.device as they were:
     'Invalid device string' and the like, tracebacks; YOLO.predict on an array did the same."""
-    from models.backend import api_device
+    from utils.dist import api_device
     from utils.errors import BadOption
     from yolo import YOLO
 

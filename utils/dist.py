@@ -182,6 +182,25 @@ def select_device(device="", batch_size=None):
     return torch.device("cuda", index)
 
 
+def api_device(device=None):
+    """select_device's reading for one process's caller, without its effects (CUDA_VISIBLE_DEVICES, set_device):
+    the torch.device a Python caller names (torch.hub's `device=`, YOLO.predict's on arrays) as the scripts'
+    --device reads it: None or '' (CUDA where there is one, else the CPU), a torch.device, a GPU index (0, '0'),
+    'cuda', 'cuda:1', 'cpu' in any case and spacing. BadOption for anything else, or a GPU without CUDA."""
+    if isinstance(device, torch.device):
+        spec = str(device)
+    elif device is None or str(device).strip() == "":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        spec = str(device).strip().lower().replace(" ", "")
+    spec = f"cuda:{spec}" if spec.isdecimal() else spec
+    if spec != "cpu" and not re.fullmatch(r"cuda(:\d+)?", spec):
+        raise BadOption(f"device={device!r}: give 'cpu', a GPU index (0) or 'cuda:N'")
+    if spec != "cpu" and not torch.cuda.is_available():
+        raise BadOption(f"device={device!r} requested but CUDA is not available; use device='cpu'")
+    return torch.device(spec)
+
+
 def get_restart_count():
     """How many times torchrun has restarted this worker group (0 on the first start and outside torchrun)."""
     return _env_int("TORCHELASTIC_RESTART_COUNT", 0)

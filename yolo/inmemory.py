@@ -46,8 +46,9 @@ def hub_predict(yolo, source, options):
 
     from engine.tasks import TASKS
     from evaluation.results import window_problem
-    from models.backend import InferenceBackend, api_device
+    from models.backend import InferenceBackend
     from models.hub import HubModel
+    from utils.dist import api_device
     from utils.errors import BadOption
     from utils.files import increment_path
     from utils.log import LOGGER
